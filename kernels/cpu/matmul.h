@@ -1,0 +1,36 @@
+// Quantized and float matrix products on the CPU.
+//
+// MatMul computes Y[m, n] = X[m, k] · W[n, k]ᵀ where X is f32 (m tokens of k
+// features) and W is a weight matrix of n rows stored in a GGUF type. As in
+// ggml, X is first quantized to the weight type's partner format (Q8_0 for
+// Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for the K-quants) and the dot products run
+// in integers with f32 block scales; F32/F16/BF16 weights use f32 FMA.
+// Threads: OpenMP over output columns / token blocks (omp_get_max_threads()).
+#ifndef SNAPFILL_KERNELS_CPU_MATMUL_H_
+#define SNAPFILL_KERNELS_CPU_MATMUL_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "snapfill/dtype.h"
+
+namespace snapfill::cpu {
+
+// Returns true if MatMul and DequantizeRow accept `type`.
+bool MatMulSupports(GgmlType type);
+
+// Y[i, j] = Σ_t X[i, t] · W[j, t].
+//   x: [m, k] f32, row stride x_stride floats
+//   w: [n rows] of k elements of `w_type`, row j at w + j * w_row_bytes
+//   y: [m, n] f32, row stride y_stride floats
+// k must be a multiple of the type's block size. Accumulation: int32 per
+// block, f32 across blocks (quantized); f32 FMA (float types).
+void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w,
+            GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
+
+// dst[0..k) = the k elements of one row of `type` at `src` (embedding lookup).
+void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k);
+
+}  // namespace snapfill::cpu
+
+#endif  // SNAPFILL_KERNELS_CPU_MATMUL_H_

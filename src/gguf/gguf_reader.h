@@ -1,0 +1,135 @@
+// GGUF reader: a memory-mapped, bounds-checked view of a GGUF v2/v3 file.
+//
+// File layout (little-endian), as documented in ggml's gguf.h:
+//   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+//   n_kv × { gguf_string key | u32 value_type | value }
+//     gguf_string = u64 length + bytes (no terminator)
+//     array value = u32 element_type + u64 count + elements
+//   n_tensors × { gguf_string name | u32 n_dims | n_dims × u64 ne |
+//                 u32 ggml_type | u64 offset (relative to the data section) }
+//   padding to `general.alignment` (default 32)
+//   data section: tensor bytes, each tensor at data_start + offset
+// ne[0] is the contiguous (fastest-varying) dimension.
+//
+// Every offset and size is checked against the file before it is used; a
+// corrupt or truncated file returns DataLoss, an unknown type Unimplemented.
+// Tensor data are views into the mapping and live as long as the GgufFile.
+#ifndef SNAPFILL_GGUF_GGUF_READER_H_
+#define SNAPFILL_GGUF_GGUF_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/dtype.h"
+
+namespace snapfill {
+
+enum class GgufValueType : uint32_t {
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
+};
+
+// Returns "uint8", "string", "array", ...; "unknown" for other ids.
+const char* GgufValueTypeName(GgufValueType type);
+
+// One metadata value. Scalars are widened: all unsigned integers to uint64_t,
+// signed to int64_t, floats to double; `type` keeps the stored type.
+struct GgufValue {
+  GgufValueType type;
+  GgufValueType array_type = GgufValueType::kUint8;  // element type if kArray
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<uint64_t>,
+               std::vector<int64_t>, std::vector<double>, std::vector<bool>,
+               std::vector<std::string>>
+      value;
+  // Number of elements for arrays, 1 otherwise.
+  uint64_t size() const;
+};
+
+struct GgufKv {
+  std::string key;
+  GgufValue value;
+};
+
+struct GgufTensorInfo {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> shape;  // ne[0] first (contiguous dimension)
+  uint64_t offset = 0;         // relative to the data section
+  uint64_t size_bytes = 0;     // bytes of tensor data
+  const uint8_t* data = nullptr;  // into the mapping; valid while the file lives
+  int64_t num_elements() const;
+};
+
+class GgufFile {
+ public:
+  // Maps and validates `path`. Errors: NotFound/PermissionDenied for the path,
+  // DataLoss for a malformed file (bad magic, truncation, data past the end,
+  // overlapping or misaligned tensors, absurd counts), Unimplemented for an
+  // unsupported version or an unknown tensor type id.
+  static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // Same checks over an in-memory copy (used by tests and fuzzers).
+  static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes);
+
+  ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
+
+  uint32_t version() const { return version_; }
+  uint64_t file_size() const { return size_; }
+  uint64_t alignment() const { return alignment_; }
+  const std::string& path() const { return path_; }
+
+  const std::vector<GgufKv>& metadata() const { return kvs_; }
+  const GgufValue* Find(std::string_view key) const;
+  bool Has(std::string_view key) const { return Find(key) != nullptr; }
+
+  // Typed getters: NotFound if the key is absent, InvalidArgument naming the
+  // key, the stored type and the wanted type if it cannot convert. Integer
+  // getters accept any integer type whose value fits; GetFloat accepts floats
+  // and integers.
+  absl::StatusOr<std::string> GetString(std::string_view key) const;
+  absl::StatusOr<uint64_t> GetUint(std::string_view key) const;
+  absl::StatusOr<int64_t> GetInt(std::string_view key) const;
+  absl::StatusOr<double> GetFloat(std::string_view key) const;
+  absl::StatusOr<bool> GetBool(std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> GetStringArray(std::string_view key) const;
+  absl::StatusOr<std::vector<float>> GetFloatArray(std::string_view key) const;
+  absl::StatusOr<std::vector<int64_t>> GetIntArray(std::string_view key) const;
+
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+  const GgufTensorInfo* FindTensor(std::string_view name) const;
+
+ private:
+  GgufFile() = default;
+  absl::Status Parse();
+
+  std::string path_;
+  const uint8_t* base_ = nullptr;  // start of the mapping (or of owned_)
+  uint64_t size_ = 0;
+  void* mapping_ = nullptr;        // mmap result, unmapped in the destructor
+  std::string owned_;              // FromBytes storage
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  std::vector<GgufKv> kvs_;
+  std::vector<GgufTensorInfo> tensors_;
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_GGUF_GGUF_READER_H_
