@@ -1,0 +1,87 @@
+// The compute backend: coarse operations that the model's forward pass is
+// written against (in the spirit of ggml's backend interface). One virtual
+// call per op per layer; the inner loops live in kernels/ and stay
+// non-virtual. Adapters check shapes and return InvalidArgument before any
+// kernel runs; kernels themselves only DCHECK.
+//
+// Layouts (all f32 unless a WeightView says otherwise):
+//   activations: [num_tokens, features], row stride in floats
+//   multi-head:  [num_tokens, num_heads, head_dim], token stride in floats
+//   KV cache:    head-major, K[kv_head][key][head_dim] (see kv_cache.h)
+#ifndef SNAPFILL_BACKEND_H_
+#define SNAPFILL_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "snapfill/dtype.h"
+
+namespace snapfill {
+
+enum class Device { kCpu, kCuda };
+
+// A weight matrix W[rows, cols] stored row by row in a GGUF type; row r
+// starts at data + r * row_bytes. Non-owning (points into the model file).
+struct WeightView {
+  const void* data = nullptr;
+  GgmlType type = GgmlType::kF32;
+  int64_t rows = 0;   // output features (n)
+  int64_t cols = 0;   // input features (k), contiguous
+  size_t row_bytes = 0;
+};
+
+struct BackendOptions {
+  int num_threads = 0;  // 0: all cores
+};
+
+// A read-only view of one layer's KV: K/V element (h, j, d) at
+// k[h * head_stride + j * key_stride + d].
+struct KvView {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t head_stride = 0;
+  int64_t key_stride = 0;
+  int64_t num_keys = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual int num_threads() const = 0;
+
+  // y[m, w.rows] = x[m, w.cols] · Wᵀ.
+  virtual absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w,
+                              float* y, int64_t y_stride) = 0;
+  // out[i, :] = dequantized row ids[i] of `table` (embedding lookup).
+  virtual absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                               int64_t out_stride) = 0;
+  // y = x / rms(x) * weight, row by row.
+  virtual absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
+                               int64_t y_stride, int64_t rows, int64_t dim, float eps) = 0;
+  // Rotary embedding in place over [num_tokens, num_heads, head_dim].
+  virtual absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+                            int64_t token_stride, const int32_t* pos, int64_t rot_dim,
+                            float freq_base, float freq_scale, bool neox) = 0;
+  // out = silu(gate) * up, element-wise over n values.
+  virtual absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // Causal grouped-query attention of num_q queries (the last num_q of the
+  // kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
+  virtual absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
+                                 int64_t out_stride, int64_t num_q, int64_t num_heads,
+                                 int64_t num_kv_heads, int64_t head_dim, float scale) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual absl::Status Synchronize() = 0;
+};
+
+// Returns a backend for `device`; Unimplemented("built without CUDA") for
+// kCuda in a CPU-only build.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
+                                                       const BackendOptions& options = {});
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_BACKEND_H_

@@ -1,0 +1,125 @@
+// CPU backend: checks shapes, then calls kernels/cpu.
+#include <omp.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "snapfill/backend.h"
+#include "snapfill/status.h"
+
+namespace snapfill {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+
+  Device device() const override { return Device::kCpu; }
+  int num_threads() const override { return num_threads_; }
+
+  absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                      int64_t y_stride) override {
+    if (!cpu::MatMulSupports(w.type)) {
+      return absl::UnimplementedError(
+          absl::StrCat("matmul: weight type ", GetTypeTraits(w.type).name ? GetTypeTraits(w.type).name : "?",
+                       " is not supported"));
+    }
+    if (m < 0 || x_stride < w.cols || y_stride < w.rows || RowBytes(w.type, w.cols) < 0 ||
+        static_cast<size_t>(RowBytes(w.type, w.cols)) > w.row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul: bad shapes m=", m, " k=", w.cols,
+                                                     " n=", w.rows, " x_stride=", x_stride,
+                                                     " y_stride=", y_stride));
+    }
+    if (m == 0) return absl::OkStatus();
+    cpu::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
+    return absl::OkStatus();
+  }
+
+  absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                       int64_t out_stride) override {
+    if (out_stride < table.cols) return absl::InvalidArgumentError("get_rows: out_stride < cols");
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= table.rows) {
+        return absl::OutOfRangeError(
+            absl::StrCat("token id ", ids[i], " is outside the vocabulary of ", table.rows));
+      }
+    }
+#pragma omp parallel for schedule(static) if (n > 16)
+    for (int64_t i = 0; i < n; ++i) {
+      cpu::DequantizeRow(table.type,
+                         static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes,
+                         out + i * out_stride, table.cols);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
+                       int64_t y_stride, int64_t rows, int64_t dim, float eps) override {
+    if (x_stride < dim || y_stride < dim) return absl::InvalidArgumentError("rms_norm: stride < dim");
+    cpu::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
+    return absl::OkStatus();
+  }
+
+  absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+                    int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
+                    float freq_scale, bool neox) override {
+    if (rot_dim > head_dim || rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", rot_dim,
+                                                     " head_dim=", head_dim));
+    }
+    cpu::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,
+              freq_scale, neox);
+    return absl::OkStatus();
+  }
+
+  absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    cpu::SwiGlu(gate, up, out, n);
+    return absl::OkStatus();
+  }
+
+  absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
+                         int64_t out_stride, int64_t num_q, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("attention: ", num_heads,
+                                                     " heads not divisible by ", num_kv_heads,
+                                                     " KV heads"));
+    }
+    if (num_q > kv.num_keys) {
+      return absl::InvalidArgumentError(absl::StrCat("attention: ", num_q, " queries but only ",
+                                                     kv.num_keys, " keys"));
+    }
+    if (kv.key_stride < head_dim || q_stride < num_heads * head_dim ||
+        out_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError("attention: stride smaller than a row");
+    }
+    cpu::Attention(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, num_q,
+                   kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  int num_threads_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
+                                                       const BackendOptions& options) {
+  if (device == Device::kCuda) {
+    return absl::UnimplementedError("built without CUDA (configure with -DSNAPFILL_WITH_CUDA=ON)");
+  }
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
+  }
+  // OpenMP's thread count is process-wide; the CPU backend owns it.
+  int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
+  omp_set_num_threads(threads);
+  return std::unique_ptr<Backend>(new CpuBackend(threads));
+}
+
+}  // namespace snapfill

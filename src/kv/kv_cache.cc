@@ -1,0 +1,76 @@
+#include "src/kv/kv_cache.h"
+
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace snapfill {
+
+KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), sizes_(shape.num_layers, 0) {}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape) {
+  if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
+      shape.capacity <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache shape must be positive: layers=", shape.num_layers, " kv_heads=",
+        shape.num_kv_heads, " head_dim=", shape.head_dim, " capacity=", shape.capacity));
+  }
+  const double elems = static_cast<double>(shape.num_layers) * shape.num_kv_heads *
+                       shape.capacity * shape.head_dim;
+  if (elems * 2 * sizeof(float) > static_cast<double>(uint64_t{1} << 40)) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", elems * 8 / (1 << 30),
+                                                     " GiB is too large"));
+  }
+  std::unique_ptr<KvCache> cache(new KvCache(shape));
+  try {
+    cache->k_.assign(static_cast<size_t>(elems), 0.0f);
+    cache->v_.assign(static_cast<size_t>(elems), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ",
+                                                     elems * 8 / (1 << 20), " MiB"));
+  }
+  return cache;
+}
+
+KvView KvCache::View(int64_t layer, int64_t num_keys) const {
+  KvView view;
+  view.k = k(layer, 0);
+  view.v = v(layer, 0);
+  view.head_stride = head_stride();
+  view.key_stride = key_stride();
+  view.num_keys = num_keys;
+  return view;
+}
+
+absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
+                             int64_t stride) {
+  const int64_t start = sizes_[layer];
+  if (start + n > shape_.capacity) {
+    return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, ": ", start, " + ", n,
+                                              " entries exceed capacity ", shape_.capacity));
+  }
+  const int64_t d = shape_.head_dim;
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    float* kd = k(layer, h) + start * d;
+    float* vd = v(layer, h) + start * d;
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(kd + t * d, k_rows + t * stride + h * d, d * sizeof(float));
+      std::memcpy(vd + t * d, v_rows + t * stride + h * d, d * sizeof(float));
+    }
+  }
+  sizes_[layer] = start + n;
+  return absl::OkStatus();
+}
+
+std::unique_ptr<KvCache> KvCache::Clone() const {
+  std::unique_ptr<KvCache> c(new KvCache(shape_));
+  c->k_ = k_;
+  c->v_ = v_;
+  c->sizes_ = sizes_;
+  return c;
+}
+
+void KvCache::Clear() { std::fill(sizes_.begin(), sizes_.end(), 0); }
+
+}  // namespace snapfill

@@ -1,0 +1,72 @@
+// The KV cache: per layer and KV head, the keys and values that attention
+// reads. This file owns the layout decision.
+//
+// Layout: head-major so that each KV head can hold its own set of entries
+// (SnapKV keeps a different set per head, the same count for all heads):
+//   k_, v_: [num_layers, num_kv_heads, capacity, head_dim] f32
+// size(layer) entries are valid in every head of that layer.
+#ifndef SNAPFILL_KV_KV_CACHE_H_
+#define SNAPFILL_KV_KV_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+
+namespace snapfill {
+
+struct KvCacheShape {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t capacity = 0;  // entries per layer and head
+};
+
+class KvCache {
+ public:
+  // Allocates capacity for every layer; ResourceExhausted if it cannot.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape);
+
+  const KvCacheShape& shape() const { return shape_; }
+  int64_t capacity() const { return shape_.capacity; }
+  int64_t size(int64_t layer) const { return sizes_[layer]; }
+  void set_size(int64_t layer, int64_t n) { sizes_[layer] = n; }
+  // Bytes allocated for keys and values.
+  uint64_t bytes() const { return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float); }
+
+  float* k(int64_t layer, int64_t head) { return k_.data() + Offset(layer, head); }
+  float* v(int64_t layer, int64_t head) { return v_.data() + Offset(layer, head); }
+  const float* k(int64_t layer, int64_t head) const { return k_.data() + Offset(layer, head); }
+  const float* v(int64_t layer, int64_t head) const { return v_.data() + Offset(layer, head); }
+  int64_t head_stride() const { return shape_.capacity * shape_.head_dim; }
+  int64_t key_stride() const { return shape_.head_dim; }
+
+  // A view of layer `layer`'s first `num_keys` entries.
+  KvView View(int64_t layer, int64_t num_keys) const;
+
+  // Writes n tokens' K and V (token-major [n, num_kv_heads, head_dim] with
+  // token stride `stride` floats) at entries [size, size + n) of `layer`
+  // and grows its size. OutOfRange if that passes capacity.
+  absl::Status Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
+                      int64_t stride);
+
+  // Makes a deep copy (costly: the whole cache).
+  std::unique_ptr<KvCache> Clone() const;
+  void Clear();
+
+ private:
+  explicit KvCache(const KvCacheShape& shape);
+  int64_t Offset(int64_t layer, int64_t head) const {
+    return (layer * shape_.num_kv_heads + head) * shape_.capacity * shape_.head_dim;
+  }
+  KvCacheShape shape_;
+  std::vector<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  std::vector<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  std::vector<int64_t> sizes_;  // [num_layers]
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_KV_KV_CACHE_H_

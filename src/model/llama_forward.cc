@@ -1,0 +1,131 @@
+#include "src/model/llama_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+
+namespace snapfill {
+namespace {
+
+// x[r, :] += y[r, :] for rows × dim.
+void AddInPlace(float* x, const float* y, int64_t rows, int64_t dim) {
+  const int64_t n = rows * dim;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+LlamaForward::LlamaForward(const LlamaModel& model, Backend* backend, int64_t max_tokens)
+    : model_(model), backend_(backend), max_tokens_(max_tokens) {}
+
+absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const LlamaModel& model,
+                                                                   Backend* backend,
+                                                                   int64_t max_tokens) {
+  if (max_tokens <= 0 || max_tokens > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("batch size ", max_tokens,
+                                                   " must be in [1, 2^20]"));
+  }
+  std::unique_ptr<LlamaForward> f(new LlamaForward(model, backend, max_tokens));
+  const LlamaConfig& c = model.config();
+  try {
+    f->x_.resize(max_tokens * c.model_dim);
+    f->xn_.resize(max_tokens * c.model_dim);
+    f->q_.resize(max_tokens * c.num_heads * c.head_dim);
+    f->attn_.resize(max_tokens * c.num_heads * c.head_dim);
+    f->k_.resize(max_tokens * c.num_kv_heads * c.head_dim);
+    f->v_.resize(max_tokens * c.num_kv_heads * c.head_dim);
+    f->gate_.resize(max_tokens * c.ffn_dim);
+    f->up_.resize(max_tokens * c.ffn_dim);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate activations for ",
+                                                     max_tokens, " tokens"));
+  }
+  return f;
+}
+
+uint64_t LlamaForward::scratch_bytes() const {
+  return (x_.size() + xn_.size() + q_.size() + attn_.size() + k_.size() + v_.size() +
+          gate_.size() + up_.size()) *
+         sizeof(float);
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> LlamaForward::NewKvCache(int64_t capacity) const {
+  const LlamaConfig& c = model_.config();
+  return KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim, capacity});
+}
+
+absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32_t* pos,
+                                   KvCache& kv, int64_t num_logits, float* logits) {
+  if (n <= 0) return absl::InvalidArgumentError("forward: no tokens");
+  if (num_logits < 0 || num_logits > n) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", num_logits,
+                                                   " logits asked for ", n, " tokens"));
+  }
+  const int64_t vocab = model_.config().vocab_size;
+  for (int64_t start = 0; start < n; start += max_tokens_) {
+    const int64_t len = std::min(max_tokens_, n - start);
+    // Logits rows of this piece: those among the last num_logits of the batch.
+    const int64_t first_logit = n - num_logits;
+    const int64_t piece_logits = std::max<int64_t>(0, start + len - std::max(first_logit, start));
+    float* piece_out = piece_logits > 0
+                           ? logits + (start + len - piece_logits - first_logit) * vocab
+                           : nullptr;
+    SNAPFILL_RETURN_IF_ERROR(
+        ForwardBatch(tokens + start, len, pos + start, kv, piece_logits, piece_out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const int32_t* pos,
+                                        KvCache& kv, int64_t num_logits, float* logits) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.model_dim;
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  Backend& b = *backend_;
+
+  SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LlamaLayerWeights& w = model_.layer(l);
+    // Attention block. Layers run in order because each reads the residual
+    // stream the previous one wrote.
+    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.attn_norm, xn_.data(), dim, n, dim, c.rms_eps));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wq, q_.data(), q_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wk, k_.data(), kv_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wv, v_.data(), kv_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q_.data(), n, c.num_heads, c.head_dim, q_dim, pos, c.rope_dim,
+                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k_.data(), n, c.num_kv_heads, c.head_dim, kv_dim, pos,
+                                    c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k_.data(), v_.data(), n, kv_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.Attention(q_.data(), q_dim, kv.View(l, kv.size(l)), attn_.data(),
+                                         q_dim, n, c.num_heads, c.num_kv_heads, c.head_dim, scale));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data(), n, q_dim, w.wo, xn_.data(), dim));
+    AddInPlace(x_.data(), xn_.data(), n, dim);
+
+    // Feed-forward block (SwiGLU).
+    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.ffn_norm, xn_.data(), dim, n, dim, c.rms_eps));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.w_gate, gate_.data(), c.ffn_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.w_up, up_.data(), c.ffn_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.SwiGlu(gate_.data(), up_.data(), gate_.data(), n * c.ffn_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), n, c.ffn_dim, w.w_down, xn_.data(), dim));
+    AddInPlace(x_.data(), xn_.data(), n, dim);
+  }
+
+  if (num_logits > 0) {
+    const float* last = x_.data() + (n - num_logits) * dim;
+    SNAPFILL_RETURN_IF_ERROR(
+        b.RmsNorm(last, dim, model_.output_norm(), xn_.data(), dim, num_logits, dim, c.rms_eps));
+    SNAPFILL_RETURN_IF_ERROR(
+        b.MatMul(xn_.data(), num_logits, dim, model_.output(), logits, c.vocab_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace snapfill

@@ -1,0 +1,67 @@
+// The Llama forward pass, written against Backend and reading top to bottom
+// like the math (llama2.c's forward(), gemma's TransformerLayer):
+//   x = embed(tokens)
+//   per layer: x += Wo · attend(rope(Wq·n(x)), kv ∪ rope(Wk·n(x)), Wv·n(x))
+//              x += Wdown · (silu(Wgate·n(x)) ⊙ Wup·n(x))
+//   logits = Wout · norm(x)   (only for the rows asked for)
+// Scratch activations are allocated once for the largest batch (llama2.c's
+// RunState) and never inside the layer loop.
+#ifndef SNAPFILL_MODEL_LLAMA_FORWARD_H_
+#define SNAPFILL_MODEL_LLAMA_FORWARD_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+#include "src/kv/kv_cache.h"
+#include "src/model/llama_model.h"
+
+namespace snapfill {
+
+class LlamaForward {
+ public:
+  // Scratch for batches of up to `max_tokens` tokens.
+  static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
+                                                              Backend* backend,
+                                                              int64_t max_tokens);
+
+  // Runs n tokens (at positions pos[0..n)) through every layer, appending
+  // their K/V to `kv` after the entries already there; attention of token t
+  // sees every earlier cache entry and the batch causally. If num_logits > 0
+  // writes the logits of the last num_logits tokens to
+  // logits[num_logits, vocab_size]. n may exceed max_tokens: the batch is
+  // split into max_tokens pieces, which gives the same result.
+  absl::Status Forward(const int32_t* tokens, int64_t n, const int32_t* pos, KvCache& kv,
+                       int64_t num_logits, float* logits);
+
+  int64_t max_tokens() const { return max_tokens_; }
+  const LlamaModel& model() const { return model_; }
+  // Bytes of scratch activations.
+  uint64_t scratch_bytes() const;
+
+  // A KV cache shaped for this model with `capacity` entries per head.
+  absl::StatusOr<std::unique_ptr<KvCache>> NewKvCache(int64_t capacity) const;
+
+ private:
+  LlamaForward(const LlamaModel& model, Backend* backend, int64_t max_tokens);
+  absl::Status ForwardBatch(const int32_t* tokens, int64_t n, const int32_t* pos, KvCache& kv,
+                            int64_t num_logits, float* logits);
+
+  const LlamaModel& model_;
+  Backend* backend_;
+  int64_t max_tokens_;
+  // [max_tokens, model_dim] each
+  std::vector<float> x_, xn_;
+  // [max_tokens, num_heads * head_dim]
+  std::vector<float> q_, attn_;
+  // [max_tokens, num_kv_heads * head_dim]
+  std::vector<float> k_, v_;
+  // [max_tokens, ffn_dim]
+  std::vector<float> gate_, up_;
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_MODEL_LLAMA_FORWARD_H_

@@ -1,0 +1,242 @@
+#include "src/model/llama_model.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+
+namespace snapfill {
+namespace {
+
+// Architectures whose GGUF layout and math are the Llama ones.
+const std::set<std::string>& LlamaArchitectures() {
+  static const std::set<std::string> kArchs = {"llama", "mistral"};
+  return kArchs;
+}
+
+absl::StatusOr<int64_t> GetPositive(const GgufFile& f, const std::string& key) {
+  auto v = f.GetUint(key);
+  if (!v.ok()) {
+    if (absl::IsNotFound(v.status())) {
+      return absl::InvalidArgumentError(absl::StrCat("model metadata lacks ", key));
+    }
+    return v.status();
+  }
+  // Absurd sizes are refused here, before anything is allocated from them.
+  if (*v == 0 || *v > (uint64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " = ", *v, " is out of range [1, 2^24]"));
+  }
+  return static_cast<int64_t>(*v);
+}
+
+// Binds a tensor as a matrix of `rows` × `cols` (GGUF ne = {cols, rows}).
+absl::StatusOr<WeightView> BindMatrix(const GgufFile& f, const std::string& name, int64_t rows,
+                                      int64_t cols) {
+  const GgufTensorInfo* t = f.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+  if (t->shape.size() != 2 || t->shape[0] != cols || t->shape[1] != rows) {
+    std::string got;
+    for (int64_t d : t->shape) absl::StrAppend(&got, got.empty() ? "" : ", ", d);
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape {", got,
+                                                   "}, expected {", cols, ", ", rows, "}"));
+  }
+  if (!IsSupportedWeightType(t->type)) {
+    const char* tn = GetTypeTraits(t->type).name;
+    return absl::UnimplementedError(absl::StrCat("tensor ", name, " has type ", tn ? tn : "?",
+                                                 ", which snapfill cannot compute with (supported: "
+                                                 "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"));
+  }
+  WeightView w;
+  w.data = t->data;
+  w.type = t->type;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = static_cast<size_t>(RowBytes(t->type, cols));
+  return w;
+}
+
+absl::StatusOr<const float*> BindVector(const GgufFile& f, const std::string& name, int64_t n) {
+  const GgufTensorInfo* t = f.FindTensor(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+  if (t->type != GgmlType::kF32 || t->num_elements() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " must be F32 with ", n,
+                                                   " elements, got ", t->num_elements()));
+  }
+  return reinterpret_cast<const float*>(t->data);
+}
+
+absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
+  LlamaConfig c;
+  auto arch = f.GetString("general.architecture");
+  if (!arch.ok()) return absl::InvalidArgumentError("model metadata lacks general.architecture");
+  c.architecture = *arch;
+  if (!LlamaArchitectures().count(c.architecture)) {
+    return absl::UnimplementedError(absl::StrCat("architecture \"", c.architecture,
+                                                 "\" is not supported (supported: llama, mistral)"));
+  }
+  if (auto name = f.GetString("general.name"); name.ok()) c.name = *name;
+  const std::string& a = c.architecture;
+  SNAPFILL_ASSIGN_OR_RETURN(c.num_layers, GetPositive(f, a + ".block_count"));
+  SNAPFILL_ASSIGN_OR_RETURN(c.model_dim, GetPositive(f, a + ".embedding_length"));
+  SNAPFILL_ASSIGN_OR_RETURN(c.ffn_dim, GetPositive(f, a + ".feed_forward_length"));
+  SNAPFILL_ASSIGN_OR_RETURN(c.num_heads, GetPositive(f, a + ".attention.head_count"));
+  c.num_kv_heads = c.num_heads;
+  if (f.Has(a + ".attention.head_count_kv")) {
+    SNAPFILL_ASSIGN_OR_RETURN(c.num_kv_heads, GetPositive(f, a + ".attention.head_count_kv"));
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("head_count ", c.num_heads,
+                                                   " is not a multiple of head_count_kv ",
+                                                   c.num_kv_heads));
+  }
+  if (f.Has(a + ".attention.key_length")) {
+    SNAPFILL_ASSIGN_OR_RETURN(c.head_dim, GetPositive(f, a + ".attention.key_length"));
+  } else {
+    if (c.model_dim % c.num_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding_length ", c.model_dim,
+                                                     " is not a multiple of head_count ",
+                                                     c.num_heads));
+    }
+    c.head_dim = c.model_dim / c.num_heads;
+  }
+  if (f.Has(a + ".attention.value_length")) {
+    SNAPFILL_ASSIGN_OR_RETURN(int64_t vdim, GetPositive(f, a + ".attention.value_length"));
+    if (vdim != c.head_dim) {
+      return absl::UnimplementedError(absl::StrCat("value_length ", vdim, " != key_length ",
+                                                   c.head_dim, " is not supported"));
+    }
+  }
+  c.context_length = 4096;
+  if (f.Has(a + ".context_length")) {
+    SNAPFILL_ASSIGN_OR_RETURN(c.context_length, GetPositive(f, a + ".context_length"));
+  }
+  c.rope_dim = c.head_dim;
+  if (f.Has(a + ".rope.dimension_count")) {
+    SNAPFILL_ASSIGN_OR_RETURN(c.rope_dim, GetPositive(f, a + ".rope.dimension_count"));
+  }
+  if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("rope.dimension_count ", c.rope_dim,
+                                                   " must be even and <= head size ", c.head_dim));
+  }
+  if (f.Has(a + ".rope.freq_base")) {
+    SNAPFILL_ASSIGN_OR_RETURN(double base, f.GetFloat(a + ".rope.freq_base"));
+    if (!(base > 1.0) || !std::isfinite(base)) {
+      return absl::InvalidArgumentError(absl::StrCat("rope.freq_base ", base, " must be > 1"));
+    }
+    c.rope_freq_base = static_cast<float>(base);
+  }
+  if (f.Has(a + ".rope.scaling.type")) {
+    SNAPFILL_ASSIGN_OR_RETURN(std::string type, f.GetString(a + ".rope.scaling.type"));
+    if (type == "linear") {
+      SNAPFILL_ASSIGN_OR_RETURN(double factor, f.GetFloat(a + ".rope.scaling.factor"));
+      if (!(factor > 0)) return absl::InvalidArgumentError("rope.scaling.factor must be > 0");
+      c.rope_freq_scale = static_cast<float>(1.0 / factor);
+    } else if (type != "none") {
+      return absl::UnimplementedError(absl::StrCat("RoPE scaling \"", type,
+                                                   "\" is not supported (supported: none, linear)"));
+    }
+  } else if (f.Has(a + ".rope.scale_linear")) {
+    SNAPFILL_ASSIGN_OR_RETURN(double factor, f.GetFloat(a + ".rope.scale_linear"));
+    if (!(factor > 0)) return absl::InvalidArgumentError("rope.scale_linear must be > 0");
+    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+  }
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    return absl::UnimplementedError(
+        "tensor rope_freqs.weight (Llama 3.1 RoPE frequency factors) is not supported yet");
+  }
+  if (f.Has(a + ".attention.layer_norm_rms_epsilon")) {
+    SNAPFILL_ASSIGN_OR_RETURN(double eps, f.GetFloat(a + ".attention.layer_norm_rms_epsilon"));
+    if (!(eps > 0) || eps > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_norm_rms_epsilon ", eps,
+                                                     " is out of range (0, 1]"));
+    }
+    c.rms_eps = static_cast<float>(eps);
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<GgufFile> file) {
+  std::unique_ptr<LlamaModel> m(new LlamaModel());
+  SNAPFILL_ASSIGN_OR_RETURN(m->config_, ReadConfig(*file));
+  LlamaConfig& c = m->config_;
+  const GgufFile& f = *file;
+
+  const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
+  if (embd == nullptr) return absl::InvalidArgumentError("missing tensor token_embd.weight");
+  if (embd->shape.size() != 2) {
+    return absl::InvalidArgumentError("tensor token_embd.weight must be 2-D");
+  }
+  c.vocab_size = embd->shape[1];
+  SNAPFILL_ASSIGN_OR_RETURN(m->token_embd_, BindMatrix(f, "token_embd.weight", c.vocab_size, c.model_dim));
+  SNAPFILL_ASSIGN_OR_RETURN(m->output_norm_, BindVector(f, "output_norm.weight", c.model_dim));
+  if (f.FindTensor("output.weight") != nullptr) {
+    SNAPFILL_ASSIGN_OR_RETURN(m->output_, BindMatrix(f, "output.weight", c.vocab_size, c.model_dim));
+  } else {
+    c.tied_embeddings = true;
+    m->output_ = m->token_embd_;
+  }
+  const int64_t q_dim = c.num_heads * c.head_dim;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  m->layers_.resize(c.num_layers);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    LlamaLayerWeights& l = m->layers_[i];
+    const std::string p = absl::StrCat("blk.", i, ".");
+    SNAPFILL_ASSIGN_OR_RETURN(l.attn_norm, BindVector(f, p + "attn_norm.weight", c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.wq, BindMatrix(f, p + "attn_q.weight", q_dim, c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.wk, BindMatrix(f, p + "attn_k.weight", kv_dim, c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.wv, BindMatrix(f, p + "attn_v.weight", kv_dim, c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.wo, BindMatrix(f, p + "attn_output.weight", c.model_dim, q_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.ffn_norm, BindVector(f, p + "ffn_norm.weight", c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.w_gate, BindMatrix(f, p + "ffn_gate.weight", c.ffn_dim, c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.w_up, BindMatrix(f, p + "ffn_up.weight", c.ffn_dim, c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.w_down, BindMatrix(f, p + "ffn_down.weight", c.model_dim, c.ffn_dim));
+    if (f.FindTensor(p + "attn_q.bias") != nullptr || f.FindTensor(p + "ffn_gate_exps.weight") != nullptr) {
+      return absl::UnimplementedError(absl::StrCat("layer ", i,
+                                                   " has attention biases or experts, which the "
+                                                   "Llama forward pass does not support"));
+    }
+  }
+  for (const GgufTensorInfo& t : f.tensors()) m->weight_bytes_ += t.size_bytes;
+  m->file_ = std::move(file);
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Open(const std::string& path) {
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  auto model = Load(std::move(file));
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("loading ", path, ": ", model.status().message()));
+  }
+  return model;
+}
+
+std::string ResolveModelPath(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("SNAPFILL_MODEL"); env != nullptr && env[0] != '\0') {
+    return env;
+  }
+  namespace fs = std::filesystem;
+  const std::string rel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  // The default location is the repository's models/ folder; look upwards
+  // from the current directory so that build/ and bin/ work too.
+  std::error_code ec;
+  fs::path dir = fs::current_path(ec);
+  for (int i = 0; i < 4 && !dir.empty(); ++i) {
+    if (fs::exists(dir / rel, ec)) return (dir / rel).string();
+    if (dir == dir.parent_path()) break;
+    dir = dir.parent_path();
+  }
+#ifdef SNAPFILL_SOURCE_DIR_FOR_MODELS
+  return std::string(SNAPFILL_SOURCE_DIR_FOR_MODELS) + "/" + rel;
+#else
+  return rel;
+#endif
+}
+
+}  // namespace snapfill

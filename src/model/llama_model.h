@@ -1,0 +1,84 @@
+// A Llama-family model loaded from GGUF: hyper-parameters from the metadata
+// (llama.cpp's key names) and a table of weight views into the mapped file.
+// Nothing is copied: weights live as long as the GgufFile.
+#ifndef SNAPFILL_MODEL_LLAMA_MODEL_H_
+#define SNAPFILL_MODEL_LLAMA_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+#include "src/gguf/gguf_reader.h"
+
+namespace snapfill {
+
+struct LlamaConfig {
+  std::string architecture;   // general.architecture ("llama")
+  std::string name;           // general.name, if any
+  int64_t num_layers = 0;     // {arch}.block_count
+  int64_t model_dim = 0;      // {arch}.embedding_length
+  int64_t ffn_dim = 0;        // {arch}.feed_forward_length
+  int64_t num_heads = 0;      // {arch}.attention.head_count
+  int64_t num_kv_heads = 0;   // {arch}.attention.head_count_kv (defaults to num_heads)
+  int64_t head_dim = 0;       // {arch}.attention.key_length, else model_dim / num_heads
+  int64_t vocab_size = 0;     // rows of token_embd
+  int64_t context_length = 0; // {arch}.context_length (training context)
+  int64_t rope_dim = 0;       // {arch}.rope.dimension_count (defaults to head_dim)
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  // 1 / {arch}.rope.scaling.factor for linear scaling
+  bool rope_neox = false;        // false: Llama's adjacent-pair rotation
+  float rms_eps = 1e-5f;
+  bool tied_embeddings = false;  // no output.weight: logits use token_embd
+};
+
+struct LlamaLayerWeights {
+  const float* attn_norm = nullptr;  // [model_dim]
+  WeightView wq;                     // [num_heads * head_dim, model_dim]
+  WeightView wk;                     // [num_kv_heads * head_dim, model_dim]
+  WeightView wv;                     // [num_kv_heads * head_dim, model_dim]
+  WeightView wo;                     // [model_dim, num_heads * head_dim]
+  const float* ffn_norm = nullptr;   // [model_dim]
+  WeightView w_gate;                 // [ffn_dim, model_dim]
+  WeightView w_up;                   // [ffn_dim, model_dim]
+  WeightView w_down;                 // [model_dim, ffn_dim]
+};
+
+class LlamaModel {
+ public:
+  // Reads the config and binds every weight, checking names, shapes and
+  // types. Unimplemented names an unsupported architecture, tensor type or
+  // RoPE variant; InvalidArgument/DataLoss a missing or misshapen tensor.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(std::unique_ptr<GgufFile> file);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Open(const std::string& path);
+
+  const LlamaConfig& config() const { return config_; }
+  const GgufFile& gguf() const { return *file_; }
+  const WeightView& token_embd() const { return token_embd_; }  // [vocab, model_dim]
+  const WeightView& output() const { return output_; }          // [vocab, model_dim]
+  const float* output_norm() const { return output_norm_; }     // [model_dim]
+  const LlamaLayerWeights& layer(int64_t i) const { return layers_[i]; }
+  // Bytes of tensor data in the file.
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  LlamaModel() = default;
+  std::unique_ptr<GgufFile> file_;
+  LlamaConfig config_;
+  WeightView token_embd_;
+  WeightView output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LlamaLayerWeights> layers_;
+  uint64_t weight_bytes_ = 0;
+};
+
+// Returns the model path to use: `flag` if non-empty, else $SNAPFILL_MODEL,
+// else <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf relative to `exe_dir`'s
+// parents or the current directory.
+std::string ResolveModelPath(const std::string& flag);
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_MODEL_LLAMA_MODEL_H_

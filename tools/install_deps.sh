@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs snapfill's build and test dependencies from Debian's packages.
+# Idempotent: packages already present are not reinstalled.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev nlohmann-json3-dev python3 python3-pip unzip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
