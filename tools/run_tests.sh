@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs everything, fetches the default model, builds and runs the test
+# suite. Tests labelled "long" (runs of many minutes) and "cuda" (need a GPU)
+# are left out unless SNAPFILL_TEST_LABELS_EXCLUDE is set otherwise.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash tools/install_deps.sh
+bash tools/fetch_model.sh
+bash tools/build.sh "$@"
+BUILD_DIR="${SNAPFILL_BUILD_DIR:-$ROOT/build}"
+EXCLUDE="${SNAPFILL_TEST_LABELS_EXCLUDE:-long|cuda}"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE "$EXCLUDE"
