@@ -43,7 +43,7 @@ ABSL_FLAG(int32_t, top_k, 40, "Keep the k most likely tokens; 0 = all");
 ABSL_FLAG(double, top_p, 0.95, "Nucleus sampling: keep tokens up to this cumulative probability");
 ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
 ABSL_FLAG(std::string, chat_template, "auto",
-          "auto (the model's own, if it has one) | none | chatml | llama2 | llama3");
+          "auto (the model's own, if it has one) | none | chatml | llama2 | llama2-sys | llama3 | zephyr");
 ABSL_FLAG(std::string, system, "", "System message for the chat template (default: the template's)");
 ABSL_FLAG(int64_t, batch, 512, "Tokens per forward batch during prefill");
 ABSL_FLAG(bool, timing, true, "Print TTFT, tokens/s and peak memory to stderr");
@@ -163,7 +163,8 @@ absl::Status RunInfo() {
     std::printf("tokenizer:       unusable: %s\n", tok.status().ToString().c_str());
   }
   auto tmpl = f.GetString("tokenizer.chat_template");
-  std::printf("chat template:   %s\n", tmpl.ok() ? ChatTemplateName(DetectChatTemplate(*tmpl)) : "none");
+  std::printf("chat template:   %s\n",
+              tmpl.ok() ? ChatTemplateKindName(DetectChatTemplate(*tmpl).kind) : "none");
   if (absl::GetFlag(FLAGS_verbosity) >= 1) {
     std::printf("metadata:\n");
     for (const GgufKv& kv : f.metadata()) {
@@ -203,13 +204,25 @@ absl::Status RunGenerate() {
 
   // The chat template wraps the prompt as a user message for instruct models.
   const std::string tmpl_flag = absl::GetFlag(FLAGS_chat_template);
-  ChatTemplateKind kind = ChatTemplateKind::kNone;
+  ChatTemplate tmpl;
   if (tmpl_flag == "auto") {
-    auto tmpl = model->gguf().GetString("tokenizer.chat_template");
-    if (tmpl.ok()) kind = DetectChatTemplate(*tmpl);
-  } else {
-    SNAPFILL_ASSIGN_OR_RETURN(kind, ParseChatTemplateKind(tmpl_flag));
+    auto text = model->gguf().GetString("tokenizer.chat_template");
+    if (text.ok()) tmpl = DetectChatTemplate(*text);
+  } else if (tmpl_flag != "none") {
+    tmpl = DetectChatTemplate(tmpl_flag);
+    if (tmpl.kind == ChatTemplateKind::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--chat_template=", tmpl_flag,
+          " is not one of auto, none, chatml, llama2, llama2-sys, llama3, zephyr"));
+    }
+    // The model's own template knows its default system prompt.
+    auto text = model->gguf().GetString("tokenizer.chat_template");
+    if (text.ok()) {
+      ChatTemplate own = DetectChatTemplate(*text);
+      if (own.kind == tmpl.kind) tmpl = own;
+    }
   }
+  const ChatTemplateKind kind = tmpl.kind;
   std::string text = prompt;
   bool parse_special = false;
   if (kind != ChatTemplateKind::kNone) {
@@ -218,7 +231,7 @@ absl::Status RunGenerate() {
       messages.push_back({"system", absl::GetFlag(FLAGS_system)});
     }
     messages.push_back({"user", prompt});
-    text = ApplyChatTemplate(kind, messages, /*add_generation_prompt=*/true);
+    text = ApplyChatTemplate(tmpl, messages, /*add_generation_prompt=*/true);
     parse_special = true;  // the template's own markers are special tokens
   }
   std::vector<int32_t> ids = tokenizer->Encode(text, /*add_special=*/true, parse_special);
@@ -242,7 +255,7 @@ absl::Status RunGenerate() {
                  "chat_template=%s batch=%lld kv=%s\n",
                  path.c_str(), backend->num_threads(), ids.size(), (long long)n,
                  sampling.temperature, sampling.top_k, sampling.top_p,
-                 (unsigned long long)sampling.seed, ChatTemplateName(kind), (long long)batch,
+                 (unsigned long long)sampling.seed, ChatTemplateKindName(kind), (long long)batch,
                  HumanBytes(kv->bytes()).c_str());
   }
   GenerateOptions gopts;

@@ -1,0 +1,195 @@
+// Tokenizer: text <-> token ids for GGUF vocabularies, matching llama.cpp.
+//
+// Two model kinds are supported, named by tokenizer.ggml.model:
+//   "gpt2"  byte-level BPE: pre-tokenize (see pretokenizer.h), map bytes to
+//           the GPT-2 alphabet, merge adjacent pairs by rank.
+//   "llama" SentencePiece BPE: escape spaces as U+2581, merge adjacent
+//           symbols by score, fall back to <0xXX> byte tokens.
+// Special-token texts ("<|im_start|>") are split out first when asked to, as
+// llama.cpp's tokenizer_st_partition does.
+//
+// The one deliberate difference from llama.cpp: invalid UTF-8 bytes are
+// kept as they are (byte-level BPE encodes them as their byte tokens,
+// SentencePiece as <0xXX> tokens, one symbol per malformed byte), where
+// llama.cpp replaces each with U+FFFD (BPE) or lets a bad lead byte swallow
+// the bytes after it (SPM). So Decode(Encode(x)) == x for every byte string
+// x whose bytes the vocabulary can represent; an invalid byte that has no
+// byte token (SmolLM2 has none for 0xC0, 0xC1, 0xF1, 0xF2, 0xF5-0xFF) is
+// encoded as U+FFFD like llama.cpp does. Valid UTF-8 tokenizes exactly as in
+// llama.cpp, including its dropping of characters without any token (in
+// SmolLM2: the control bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D).
+#ifndef SNAPFILL_SRC_TOKENIZER_TOKENIZER_H_
+#define SNAPFILL_SRC_TOKENIZER_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace snapfill {
+
+class GgufFile;
+class PreTokenizer;
+
+enum class TokenizerModel { kBpe, kSpm };
+
+// tokenizer.ggml.token_type values (llama_token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
+};
+
+inline constexpr int32_t kNoToken = -1;
+
+// A vocabulary as stored in GGUF; tests build these by hand.
+struct Vocab {
+  TokenizerModel model = TokenizerModel::kBpe;
+  std::string pre;                  // tokenizer.ggml.pre; "" = absent ("default")
+  std::vector<std::string> tokens;  // [vocab_size]
+  std::vector<float> scores;        // [vocab_size] or empty (all 0)
+  std::vector<int32_t> token_types; // [vocab_size] or empty (all normal)
+  std::vector<std::string> merges;  // BPE only: "left right", by rank
+  int32_t bos_id = kNoToken;
+  int32_t eos_id = kNoToken;
+  int32_t unk_id = kNoToken;
+  int32_t pad_id = kNoToken;
+  int32_t eot_id = kNoToken;  // kNoToken: found by text (<|im_end|>, ...)
+  int32_t eom_id = kNoToken;
+  // Unset: llama.cpp's default for the model kind and pre-tokenizer.
+  std::optional<bool> add_bos;
+  std::optional<bool> add_eos;
+  std::optional<bool> add_space_prefix;
+  std::string chat_template;  // tokenizer.chat_template, may be empty
+};
+
+class Tokenizer {
+ public:
+  // Errors: InvalidArgument for an inconsistent vocabulary (sizes differ,
+  // duplicate tokens, add_bos without a BOS id, out-of-range ids),
+  // Unimplemented for an unsupported pre-tokenizer.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromVocab(Vocab vocab);
+  // Reads tokenizer.ggml.* from a GGUF file. NotFound "model has no
+  // tokenizer" without tokenizer.ggml.model; Unimplemented for a model other
+  // than "gpt2" or "llama" (naming it); InvalidArgument for keys of the
+  // wrong type or size.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& file);
+
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // add_special: add BOS / EOS as the vocabulary says. parse_special: emit
+  // control-token texts found in `text` as their ids (user-defined tokens
+  // are always split out, as in llama.cpp).
+  std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
+
+  // Bytes of one token. Control and unknown tokens render as "" unless
+  // render_special. Out-of-range ids give "".
+  std::string TokenToPiece(int32_t id, bool render_special = false) const;
+  // Concatenated pieces, with llama.cpp's detokenizer rules: the leading
+  // space of an SPM first token is dropped, and vocabularies with
+  // clean_spaces tidy " ." / " 's" etc.
+  std::string Decode(const std::vector<int32_t>& ids, bool render_special = false) const;
+
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }
+  int32_t unk_id() const { return unk_id_; }
+  int32_t pad_id() const { return pad_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+  bool add_space_prefix() const { return add_space_prefix_; }
+  // End of generation: EOS, EOT, EOM and tokens llama.cpp recognises by
+  // text (<|im_end|>, <|endoftext|>, <|eot_id|>, FIM pad/repo/sep, ...).
+  bool IsEndOfGeneration(int32_t id) const;
+  bool IsControl(int32_t id) const;
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  TokenizerModel model() const { return model_; }
+  // tokenizer.ggml.pre as stored ("" if absent).
+  const std::string& pre() const { return pre_name_; }
+  const std::string& chat_template() const { return chat_template_; }
+  // Token text as stored in the vocabulary (GPT-2 alphabet / U+2581 form).
+  const std::string& TokenText(int32_t id) const { return tokens_[id]; }
+  // Id of an exact token text, or kNoToken.
+  int32_t TextToToken(std::string_view text) const;
+
+ private:
+  Tokenizer();
+  absl::Status Init(Vocab vocab);
+  void EncodeBpeText(std::string_view text, std::vector<int32_t>* out) const;
+  void EncodeBpeWord(std::string_view word, std::vector<int32_t>* out) const;
+  void EncodeSpmText(std::string_view text, std::vector<int32_t>* out) const;
+  void EmitBpePiece(int32_t piece, std::vector<int32_t>* out) const;
+  int32_t SpmByteToken(uint8_t byte) const;
+
+  // Attribute bits (llama_token_attr).
+  enum Attr : uint32_t {
+    kAttrUndefined = 0,
+    kAttrUnknown = 1 << 0,
+    kAttrUnused = 1 << 1,
+    kAttrNormal = 1 << 2,
+    kAttrControl = 1 << 3,
+    kAttrUserDefined = 1 << 4,
+    kAttrByte = 1 << 5,
+  };
+
+  TokenizerModel model_ = TokenizerModel::kBpe;
+  std::string pre_name_;
+  std::vector<std::string> tokens_;
+  std::vector<float> scores_;
+  std::vector<uint32_t> attrs_;
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id_;
+  std::vector<int32_t> special_tokens_;  // control / user-defined / unknown, longest first
+  std::vector<int32_t> eog_ids_;         // sorted
+  std::unique_ptr<PreTokenizer> pre_;
+  bool ignore_merges_ = false;
+  bool clean_spaces_ = false;
+
+  // BPE merge table over "pieces": ids < vocab_size are tokens; larger ids
+  // name merge results that are not tokens (kept so that merging proceeds
+  // exactly as llama.cpp's string-based merge does).
+  struct Merge {
+    int32_t rank;
+    int32_t result;
+  };
+  // Open addressing keyed by (left << 32 | right); merges are looked up once
+  // per adjacent pair, so this is the hot path of Encode.
+  struct MergeSlot {
+    uint64_t key = ~uint64_t{0};
+    Merge merge;
+  };
+  std::vector<MergeSlot> merge_slots_;  // power-of-two size
+  const Merge* FindMerge(int32_t left, int32_t right) const;
+  void InsertMerge(int32_t left, int32_t right, Merge merge);
+  std::vector<std::string> extra_pieces_;  // texts of ids >= vocab_size
+  int32_t byte_piece_[256] = {};           // piece id of each byte's GPT-2 char
+
+  int32_t bos_id_ = kNoToken;
+  int32_t eos_id_ = kNoToken;
+  int32_t eot_id_ = kNoToken;
+  int32_t eom_id_ = kNoToken;
+  int32_t unk_id_ = kNoToken;
+  int32_t pad_id_ = kNoToken;
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+  bool add_space_prefix_ = false;
+  std::string chat_template_;
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_SRC_TOKENIZER_TOKENIZER_H_
