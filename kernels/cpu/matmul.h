@@ -29,7 +29,26 @@ void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
             GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
 // dst[0..k) = the k elements of one row of `type` at `src` (embedding lookup).
+// Bit-identical to ref::DequantizeRow (same f32 formulas, fmaf where ggml
+// writes a*b + c).
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k);
+
+// Activation quantizers that MatMul uses internally, writing ggml blocks
+// (BlockQ8_0 / BlockQ8_1 / BlockQ8_K of kernels/quant_blocks.h) so that tests
+// can compare them bit for bit with ref::QuantizeRowQ8_*. k must be a
+// multiple of 32 (Q8_0, Q8_1) or 256 (Q8_K).
+void QuantizeRowQ8_0(const float* x, void* y, int64_t k);
+void QuantizeRowQ8_1(const float* x, void* y, int64_t k);
+void QuantizeRowQ8_K(const float* x, void* y, int64_t k);
+
+// Which implementation MatMul and the quantizers use. kAuto: the SIMD kernels
+// compiled in (AVX-512 VNNI), else the portable path; kGeneric forces the
+// portable path. Process-wide; for tests and benchmarks only.
+enum class MatMulImpl { kAuto, kGeneric };
+void SetMatMulImplForTesting(MatMulImpl impl);
+
+// Returns true if SIMD kernels were compiled in (kAuto then uses them).
+bool MatMulHasSimd();
 
 }  // namespace snapfill::cpu
 

@@ -1,0 +1,88 @@
+// Benchmarks of cpu::MatMul on SmolLM2-135M's linear-layer shapes.
+//   BM_MatMul_Cpu/<type>/m/k/n: Y[m, n] = X[m, k] · W[n, k]ᵀ, W in <type>.
+// Shapes: q/o projections (576 -> 576), FFN up/gate (576 -> 1536), FFN down
+// (1536 -> 576), output head (576 -> 49152); m = 1 (decode) and 512 (prefill).
+// Counters: GFLOP/s = 2·m·n·k per iteration; items = tokens. Threads: whatever
+// OMP_NUM_THREADS / omp_get_max_threads() gives (set it to pin the count).
+// No correctness checks here: tests/kernels/matmul_test.cc covers them.
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/ref/quant_ref.h"
+
+namespace snapfill {
+namespace {
+
+std::vector<uint8_t> RandomWeights(GgmlType type, int64_t n, int64_t k) {
+  const int64_t row_bytes = RowBytes(type, k);
+  std::vector<uint8_t> w(n * row_bytes);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<float> row(k);
+  for (int64_t j = 0; j < n; ++j) {
+    for (auto& v : row) v = nd(rng);
+    uint8_t* dst = w.data() + j * row_bytes;
+    switch (type) {
+      case GgmlType::kF32: std::memcpy(dst, row.data(), k * 4); break;
+      case GgmlType::kQ4_0: ref::QuantizeRowQ4_0(row.data(), reinterpret_cast<BlockQ4_0*>(dst), k); break;
+      case GgmlType::kQ4_1: ref::QuantizeRowQ4_1(row.data(), reinterpret_cast<BlockQ4_1*>(dst), k); break;
+      case GgmlType::kQ8_0: ref::QuantizeRowQ8_0(row.data(), reinterpret_cast<BlockQ8_0*>(dst), k); break;
+      case GgmlType::kQ4_K: ref::QuantizeRowQ4_K(row.data(), reinterpret_cast<BlockQ4_K*>(dst), k); break;
+      case GgmlType::kQ6_K: ref::QuantizeRowQ6_K(row.data(), reinterpret_cast<BlockQ6_K*>(dst), k); break;
+      default: break;
+    }
+  }
+  return w;
+}
+
+void BM_MatMul_Cpu(benchmark::State& state) {
+  const auto type = static_cast<GgmlType>(state.range(0));
+  const int64_t m = state.range(1), k = state.range(2), n = state.range(3);
+  const auto w = RandomWeights(type, n, k);
+  std::vector<float> x(m * k), y(m * n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  const size_t row_bytes = RowBytes(type, k);
+  for (int i = 0; i < 3; ++i) cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+  for (auto _ : state) {
+    cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * m);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * row_bytes));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+  state.SetLabel(GetTypeTraits(type).name);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"type", "m", "k", "n"});
+  const GgmlType types[] = {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                            GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32};
+  const int64_t shapes[][2] = {{576, 1536}, {1536, 576}, {576, 576}, {576, 49152}};
+  for (GgmlType t : types) {
+    for (const auto& s : shapes) {
+      for (int64_t m : {1, 512}) {
+        if ((t == GgmlType::kQ4_K || t == GgmlType::kQ6_K) && s[0] % 256 != 0) continue;
+        if (m == 512 && s[1] == 49152 && t != GgmlType::kQ8_0) continue;  // output head is Q8_0
+        b->Args({static_cast<int64_t>(t), m, s[0], s[1]});
+      }
+    }
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_MatMul_Cpu)->Apply(Shapes);
+
+}  // namespace
+}  // namespace snapfill
+
+BENCHMARK_MAIN();

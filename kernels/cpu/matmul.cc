@@ -1,0 +1,913 @@
+// Quantized and float matrix products on the CPU; see matmul.h.
+//
+// Scheme (one call):
+//  1. Quantize every X row once into the weight type's partner format, kept
+//     in a "packed" form the micro-kernels stream: int8 values, per-lane f32
+//     scales, and a per-block f32 "aux" vector that carries the part of each
+//     block dot that is not a plain int8 product (Q4_0's -8·Σq, Q4_1's min,
+//     the K-quants' mins / -32 offset).
+//  2. Split Y into (weight-row block × token block) units over OpenMP threads.
+//     A unit unpacks its weight rows once into the same packed form (nibbles
+//     to bytes, fp16 scales to f32 lane scales) and then runs micro-kernels of
+//     up to 4 weight rows × 4 tokens over the whole k, so each unpacked weight
+//     vector is reused for 4 tokens from registers and for all tokens of the
+//     unit from cache.
+// Every block dot is then  Σ_lanes int32(Σ4 w·x) · (ws·xs)  +  Σ_blocks waux·xaux:
+//   Q4_0: w = q (u8 0..15), x = qx (s8); ws·xs = dw·dx; aux: dw · (-8·dx·Σqx)
+//   Q4_1: w = q (u8),        x = qx (s8); ws·xs = dw·dx; aux: mw · sx
+//   Q8_0: w = qw (s8), x = qx + 128 (u8); ws·xs = dw·dx; aux: (dw·Σqw) · (-128·dx)
+//   Q4_K: w = q (u8), x = qx (s8), per-2-element int16 scale sc_j, f32 d·dx
+//         per super-block; aux per 16: (-dmin·m_j) · (dx·bsum_g)
+//   Q6_K: w = q (u8 0..63), x = qx (s8), int16 scale sc_g, f32 d·dx;
+//         aux per 16: (-32·d·sc_g) · (dx·bsum_g)
+// All these f32 products of fp16 scales and small integers are exact, so the
+// only rounding is f32 accumulation: the result equals
+// ref::MatMulQuantizedActivations up to summation order.
+//
+// ISA: AVX-512 F/BW/VNNI kernels (vpdpbusd for 32-blocks, vpmaddubsw +
+// vpdpwssd for K-quants) when compiled with them (-march=native here); a
+// portable scalar path with the same packed data otherwise, or when a test
+// asks for it with SetMatMulImplForTesting.
+#include "kernels/cpu/matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/quant_blocks.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VL__)
+// GCC 12's AVX-512 intrinsics initialize their "undefined" operands with
+// themselves, which trips -Wuninitialized once inlined; the warning points
+// into the header, so silencing it around the include is enough.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#define SNAPFILL_MATMUL_AVX512 1
+#else
+#define SNAPFILL_MATMUL_AVX512 0
+#endif
+
+namespace snapfill::cpu {
+namespace {
+
+std::atomic<int> g_impl{static_cast<int>(MatMulImpl::kAuto)};
+
+bool UseSimd() {
+  return SNAPFILL_MATMUL_AVX512 && g_impl.load(std::memory_order_relaxed) ==
+                                       static_cast<int>(MatMulImpl::kAuto);
+}
+
+constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+#if SNAPFILL_MATMUL_AVX512
+// Horizontal sum / max of 16 lanes.
+inline float HSum(__m512 v) {
+  __m512 t = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 x = _mm512_castps512_ps128(t);
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline float HMax(__m512 v) {
+  __m512 t = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_max_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  __m128 x = _mm512_castps512_ps128(t);
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Activation quantization cores (bit-identical to ref::QuantizeRowQ8_*).
+
+// One 32-element Q8_0/Q8_1 block: q = roundf(x / d), d = amax / 127.
+// Returns the f32 d (before fp16 rounding); *sum = Σq.
+float QuantBlock8(const float* x, int8_t* q, int* sum) {
+#if SNAPFILL_MATMUL_AVX512
+  if (UseSimd()) {
+    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    const float amax = HMax(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512 half = _mm512_set1_ps(0.5f);
+    __m512i qi[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512 v = _mm512_mul_ps(h == 0 ? a : b, vid);
+      // roundf: truncate, then step away from zero when the dropped part is
+      // >= 0.5 (v - trunc(v) is exact).
+      __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+      const __m512 one = _mm512_or_ps(_mm512_set1_ps(1.0f),
+                                      _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // ±1
+      t = _mm512_mask_add_ps(t, up, t, one);
+      qi[h] = _mm512_cvttps_epi32(t);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(qi[h]));
+    }
+    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qi[0], qi[1]));
+    return d;
+  }
+#endif
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int s = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    s += q[j];
+  }
+  *sum = s;
+  return d;
+}
+
+// One 256-element Q8_K block: iscale = -127 / max (signed value of the first
+// largest |x|), q = min(127, rint(iscale * x)) with ties to even; returns
+// d = 1 / iscale and fills bsums.
+float QuantBlockK(const float* x, int8_t* q, int16_t* bsums) {
+#if SNAPFILL_MATMUL_AVX512
+  if (UseSimd()) {
+    __m512 vmax = _mm512_setzero_ps();
+    for (int j = 0; j < kQK_K; j += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    const float amax = HMax(vmax);
+    if (amax == 0.0f) {
+      std::memset(q, 0, kQK_K);
+      std::memset(bsums, 0, 16 * sizeof(int16_t));
+      return 0.0f;
+    }
+    float max = 0.0f;
+    const __m512 vamax = _mm512_set1_ps(amax);
+    for (int j = 0; j < kQK_K; j += 16) {
+      const __mmask16 hit =
+          _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + j)), vamax, _CMP_EQ_OQ);
+      if (hit) {
+        max = x[j + __builtin_ctz(hit)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 vs = _mm512_set1_ps(iscale);
+    const __m512i v127 = _mm512_set1_epi32(127);
+    for (int g = 0; g < 16; ++g) {
+      __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * g)));
+      qi = _mm512_min_epi32(qi, v127);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * g), _mm512_cvtepi32_epi8(qi));
+      bsums[g] = static_cast<int16_t>(_mm512_reduce_add_epi32(qi));
+    }
+    return 1.0f / iscale;
+  }
+#endif
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < kQK_K; ++j) {
+    const float ax = std::fabs(x[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[j];
+    }
+  }
+  if (amax == 0.0f) {
+    std::memset(q, 0, kQK_K);
+    std::memset(bsums, 0, 16 * sizeof(int16_t));
+    return 0.0f;
+  }
+  const float iscale = -127.0f / max;
+  for (int j = 0; j < kQK_K; ++j) {
+    const float v = iscale * x[j];
+    q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(v))));
+  }
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int j = 0; j < 16; ++j) s += q[16 * g + j];
+    bsums[g] = static_cast<int16_t>(s);
+  }
+  return 1.0f / iscale;
+}
+
+// ---------------------------------------------------------------------------
+// Packed layouts.
+
+enum class Family { kBlock32, kSuper256 };
+
+struct TypeInfo {
+  Family family;
+  bool x_unsigned;  // activations stored as u8 = q + 128 (Q8_0 weights)
+  int aux_group;    // elements per aux entry (32 or 16)
+};
+
+TypeInfo Info(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0: return {Family::kBlock32, true, 32};
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: return {Family::kSuper256, false, 16};
+    default: return {Family::kBlock32, false, 32};
+  }
+}
+
+// Sizes of one packed row (X or W) for a given k.
+struct PackDims {
+  int64_t kp;          // bytes of int8 values (k rounded up to 64)
+  int64_t scale_len;   // Block32: f32 lane scales (kp/4); Super256: int16 scales (k/2)
+  int64_t nsb;         // Super256: super-blocks (f32 d per row); 0 otherwise
+  int64_t aux_len;     // aux entries rounded up to 16
+};
+
+PackDims Dims(GgmlType type, int64_t k) {
+  const TypeInfo ti = Info(type);
+  PackDims d;
+  d.kp = RoundUp(k, 64);
+  d.scale_len = ti.family == Family::kBlock32 ? d.kp / 4 : k / 2;
+  d.nsb = ti.family == Family::kSuper256 ? k / kQK_K : 0;
+  d.aux_len = RoundUp(k / ti.aux_group, 16);
+  return d;
+}
+
+// Quantized activations: m rows.
+struct XPack {
+  std::vector<uint8_t> q;   // [m, kp]
+  std::vector<float> s;     // Block32: [m, kp/4] lane scales dx; Super256: [m, nsb] d
+  std::vector<float> aux;   // [m, aux_len]
+  int64_t s_stride = 0;
+};
+
+// Unpacked weight rows for one unit.
+struct WPack {
+  std::vector<uint8_t> q;    // [rows, kp]
+  std::vector<float> s;      // Block32: [rows, kp/4] lane scales dw
+  std::vector<int16_t> sc;   // Super256: [rows, k/2] per-2-element int scales
+  std::vector<float> d;      // Super256: [rows, nsb]
+  std::vector<float> aux;    // [rows, aux_len]
+};
+
+void PackXRow(GgmlType type, const float* x, int64_t k, const PackDims& pd, uint8_t* q, float* s,
+              float* aux) {
+  std::memset(aux, 0, pd.aux_len * sizeof(float));
+  if (Info(type).family == Family::kSuper256) {
+    for (int64_t b = 0; b < k / kQK_K; ++b) {
+      int16_t bsums[16];
+      const float d = QuantBlockK(x + b * kQK_K, reinterpret_cast<int8_t*>(q + b * kQK_K), bsums);
+      s[b] = d;
+      for (int g = 0; g < 16; ++g) aux[16 * b + g] = d * static_cast<float>(bsums[g]);
+    }
+    return;
+  }
+  std::memset(q + k, 0, pd.kp - k);
+  std::memset(s + k / 4, 0, (pd.kp - k) / 4 * sizeof(float));
+  for (int64_t b = 0; b < k / 32; ++b) {
+    int sum = 0;
+    int8_t* qb = reinterpret_cast<int8_t*>(q + 32 * b);
+    const float d = QuantBlock8(x + 32 * b, qb, &sum);
+    const float dx = Fp16ToFp32(Fp32ToFp16(d));
+    for (int l = 0; l < 8; ++l) s[8 * b + l] = dx;
+    switch (type) {
+      case GgmlType::kQ4_0: aux[b] = dx * static_cast<float>(-8 * sum); break;
+      case GgmlType::kQ4_1: aux[b] = Fp16ToFp32(Fp32ToFp16(static_cast<float>(sum) * d)); break;
+      case GgmlType::kQ8_0:
+        aux[b] = -128.0f * dx;
+        for (int j = 0; j < 32; ++j) q[32 * b + j] ^= 0x80;  // s8 -> u8 + 128
+        break;
+      default: break;
+    }
+  }
+}
+
+// Unpacks weight row `src` of `type` into packed row r of `wp`.
+void PackWRow(GgmlType type, const uint8_t* src, int64_t k, const PackDims& pd, WPack* wp, int64_t r) {
+  uint8_t* q = wp->q.data() + r * pd.kp;
+  float* aux = wp->aux.data() + r * pd.aux_len;
+  std::memset(aux, 0, pd.aux_len * sizeof(float));
+  if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) {
+    int16_t* sc = wp->sc.data() + r * pd.scale_len;
+    float* dd = wp->d.data() + r * pd.nsb;
+    for (int64_t b = 0; b < k / kQK_K; ++b) {
+      uint8_t* qb = q + b * kQK_K;
+      int16_t* scb = sc + b * (kQK_K / 2);
+      float* auxb = aux + 16 * b;
+      if (type == GgmlType::kQ4_K) {
+        const auto* blk = reinterpret_cast<const BlockQ4_K*>(src) + b;
+        dd[b] = Fp16ToFp32(blk->d);
+        const float dmin = Fp16ToFp32(blk->dmin);
+        for (int c = 0; c < 4; ++c) {
+          for (int l = 0; l < 32; ++l) {
+            qb[64 * c + l] = blk->qs[32 * c + l] & 0xF;
+            qb[64 * c + 32 + l] = blk->qs[32 * c + l] >> 4;
+          }
+        }
+        for (int j = 0; j < 8; ++j) {
+          uint8_t s, m;
+          GetScaleMinK4(j, blk->scales, &s, &m);
+          for (int l = 0; l < 16; ++l) scb[16 * j + l] = s;
+          auxb[2 * j] = auxb[2 * j + 1] = -(dmin * static_cast<float>(m));
+        }
+      } else {
+        const auto* blk = reinterpret_cast<const BlockQ6_K*>(src) + b;
+        const float d = Fp16ToFp32(blk->d);
+        dd[b] = d;
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* ql = blk->ql + 64 * h;
+          const uint8_t* qh = blk->qh + 32 * h;
+          uint8_t* o = qb + 128 * h;
+          for (int l = 0; l < 32; ++l) {
+            o[l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+            o[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+            o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+          }
+        }
+        for (int g = 0; g < 16; ++g) {
+          for (int l = 0; l < 8; ++l) scb[8 * g + l] = blk->scales[g];
+          auxb[g] = -32.0f * (d * static_cast<float>(blk->scales[g]));
+        }
+      }
+    }
+    return;
+  }
+  float* s = wp->s.data() + r * pd.scale_len;
+  std::memset(q + k, 0, pd.kp - k);
+  std::memset(s + k / 4, 0, (pd.kp - k) / 4 * sizeof(float));
+  for (int64_t b = 0; b < k / 32; ++b) {
+    uint8_t* qb = q + 32 * b;
+    float dw;
+    const uint8_t* nibbles = nullptr;
+    switch (type) {
+      case GgmlType::kQ4_0: {
+        const auto* blk = reinterpret_cast<const BlockQ4_0*>(src) + b;
+        dw = Fp16ToFp32(blk->d);
+        nibbles = blk->qs;
+        aux[b] = dw;
+        break;
+      }
+      case GgmlType::kQ4_1: {
+        const auto* blk = reinterpret_cast<const BlockQ4_1*>(src) + b;
+        dw = Fp16ToFp32(blk->d);
+        nibbles = blk->qs;
+        aux[b] = Fp16ToFp32(blk->m);
+        break;
+      }
+      default: {  // Q8_0
+        const auto* blk = reinterpret_cast<const BlockQ8_0*>(src) + b;
+        dw = Fp16ToFp32(blk->d);
+        std::memcpy(qb, blk->qs, 32);
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) sum += blk->qs[j];
+        aux[b] = dw * static_cast<float>(sum);
+        break;
+      }
+    }
+    if (nibbles != nullptr) {
+#if SNAPFILL_MATMUL_AVX512
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles));
+      const __m128i mask = _mm_set1_epi8(0x0F);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm_and_si128(v, mask));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+#else
+      for (int j = 0; j < 16; ++j) {
+        qb[j] = nibbles[j] & 0xF;
+        qb[j + 16] = nibbles[j] >> 4;
+      }
+#endif
+    }
+    for (int l = 0; l < 8; ++l) s[8 * b + l] = dw;
+  }
+}
+
+// Arguments shared by the micro-kernels: rows r of the packed W and tokens t
+// of the packed X, output Y[t, r] at y + t * y_stride + r.
+struct TileArgs {
+  const uint8_t* wq;
+  const float* ws;      // Block32 lane scales
+  const int16_t* wsc;   // Super256 int16 scales
+  const float* wd;      // Super256 d
+  const float* waux;
+  const uint8_t* xq;
+  const float* xs;
+  const float* xaux;
+  float* y;
+  int64_t y_stride;
+  const PackDims* pd;
+  int64_t k;
+  int64_t x_s_stride;
+};
+
+// ---------------------------------------------------------------------------
+// Portable micro-kernel: same packed data, scalar loops. Block dots are exact
+// integers; f32 accumulation per block (Block32) or super-block (Super256).
+void GenericTile(const TileArgs& a, int rm, int rn, Family family, bool x_unsigned) {
+  const PackDims& pd = *a.pd;
+  for (int r = 0; r < rm; ++r) {
+    const uint8_t* wq = a.wq + r * pd.kp;
+    const float* waux = a.waux + r * pd.aux_len;
+    for (int t = 0; t < rn; ++t) {
+      const uint8_t* xq = a.xq + t * pd.kp;
+      const float* xs = a.xs + t * a.x_s_stride;
+      const float* xaux = a.xaux + t * pd.aux_len;
+      float acc = 0.0f;
+      if (family == Family::kBlock32) {
+        const float* ws = a.ws + r * pd.scale_len;
+        for (int64_t b = 0; b < pd.kp / 32; ++b) {
+          int32_t isum = 0;
+          for (int e = 32 * b; e < 32 * b + 32; ++e) {
+            isum += x_unsigned ? static_cast<int32_t>(xq[e]) * static_cast<int8_t>(wq[e])
+                               : static_cast<int32_t>(wq[e]) * static_cast<int8_t>(xq[e]);
+          }
+          acc += static_cast<float>(isum) * (ws[8 * b] * xs[8 * b]);
+        }
+      } else {
+        const int16_t* sc = a.wsc + r * pd.scale_len;
+        const float* wd = a.wd + r * pd.nsb;
+        for (int64_t b = 0; b < pd.nsb; ++b) {
+          int32_t isum = 0;
+          for (int e = kQK_K * b; e < kQK_K * (b + 1); ++e) {
+            isum += static_cast<int32_t>(wq[e]) * static_cast<int8_t>(xq[e]) * sc[e / 2];
+          }
+          acc += static_cast<float>(isum) * (wd[b] * xs[b]);
+        }
+      }
+      for (int64_t c = 0; c < pd.aux_len; ++c) acc += waux[c] * xaux[c];
+      a.y[t * a.y_stride + r] = acc;
+    }
+  }
+}
+
+#if SNAPFILL_MATMUL_AVX512
+// Block32 micro-kernel, RM rows × RN tokens, 64 elements (2 blocks) per step:
+// vpdpbusd gives 16 int32 lanes of 4 products each; lanes 0-7 belong to one
+// 32-block and 8-15 to the next, so a per-lane f32 scale (ws·xs) applies.
+template <int RM, int RN, bool kXUnsigned>
+void Tile32(const TileArgs& a) {
+  const PackDims& pd = *a.pd;
+  __m512 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < pd.kp; s += 64) {
+    __m512i w[RM];
+    __m512 ws[RM];
+    for (int r = 0; r < RM; ++r) {
+      w[r] = _mm512_loadu_si512(a.wq + r * pd.kp + s);
+      ws[r] = _mm512_loadu_ps(a.ws + r * pd.scale_len + s / 4);
+    }
+    for (int t = 0; t < RN; ++t) {
+      const __m512i xv = _mm512_loadu_si512(a.xq + t * pd.kp + s);
+      const __m512 xs = _mm512_loadu_ps(a.xs + t * a.x_s_stride + s / 4);
+      for (int r = 0; r < RM; ++r) {
+        const __m512i isum = kXUnsigned ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, w[r])
+                                        : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xv);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws[r], xs), acc[r][t]);
+      }
+    }
+  }
+  for (int64_t c = 0; c < pd.aux_len; c += 16) {
+    for (int r = 0; r < RM; ++r) {
+      const __m512 wa = _mm512_loadu_ps(a.waux + r * pd.aux_len + c);
+      for (int t = 0; t < RN; ++t) {
+        acc[r][t] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) a.y[t * a.y_stride + r] = HSum(acc[r][t]);
+}
+
+// Super256 micro-kernel: per 64 elements vpmaddubsw (u8 q × s8 x, pairs to
+// int16, no saturation: 2·63·127 < 2^15) then vpdpwssd with the int16 scales;
+// the int32 lanes of one super-block (|lane| <= 8·16002·128 < 2^24, exact in
+// f32) are scaled by d·dx once per 256 elements.
+template <int RM, int RN>
+void TileK(const TileArgs& a) {
+  const PackDims& pd = *a.pd;
+  __m512 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < pd.nsb; ++b) {
+    __m512i iacc[RM][RN];
+    for (int r = 0; r < RM; ++r)
+      for (int t = 0; t < RN; ++t) iacc[r][t] = _mm512_setzero_si512();
+    for (int64_t s = b * kQK_K; s < (b + 1) * kQK_K; s += 64) {
+      __m512i w[RM], sc[RM];
+      for (int r = 0; r < RM; ++r) {
+        w[r] = _mm512_loadu_si512(a.wq + r * pd.kp + s);
+        sc[r] = _mm512_loadu_si512(a.wsc + r * pd.scale_len + s / 2);
+      }
+      for (int t = 0; t < RN; ++t) {
+        const __m512i xv = _mm512_loadu_si512(a.xq + t * pd.kp + s);
+        for (int r = 0; r < RM; ++r) {
+          iacc[r][t] = _mm512_dpwssd_epi32(iacc[r][t], _mm512_maddubs_epi16(w[r], xv), sc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < RM; ++r) {
+      const float wd = a.wd[r * pd.nsb + b];
+      for (int t = 0; t < RN; ++t) {
+        const __m512 f = _mm512_set1_ps(wd * a.xs[t * a.x_s_stride + b]);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][t]), f, acc[r][t]);
+      }
+    }
+  }
+  for (int64_t c = 0; c < pd.aux_len; c += 16) {
+    for (int r = 0; r < RM; ++r) {
+      const __m512 wa = _mm512_loadu_ps(a.waux + r * pd.aux_len + c);
+      for (int t = 0; t < RN; ++t) {
+        acc[r][t] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) a.y[t * a.y_stride + r] = HSum(acc[r][t]);
+}
+
+using TileFn = void (*)(const TileArgs&);
+
+template <bool kXUnsigned>
+TileFn Pick32(int rm, int rn) {
+  static constexpr TileFn kTable[4][4] = {
+      {Tile32<1, 1, kXUnsigned>, Tile32<1, 2, kXUnsigned>, Tile32<1, 3, kXUnsigned>, Tile32<1, 4, kXUnsigned>},
+      {Tile32<2, 1, kXUnsigned>, Tile32<2, 2, kXUnsigned>, Tile32<2, 3, kXUnsigned>, Tile32<2, 4, kXUnsigned>},
+      {Tile32<3, 1, kXUnsigned>, Tile32<3, 2, kXUnsigned>, Tile32<3, 3, kXUnsigned>, Tile32<3, 4, kXUnsigned>},
+      {Tile32<4, 1, kXUnsigned>, Tile32<4, 2, kXUnsigned>, Tile32<4, 3, kXUnsigned>, Tile32<4, 4, kXUnsigned>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
+
+TileFn PickK(int rm, int rn) {
+  static constexpr TileFn kTable[4][2] = {
+      {TileK<1, 1>, TileK<1, 2>},
+      {TileK<2, 1>, TileK<2, 2>},
+      {TileK<3, 1>, TileK<3, 2>},
+      {TileK<4, 1>, TileK<4, 2>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
+#endif  // SNAPFILL_MATMUL_AVX512
+
+// Per-thread scratch (OpenMP worker threads persist across calls).
+WPack& ThreadWPack() {
+  static thread_local WPack wp;
+  return wp;
+}
+XPack& CallerXPack() {
+  static thread_local XPack xp;
+  return xp;
+}
+
+// Work split: units of (nb rows × mb tokens), n-major so that a thread's
+// consecutive units often share their weight rows (packed once).
+struct Split {
+  int64_t nb, mb, num_n, num_m;
+};
+
+Split MakeSplit(int64_t m, int64_t n, int threads) {
+  Split s;
+  s.mb = std::min<int64_t>(m, 256);
+  s.num_m = (m + s.mb - 1) / s.mb;
+  // Enough row blocks that every thread gets several units.
+  const int64_t want_units = 4 * threads;
+  const int64_t want_n = std::max<int64_t>(1, (want_units + s.num_m - 1) / s.num_m);
+  s.nb = std::clamp<int64_t>(RoundUp((n + want_n - 1) / want_n, 4), 4, 64);
+  s.num_n = (n + s.nb - 1) / s.nb;
+  return s;
+}
+
+void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
+                     GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  const TypeInfo ti = Info(type);
+  const PackDims pd = Dims(type, k);
+  const bool simd = UseSimd();
+  XPack& xp = CallerXPack();
+  xp.s_stride = ti.family == Family::kBlock32 ? pd.scale_len : pd.nsb;
+  if (xp.q.size() < static_cast<size_t>(m * pd.kp)) xp.q.resize(m * pd.kp);
+  if (xp.s.size() < static_cast<size_t>(m * xp.s_stride)) xp.s.resize(m * xp.s_stride);
+  if (xp.aux.size() < static_cast<size_t>(m * pd.aux_len)) xp.aux.resize(m * pd.aux_len);
+
+  const int threads = omp_get_max_threads();
+  const Split sp = MakeSplit(m, n, threads);
+  const int64_t num_units = sp.num_n * sp.num_m;
+
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      PackXRow(type, x + i * x_stride, k, pd, xp.q.data() + i * pd.kp, xp.s.data() + i * xp.s_stride,
+               xp.aux.data() + i * pd.aux_len);
+    }
+    WPack& wp = ThreadWPack();
+    int64_t packed_nblock = -1;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < num_units; ++u) {
+      const int64_t nbi = u / sp.num_m, mbi = u % sp.num_m;
+      const int64_t j0 = nbi * sp.nb, rows = std::min(sp.nb, n - j0);
+      const int64_t i0 = mbi * sp.mb, toks = std::min(sp.mb, m - i0);
+      if (packed_nblock != nbi) {
+        const size_t r_cap = static_cast<size_t>(sp.nb);
+        if (wp.q.size() < r_cap * pd.kp) wp.q.resize(r_cap * pd.kp);
+        if (wp.aux.size() < r_cap * pd.aux_len) wp.aux.resize(r_cap * pd.aux_len);
+        if (ti.family == Family::kBlock32) {
+          if (wp.s.size() < r_cap * pd.scale_len) wp.s.resize(r_cap * pd.scale_len);
+        } else {
+          if (wp.sc.size() < r_cap * pd.scale_len) wp.sc.resize(r_cap * pd.scale_len);
+          if (wp.d.size() < r_cap * pd.nsb) wp.d.resize(r_cap * pd.nsb);
+        }
+        for (int64_t r = 0; r < rows; ++r) PackWRow(type, w + (j0 + r) * w_row_bytes, k, pd, &wp, r);
+        packed_nblock = nbi;
+      }
+      const int max_rn = ti.family == Family::kBlock32 ? 4 : 2;
+      for (int64_t t0 = 0; t0 < toks; t0 += max_rn) {
+        const int rn = static_cast<int>(std::min<int64_t>(max_rn, toks - t0));
+        const int64_t ti0 = i0 + t0;
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const int rm = static_cast<int>(std::min<int64_t>(4, rows - r0));
+          TileArgs a;
+          a.wq = wp.q.data() + r0 * pd.kp;
+          a.ws = ti.family == Family::kBlock32 ? wp.s.data() + r0 * pd.scale_len : nullptr;
+          a.wsc = ti.family == Family::kSuper256 ? wp.sc.data() + r0 * pd.scale_len : nullptr;
+          a.wd = ti.family == Family::kSuper256 ? wp.d.data() + r0 * pd.nsb : nullptr;
+          a.waux = wp.aux.data() + r0 * pd.aux_len;
+          a.xq = xp.q.data() + ti0 * pd.kp;
+          a.xs = xp.s.data() + ti0 * xp.s_stride;
+          a.xaux = xp.aux.data() + ti0 * pd.aux_len;
+          a.y = y + ti0 * y_stride + j0 + r0;
+          a.y_stride = y_stride;
+          a.pd = &pd;
+          a.k = k;
+          a.x_s_stride = xp.s_stride;
+#if SNAPFILL_MATMUL_AVX512
+          if (simd) {
+            if (ti.family == Family::kSuper256) {
+              PickK(rm, rn)(a);
+            } else if (ti.x_unsigned) {
+              Pick32<true>(rm, rn)(a);
+            } else {
+              Pick32<false>(rm, rn)(a);
+            }
+            continue;
+          }
+#endif
+          (void)simd;
+          GenericTile(a, rm, rn, ti.family, ti.x_unsigned);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Float weights (F32 / F16 / BF16): rows converted to f32, f32 FMA.
+
+void ConvertRow(GgmlType type, const uint8_t* src, float* dst, int64_t k) {
+  switch (type) {
+    case GgmlType::kF32: std::memcpy(dst, src, k * sizeof(float)); break;
+    case GgmlType::kF16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      int64_t i = 0;
+#if SNAPFILL_MATMUL_AVX512
+      for (; i + 16 <= k; i += 16) {
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+      }
+#endif
+      for (; i < k; ++i) dst[i] = Fp16ToFp32(h[i]);
+      break;
+    }
+    default: {  // BF16
+      const auto* h = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < k; ++i) dst[i] = Bf16ToFp32(h[i]);
+      break;
+    }
+  }
+}
+
+#if SNAPFILL_MATMUL_AVX512
+template <int RM, int RN>
+void TileF32(const float* w, int64_t w_stride, const float* x, int64_t x_stride, int64_t k, float* y,
+             int64_t y_stride) {
+  __m512 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < k; s += 16) {
+    const __mmask16 mask = k - s >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                       : static_cast<__mmask16>((1u << (k - s)) - 1);
+    __m512 wv[RM];
+    for (int r = 0; r < RM; ++r) wv[r] = _mm512_maskz_loadu_ps(mask, w + r * w_stride + s);
+    for (int t = 0; t < RN; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + t * x_stride + s);
+      for (int r = 0; r < RM; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) y[t * y_stride + r] = HSum(acc[r][t]);
+}
+
+using TileF32Fn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+TileF32Fn PickF32(int rm, int rn) {
+  static constexpr TileF32Fn kTable[4][4] = {
+      {TileF32<1, 1>, TileF32<1, 2>, TileF32<1, 3>, TileF32<1, 4>},
+      {TileF32<2, 1>, TileF32<2, 2>, TileF32<2, 3>, TileF32<2, 4>},
+      {TileF32<3, 1>, TileF32<3, 2>, TileF32<3, 3>, TileF32<3, 4>},
+      {TileF32<4, 1>, TileF32<4, 2>, TileF32<4, 3>, TileF32<4, 4>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
+#endif
+
+void MatMulFloat(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
+                 GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  const bool simd = UseSimd();
+  const int threads = omp_get_max_threads();
+  const Split sp = MakeSplit(m, n, threads);
+  const int64_t num_units = sp.num_n * sp.num_m;
+  const bool direct = type == GgmlType::kF32 && w_row_bytes % sizeof(float) == 0;
+#pragma omp parallel num_threads(threads)
+  {
+    static thread_local std::vector<float> wbuf;
+    int64_t packed_nblock = -1;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < num_units; ++u) {
+      const int64_t nbi = u / sp.num_m, mbi = u % sp.num_m;
+      const int64_t j0 = nbi * sp.nb, rows = std::min(sp.nb, n - j0);
+      const int64_t i0 = mbi * sp.mb, toks = std::min(sp.mb, m - i0);
+      const float* wf;
+      int64_t w_stride;
+      if (direct) {
+        wf = reinterpret_cast<const float*>(w + j0 * w_row_bytes);
+        w_stride = static_cast<int64_t>(w_row_bytes / sizeof(float));
+      } else {
+        if (packed_nblock != nbi) {
+          if (wbuf.size() < static_cast<size_t>(sp.nb * k)) wbuf.resize(sp.nb * k);
+          for (int64_t r = 0; r < rows; ++r) ConvertRow(type, w + (j0 + r) * w_row_bytes, wbuf.data() + r * k, k);
+          packed_nblock = nbi;
+        }
+        wf = wbuf.data();
+        w_stride = k;
+      }
+      for (int64_t t0 = 0; t0 < toks; t0 += 4) {
+        const int rn = static_cast<int>(std::min<int64_t>(4, toks - t0));
+        const float* xt = x + (i0 + t0) * x_stride;
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const int rm = static_cast<int>(std::min<int64_t>(4, rows - r0));
+          float* yt = y + (i0 + t0) * y_stride + j0 + r0;
+#if SNAPFILL_MATMUL_AVX512
+          if (simd) {
+            PickF32(rm, rn)(wf + r0 * w_stride, w_stride, xt, x_stride, k, yt, y_stride);
+            continue;
+          }
+#endif
+          (void)simd;
+          for (int t = 0; t < rn; ++t) {
+            for (int r = 0; r < rm; ++r) {
+              float acc = 0.0f;
+              const float* wr = wf + (r0 + r) * w_stride;
+              for (int64_t e = 0; e < k; ++e) acc += wr[e] * xt[t * x_stride + e];
+              yt[t * y_stride + r] = acc;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool MatMulSupports(GgmlType type) { return IsSupportedWeightType(type); }
+
+void SetMatMulImplForTesting(MatMulImpl impl) {
+  g_impl.store(static_cast<int>(impl), std::memory_order_relaxed);
+}
+
+bool MatMulHasSimd() { return SNAPFILL_MATMUL_AVX512; }
+
+void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w,
+            GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  if (m <= 0 || n <= 0) return;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  switch (w_type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      MatMulFloat(x, m, k, x_stride, wb, w_type, n, w_row_bytes, y, y_stride);
+      return;
+    default:
+      MatMulQuantized(x, m, k, x_stride, wb, w_type, n, w_row_bytes, y, y_stride);
+      return;
+  }
+}
+
+void QuantizeRowQ8_0(const float* x, void* y, int64_t k) {
+  auto* blocks = static_cast<BlockQ8_0*>(y);
+  for (int64_t b = 0; b < k / kQK8_0; ++b) {
+    int sum = 0;
+    blocks[b].d = Fp32ToFp16(QuantBlock8(x + b * kQK8_0, blocks[b].qs, &sum));
+  }
+}
+
+void QuantizeRowQ8_1(const float* x, void* y, int64_t k) {
+  auto* blocks = static_cast<BlockQ8_1*>(y);
+  for (int64_t b = 0; b < k / kQK8_1; ++b) {
+    int sum = 0;
+    const float d = QuantBlock8(x + b * kQK8_1, blocks[b].qs, &sum);
+    blocks[b].d = Fp32ToFp16(d);
+    blocks[b].s = Fp32ToFp16(static_cast<float>(sum) * d);
+  }
+}
+
+void QuantizeRowQ8_K(const float* x, void* y, int64_t k) {
+  auto* blocks = static_cast<BlockQ8_K*>(y);
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    blocks[b].d = QuantBlockK(x + b * kQK_K, blocks[b].qs, blocks[b].bsums);
+  }
+}
+
+void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16: ConvertRow(type, s, dst, k); return;
+    case GgmlType::kQ4_0: {
+      const auto* x = reinterpret_cast<const BlockQ4_0*>(s);
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const float d = Fp16ToFp32(x[b].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[32 * b + j] = static_cast<float>((x[b].qs[j] & 0xF) - 8) * d;
+          dst[32 * b + j + 16] = static_cast<float>((x[b].qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ4_1: {
+      const auto* x = reinterpret_cast<const BlockQ4_1*>(s);
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const float d = Fp16ToFp32(x[b].d), mn = Fp16ToFp32(x[b].m);
+        for (int j = 0; j < 16; ++j) {
+          dst[32 * b + j] = std::fmaf(static_cast<float>(x[b].qs[j] & 0xF), d, mn);
+          dst[32 * b + j + 16] = std::fmaf(static_cast<float>(x[b].qs[j] >> 4), d, mn);
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ8_0: {
+      const auto* x = reinterpret_cast<const BlockQ8_0*>(s);
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const float d = Fp16ToFp32(x[b].d);
+        for (int j = 0; j < 32; ++j) dst[32 * b + j] = static_cast<float>(x[b].qs[j]) * d;
+      }
+      return;
+    }
+    case GgmlType::kQ4_K: {
+      const auto* x = reinterpret_cast<const BlockQ4_K*>(s);
+      for (int64_t b = 0; b < k / kQK_K; ++b) {
+        const float d = Fp16ToFp32(x[b].d), dmin = Fp16ToFp32(x[b].dmin);
+        float* out = dst + b * kQK_K;
+        for (int c = 0; c < 4; ++c) {
+          uint8_t sc, mn;
+          GetScaleMinK4(2 * c, x[b].scales, &sc, &mn);
+          const float d1 = d * sc, m1 = dmin * mn;
+          GetScaleMinK4(2 * c + 1, x[b].scales, &sc, &mn);
+          const float d2 = d * sc, m2 = dmin * mn;
+          const uint8_t* q = x[b].qs + 32 * c;
+          for (int l = 0; l < 32; ++l) {
+            out[64 * c + l] = std::fmaf(d1, static_cast<float>(q[l] & 0xF), -m1);
+            out[64 * c + 32 + l] = std::fmaf(d2, static_cast<float>(q[l] >> 4), -m2);
+          }
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const auto* x = reinterpret_cast<const BlockQ6_K*>(s);
+      for (int64_t b = 0; b < k / kQK_K; ++b) {
+        const float d = Fp16ToFp32(x[b].d);
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t* ql = x[b].ql + 64 * h;
+          const uint8_t* qh = x[b].qh + 32 * h;
+          const int8_t* sc = x[b].scales + 8 * h;
+          float* out = dst + b * kQK_K + 128 * h;
+          for (int l = 0; l < 32; ++l) {
+            const int g = l / 16;
+            out[l] = d * static_cast<float>(sc[g]) *
+                     static_cast<float>(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            out[l + 32] = d * static_cast<float>(sc[g + 2]) *
+                          static_cast<float>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            out[l + 64] = d * static_cast<float>(sc[g + 4]) *
+                          static_cast<float>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            out[l + 96] = d * static_cast<float>(sc[g + 6]) *
+                          static_cast<float>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+          }
+        }
+      }
+      return;
+    }
+    default:
+      std::memset(dst, 0, k * sizeof(float));
+      return;
+  }
+}
+
+}  // namespace snapfill::cpu

@@ -1,0 +1,168 @@
+// ggml block layouts for the quantized types snapfill reads from GGUF files,
+// and the scalar fp16/bf16 conversions they need.
+//
+// Shared by kernels/ref and kernels/cpu (pure std, header only). The structs
+// are byte-for-byte the ones in ggml's ggml/src/ggml-common.h, so a row of a
+// GGUF tensor can be reinterpreted as an array of blocks. Each has a size
+// static_assert, as ggml does. Half-precision fields are stored as raw
+// uint16_t bits and converted with the helpers below.
+#ifndef SNAPFILL_KERNELS_QUANT_BLOCKS_H_
+#define SNAPFILL_KERNELS_QUANT_BLOCKS_H_
+
+#include <cstdint>
+#include <cstring>
+
+namespace snapfill {
+
+inline constexpr int kQK4_0 = 32;  // elements per Q4_0 block
+inline constexpr int kQK4_1 = 32;
+inline constexpr int kQK8_0 = 32;
+inline constexpr int kQK8_1 = 32;
+inline constexpr int kQK_K = 256;  // elements per K-quant super-block
+inline constexpr int kKScaleSize = 12;  // bytes of packed 6-bit scales/mins (Q4_K)
+
+// x[i] = d * (q[i] - 8). Element j < 16 is the low nibble of qs[j],
+// element j + 16 its high nibble.
+struct BlockQ4_0 {
+  uint16_t d;             // fp16 scale
+  uint8_t qs[kQK4_0 / 2];  // nibbles
+};
+static_assert(sizeof(BlockQ4_0) == 2 + kQK4_0 / 2, "wrong q4_0 block size/padding");
+
+// x[i] = d * q[i] + m, same nibble order as Q4_0.
+struct BlockQ4_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t m;  // fp16 min
+  uint8_t qs[kQK4_1 / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 4 + kQK4_1 / 2, "wrong q4_1 block size/padding");
+
+// x[i] = d * qs[i].
+struct BlockQ8_0 {
+  uint16_t d;  // fp16 scale
+  int8_t qs[kQK8_0];
+};
+static_assert(sizeof(BlockQ8_0) == 2 + kQK8_0, "wrong q8_0 block size/padding");
+
+// Activation format partnering Q4_1: x[i] = d * qs[i]; s = fp16(d * Σ qs)
+// (d before its fp16 rounding), which carries the min term of Q4_1 dots.
+struct BlockQ8_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t s;  // fp16 d * sum(qs)
+  int8_t qs[kQK8_1];
+};
+static_assert(sizeof(BlockQ8_1) == 4 + kQK8_1, "wrong q8_1 block size/padding");
+
+// 8 sub-blocks of 32: x = d * sc[j] * q - dmin * m[j], q in 0..15.
+// scales[12] packs eight 6-bit (sc, m) pairs; see GetScaleMinK4.
+// qs: for each 64-element chunk c (0..3), 32 bytes whose low nibbles are
+// elements 64c + 0..31 and high nibbles 64c + 32..63.
+struct BlockQ4_K {
+  uint16_t d;     // fp16 super-block scale for the sub-block scales
+  uint16_t dmin;  // fp16 super-block scale for the sub-block mins
+  uint8_t scales[kKScaleSize];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 4 + kKScaleSize + kQK_K / 2, "wrong q4_K block size/padding");
+
+// 16 groups of 16: x = d * scales[g] * (q - 32), q in 0..63 (6 bits:
+// 4 low bits in ql, 2 high bits in qh). See ref::DequantizeRowQ6_K for
+// the bit positions.
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];     // lower 4 bits
+  uint8_t qh[kQK_K / 4];     // upper 2 bits
+  int8_t scales[kQK_K / 16];  // 8-bit group scales
+  uint16_t d;                // fp16 super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == kQK_K / 2 + kQK_K / 4 + kQK_K / 16 + 2,
+              "wrong q6_K block size/padding");
+
+// Activation format partnering the K-quants: x = d * qs, d is f32.
+// bsums[g] = Σ qs[16g .. 16g+15].
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQK_K];
+  int16_t bsums[kQK_K / 16];
+};
+static_assert(sizeof(BlockQ8_K) == 4 + kQK_K + kQK_K / 16 * 2, "wrong q8_K block size/padding");
+
+// Unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K block
+// (ggml's get_scale_min_k4): j < 4 in the low 6 bits of q[j] / q[j + 4];
+// j >= 4 split into a low nibble in q[j + 4] and 2 high bits on top of
+// q[j - 4] (scale) / q[j] (min).
+inline void GetScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
+inline float Fp16ToFp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  if (exp == 0x1F) return BitsToFloat(sign | 0x7F800000u | (mant << 13));  // inf / NaN
+  if (exp != 0) return BitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
+  if (mant == 0) return BitsToFloat(sign);  // ±0
+  // Subnormal: value = mant * 2^-24, exactly representable in f32.
+  const float v = static_cast<float>(mant) * BitsToFloat(0x33800000u);  // 2^-24
+  return sign ? -v : v;
+}
+
+// binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
+// with rounding mode 0 and ggml's scalar fallback produce). Overflow gives
+// ±inf; NaN stays NaN.
+inline uint16_t Fp32ToFp16(float f) {
+  const uint32_t x = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return sign | 0x7E00;  // NaN (quiet)
+  if (ax >= 0x477FF000u) return sign | 0x7C00;  // rounds to >= 65536: inf
+  if (ax < 0x38800000u) {
+    // Result is subnormal or zero: h = round(|f| / 2^-24) with ties to even.
+    if (ax < 0x33000000u) return sign;  // < 2^-25: rounds to 0 (2^-25 exactly ties to 0)
+    const uint32_t e = ax >> 23;  // biased exponent, 102..112
+    const uint32_t m = (ax & 0x7FFFFF) | 0x800000;
+    const uint32_t shift = 126 - e;  // value = m * 2^(e-150) → units of 2^-24: m >> (126-e)
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) ++r;
+    return sign | static_cast<uint16_t>(r);
+  }
+  // Normal: rebias exponent, round the 13 dropped mantissa bits to even.
+  uint32_t r = ax - 0x38000000u;  // exponent 127 -> 15
+  const uint32_t rem = r & 0x1FFF;
+  r >>= 13;
+  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;  // may carry into exponent: fine
+  return sign | static_cast<uint16_t>(r);
+}
+
+inline float Bf16ToFp32(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+// binary32 -> bfloat16, round-to-nearest-even; NaN is kept quiet (as ggml's
+// ggml_compute_fp32_to_bf16).
+inline uint16_t Fp32ToBf16(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 64);
+  return static_cast<uint16_t>((u + (0x7FFF + ((u >> 16) & 1))) >> 16);
+}
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_KERNELS_QUANT_BLOCKS_H_

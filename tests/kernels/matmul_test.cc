@@ -1,0 +1,299 @@
+// cpu::MatMul against the two references, over type × shape × implementation:
+//  - ref::MatMulQuantizedActivations (ggml's arithmetic, exact integer block
+//    dots): equal up to f32 summation order. Tolerance: every path sums at
+//    most N = k/16 + 64 rounded f32 terms (k/64 per-lane FMAs, a 16-lane
+//    reduction, the aux dot), so |cpu - refq| <= N · 2^-24 · T where T is the
+//    sum of the magnitudes of all terms (reported by the reference).
+//  - ref::MatMul (dequantized weights, unquantized f32 activations, double):
+//    within the activation quantizer's error. An element in a Q8_0/Q8_1 block
+//    with scale d = amax/127 is represented as q·fp16(d) with
+//    |x - q·fp16(d)| <= d/2 + 127·|d - fp16(d)| + (x·(1/d) rounding)
+//                   <= d·(0.5 + 127·2^-11 + 2^-16) <= 0.563·d,
+//    and in a Q8_K block (f32 d) with |err| <= 0.501·|d|. So
+//      |Y - Yref| <= Σ_blocks e_b · Σ_{i∈b} |ŵ_i|   (e_b = 0.563·d_b or 0.501·|d_b|)
+//                  + Q4_1 only: Σ_b |m_b| · |s_b - fp16(d_b)·Σq_b| <= |m_b|·|Σq_b|·d_b·2^-10·1.01
+//                  + the summation tolerance above + 4·2^-24·Σ|ŵ||x| (rounding of ŵ).
+//  - Float weights: |Y - Yref| <= (k + 16) · 2^-24 · Σ|w||x| (f32 FMA chains).
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/ref/quant_ref.h"
+
+namespace snapfill {
+namespace {
+
+bool IsKQuant(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
+bool IsFloat(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
+
+// Random weights of shape [n, k], quantized with the ref quantizers; rows are
+// stored `row_bytes` apart (>= RowBytes, to test padded strides).
+std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint8_t> w(n * row_bytes, 0xEE);
+  std::vector<float> row(k);
+  for (int64_t j = 0; j < n; ++j) {
+    const float scale = 0.02f * (1 + j % 7);
+    for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.01f : 0.0f);
+    uint8_t* dst = w.data() + j * row_bytes;
+    switch (type) {
+      case GgmlType::kF32: std::memcpy(dst, row.data(), k * 4); break;
+      case GgmlType::kF16: {
+        auto* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < k; ++i) h[i] = Fp32ToFp16(row[i]);
+        break;
+      }
+      case GgmlType::kBF16: {
+        auto* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < k; ++i) h[i] = Fp32ToBf16(row[i]);
+        break;
+      }
+      case GgmlType::kQ4_0: ref::QuantizeRowQ4_0(row.data(), reinterpret_cast<BlockQ4_0*>(dst), k); break;
+      case GgmlType::kQ4_1: ref::QuantizeRowQ4_1(row.data(), reinterpret_cast<BlockQ4_1*>(dst), k); break;
+      case GgmlType::kQ8_0: ref::QuantizeRowQ8_0(row.data(), reinterpret_cast<BlockQ8_0*>(dst), k); break;
+      case GgmlType::kQ4_K: ref::QuantizeRowQ4_K(row.data(), reinterpret_cast<BlockQ4_K*>(dst), k); break;
+      case GgmlType::kQ6_K: ref::QuantizeRowQ6_K(row.data(), reinterpret_cast<BlockQ6_K*>(dst), k); break;
+      default: break;
+    }
+  }
+  return w;
+}
+
+// Activations like a normed hidden state: N(0,1) with a few outlier features.
+std::vector<float> MakeActivations(int64_t m, int64_t k, int64_t stride, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(m * stride, std::nanf(""));  // padding must not be read
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t t = 0; t < k; ++t) x[i * stride + t] = nd(rng) * (t % 97 == 5 ? 20.0f : 1.0f);
+    if (i % 5 == 2 && k >= 32) {
+      for (int t = 0; t < 32; ++t) x[i * stride + t] = 0.0f;  // an all-zero block
+    }
+  }
+  return x;
+}
+
+// Per-element bound of |cpu - ref::MatMul| from the activation quantization
+// (see the file comment), excluding the summation term.
+std::vector<double> QuantizationBound(GgmlType type, const std::vector<float>& x, int64_t m, int64_t k,
+                                      int64_t x_stride, const std::vector<uint8_t>& w, int64_t n,
+                                      size_t row_bytes) {
+  std::vector<double> bound(m * n, 0.0);
+  std::vector<float> wrow(k);
+  const GgmlType at = ref::ActivationType(type);
+  // Per-block error bound e_b and (Q4_1) |Σq|·d for every X row.
+  const int bs = at == GgmlType::kQ8_K ? 256 : 32;
+  const int64_t nb = k / bs;
+  std::vector<double> e(m * nb), qsum_d(m * nb, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xr = x.data() + i * x_stride;
+    if (at == GgmlType::kQ8_K) {
+      std::vector<BlockQ8_K> q(nb);
+      ref::QuantizeRowQ8_K(xr, q.data(), k);
+      for (int64_t b = 0; b < nb; ++b) e[i * nb + b] = 0.501 * std::fabs(q[b].d);
+    } else {
+      std::vector<BlockQ8_1> q(nb);
+      ref::QuantizeRowQ8_1(xr, q.data(), k);
+      for (int64_t b = 0; b < nb; ++b) {
+        float amax = 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          amax = std::max(amax, std::fabs(xr[32 * b + j]));
+          sum += q[b].qs[j];
+        }
+        const double d = amax / 127.0;
+        e[i * nb + b] = 0.563 * d;
+        qsum_d[i * nb + b] = std::abs(sum) * d;
+      }
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* wr = w.data() + j * row_bytes;
+    ref::DequantizeRow(type, wr, wrow.data(), k);
+    for (int64_t b = 0; b < nb; ++b) {
+      double wabs = 0.0;
+      for (int t = 0; t < bs; ++t) wabs += std::fabs(wrow[b * bs + t]);
+      double m_abs = 0.0;
+      if (type == GgmlType::kQ4_1) {
+        m_abs = std::fabs(Fp16ToFp32(reinterpret_cast<const BlockQ4_1*>(wr)[b].m));
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        bound[i * n + j] += e[i * nb + b] * wabs + m_abs * qsum_d[i * nb + b] * 0x1p-10 * 1.01;
+      }
+    }
+  }
+  return bound;
+}
+
+struct Case {
+  GgmlType type;
+  int64_t m, n, k;
+  cpu::MatMulImpl impl = cpu::MatMulImpl::kAuto;
+  int64_t x_pad = 0, y_pad = 0, w_pad = 0;  // extra stride (floats / floats / bytes)
+};
+
+std::string CaseName(const Case& c) {
+  std::ostringstream os;
+  os << GetTypeTraits(c.type).name << "_m" << c.m << "_n" << c.n << "_k" << c.k
+     << (c.impl == cpu::MatMulImpl::kGeneric ? "_Generic" : "_Auto");
+  if (c.x_pad || c.y_pad || c.w_pad) os << "_strided";
+  return os.str();
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << CaseName(c); }
+
+class MatMulTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void TearDown() override { cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto); }
+};
+
+TEST_P(MatMulTest, MatchesReferences) {
+  const Case c = GetParam();
+  cpu::SetMatMulImplForTesting(c.impl);
+  const int64_t x_stride = c.k + c.x_pad, y_stride = c.n + c.y_pad;
+  const size_t row_bytes = RowBytes(c.type, c.k) + c.w_pad;
+  const std::vector<uint8_t> w = MakeWeights(c.type, c.n, c.k, row_bytes, 17 + c.n);
+  const std::vector<float> x = MakeActivations(c.m, c.k, x_stride, 29 + c.m);
+
+  const float kSentinel = -12345.0f;
+  std::vector<float> y(c.m * y_stride, kSentinel);
+  cpu::MatMul(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes, y.data(), y_stride);
+
+  std::vector<float> yq(c.m * c.n), ye(c.m * c.n);
+  std::vector<double> abs_terms(c.m * c.n);
+  ASSERT_TRUE(ref::MatMulQuantizedActivations(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes,
+                                              yq.data(), c.n, abs_terms.data()));
+  ASSERT_TRUE(ref::MatMul(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes, ye.data(), c.n));
+
+  // Σ|ŵ||x| for the rounding of dequantized weights and the float bound.
+  std::vector<double> wx_abs(c.m * c.n, 0.0);
+  {
+    std::vector<float> wrow(c.k);
+    for (int64_t j = 0; j < c.n; ++j) {
+      ref::DequantizeRow(c.type, w.data() + j * row_bytes, wrow.data(), c.k);
+      for (int64_t i = 0; i < c.m; ++i) {
+        double a = 0.0;
+        for (int64_t t = 0; t < c.k; ++t) a += std::fabs(static_cast<double>(wrow[t]) * x[i * x_stride + t]);
+        wx_abs[i * c.n + j] = a;
+      }
+    }
+  }
+  std::vector<double> qbound;
+  if (!IsFloat(c.type)) qbound = QuantizationBound(c.type, x, c.m, c.k, x_stride, w, c.n, row_bytes);
+
+  const double sum_n = static_cast<double>(c.k) / 16.0 + 64.0;
+  int64_t bad_q = 0, bad_e = 0;
+  double worst_q = 0.0, worst_e = 0.0;
+  std::string worst_q_msg, worst_e_msg;
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      const double got = y[i * y_stride + j];
+      const int64_t idx = i * c.n + j;
+      // Against ggml's arithmetic.
+      const double tol_q = IsFloat(c.type) ? (c.k + 16) * 0x1p-24 * wx_abs[idx]
+                                           : sum_n * 0x1p-24 * abs_terms[idx];
+      const double dq = std::fabs(got - yq[idx]);
+      if (!(dq <= tol_q)) {
+        ++bad_q;
+        if (!(dq / (tol_q + 1e-300) <= worst_q)) {
+          worst_q = dq / (tol_q + 1e-300);
+          std::ostringstream os;
+          os << "[" << i << "," << j << "] refq=" << yq[idx] << " cpu=" << got << " tol=" << tol_q;
+          worst_q_msg = os.str();
+        }
+      }
+      // Against the exact product.
+      const double tol_e = IsFloat(c.type) ? (c.k + 16) * 0x1p-24 * wx_abs[idx]
+                                           : qbound[idx] + tol_q + 4 * 0x1p-24 * wx_abs[idx];
+      const double de = std::fabs(got - ye[idx]);
+      if (!(de <= tol_e)) {
+        ++bad_e;
+        if (!(de / (tol_e + 1e-300) <= worst_e)) {
+          worst_e = de / (tol_e + 1e-300);
+          std::ostringstream os;
+          os << "[" << i << "," << j << "] exact=" << ye[idx] << " cpu=" << got << " bound=" << tol_e;
+          worst_e_msg = os.str();
+        }
+      }
+    }
+    for (int64_t j = c.n; j < y_stride; ++j) ASSERT_EQ(y[i * y_stride + j], kSentinel) << "wrote padding";
+  }
+  EXPECT_EQ(bad_q, 0) << "vs ref::MatMulQuantizedActivations, worst " << worst_q_msg;
+  EXPECT_EQ(bad_e, 0) << "vs ref::MatMul, worst " << worst_e_msg;
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  const GgmlType block_types[] = {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0,
+                                  GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16};
+  const GgmlType k_types[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+  const int64_t ms[] = {1, 3, 17, 64, 111};
+  const int64_t ns[] = {1, 5, 17, 192};
+  for (GgmlType t : block_types)
+    for (int64_t m : ms)
+      for (int64_t n : ns)
+        for (int64_t k : {32, 96, 256, 576}) cases.push_back({t, m, n, k});
+  for (GgmlType t : k_types)
+    for (int64_t m : ms)
+      for (int64_t n : ns)
+        for (int64_t k : {256, 512, 1536}) cases.push_back({t, m, n, k});
+  // The portable path on a subset (its packing is shared with the SIMD path).
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF32, GgmlType::kF16,
+                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const int64_t k = IsKQuant(t) ? 512 : 96;
+    cases.push_back({t, 3, 17, k, cpu::MatMulImpl::kGeneric});
+    cases.push_back({t, 17, 5, IsKQuant(t) ? 256 : 576, cpu::MatMulImpl::kGeneric});
+  }
+  // Non-contiguous x / y / weight rows.
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32,
+                     GgmlType::kF16}) {
+    const int64_t k = IsKQuant(t) ? 512 : 96;
+    cases.push_back({t, 17, 17, k, cpu::MatMulImpl::kAuto, 7, 3, 4});
+    cases.push_back({t, 5, 17, k, cpu::MatMulImpl::kGeneric, 7, 3, 4});
+  }
+  // SmolLM2-135M shapes: model_dim 576, ffn_dim 1536 (Q4_1 layers, Q8_0
+  // embedding / output); m = 20 tokens keeps the double reference quick.
+  cases.push_back({GgmlType::kQ4_1, 20, 1536, 576});
+  cases.push_back({GgmlType::kQ4_1, 20, 576, 1536});
+  cases.push_back({GgmlType::kQ4_1, 1, 576, 576});
+  cases.push_back({GgmlType::kQ8_0, 3, 2048, 576});
+  cases.push_back({GgmlType::kQ4_K, 9, 576, 1536});
+  cases.push_back({GgmlType::kQ6_K, 9, 1536, 512});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
+                         [](const auto& info) { return CaseName(info.param); });
+
+// The result does not depend on the thread count (each output element is
+// computed by the same sequence of operations), so 1 and 2 threads agree bit
+// for bit, and with the reference as checked above.
+TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16}) {
+    const int64_t m = 37, n = 75, k = IsKQuant(t) ? 512 : 576;
+    const size_t row_bytes = RowBytes(t, k);
+    const auto w = MakeWeights(t, n, k, row_bytes, 5);
+    const auto x = MakeActivations(m, k, k, 6);
+    std::vector<float> y1(m * n), y2(m * n);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
+    omp_set_num_threads(2);
+    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << GetTypeTraits(t).name;
+  }
+}
+
+}  // namespace
+}  // namespace snapfill
