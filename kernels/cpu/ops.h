@@ -11,7 +11,9 @@
 namespace snapfill::cpu {
 
 // y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]²) + eps) * weight[i], rows × dim,
-// row strides in floats. y may alias x. Accumulation in f32 (as ggml).
+// row strides in floats. y may alias x. As ggml: squares in f32, their sum in
+// double (ggml_float), scale = 1.0f / sqrtf(mean + eps) in f32, then
+// y = (x * scale) * weight in f32. Threads: OpenMP over rows.
 void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
              int64_t rows, int64_t dim, float eps);
 
@@ -37,10 +39,45 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 // Query i sees keys j <= (num_keys - num_q) + i: the keys before the chunk
 // (memory) are all visible, and the chunk's own keys causally.
 // scale multiplies q·k (usually 1/sqrt(head_dim)). Accumulation in f32.
+// Work: OpenMP over (KV head × query block); each item runs the whole group
+// of query heads of its KV head against 64-key tiles of K and V.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, float scale);
+
+// SnapKV observation-window votes. q holds the last `num_q` (= window)
+// queries of the sequence ([num_q, num_heads, head_dim], token stride
+// q_stride); k as in Attention. For each KV head h and key j < num_keys:
+//   votes[h * votes_stride + j] =
+//       (1/group) Σ_{query heads g of h} Σ_i softmax_i(scale · q_i·k)[j]
+// where softmax_i runs over exactly the keys query i sees (j <= num_keys -
+// num_q + i, as in Attention) and invisible keys contribute 0. So each KV
+// head's votes sum to num_q (up to rounding). group = num_heads /
+// num_kv_heads; query head g belongs to KV head g / group. Two passes over
+// the keys (row max and sum, then normalized accumulation), f32 throughout.
+void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                  int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q,
+                  int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale);
+
+// Stride-1 pooling of in[0..n) into out[0..n) with kernel/2 padding on both
+// sides (kernel odd). AvgPool1d counts the pads as zeros and always divides
+// by kernel (PyTorch avg_pool1d, count_include_pad=True); MaxPool1d ignores
+// the pads. in and out must not alias. f32 sums of `kernel` terms.
+void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel);
+void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel);
+
+// Writes the positions of the k highest scores of scores[0..n), sorted
+// ascending, to out_sorted_positions[0..min(k, n)). Ranking: higher score
+// first, equal scores broken by lower position (same rule on every backend).
+void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions);
+
+// In place softmax over x[0..n): exp(x - max) / Σ, f32 with f32 sum.
+void Softmax(float* x, int64_t n);
+
+// Index of the first maximum of x[0..n) (n >= 1), e.g. greedy sampling.
+int64_t Argmax(const float* x, int64_t n);
 
 }  // namespace snapfill::cpu
 

@@ -1,0 +1,167 @@
+// Google Benchmarks of the element-wise and attention CPU kernels
+// (kernels/cpu/ops.h) at SmolLM2-135M shapes (9 heads, 3 KV heads,
+// head_dim 64, model_dim 576, ffn_dim 1536). Timing only: correctness is in
+// tests/kernels/{ops,attention}_test.cc. Threads: OMP_NUM_THREADS.
+//
+// Attention FLOPs: 2 (q·k) + 2 (p·v) per head_dim element per visible
+// (query, key) pair per head: 4 · num_q · avg_visible · head_dim · num_heads,
+// with avg_visible = num_keys - num_q + (num_q + 1) / 2 (causal chunk after
+// num_keys - num_q memory keys).
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cpu/ops.h"
+
+namespace snapfill {
+namespace {
+
+struct ModelShape {
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  int64_t model_dim;
+  int64_t ffn_dim;
+};
+constexpr ModelShape kSmolLM2_135M = {9, 3, 64, 576, 1536};
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void BM_Attention_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t num_q = state.range(0);
+  const int64_t num_keys = state.range(1);
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const std::vector<float> q = Random(num_q * q_stride, 1);
+  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 2);
+  const std::vector<float> v = Random(m.num_kv_heads * num_keys * m.head_dim, 3);
+  std::vector<float> out(num_q * q_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    cpu::Attention(q.data(), q_stride, k.data(), v.data(), num_keys * m.head_dim, m.head_dim,
+                   out.data(), q_stride, num_q, num_keys, m.num_heads, m.num_kv_heads, m.head_dim,
+                   scale);
+  };
+  for (int i = 0; i < 3; ++i) run();  // warm-up
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const double avg_visible = static_cast<double>(num_keys - num_q) + (num_q + 1) / 2.0;
+  const double flops = 4.0 * num_q * avg_visible * m.head_dim * m.num_heads;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetItemsProcessed(state.iterations() * num_q);
+  state.SetBytesProcessed(state.iterations() * 2 * m.num_kv_heads * num_keys * m.head_dim *
+                          static_cast<int64_t>(sizeof(float)));
+}
+BENCHMARK(BM_Attention_Cpu)
+    ->ArgNames({"q", "keys"})
+    ->Args({1, 512})
+    ->Args({1, 2048})
+    ->Args({1, 4096})
+    ->Args({512, 512})
+    ->Args({512, 2048})
+    ->Args({512, 4096})
+    ->Args({1024, 2048})
+    ->Args({1024, 4096})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_WindowScores_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t window = state.range(0);
+  const int64_t num_keys = state.range(1);
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const std::vector<float> q = Random(window * q_stride, 4);
+  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 5);
+  std::vector<float> votes(m.num_kv_heads * num_keys);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    cpu::WindowScores(q.data(), q_stride, k.data(), num_keys * m.head_dim, m.head_dim, votes.data(),
+                      num_keys, window, num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+  };
+  for (int i = 0; i < 3; ++i) run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(votes.data());
+    benchmark::ClobberMemory();
+  }
+  // Two q·k passes over (nearly) all keys.
+  const double flops = 2.0 * 2.0 * window * num_keys * m.head_dim * m.num_heads;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_WindowScores_Cpu)
+    ->ArgNames({"window", "keys"})
+    ->ArgsProduct({{32}, {512, 2048, 4096}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_RmsNorm_Cpu(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t dim = state.range(1);
+  const std::vector<float> x = Random(tokens * dim, 6);
+  const std::vector<float> w = Random(dim, 7);
+  std::vector<float> y(tokens * dim);
+  for (auto _ : state) {
+    cpu::RmsNorm(x.data(), dim, w.data(), y.data(), dim, tokens, dim, 1e-5f);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * tokens);
+  state.SetBytesProcessed(state.iterations() * 2 * tokens * dim *
+                          static_cast<int64_t>(sizeof(float)));
+}
+BENCHMARK(BM_RmsNorm_Cpu)
+    ->ArgNames({"tokens", "dim"})
+    ->ArgsProduct({{1, 512}, {576, 4096}})
+    ->UseRealTime();
+
+void BM_Rope_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t tokens = state.range(0);
+  const int64_t heads = state.range(1);
+  std::vector<float> x = Random(tokens * heads * m.head_dim, 8);
+  std::vector<int32_t> pos(tokens);
+  for (int64_t t = 0; t < tokens; ++t) pos[t] = static_cast<int32_t>(1000 + t);
+  for (auto _ : state) {
+    cpu::Rope(x.data(), tokens, heads, m.head_dim, heads * m.head_dim, pos.data(), m.head_dim,
+              100000.0f, 1.0f, /*neox=*/false);
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * tokens);
+}
+BENCHMARK(BM_Rope_Cpu)
+    ->ArgNames({"tokens", "heads"})
+    ->ArgsProduct({{1, 512}, {9, 3}})
+    ->UseRealTime();
+
+void BM_SwiGlu_Cpu(benchmark::State& state) {
+  const int64_t n = state.range(0) * kSmolLM2_135M.ffn_dim;
+  const std::vector<float> gate = Random(n, 9);
+  const std::vector<float> up = Random(n, 10);
+  std::vector<float> out(n);
+  for (auto _ : state) {
+    cpu::SwiGlu(gate.data(), up.data(), out.data(), n);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_SwiGlu_Cpu)->ArgNames({"tokens"})->Arg(1)->Arg(512)->UseRealTime();
+
+}  // namespace
+}  // namespace snapfill
+
+BENCHMARK_MAIN();

@@ -1,0 +1,696 @@
+// Element-wise and attention kernels on the CPU (f32); see ops.h.
+//
+// SIMD: one small vector abstraction (Vec) per ISA, chosen at compile time:
+// AVX-512F (16 lanes), AVX2+FMA (8 lanes), or plain float (1 lane, the
+// generic fallback). The attention kernels are written once against it.
+//
+// Attention layout trick ("rows in lanes"): a work item owns M score rows
+// (the G query heads of one KV head × a block of queries). Q is transposed
+// once per item to Qt[d][Mp] (Mp = M rounded up to the vector width), so
+//   St[j][r] = Σ_d K[j][d] · Qt[d][r]   (broadcast a K element, FMA a row vector)
+//   Ot[d][r] = Σ_j V[j][d] · Pt[j][r]   (broadcast a V element, FMA a row vector)
+// read K and V in their natural head-major layout (no per-tile transposes),
+// work for any head_dim (d is a scalar loop), and the online softmax's row
+// max / row sum become vertical vector ops (no horizontal reductions).
+#include "kernels/cpu/ops.h"
+
+// GCC 12 reports (maybe-)uninitialized inside its own AVX-512 intrinsic
+// headers (the _mm512_undefined_* pass-through operands, GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+namespace snapfill::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x < kExpZeroBelow is flushed to 0 (true value < 1.7e-38, the
+// smallest normal float), which keeps the kernels free of denormals and makes
+// exp(-inf) (masked scores) exactly 0.
+constexpr float kExpZeroBelow = -87.0f;
+constexpr float kExpMax = 88.0f;  // exp(88) = 1.65e38, below FLT_MAX.
+
+// Cephes expf: x = n·ln2 + r, |r| <= ln2/2, exp(r) by a degree-7 polynomial
+// (about 1 ulp), times 2^n.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP0 = 1.9875691500e-4f;
+constexpr float kExpP1 = 1.3981999507e-3f;
+constexpr float kExpP2 = 8.3334519073e-3f;
+constexpr float kExpP3 = 4.1665795894e-2f;
+constexpr float kExpP4 = 1.6666665459e-1f;
+constexpr float kExpP5 = 5.0000001201e-1f;
+
+#if defined(__AVX512F__)
+struct Vec {
+  using T = __m512;
+  static constexpr int kW = 16;
+  static constexpr int kMaxNV = 4;  // row vectors per micro-tile (4 × 6 = 24 accumulators)
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Set1(float x) { return _mm512_set1_ps(x); }
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T Add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T Sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T Mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T Div(T a, T b) { return _mm512_div_ps(a, b); }
+  static T Max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  // a < b ? y : x
+  static T SelectLt(T a, T b, T x, T y) {
+    return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y);
+  }
+  static float ReduceAdd(T v) { return _mm512_reduce_add_ps(v); }
+  static T Exp(T x) {
+    const __mmask16 zero = _mm512_cmp_ps_mask(x, Set1(kExpZeroBelow), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, Set1(kExpZeroBelow)), Set1(kExpMax));
+    const T n =
+        _mm512_roundscale_ps(Mul(x, Set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    T r = _mm512_fnmadd_ps(n, Set1(kLn2Hi), x);
+    r = _mm512_fnmadd_ps(n, Set1(kLn2Lo), r);
+    T p = Set1(kExpP0);
+    p = Fma(p, r, Set1(kExpP1));
+    p = Fma(p, r, Set1(kExpP2));
+    p = Fma(p, r, Set1(kExpP3));
+    p = Fma(p, r, Set1(kExpP4));
+    p = Fma(p, r, Set1(kExpP5));
+    p = Fma(p, Mul(r, r), Add(r, Set1(1.0f)));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
+  }
+};
+#elif defined(__AVX2__) && defined(__FMA__)
+struct Vec {
+  using T = __m256;
+  static constexpr int kW = 8;
+  static constexpr int kMaxNV = 2;  // 16 ymm registers: 2 × 6 accumulators
+  static T Zero() { return _mm256_setzero_ps(); }
+  static T Set1(float x) { return _mm256_set1_ps(x); }
+  static T Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T Add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T Sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T Mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T Div(T a, T b) { return _mm256_div_ps(a, b); }
+  static T Max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T SelectLt(T a, T b, T x, T y) {
+    return _mm256_blendv_ps(x, y, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+  }
+  static float ReduceAdd(T v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static T Exp(T x) {
+    const T zero = _mm256_cmp_ps(x, Set1(kExpZeroBelow), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, Set1(kExpZeroBelow)), Set1(kExpMax));
+    const T n =
+        _mm256_round_ps(Mul(x, Set1(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    T r = _mm256_fnmadd_ps(n, Set1(kLn2Hi), x);
+    r = _mm256_fnmadd_ps(n, Set1(kLn2Lo), r);
+    T p = Set1(kExpP0);
+    p = Fma(p, r, Set1(kExpP1));
+    p = Fma(p, r, Set1(kExpP2));
+    p = Fma(p, r, Set1(kExpP3));
+    p = Fma(p, r, Set1(kExpP4));
+    p = Fma(p, r, Set1(kExpP5));
+    p = Fma(p, Mul(r, r), Add(r, Set1(1.0f)));
+    // n is in [-126, 127]: build 2^n in the exponent field.
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, Mul(p, _mm256_castsi256_ps(e)));
+  }
+};
+#else
+struct Vec {
+  using T = float;
+  static constexpr int kW = 1;
+  static constexpr int kMaxNV = 4;
+  static T Zero() { return 0.0f; }
+  static T Set1(float x) { return x; }
+  static T Load(const float* p) { return *p; }
+  static void Store(float* p, T v) { *p = v; }
+  static T Add(T a, T b) { return a + b; }
+  static T Sub(T a, T b) { return a - b; }
+  static T Mul(T a, T b) { return a * b; }
+  static T Div(T a, T b) { return a / b; }
+  static T Max(T a, T b) { return std::max(a, b); }
+  static T Fma(T a, T b, T c) { return std::fma(a, b, c); }
+  static T SelectLt(T a, T b, T x, T y) { return a < b ? y : x; }
+  static float ReduceAdd(T v) { return v; }
+  static T Exp(T x) { return x < kExpZeroBelow ? 0.0f : std::exp(std::min(x, kExpMax)); }
+};
+#endif
+
+using V = Vec;
+using VT = Vec::T;
+constexpr int kW = Vec::kW;
+constexpr int kMaxNV = Vec::kMaxNV;
+constexpr int kC = 6;        // keys (score kernel) or dims (PV kernel) per micro-tile
+constexpr int64_t kBk = 64;  // keys per tile
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// 64-byte aligned scratch of n floats.
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+using Scratch = std::unique_ptr<float[], AlignedFree>;
+Scratch AllocScratch(int64_t n) {
+  const size_t bytes = static_cast<size_t>(RoundUp(std::max<int64_t>(n, 1) * sizeof(float), 64));
+  return Scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
+}
+
+// ---------------------------------------------------------------------------
+// Attention micro-kernels. Row chunk [r0, r0 + NV·kW) of an item's Mp rows.
+
+// st[c][r] = Σ_dd k[c][dd] · qt[dd][r] for the C keys at k (key stride ks).
+template <int NV, int C>
+inline void ScoreBlock(const float* qt, int64_t mp, const float* k, int64_t ks, int64_t d,
+                       float* st, int64_t r0) {
+  VT acc[C][NV];
+  for (int c = 0; c < C; ++c)
+    for (int n = 0; n < NV; ++n) acc[c][n] = V::Zero();
+  const float* qp = qt + r0;
+  for (int64_t dd = 0; dd < d; ++dd, qp += mp) {
+    VT qv[NV];
+    for (int n = 0; n < NV; ++n) qv[n] = V::Load(qp + n * kW);
+    for (int c = 0; c < C; ++c) {
+      const VT kb = V::Set1(k[c * ks + dd]);
+      for (int n = 0; n < NV; ++n) acc[c][n] = V::Fma(kb, qv[n], acc[c][n]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int n = 0; n < NV; ++n) V::Store(st + c * mp + r0 + n * kW, acc[c][n]);
+}
+
+// ot[c][r] = ot[c][r] · alpha[r] + Σ_{j<jn} v[j][c] · pt[j][r] for the C dims
+// at v (key stride vs); ot rows are dims (stride mp).
+template <int NV, int C>
+inline void PvBlock(const float* pt, int64_t mp, const float* v, int64_t vs, int64_t jn,
+                    const float* alpha, float* ot, int64_t r0) {
+  VT acc[C][NV];
+  VT a[NV];
+  for (int n = 0; n < NV; ++n) a[n] = V::Load(alpha + r0 + n * kW);
+  for (int c = 0; c < C; ++c)
+    for (int n = 0; n < NV; ++n) acc[c][n] = V::Mul(V::Load(ot + c * mp + r0 + n * kW), a[n]);
+  const float* pp = pt + r0;
+  for (int64_t j = 0; j < jn; ++j, pp += mp) {
+    VT pv[NV];
+    for (int n = 0; n < NV; ++n) pv[n] = V::Load(pp + n * kW);
+    for (int c = 0; c < C; ++c) {
+      const VT vb = V::Set1(v[j * vs + c]);
+      for (int n = 0; n < NV; ++n) acc[c][n] = V::Fma(vb, pv[n], acc[c][n]);
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int n = 0; n < NV; ++n) V::Store(ot + c * mp + r0 + n * kW, acc[c][n]);
+}
+
+// Compile-time dispatch on the runtime (nv, c) of a ragged edge.
+template <int NV, int C = kC>
+inline void ScoreDispatchC(int c, const float* qt, int64_t mp, const float* k, int64_t ks,
+                           int64_t d, float* st, int64_t r0) {
+  if constexpr (C >= 1) {
+    if (c == C) return ScoreBlock<NV, C>(qt, mp, k, ks, d, st, r0);
+    ScoreDispatchC<NV, C - 1>(c, qt, mp, k, ks, d, st, r0);
+  }
+}
+template <int NV = kMaxNV>
+inline void ScoreDispatch(int nv, int c, const float* qt, int64_t mp, const float* k, int64_t ks,
+                          int64_t d, float* st, int64_t r0) {
+  if constexpr (NV >= 1) {
+    if (nv == NV) return ScoreDispatchC<NV>(c, qt, mp, k, ks, d, st, r0);
+    ScoreDispatch<NV - 1>(nv, c, qt, mp, k, ks, d, st, r0);
+  }
+}
+template <int NV, int C = kC>
+inline void PvDispatchC(int c, const float* pt, int64_t mp, const float* v, int64_t vs, int64_t jn,
+                        const float* alpha, float* ot, int64_t r0) {
+  if constexpr (C >= 1) {
+    if (c == C) return PvBlock<NV, C>(pt, mp, v, vs, jn, alpha, ot, r0);
+    PvDispatchC<NV, C - 1>(c, pt, mp, v, vs, jn, alpha, ot, r0);
+  }
+}
+template <int NV = kMaxNV>
+inline void PvDispatch(int nv, int c, const float* pt, int64_t mp, const float* v, int64_t vs,
+                       int64_t jn, const float* alpha, float* ot, int64_t r0) {
+  if constexpr (NV >= 1) {
+    if (nv == NV) return PvDispatchC<NV>(c, pt, mp, v, vs, jn, alpha, ot, r0);
+    PvDispatch<NV - 1>(nv, c, pt, mp, v, vs, jn, alpha, ot, r0);
+  }
+}
+
+// St[j][r] (j < jn, r < mp) = Σ_d K[j0 + j][d] · Qt[d][r].
+void ScoreTile(const float* qt, int64_t mp, const float* k, int64_t ks, int64_t jn, int64_t d,
+               float* st) {
+  const int64_t nvec = mp / kW;
+  for (int64_t rv = 0; rv < nvec; rv += kMaxNV) {
+    const int nv = static_cast<int>(std::min<int64_t>(kMaxNV, nvec - rv));
+    int64_t j = 0;
+    for (; j + kC <= jn; j += kC)
+      ScoreDispatch(nv, kC, qt, mp, k + j * ks, ks, d, st + j * mp, rv * kW);
+    if (j < jn)
+      ScoreDispatch(nv, static_cast<int>(jn - j), qt, mp, k + j * ks, ks, d, st + j * mp, rv * kW);
+  }
+}
+
+// Ot[d][r] = Ot[d][r] · alpha[r] + Σ_{j<jn} V[j][d] · Pt[j][r].
+void PvTile(const float* pt, int64_t mp, const float* v, int64_t vs, int64_t jn, int64_t d,
+            const float* alpha, float* ot) {
+  const int64_t nvec = mp / kW;
+  for (int64_t rv = 0; rv < nvec; rv += kMaxNV) {
+    const int nv = static_cast<int>(std::min<int64_t>(kMaxNV, nvec - rv));
+    int64_t c = 0;
+    for (; c + kC <= d; c += kC)
+      PvDispatch(nv, kC, pt, mp, v + c, vs, jn, alpha, ot + c * mp, rv * kW);
+    if (c < d)
+      PvDispatch(nv, static_cast<int>(d - c), pt, mp, v + c, vs, jn, alpha, ot + c * mp, rv * kW);
+  }
+}
+
+// Sets St[j][r] = -inf where key j0 + j is past row r's last visible key
+// limit[r] (limits stored as floats; exact below 2^24 keys).
+void MaskTile(float* st, int64_t mp, int64_t jn, int64_t j0, const float* limit) {
+  const VT neg_inf = V::Set1(kNegInf);
+  for (int64_t j = 0; j < jn; ++j) {
+    const VT key = V::Set1(static_cast<float>(j0 + j));
+    for (int64_t r = 0; r < mp; r += kW) {
+      V::Store(st + j * mp + r,
+               V::SelectLt(V::Load(limit + r), key, V::Load(st + j * mp + r), neg_inf));
+    }
+  }
+}
+
+// Fills qt[dd][r] = scale · q of row r (r = gi · nq + qi: head g0 + gi,
+// query q0 + qi) and zeroes the padded rows [m, mp).
+void TransposeQ(const float* q, int64_t q_stride, int64_t head_dim, int64_t g0, int64_t ng,
+                int64_t q0, int64_t nq, int64_t mp, float scale, float* qt) {
+  for (int64_t gi = 0; gi < ng; ++gi) {
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const float* src = q + (q0 + qi) * q_stride + (g0 + gi) * head_dim;
+      const int64_t r = gi * nq + qi;
+      for (int64_t dd = 0; dd < head_dim; ++dd) qt[dd * mp + r] = src[dd] * scale;
+    }
+  }
+  for (int64_t dd = 0; dd < head_dim; ++dd) {
+    for (int64_t r = ng * nq; r < mp; ++r) qt[dd * mp + r] = 0.0f;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
+             int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * x_stride;
+    float* yr = y + r * y_stride;
+    // ggml: sum += (ggml_float)(x[i] * x[i]) with ggml_float = double.
+    double sum = 0.0;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (; i + 16 <= dim; i += 16) {
+      const __m512 v = _mm512_loadu_ps(xr + i);
+      const __m512 sq = _mm512_mul_ps(v, v);
+      s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(sq)));
+      s1 = _mm512_add_pd(
+          s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sq), 1))));
+    }
+    sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#elif defined(__AVX2__)
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (; i + 8 <= dim; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xr + i);
+      const __m256 sq = _mm256_mul_ps(v, v);
+      s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+      s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    const __m256d s = _mm256_add_pd(s0, s1);
+    alignas(32) double parts[4];
+    _mm256_store_pd(parts, s);
+    sum = (parts[0] + parts[1]) + (parts[2] + parts[3]);
+#endif
+    for (; i < dim; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+    const float mean = static_cast<float>(sum / static_cast<double>(dim));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    for (int64_t t = 0; t < dim; ++t) yr[t] = (xr[t] * scale) * weight[t];
+  }
+}
+
+void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
+  assert(rot_dim % 2 == 0 && rot_dim <= head_dim);
+  const int64_t half = rot_dim / 2;
+  // ggml: theta_scale = powf(freq_base, -2.0f/n_dims); theta_0 = p;
+  // theta_{i+1} = theta_i * theta_scale; cos/sin of freq_scale * theta_i.
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
+#pragma omp parallel if (num_tokens * num_heads * half >= (1 << 14))
+  {
+    std::vector<float> cs(2 * half);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      float theta = static_cast<float>(pos[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = freq_scale * theta;
+        cs[i] = std::cos(angle);
+        cs[half + i] = std::sin(angle);
+        theta *= theta_scale;
+      }
+      const float* cos_t = cs.data();
+      const float* sin_t = cs.data() + half;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float* xh = x + t * token_stride + h * head_dim;
+        if (neox) {
+          float* a = xh;
+          float* b = xh + half;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x0 = a[i], x1 = b[i];
+            a[i] = x0 * cos_t[i] - x1 * sin_t[i];
+            b[i] = x0 * sin_t[i] + x1 * cos_t[i];
+          }
+        } else {
+          for (int64_t i = 0; i < half; ++i) {
+            const float x0 = xh[2 * i], x1 = xh[2 * i + 1];
+            xh[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
+            xh[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (num_blocks >= 8)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t end = std::min(n, (b + 1) * kBlock);
+    int64_t i = b * kBlock;
+    const VT one = V::Set1(1.0f);
+    const VT zero = V::Zero();
+    for (; i + kW <= end; i += kW) {
+      const VT g = V::Load(gate + i);
+      const VT sig_den = V::Add(one, V::Exp(V::Sub(zero, g)));
+      V::Store(out + i, V::Mul(V::Div(g, sig_den), V::Load(up + i)));
+    }
+    for (; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+  }
+}
+
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
+               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
+               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, float scale) {
+  assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
+  assert(num_q >= 0 && num_keys >= num_q);
+  if (num_q == 0) return;
+  const int64_t group = num_heads / num_kv_heads;
+  // About 64 score rows per item (4 AVX-512 row vectors): the whole group of
+  // query heads shares each K/V tile, and so do bq queries of each head.
+  const int64_t bq = std::min(num_q, std::max<int64_t>(1, 64 / group));
+  const int64_t num_qb = (num_q + bq - 1) / bq;
+  const int64_t num_items = num_kv_heads * num_qb;
+  const int64_t mp = RoundUp(group * bq, kW);
+  const int64_t memory = num_keys - num_q;  // keys before the chunk, all visible
+
+#pragma omp parallel if (num_items > 1)
+  {
+    Scratch qt = AllocScratch(head_dim * mp);
+    Scratch ot = AllocScratch(head_dim * mp);
+    Scratch st = AllocScratch(kBk * mp);
+    Scratch row_max = AllocScratch(mp);
+    Scratch row_sum = AllocScratch(mp);
+    Scratch alpha = AllocScratch(mp);
+    Scratch limit = AllocScratch(mp);
+
+    // Later query blocks see more keys: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t qb = num_qb - 1 - item / num_kv_heads;
+      const int64_t kvh = item % num_kv_heads;
+      const int64_t q0 = qb * bq;
+      const int64_t nq = std::min(bq, num_q - q0);
+      const int64_t m = group * nq;
+      const int64_t g0 = kvh * group;
+      const float* kh = k + kvh * kv_head_stride;
+      const float* vh = v + kvh * kv_head_stride;
+
+      TransposeQ(q, q_stride, head_dim, g0, group, q0, nq, mp, scale, qt.get());
+      std::fill(ot.get(), ot.get() + head_dim * mp, 0.0f);
+      for (int64_t r = 0; r < mp; ++r) {
+        row_max[r] = kNegInf;
+        row_sum[r] = 0.0f;
+        // Padded rows see every key, so they never hold an all -inf row.
+        limit[r] = r < m ? static_cast<float>(memory + q0 + r % nq) : 3e38f;
+      }
+      const int64_t first_masked = memory + q0 + 1;  // first key not seen by row q0
+      const int64_t key_end = memory + q0 + nq;      // keys seen by the last row
+
+      for (int64_t j0 = 0; j0 < key_end; j0 += kBk) {
+        const int64_t jn = std::min(kBk, key_end - j0);
+        ScoreTile(qt.get(), mp, kh + j0 * kv_key_stride, kv_key_stride, jn, head_dim, st.get());
+        if (j0 + jn > first_masked) MaskTile(st.get(), mp, jn, j0, limit.get());
+        // Online softmax per row vector: new max, rescale factor, P, sums.
+        for (int64_t r = 0; r < mp; r += kW) {
+          const VT old_max = V::Load(row_max.get() + r);
+          VT mx = old_max;
+          for (int64_t j = 0; j < jn; ++j) mx = V::Max(mx, V::Load(st.get() + j * mp + r));
+          const VT a = V::Exp(V::Sub(old_max, mx));
+          VT sum = V::Zero();
+          for (int64_t j = 0; j < jn; ++j) {
+            const VT p = V::Exp(V::Sub(V::Load(st.get() + j * mp + r), mx));
+            V::Store(st.get() + j * mp + r, p);
+            sum = V::Add(sum, p);
+          }
+          V::Store(row_sum.get() + r, V::Fma(V::Load(row_sum.get() + r), a, sum));
+          V::Store(row_max.get() + r, mx);
+          V::Store(alpha.get() + r, a);
+        }
+        PvTile(st.get(), mp, vh + j0 * kv_key_stride, kv_key_stride, jn, head_dim, alpha.get(),
+               ot.get());
+      }
+
+      for (int64_t gi = 0; gi < group; ++gi) {
+        for (int64_t qi = 0; qi < nq; ++qi) {
+          const int64_t r = gi * nq + qi;
+          const float inv = 1.0f / row_sum[r];
+          float* dst = out + (q0 + qi) * out_stride + (g0 + gi) * head_dim;
+          for (int64_t dd = 0; dd < head_dim; ++dd) dst[dd] = ot[dd * mp + r] * inv;
+        }
+      }
+    }
+  }
+}
+
+void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                  int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q,
+                  int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale) {
+  assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
+  assert(num_q >= 0 && num_keys >= num_q);
+  if (num_q == 0) {  // an empty window casts no votes
+    for (int64_t h = 0; h < num_kv_heads; ++h)
+      std::fill(votes + h * votes_stride, votes + h * votes_stride + num_keys, 0.0f);
+    return;
+  }
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t m = group * num_q;  // rows: every (query head, window query) of a KV head
+  const int64_t mp = RoundUp(m, kW);
+  const int64_t memory = num_keys - num_q;
+  // Key chunks are the unit of parallel work in both passes.
+  constexpr int64_t kChunk = 4 * kBk;
+  const int64_t num_chunks = (num_keys + kChunk - 1) / kChunk;
+  const int64_t num_items = num_kv_heads * num_chunks;
+
+  // Shared, read-only: Qt per KV head and the row limits.
+  Scratch qt_all = AllocScratch(num_kv_heads * head_dim * mp);
+  Scratch limit = AllocScratch(mp);
+  for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+    TransposeQ(q, q_stride, head_dim, kvh * group, group, 0, num_q, mp, scale,
+               qt_all.get() + kvh * head_dim * mp);
+  }
+  for (int64_t r = 0; r < mp; ++r)
+    limit[r] = r < m ? static_cast<float>(memory + r % num_q) : 3e38f;
+  // Per (KV head, chunk) partial row max and row sum; then per KV head the
+  // combined row max and 1 / row sum (0 for padded rows, so they add nothing).
+  Scratch part_max = AllocScratch(num_items * mp);
+  Scratch part_sum = AllocScratch(num_items * mp);
+  Scratch row_max = AllocScratch(num_kv_heads * mp);
+  Scratch row_inv = AllocScratch(num_kv_heads * mp);
+
+#pragma omp parallel if (num_items > 1)
+  {
+    Scratch st = AllocScratch(kBk * mp);
+
+    // Pass 1: per chunk, row max and Σ exp(s - max) over the visible keys.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t kvh = item / num_chunks;
+      const int64_t c0 = (item % num_chunks) * kChunk;
+      const int64_t c1 = std::min(num_keys, c0 + kChunk);
+      const float* qt = qt_all.get() + kvh * head_dim * mp;
+      float* pm = part_max.get() + item * mp;
+      float* ps = part_sum.get() + item * mp;
+      for (int64_t r = 0; r < mp; ++r) {
+        pm[r] = kNegInf;
+        ps[r] = 0.0f;
+      }
+      for (int64_t j0 = c0; j0 < c1; j0 += kBk) {
+        const int64_t jn = std::min(kBk, c1 - j0);
+        ScoreTile(qt, mp, k + kvh * kv_head_stride + j0 * kv_key_stride, kv_key_stride, jn,
+                  head_dim, st.get());
+        if (j0 + jn > memory + 1) MaskTile(st.get(), mp, jn, j0, limit.get());
+        for (int64_t r = 0; r < mp; r += kW) {
+          const VT old_max = V::Load(pm + r);
+          VT mx = old_max;
+          for (int64_t j = 0; j < jn; ++j) mx = V::Max(mx, V::Load(st.get() + j * mp + r));
+          // A row with no visible key yet keeps max -inf; use 0 as the
+          // shift so that exp(-inf - 0) = 0 instead of exp(NaN).
+          const VT shift = V::SelectLt(mx, V::Set1(-3e38f), mx, V::Zero());
+          VT sum = V::Zero();
+          for (int64_t j = 0; j < jn; ++j)
+            sum = V::Add(sum, V::Exp(V::Sub(V::Load(st.get() + j * mp + r), shift)));
+          V::Store(ps + r, V::Fma(V::Load(ps + r), V::Exp(V::Sub(old_max, shift)), sum));
+          V::Store(pm + r, mx);
+        }
+      }
+    }
+
+    // Combine the chunks of each KV head (row vectors split across threads).
+#pragma omp for schedule(static)
+    for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+      for (int64_t r = 0; r < mp; ++r) {
+        float mx = kNegInf;
+        for (int64_t c = 0; c < num_chunks; ++c)
+          mx = std::max(mx, part_max[(kvh * num_chunks + c) * mp + r]);
+        float sum = 0.0f;
+        for (int64_t c = 0; c < num_chunks; ++c) {
+          const int64_t idx = (kvh * num_chunks + c) * mp + r;
+          if (part_sum[idx] > 0.0f) sum += part_sum[idx] * std::exp(part_max[idx] - mx);
+        }
+        row_max[kvh * mp + r] = mx;
+        row_inv[kvh * mp + r] = r < m ? 1.0f / sum : 0.0f;
+      }
+    }
+
+    // Pass 2: votes[j] = Σ_rows exp(s - max) / sum, divided by group.
+    const float inv_group = 1.0f / static_cast<float>(group);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t kvh = item / num_chunks;
+      const int64_t c0 = (item % num_chunks) * kChunk;
+      const int64_t c1 = std::min(num_keys, c0 + kChunk);
+      const float* qt = qt_all.get() + kvh * head_dim * mp;
+      const float* rm = row_max.get() + kvh * mp;
+      const float* ri = row_inv.get() + kvh * mp;
+      float* out = votes + kvh * votes_stride;
+      for (int64_t j0 = c0; j0 < c1; j0 += kBk) {
+        const int64_t jn = std::min(kBk, c1 - j0);
+        ScoreTile(qt, mp, k + kvh * kv_head_stride + j0 * kv_key_stride, kv_key_stride, jn,
+                  head_dim, st.get());
+        if (j0 + jn > memory + 1) MaskTile(st.get(), mp, jn, j0, limit.get());
+        for (int64_t j = 0; j < jn; ++j) {
+          VT acc = V::Zero();
+          for (int64_t r = 0; r < mp; r += kW) {
+            const VT p = V::Exp(V::Sub(V::Load(st.get() + j * mp + r), V::Load(rm + r)));
+            acc = V::Fma(p, V::Load(ri + r), acc);
+          }
+          out[j0 + j] = V::ReduceAdd(acc) * inv_group;
+        }
+      }
+    }
+  }
+}
+
+void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
+  assert(kernel % 2 == 1 && in != out);
+  const int64_t pad = kernel / 2;
+  const float inv = 1.0f / static_cast<float>(kernel);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t lo = std::max<int64_t>(0, i - pad);
+    const int64_t hi = std::min(n - 1, i + pad);
+    float sum = 0.0f;
+    for (int64_t t = lo; t <= hi; ++t) sum += in[t];
+    out[i] = sum * inv;
+  }
+}
+
+void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
+  assert(kernel % 2 == 1 && in != out);
+  const int64_t pad = kernel / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t lo = std::max<int64_t>(0, i - pad);
+    const int64_t hi = std::min(n - 1, i + pad);
+    float mx = in[lo];
+    for (int64_t t = lo + 1; t <= hi; ++t) mx = std::max(mx, in[t]);
+    out[i] = mx;
+  }
+}
+
+void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions) {
+  k = std::min(k, n);
+  if (k <= 0) return;
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  if (k < n) {
+    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [scores](int32_t a, int32_t b) {
+      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+  }
+  std::sort(idx.begin(), idx.begin() + k);
+  std::copy(idx.begin(), idx.begin() + k, out_sorted_positions);
+}
+
+void Softmax(float* x, int64_t n) {
+  float mx = kNegInf;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  const VT vmx = V::Set1(mx);
+  VT vsum = V::Zero();
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    const VT p = V::Exp(V::Sub(V::Load(x + i), vmx));
+    V::Store(x + i, p);
+    vsum = V::Add(vsum, p);
+  }
+  float sum = V::ReduceAdd(vsum);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t t = 0; t < n; ++t) x[t] *= inv;
+}
+
+int64_t Argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace snapfill::cpu

@@ -1,0 +1,187 @@
+#include "kernels/ref/ops_ref.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace snapfill::ref {
+
+void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
+             int64_t rows, int64_t dim, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * x_stride;
+    float* yr = y + r * y_stride;
+    double sum = 0.0;
+    for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    const double scale = 1.0 / std::sqrt(sum / static_cast<double>(dim) + eps);
+    for (int64_t i = 0; i < dim; ++i) yr[i] = static_cast<float>(xr[i] * scale * weight[i]);
+  }
+}
+
+void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
+  assert(rot_dim % 2 == 0 && rot_dim <= head_dim);
+  const int64_t half = rot_dim / 2;
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
+  std::vector<double> cos_t(half), sin_t(half);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    // ggml_rope_cache_init: the f32 angle recurrence defines the angles.
+    float theta = static_cast<float>(pos[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(freq_scale * theta);
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = std::sin(angle);
+      theta *= theta_scale;
+    }
+    for (int64_t h = 0; h < num_heads; ++h) {
+      float* xh = x + t * token_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = neox ? i : 2 * i;
+        const int64_t b = neox ? i + half : 2 * i + 1;
+        const double x0 = xh[a], x1 = xh[b];
+        xh[a] = static_cast<float>(x0 * cos_t[i] - x1 * sin_t[i]);
+        xh[b] = static_cast<float>(x0 * sin_t[i] + x1 * cos_t[i]);
+      }
+    }
+  }
+}
+
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+namespace {
+
+// Scores s_j = scale · q·k_j for the keys j < num_visible, in double.
+void Scores(const float* qh, const float* kh, int64_t kv_key_stride, int64_t num_visible,
+            int64_t head_dim, float scale, std::vector<double>& s) {
+  s.resize(num_visible);
+  for (int64_t j = 0; j < num_visible; ++j) {
+    double dot = 0.0;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      dot += static_cast<double>(qh[d]) * kh[j * kv_key_stride + d];
+    }
+    s[j] = dot * scale;
+  }
+}
+
+// p = softmax(s) in place, in double.
+void SoftmaxDouble(std::vector<double>& s) {
+  const double m = *std::max_element(s.begin(), s.end());
+  double sum = 0.0;
+  for (double& v : s) {
+    v = std::exp(v - m);
+    sum += v;
+  }
+  for (double& v : s) v /= sum;
+}
+
+}  // namespace
+
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
+               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
+               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, float scale) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<double> p;
+  std::vector<double> acc(head_dim);
+  for (int64_t i = 0; i < num_q; ++i) {
+    const int64_t num_visible = num_keys - num_q + i + 1;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const int64_t kvh = h / group;
+      const float* kh = k + kvh * kv_head_stride;
+      const float* vh = v + kvh * kv_head_stride;
+      Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_visible, head_dim, scale, p);
+      SoftmaxDouble(p);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < num_visible; ++j) {
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] += p[j] * vh[j * kv_key_stride + d];
+      }
+      float* o = out + i * out_stride + h * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) o[d] = static_cast<float>(acc[d]);
+    }
+  }
+}
+
+void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                  int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q,
+                  int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<double> p;
+  std::vector<double> acc(num_keys);
+  for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    const float* kh = k + kvh * kv_head_stride;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      for (int64_t i = 0; i < num_q; ++i) {
+        const int64_t num_visible = num_keys - num_q + i + 1;
+        Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_visible, head_dim, scale, p);
+        SoftmaxDouble(p);
+        for (int64_t j = 0; j < num_visible; ++j) acc[j] += p[j];
+      }
+    }
+    for (int64_t j = 0; j < num_keys; ++j) {
+      votes[kvh * votes_stride + j] = static_cast<float>(acc[j] / static_cast<double>(group));
+    }
+  }
+}
+
+void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
+  assert(kernel % 2 == 1);
+  const int64_t pad = kernel / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0.0;
+    for (int64_t t = i - pad; t <= i + pad; ++t) {
+      if (t >= 0 && t < n) sum += in[t];
+    }
+    out[i] = static_cast<float>(sum / static_cast<double>(kernel));
+  }
+}
+
+void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
+  assert(kernel % 2 == 1);
+  const int64_t pad = kernel / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = std::max<int64_t>(0, i - pad); t <= std::min(n - 1, i + pad); ++t) {
+      m = std::max(m, in[t]);
+    }
+    out[i] = m;
+  }
+}
+
+void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions) {
+  k = std::min(k, n);
+  std::vector<int32_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [scores](int32_t a, int32_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  std::sort(idx.begin(), idx.begin() + k);
+  std::copy(idx.begin(), idx.begin() + k, out_sorted_positions);
+}
+
+void Softmax(float* x, int64_t n) {
+  std::vector<double> s(x, x + n);
+  SoftmaxDouble(s);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(s[i]);
+}
+
+int64_t Argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace snapfill::ref

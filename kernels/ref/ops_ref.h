@@ -1,0 +1,62 @@
+// Scalar reference twins of the element-wise and attention kernels in
+// kernels/cpu/ops.h: plain loops, double accumulators, no SIMD, no threads.
+// They are the source of truth the optimized kernels are tested against, so
+// they are written for clarity (llama2.c style), not speed. Same names, same
+// arguments and same layouts as snapfill::cpu.
+#ifndef SNAPFILL_KERNELS_REF_OPS_REF_H_
+#define SNAPFILL_KERNELS_REF_OPS_REF_H_
+
+#include <cstdint>
+
+namespace snapfill::ref {
+
+// y[r, i] = x[r, i] * (1 / sqrt(mean_i(x[r, i]²) + eps)) * weight[i].
+// Sum of squares in double (ggml sums the f32 squares in ggml_float = double).
+void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
+             int64_t rows, int64_t dim, float eps);
+
+// Rotary embedding, in place; see cpu::Rope. The angle of pair i is ggml's
+// schedule, which is part of the definition: theta_0 = (float)pos,
+// theta_{i+1} = theta_i * powf(base, -2/rot_dim) in f32, times freq_scale.
+// The rotation itself is done in double.
+void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox);
+
+// out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], in double.
+void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
+
+// Naive attention: for each query and head, s_j = scale · q·k_j over the
+// visible keys j <= num_keys - num_q + i, p = softmax(s), out = Σ_j p_j v_j,
+// all in double. Layouts as cpu::Attention.
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
+               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
+               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, float scale);
+
+// SnapKV votes: votes[h][j] = (1/group) Σ_{query heads g of h} Σ_i
+// softmax_i(scale · q_i·k)[j], invisible keys contributing 0; in double.
+// Layouts as cpu::WindowScores.
+void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                  int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q,
+                  int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale);
+
+// Stride-1 pooling with kernel/2 padding on both sides; output length n.
+// Avg: pads count as zeros, always divided by kernel (PyTorch avg_pool1d
+// count_include_pad=True). Max: pads ignored. kernel must be odd.
+void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel);
+void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel);
+
+// Positions of the k highest scores, sorted ascending. Order: higher score
+// first, ties broken by lower position. Full sort. k is clamped to n.
+void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions);
+
+// In place softmax over x[0..n), in double.
+void Softmax(float* x, int64_t n);
+
+// Index of the first maximum of x[0..n) (n >= 1).
+int64_t Argmax(const float* x, int64_t n);
+
+}  // namespace snapfill::ref
+
+#endif  // SNAPFILL_KERNELS_REF_OPS_REF_H_

@@ -1,0 +1,395 @@
+// Tests of cpu::Attention and cpu::WindowScores against their double
+// precision twins in kernels/ref, plus invariants (decode ≡ last prefill
+// row, votes sum to the window, strides and padding untouched).
+//
+// Tolerance derivation (eps = 2^-23, f32 unit roundoff 2^-24 per op):
+//  * A score s_j = scale·q·k_j is an f32 dot over d terms (q pre-scaled, one
+//    more rounding): |Δs_j| <= (d + 2)·eps·A, A = max_j scale·Σ_t|q_t k_jt|.
+//  * p_j = exp(s_j - m)/l: an error Δs in the exponent is a relative error
+//    Δs in p_j (plus the same through m and l), exp adds ~2 ulp, and the f32
+//    row sum l of K terms with online rescaling adds <= (K + 8)·eps relative.
+//    So every p_j is off by at most ε = eps·(2(d + 2)·A + K + 8) relative.
+//  * out_d = Σ_j p_j v_jd, accumulated in f32 over K terms (+K·eps):
+//    |Δout_d| <= 2·eps·(2(d + 2)·A + K + 8)·Σ_j p_j|v_jd|   (factor 2: margin).
+//  * votes_j = (1/G)Σ_rows p_rj: all terms positive, f32 sum over M rows:
+//    |Δvotes_j| <= 2·eps·(2(d + 2)·A + K + M + 8)·votes_j.
+// These worst-case bounds grow with K; the whole tensor must also reach
+// NMSE <= 1e-7 (ggml test-backend-ops' f32 default).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace snapfill {
+namespace {
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+constexpr double kMaxNmse = 1e-7;
+
+// Problem geometry with deliberately awkward strides: every buffer starts one
+// float past an aligned address, tokens and keys are padded, and each KV head
+// has a capacity larger than num_keys.
+struct AttnCase {
+  int64_t num_q;
+  int64_t num_keys;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  float scale_mult = 1.0f;  // scale = scale_mult / sqrt(head_dim)
+};
+
+struct AttnData {
+  AttnCase c;
+  int64_t q_stride, out_stride, kv_key_stride, kv_head_stride;
+  float scale;
+  std::vector<float> q, k, v;  // buffers; data starts at index 1
+  const float* Q() const { return q.data() + 1; }
+  const float* K() const { return k.data() + 1; }
+  const float* Vv() const { return v.data() + 1; }
+};
+
+AttnData MakeData(const AttnCase& c, uint32_t seed) {
+  AttnData a;
+  a.c = c;
+  a.q_stride = c.num_heads * c.head_dim + 3;
+  a.out_stride = c.num_heads * c.head_dim + 5;
+  a.kv_key_stride = c.head_dim + 1;
+  a.kv_head_stride = (c.num_keys + 2) * a.kv_key_stride;
+  a.scale = c.scale_mult / std::sqrt(static_cast<float>(c.head_dim));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& buf, int64_t n) {
+    buf.resize(1 + n);
+    for (float& x : buf) x = dist(rng);
+  };
+  fill(a.q, c.num_q * a.q_stride);
+  fill(a.k, c.num_kv_heads * a.kv_head_stride);
+  fill(a.v, c.num_kv_heads * a.kv_head_stride);
+  return a;
+}
+
+::testing::AssertionResult Report(const std::vector<float>& got, const std::vector<double>& want,
+                                  const std::vector<double>& tol) {
+  int64_t bad = 0, worst = -1;
+  double worst_ratio = 0.0, err2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - want[i]);
+    err2 += err * err;
+    ref2 += want[i] * want[i];
+    if (!(err <= tol[i])) {
+      ++bad;
+      if (!(err / tol[i] <= worst_ratio)) {
+        worst_ratio = err / tol[i];
+        worst = static_cast<int64_t>(i);
+      }
+    }
+  }
+  const double nmse = ref2 > 0.0 ? err2 / ref2 : err2;
+  if (bad == 0 && nmse <= kMaxNmse) return ::testing::AssertionSuccess();
+  auto fail = ::testing::AssertionFailure();
+  fail << "NMSE " << nmse << " (limit " << kMaxNmse << "); " << bad << " of " << got.size()
+       << " outside tolerance";
+  if (worst >= 0) {
+    fail << "; worst index " << worst << ": expected " << want[worst] << ", actual " << got[worst]
+         << ", tolerance " << tol[worst];
+  }
+  return fail;
+}
+
+// Per-element bound of the header comment for out[i][h][d]: index
+// (i * num_heads + h) * head_dim + d.
+std::vector<double> AttentionBound(const AttnData& a) {
+  const AttnCase& c = a.c;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  std::vector<double> bound(c.num_q * c.num_heads * c.head_dim);
+  std::vector<double> s, abs_dot;
+  for (int64_t i = 0; i < c.num_q; ++i) {
+    const int64_t visible = c.num_keys - c.num_q + i + 1;
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const float* qh = a.Q() + i * a.q_stride + h * c.head_dim;
+      const float* kh = a.K() + (h / group) * a.kv_head_stride;
+      const float* vh = a.Vv() + (h / group) * a.kv_head_stride;
+      s.assign(visible, 0.0);
+      double amax = 0.0, smax = -1e300;
+      for (int64_t j = 0; j < visible; ++j) {
+        double dot = 0.0, absd = 0.0;
+        for (int64_t t = 0; t < c.head_dim; ++t) {
+          dot += static_cast<double>(qh[t]) * kh[j * a.kv_key_stride + t];
+          absd += std::abs(static_cast<double>(qh[t]) * kh[j * a.kv_key_stride + t]);
+        }
+        s[j] = dot * a.scale;
+        amax = std::max(amax, absd * a.scale);
+        smax = std::max(smax, s[j]);
+      }
+      double l = 0.0;
+      for (double& x : s) l += (x = std::exp(x - smax));
+      const double rel = 2.0 * kEps * (2.0 * (c.head_dim + 2) * amax + visible + 8);
+      for (int64_t t = 0; t < c.head_dim; ++t) {
+        double mag = 0.0;
+        for (int64_t j = 0; j < visible; ++j)
+          mag += s[j] / l * std::abs(vh[j * a.kv_key_stride + t]);
+        bound[(i * c.num_heads + h) * c.head_dim + t] = rel * mag + 1e-30;
+      }
+    }
+  }
+  return bound;
+}
+
+// Runs cpu::Attention into a padded output filled with a sentinel; checks the
+// padding is untouched and returns the dense [num_q][num_heads][head_dim].
+std::vector<float> RunCpuAttention(const AttnData& a, int64_t q_offset_rows = 0,
+                                   int64_t num_q = -1) {
+  const AttnCase& c = a.c;
+  if (num_q < 0) num_q = c.num_q;
+  const float kSentinel = 12345.0f;
+  std::vector<float> out(1 + num_q * a.out_stride, kSentinel);
+  cpu::Attention(a.Q() + q_offset_rows * a.q_stride, a.q_stride, a.K(), a.Vv(), a.kv_head_stride,
+                 a.kv_key_stride, out.data() + 1, a.out_stride, num_q, c.num_keys, c.num_heads,
+                 c.num_kv_heads, c.head_dim, a.scale);
+  std::vector<float> dense;
+  dense.reserve(num_q * c.num_heads * c.head_dim);
+  EXPECT_EQ(out[0], kSentinel) << "wrote before the output";
+  for (int64_t i = 0; i < num_q; ++i) {
+    for (int64_t t = 0; t < a.out_stride; ++t) {
+      const float x = out[1 + i * a.out_stride + t];
+      if (t < c.num_heads * c.head_dim) {
+        dense.push_back(x);
+      } else {
+        EXPECT_EQ(x, kSentinel) << "wrote into the padding of token " << i;
+      }
+    }
+  }
+  return dense;
+}
+
+std::vector<double> RunRefAttention(const AttnData& a) {
+  const AttnCase& c = a.c;
+  std::vector<float> out(c.num_q * a.out_stride);
+  ref::Attention(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(),
+                 a.out_stride, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim,
+                 a.scale);
+  std::vector<double> dense;
+  for (int64_t i = 0; i < c.num_q; ++i) {
+    for (int64_t t = 0; t < c.num_heads * c.head_dim; ++t)
+      dense.push_back(out[i * a.out_stride + t]);
+  }
+  return dense;
+}
+
+std::string CaseName(const AttnCase& c) {
+  return "Cpu_q" + std::to_string(c.num_q) + "_keys" + std::to_string(c.num_keys) + "_heads" +
+         std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_hd" +
+         std::to_string(c.head_dim) + (c.scale_mult != 1.0f ? "_peaky" : "");
+}
+
+// The sweep of the brief: num_q × memory before the chunk × GQA ratio, with
+// head_dim cycling through awkward and real values.
+std::vector<AttnCase> SweepCases() {
+  std::vector<AttnCase> cases;
+  const int64_t head_dims[] = {64, 17, 80, 16, 96, 128, 33};
+  int idx = 0;
+  for (int64_t num_q : {1, 7, 64, 130}) {
+    for (int64_t memory : {0, 1, 300}) {
+      for (int64_t ratio : {1, 3, 4}) {
+        const int64_t kv = ratio == 1 ? 2 : 1;
+        cases.push_back({num_q, num_q + memory, kv * ratio, kv, head_dims[idx++ % 7]});
+      }
+    }
+  }
+  // Real models: SmolLM2-135M (9 heads, 3 KV, d 64), Llama-3-8B (32, 8, 128).
+  cases.push_back({64, 364, 9, 3, 64});
+  cases.push_back({16, 316, 32, 8, 128});
+  // Odd and large head dims, a peaky softmax (scores spread ~ ±30).
+  cases.push_back({5, 70, 4, 2, 256});
+  cases.push_back({3, 3, 2, 1, 1});
+  // Multi-query: 32 heads on one KV head (2 queries per item), and 71 heads
+  // (more score rows than one micro-tile: several row chunks per item).
+  cases.push_back({9, 50, 32, 1, 64});
+  cases.push_back({9, 50, 71, 1, 24});
+  cases.push_back({33, 200, 6, 2, 64, 6.0f});
+  return cases;
+}
+
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, MatchesRef) {
+  const AttnData a = MakeData(GetParam(), 21);
+  const std::vector<float> got = RunCpuAttention(a);
+  EXPECT_TRUE(Report(got, RunRefAttention(a), AttentionBound(a)));
+}
+
+// Decoding the last query alone must give the last row of the prefill:
+// rows live in separate vector lanes and see the same key tiles, so the
+// arithmetic per row is identical and the results are bitwise equal.
+TEST_P(AttentionTest, DecodeEqualsLastPrefillRow) {
+  const AttnData a = MakeData(GetParam(), 22);
+  const AttnCase& c = a.c;
+  const std::vector<float> all = RunCpuAttention(a);
+  const std::vector<float> last = RunCpuAttention(a, c.num_q - 1, 1);
+  const int64_t row = c.num_heads * c.head_dim;
+  for (int64_t t = 0; t < row; ++t) {
+    ASSERT_EQ(last[t], all[(c.num_q - 1) * row + t]) << "element " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param);
+                         });
+
+// With identical keys the softmax is uniform over the visible keys, so query
+// i's output is the plain mean of v over keys 0..num_keys-num_q+i: an
+// independent check of the causal offset rule.
+TEST(AttentionSemantics, UniformScoresAverageVisibleValues) {
+  const int64_t num_q = 5, num_keys = 12, d = 3;
+  std::vector<float> q(num_q * d, 1.0f), k(num_keys * d, 0.5f), v(num_keys * d), out(num_q * d);
+  for (int64_t j = 0; j < num_keys; ++j) {
+    for (int64_t t = 0; t < d; ++t) v[j * d + t] = static_cast<float>(j * (t + 1));
+  }
+  cpu::Attention(q.data(), d, k.data(), v.data(), num_keys * d, d, out.data(), d, num_q, num_keys,
+                 1, 1, d, 0.7f);
+  for (int64_t i = 0; i < num_q; ++i) {
+    const int64_t visible = num_keys - num_q + i + 1;
+    const double mean_j = (visible - 1) / 2.0;
+    for (int64_t t = 0; t < d; ++t) {
+      const double expected = mean_j * (t + 1);
+      EXPECT_NEAR(out[i * d + t], expected, 2.0 * kEps * (visible + 8) * expected + 1e-6)
+          << "query " << i << " dim " << t;
+    }
+  }
+}
+
+TEST(AttentionSemantics, EmptyChunkWritesNothingAndEmptyWindowVotesZero) {
+  std::vector<float> q(8, 1.0f), k(4 * 8, 1.0f), v(4 * 8, 1.0f), out(8, 5.0f), votes(4, 5.0f);
+  cpu::Attention(q.data(), 8, k.data(), v.data(), 32, 8, out.data(), 8, 0, 4, 1, 1, 8, 1.0f);
+  EXPECT_EQ(out, std::vector<float>(8, 5.0f));
+  cpu::WindowScores(q.data(), 8, k.data(), 32, 8, votes.data(), 4, 0, 4, 1, 1, 8, 1.0f);
+  EXPECT_EQ(votes, std::vector<float>(4, 0.0f));
+}
+
+// ---------------------------------------------------------------------------
+// WindowScores
+
+constexpr float kVoteSentinel = -777.0f;
+
+std::vector<float> RunCpuVotes(const AttnData& a) {
+  const AttnCase& c = a.c;
+  const int64_t votes_stride = c.num_keys + 3;
+  std::vector<float> buf(1 + c.num_kv_heads * votes_stride, kVoteSentinel);
+  cpu::WindowScores(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, buf.data() + 1,
+                    votes_stride, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim,
+                    a.scale);
+  EXPECT_EQ(buf[0], kVoteSentinel);
+  std::vector<float> dense;
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    for (int64_t j = 0; j < votes_stride; ++j) {
+      const float x = buf[1 + h * votes_stride + j];
+      if (j < c.num_keys) {
+        dense.push_back(x);
+      } else {
+        EXPECT_EQ(x, kVoteSentinel) << "wrote into the padding of KV head " << h;
+      }
+    }
+  }
+  return dense;
+}
+
+class WindowScoresTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(WindowScoresTest, MatchesRef) {
+  const AttnData a = MakeData(GetParam(), 31);
+  const AttnCase& c = a.c;
+  const std::vector<float> got = RunCpuVotes(a);
+  std::vector<float> ref_votes(c.num_kv_heads * c.num_keys);
+  ref::WindowScores(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, ref_votes.data(),
+                    c.num_keys, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim,
+                    a.scale);
+  // A = max scale·Σ|q k| over all (row, key) pairs.
+  double amax = 0.0;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  for (int64_t i = 0; i < c.num_q; ++i) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const float* qh = a.Q() + i * a.q_stride + h * c.head_dim;
+      const float* kh = a.K() + (h / group) * a.kv_head_stride;
+      for (int64_t j = 0; j < c.num_keys; ++j) {
+        double absd = 0.0;
+        for (int64_t t = 0; t < c.head_dim; ++t)
+          absd += std::abs(qh[t] * kh[j * a.kv_key_stride + t]);
+        amax = std::max(amax, absd * a.scale);
+      }
+    }
+  }
+  const double rel =
+      2.0 * kEps * (2.0 * (c.head_dim + 2) * amax + c.num_keys + group * c.num_q + 8);
+  std::vector<double> want(ref_votes.begin(), ref_votes.end()), tol(want.size());
+  for (size_t j = 0; j < want.size(); ++j) tol[j] = rel * want[j] + 1e-30;
+  EXPECT_TRUE(Report(got, want, tol));
+}
+
+// Each window query's softmax sums to 1 over its visible keys, so each KV
+// head's votes sum to the window (num_q): G heads × num_q queries / G. The
+// f32 sum of K votes adds <= K·eps relative, each vote <= rel (see header).
+TEST_P(WindowScoresTest, VotesSumToWindow) {
+  const AttnData a = MakeData(GetParam(), 32);
+  const AttnCase& c = a.c;
+  const std::vector<float> got = RunCpuVotes(a);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < c.num_keys; ++j) {
+      ASSERT_GE(got[h * c.num_keys + j], 0.0f);
+      sum += got[h * c.num_keys + j];
+    }
+    const double tol = 2.0 * kEps * (c.num_keys + c.num_heads * c.num_q + 16) * c.num_q;
+    EXPECT_NEAR(sum, static_cast<double>(c.num_q), tol) << "KV head " << h;
+  }
+}
+
+// Keys after the memory are seen by fewer window queries: key
+// memory + i is invisible to queries 0..i-1, so the last key gets exactly
+// one query's weight per head and at most 1 vote (plus rounding).
+TEST_P(WindowScoresTest, CausalKeysGetBoundedVotes) {
+  const AttnData a = MakeData(GetParam(), 33);
+  const AttnCase& c = a.c;
+  const std::vector<float> got = RunCpuVotes(a);
+  const int64_t memory = c.num_keys - c.num_q;
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    for (int64_t i = 0; i < c.num_q; ++i) {
+      const float vote = got[h * c.num_keys + memory + i];
+      EXPECT_LE(vote, (c.num_q - i) * (1.0 + 1e-5)) << "KV head " << h << " key " << memory + i;
+    }
+  }
+}
+
+std::vector<AttnCase> VoteCases() {
+  std::vector<AttnCase> cases;
+  const int64_t head_dims[] = {64, 17, 80, 16, 128};
+  int idx = 0;
+  for (int64_t window : {1, 8, 32}) {
+    for (int64_t memory : {0, 1, 300}) {
+      for (int64_t ratio : {1, 3, 4}) {
+        const int64_t kv = ratio == 1 ? 2 : 1;
+        cases.push_back({window, window + memory, kv * ratio, kv, head_dims[idx++ % 5]});
+      }
+    }
+  }
+  cases.push_back({32, 4097, 9, 3, 64});   // SmolLM2-135M, long memory
+  cases.push_back({16, 700, 32, 8, 128});  // Llama-3-8B
+  cases.push_back({7, 111, 6, 2, 64, 6.0f});
+  cases.push_back({8, 90, 71, 1, 24});  // multi-query, 568 score rows
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, WindowScoresTest, ::testing::ValuesIn(VoteCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param);
+                         });
+
+}  // namespace
+}  // namespace snapfill

@@ -1,0 +1,492 @@
+// Tests of the element-wise CPU kernels (RmsNorm, Rope, SwiGlu, pooling,
+// TopKIndices, Softmax, Argmax) against their scalar twins in kernels/ref.
+//
+// Tolerances are derived per element from the operation count (eps = f32
+// unit roundoff 2^-23 ≈ 1.19e-7; each f32 operation adds at most eps/2
+// relative error, libm/polynomial exp/cos/sin at most ~1-2 ulp):
+//   RmsNorm: sum in double (exact to ~1e-16), then mean, +eps, sqrt, 1/x,
+//            x·s, ·w: 6 f32 roundings, |err| <= 4·eps·|y|.
+//   Rope:    same f32 angle in both; cos/sin 1 ulp each and 2 products + 1
+//            add: |err| <= 3·eps·(|x0| + |x1|).
+//   SwiGlu:  exp ~2 ulp, 1 + e, divide, multiply: |err| <= 6·eps·|y|
+//            (+1e-30 absolute for the flushed exp overflow, g < -87).
+//   AvgPool: f32 sum of `kernel` terms: |err| <= kernel·eps·Σ|in|/kernel + eps·|y|.
+//   Softmax: x - max rounds by eps/2·|x - max| absolute, i.e. that much
+//            relative in exp; exp 2 ulp, f32 sum of n terms (n·eps relative),
+//            one scale: |err| <= (n + 4 + |x - max|/2)·eps·p.
+#include "kernels/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace snapfill {
+namespace {
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+
+std::vector<float> RandomVector(int64_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Expects |actual[i] - expected[i]| <= tol[i] for all i; on failure reports
+// the worst index (largest error / tolerance), its values, and the count
+// outside tolerance.
+::testing::AssertionResult AllWithin(const std::vector<float>& actual,
+                                     const std::vector<float>& expected,
+                                     const std::vector<double>& tol) {
+  if (actual.size() != expected.size() || actual.size() != tol.size()) {
+    return ::testing::AssertionFailure() << "size mismatch " << actual.size() << " vs "
+                                         << expected.size() << " vs " << tol.size();
+  }
+  int64_t worst = -1, bad = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double err = std::abs(static_cast<double>(actual[i]) - expected[i]);
+    const double ratio = err / tol[i];
+    if (!(err <= tol[i])) {
+      ++bad;
+      if (!(ratio <= worst_ratio)) {
+        worst_ratio = ratio;
+        worst = static_cast<int64_t>(i);
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << actual.size() << " outside tolerance; worst index " << worst
+         << ": expected " << expected[worst] << ", actual " << actual[worst] << ", tolerance "
+         << tol[worst];
+}
+
+// ---------------------------------------------------------------------------
+// RmsNorm
+
+struct NormCase {
+  int64_t rows;
+  int64_t dim;
+  int64_t offset;  // misalignment of x and y in floats
+  int64_t pad;     // row stride = dim + pad
+};
+
+class RmsNormTest : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(RmsNormTest, MatchesRef) {
+  const NormCase c = GetParam();
+  const int64_t stride = c.dim + c.pad;
+  const float eps = 1e-5f;
+  std::vector<float> xbuf = RandomVector(c.offset + c.rows * stride, -3.0f, 3.0f, 1);
+  const std::vector<float> w = RandomVector(c.dim, 0.5f, 1.5f, 2);
+  std::vector<float> y_cpu(c.offset + c.rows * stride, 7.0f), y_ref(y_cpu);
+  const float* x = xbuf.data() + c.offset;
+  cpu::RmsNorm(x, stride, w.data(), y_cpu.data() + c.offset, stride, c.rows, c.dim, eps);
+  ref::RmsNorm(x, stride, w.data(), y_ref.data() + c.offset, stride, c.rows, c.dim, eps);
+  std::vector<float> got, want;
+  std::vector<double> tol;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < stride; ++i) {
+      const int64_t idx = c.offset + r * stride + i;
+      got.push_back(y_cpu[idx]);
+      want.push_back(y_ref[idx]);
+      // Padding must be untouched (ref leaves it at 7 too).
+      tol.push_back(i < c.dim ? 4.0 * kEps * std::abs(y_ref[idx]) + 1e-30 : 0.0);
+    }
+  }
+  EXPECT_TRUE(AllWithin(got, want, tol));
+}
+
+TEST_P(RmsNormTest, InPlaceEqualsOutOfPlace) {
+  const NormCase c = GetParam();
+  const int64_t stride = c.dim + c.pad;
+  std::vector<float> x = RandomVector(c.offset + c.rows * stride, -2.0f, 2.0f, 3);
+  const std::vector<float> w = RandomVector(c.dim, -1.0f, 1.0f, 4);
+  std::vector<float> y(x.size());
+  cpu::RmsNorm(x.data() + c.offset, stride, w.data(), y.data() + c.offset, stride, c.rows, c.dim,
+               1e-6f);
+  cpu::RmsNorm(x.data() + c.offset, stride, w.data(), x.data() + c.offset, stride, c.rows, c.dim,
+               1e-6f);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < c.dim; ++i) {
+      const int64_t idx = c.offset + r * stride + i;
+      ASSERT_EQ(x[idx], y[idx]) << "row " << r << " dim " << i;
+    }
+  }
+}
+
+std::string NormName(const ::testing::TestParamInfo<NormCase>& info) {
+  const NormCase& c = info.param;
+  return "Cpu_rows" + std::to_string(c.rows) + "_dim" + std::to_string(c.dim) + "_off" +
+         std::to_string(c.offset) + "_pad" + std::to_string(c.pad);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
+                         ::testing::Values(NormCase{1, 1, 0, 0}, NormCase{3, 17, 1, 0},
+                                           NormCase{17, 111, 0, 3}, NormCase{2, 4097, 1, 5},
+                                           NormCase{5, 576, 0, 0},   // SmolLM2-135M
+                                           NormCase{3, 4096, 1, 0},  // Llama-3-8B
+                                           NormCase{111, 3, 0, 1}),
+                         NormName);
+
+// Independent check of the formula: a row of constant c normalizes to
+// sign(c)·w / sqrt(1 + eps/c²) exactly up to rounding.
+TEST(RmsNormFormula, ConstantRow) {
+  const int64_t dim = 100;
+  std::vector<float> x(dim, -2.0f), w(dim), y(dim);
+  for (int64_t i = 0; i < dim; ++i) w[i] = 0.01f * static_cast<float>(i);
+  cpu::RmsNorm(x.data(), dim, w.data(), y.data(), dim, 1, dim, 1e-5f);
+  for (int64_t i = 0; i < dim; ++i) {
+    const double expected = -static_cast<double>(w[i]) / std::sqrt(1.0 + 1e-5 / 4.0);
+    EXPECT_NEAR(y[i], expected, 4.0 * kEps * std::abs(expected) + 1e-30) << "dim " << i;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Rope
+
+struct RopeCase {
+  int64_t num_tokens;
+  int64_t num_heads;
+  int64_t head_dim;
+  int64_t rot_dim;
+  int64_t pad;  // token stride = num_heads * head_dim + pad
+  bool neox;
+  float freq_scale;
+};
+
+class RopeTest : public ::testing::TestWithParam<RopeCase> {
+ protected:
+  // Positions: a few large ones (long context) and consecutive small ones.
+  std::vector<int32_t> Positions(int64_t n) const {
+    std::vector<int32_t> pos(n);
+    for (int64_t t = 0; t < n; ++t)
+      pos[t] = t % 3 == 2 ? static_cast<int32_t>(30000 + 7 * t) : static_cast<int32_t>(t);
+    return pos;
+  }
+};
+
+TEST_P(RopeTest, MatchesRef) {
+  const RopeCase c = GetParam();
+  const int64_t stride = c.num_heads * c.head_dim + c.pad;
+  const std::vector<float> x0 = RandomVector(1 + c.num_tokens * stride, -2.0f, 2.0f, 5);
+  std::vector<float> x_cpu = x0, x_ref = x0;
+  const std::vector<int32_t> pos = Positions(c.num_tokens);
+  cpu::Rope(x_cpu.data() + 1, c.num_tokens, c.num_heads, c.head_dim, stride, pos.data(), c.rot_dim,
+            10000.0f, c.freq_scale, c.neox);
+  ref::Rope(x_ref.data() + 1, c.num_tokens, c.num_heads, c.head_dim, stride, pos.data(), c.rot_dim,
+            10000.0f, c.freq_scale, c.neox);
+  std::vector<double> tol(x0.size(), 0.0);  // untouched elements must stay exact
+  const int64_t half = c.rot_dim / 2;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const int64_t base = 1 + t * stride + h * c.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = base + (c.neox ? i : 2 * i);
+        const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
+        const double bound = 3.0 * kEps * (std::abs(x0[a]) + std::abs(x0[b]));
+        tol[a] = tol[b] = bound;
+      }
+    }
+  }
+  EXPECT_TRUE(AllWithin(x_cpu, x_ref, tol));
+}
+
+// Independent check against the closed form theta_i = pos · freq_scale ·
+// base^(-2i/rot_dim) in double. ggml's f32 recurrence theta_{i+1} =
+// theta_i · theta_scale accumulates i roundings plus i times the rounding
+// of powf (≈1 ulp): |Δθ_i| <= (2i + 2)·eps·θ_i, and a rotation error Δθ moves
+// an output by at most |Δθ|·(|x0| + |x1|).
+TEST_P(RopeTest, MatchesClosedForm) {
+  const RopeCase c = GetParam();
+  const int64_t stride = c.num_heads * c.head_dim + c.pad;
+  const std::vector<float> x0 = RandomVector(c.num_tokens * stride, -2.0f, 2.0f, 6);
+  std::vector<float> x = x0;
+  const std::vector<int32_t> pos = Positions(c.num_tokens);
+  const float base_freq = 500000.0f;  // Llama-3's rope_theta
+  cpu::Rope(x.data(), c.num_tokens, c.num_heads, c.head_dim, stride, pos.data(), c.rot_dim,
+            base_freq, c.freq_scale, c.neox);
+  std::vector<float> want = x0;
+  std::vector<double> tol(x0.size(), 0.0);
+  const int64_t half = c.rot_dim / 2;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const int64_t base = t * stride + h * c.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = pos[t] * static_cast<double>(c.freq_scale) *
+                             std::pow(static_cast<double>(base_freq), -2.0 * i / c.rot_dim);
+        const int64_t a = base + (c.neox ? i : 2 * i);
+        const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
+        const double xa = x0[a], xb = x0[b];
+        want[a] = static_cast<float>(xa * std::cos(theta) - xb * std::sin(theta));
+        want[b] = static_cast<float>(xa * std::sin(theta) + xb * std::cos(theta));
+        const double mag = std::abs(xa) + std::abs(xb);
+        tol[a] = tol[b] = ((2.0 * i + 2.0) * kEps * theta + 4.0 * kEps) * mag;
+      }
+    }
+  }
+  EXPECT_TRUE(AllWithin(x, want, tol));
+}
+
+// Position 0 is the identity; rotations preserve each pair's norm.
+TEST_P(RopeTest, IdentityAtZeroAndNormPreserving) {
+  const RopeCase c = GetParam();
+  const int64_t stride = c.num_heads * c.head_dim + c.pad;
+  const std::vector<float> x0 = RandomVector(c.num_tokens * stride, -2.0f, 2.0f, 7);
+  std::vector<float> x = x0;
+  std::vector<int32_t> zeros(c.num_tokens, 0);
+  cpu::Rope(x.data(), c.num_tokens, c.num_heads, c.head_dim, stride, zeros.data(), c.rot_dim,
+            10000.0f, c.freq_scale, c.neox);
+  ASSERT_EQ(x, x0);
+  const std::vector<int32_t> pos = Positions(c.num_tokens);
+  cpu::Rope(x.data(), c.num_tokens, c.num_heads, c.head_dim, stride, pos.data(), c.rot_dim,
+            10000.0f, c.freq_scale, c.neox);
+  const int64_t half = c.rot_dim / 2;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const int64_t base = t * stride + h * c.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = base + (c.neox ? i : 2 * i);
+        const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
+        const double before = std::hypot(x0[a], x0[b]);
+        const double after = std::hypot(x[a], x[b]);
+        // |err| <= 3·eps·(|x0|+|x1|) per component (see MatchesRef).
+        ASSERT_NEAR(after, before, 6.0 * kEps * (std::abs(x0[a]) + std::abs(x0[b])))
+            << "token " << t << " head " << h << " pair " << i;
+      }
+    }
+  }
+}
+
+std::string RopeName(const ::testing::TestParamInfo<RopeCase>& info) {
+  const RopeCase& c = info.param;
+  return std::string(c.neox ? "Cpu_neox" : "Cpu_norm") + "_tokens" + std::to_string(c.num_tokens) +
+         "_heads" + std::to_string(c.num_heads) + "_hd" + std::to_string(c.head_dim) + "_rot" +
+         std::to_string(c.rot_dim) + "_pad" + std::to_string(c.pad) + "_fs" +
+         std::to_string(static_cast<int>(c.freq_scale * 100));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RopeTest,
+    ::testing::Values(RopeCase{1, 1, 2, 2, 0, false, 1.0f}, RopeCase{3, 3, 18, 18, 1, true, 1.0f},
+                      RopeCase{17, 9, 64, 64, 0, false, 1.0f},  // SmolLM2 Q
+                      RopeCase{17, 3, 64, 64, 3, true, 1.0f},
+                      RopeCase{5, 32, 128, 128, 0, false, 0.25f},  // Llama-3-8B Q, scaled
+                      RopeCase{111, 2, 80, 32, 5, false, 1.0f},    // partial rotation
+                      RopeCase{7, 2, 96, 64, 0, true, 0.5f}),
+    RopeName);
+
+// ---------------------------------------------------------------------------
+// SwiGlu
+
+class SwiGluTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SwiGluTest, MatchesRef) {
+  const int64_t n = GetParam();
+  std::vector<float> gate = RandomVector(n + 1, -12.0f, 12.0f, 8);
+  const std::vector<float> up = RandomVector(n + 1, -2.0f, 2.0f, 9);
+  // Edge values: zero, the exp flush boundaries, saturation.
+  const float edges[] = {0.0f, -0.0f, 86.9f, -86.9f, 87.5f, -87.5f, 100.0f, -100.0f, 1e-8f, -1e-8f};
+  for (int64_t i = 0; i < std::min<int64_t>(n, 10); ++i) gate[1 + i * (n / 10 + 1) % n] = edges[i];
+  std::vector<float> y_cpu(n + 1), y_ref(n + 1);
+  cpu::SwiGlu(gate.data() + 1, up.data() + 1, y_cpu.data() + 1, n);
+  ref::SwiGlu(gate.data() + 1, up.data() + 1, y_ref.data() + 1, n);
+  std::vector<float> got(y_cpu.begin() + 1, y_cpu.end()), want(y_ref.begin() + 1, y_ref.end());
+  std::vector<double> tol(n);
+  for (int64_t i = 0; i < n; ++i) tol[i] = 6.0 * kEps * std::abs(want[i]) + 1e-30;
+  EXPECT_TRUE(AllWithin(got, want, tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, SwiGluTest, ::testing::Values(1, 3, 17, 111, 1536, 4097, 100003),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return "Cpu_n" + std::to_string(info.param);
+                         });
+
+// ---------------------------------------------------------------------------
+// Pooling
+
+struct PoolCase {
+  int64_t n;
+  int64_t kernel;
+};
+
+class PoolTest : public ::testing::TestWithParam<PoolCase> {};
+
+TEST_P(PoolTest, AvgMatchesRef) {
+  const PoolCase c = GetParam();
+  const std::vector<float> in = RandomVector(c.n + 1, 0.0f, 1.0f, 10);
+  std::vector<float> out_cpu(c.n), out_ref(c.n);
+  cpu::AvgPool1d(in.data() + 1, out_cpu.data(), c.n, c.kernel);
+  ref::AvgPool1d(in.data() + 1, out_ref.data(), c.n, c.kernel);
+  std::vector<double> tol(c.n);
+  for (int64_t i = 0; i < c.n; ++i) {
+    double abs_sum = 0.0;
+    for (int64_t t = std::max<int64_t>(0, i - c.kernel / 2);
+         t <= std::min(c.n - 1, i + c.kernel / 2); ++t) {
+      abs_sum += std::abs(in[1 + t]);
+    }
+    tol[i] = kEps * abs_sum + kEps * std::abs(out_ref[i]) + 1e-30;
+  }
+  EXPECT_TRUE(AllWithin(out_cpu, out_ref, tol));
+}
+
+TEST_P(PoolTest, MaxMatchesRefExactly) {
+  const PoolCase c = GetParam();
+  const std::vector<float> in = RandomVector(c.n + 1, -1.0f, 1.0f, 11);
+  std::vector<float> out_cpu(c.n), out_ref(c.n);
+  cpu::MaxPool1d(in.data() + 1, out_cpu.data(), c.n, c.kernel);
+  ref::MaxPool1d(in.data() + 1, out_ref.data(), c.n, c.kernel);
+  EXPECT_EQ(out_cpu, out_ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PoolTest,
+                         ::testing::Values(PoolCase{1, 1}, PoolCase{1, 7}, PoolCase{3, 5},
+                                           PoolCase{17, 7}, PoolCase{111, 13}, PoolCase{4097, 7},
+                                           PoolCase{5, 15}),
+                         [](const ::testing::TestParamInfo<PoolCase>& info) {
+                           return "Cpu_n" + std::to_string(info.param.n) + "_k" +
+                                  std::to_string(info.param.kernel);
+                         });
+
+// Hand-computed PyTorch semantics: avg_pool1d([1,2,3,4], 3, stride 1,
+// padding 1) = [(0+1+2)/3, 2, 3, (3+4+0)/3]; max_pool1d = [2, 3, 4, 4].
+TEST(Pool1dSemantics, PadsCountAsZerosForAvgAndAreIgnoredForMax) {
+  const float in[4] = {1, 2, 3, 4};
+  float avg[4], mx[4];
+  cpu::AvgPool1d(in, avg, 4, 3);
+  cpu::MaxPool1d(in, mx, 4, 3);
+  EXPECT_FLOAT_EQ(avg[0], 1.0f);
+  EXPECT_FLOAT_EQ(avg[1], 2.0f);
+  EXPECT_FLOAT_EQ(avg[2], 3.0f);
+  EXPECT_FLOAT_EQ(avg[3], 7.0f / 3.0f);
+  EXPECT_EQ(mx[0], 2.0f);
+  EXPECT_EQ(mx[1], 3.0f);
+  EXPECT_EQ(mx[2], 4.0f);
+  EXPECT_EQ(mx[3], 4.0f);
+  const float neg[3] = {-5, -1, -3};
+  cpu::MaxPool1d(neg, mx, 3, 5);
+  EXPECT_EQ(mx[0], -1.0f);  // pads would be 0 if they counted
+  EXPECT_EQ(mx[2], -1.0f);
+}
+
+// ---------------------------------------------------------------------------
+// TopKIndices
+
+struct TopKCase {
+  int64_t n;
+  int64_t k;
+  int num_levels;  // 0: continuous scores; else scores drawn from this many values (ties)
+};
+
+class TopKTest : public ::testing::TestWithParam<TopKCase> {};
+
+TEST_P(TopKTest, SameSetAsRefAndSortedAscending) {
+  const TopKCase c = GetParam();
+  std::vector<float> s = RandomVector(c.n, -1.0f, 1.0f, 12);
+  if (c.num_levels > 0) {
+    for (float& x : s) x = std::floor((x + 1.0f) * 0.5f * c.num_levels);
+  }
+  const int64_t kk = std::min(c.k, c.n);
+  std::vector<int32_t> got(kk, -1), want(kk, -2);
+  cpu::TopKIndices(s.data(), c.n, c.k, got.data());
+  ref::TopKIndices(s.data(), c.n, c.k, want.data());
+  ASSERT_TRUE(std::is_sorted(got.begin(), got.end()));
+  ASSERT_EQ(std::set<int32_t>(got.begin(), got.end()).size(), static_cast<size_t>(kk));
+  // Same scores on both sides, so with the tie rule the sets are identical.
+  EXPECT_EQ(got, want);
+  // Independent check of the rule: every kept position beats every dropped one.
+  std::vector<bool> kept(c.n, false);
+  for (int32_t p : got) kept[p] = true;
+  float min_kept = std::numeric_limits<float>::infinity();
+  int64_t last_kept_at_min = -1;
+  for (int32_t p : got) {
+    if (s[p] < min_kept || (s[p] == min_kept && p > last_kept_at_min)) {
+      min_kept = s[p];
+      last_kept_at_min = p;
+    }
+  }
+  for (int64_t i = 0; i < c.n; ++i) {
+    if (kept[i]) continue;
+    ASSERT_TRUE(s[i] < min_kept || (s[i] == min_kept && i > last_kept_at_min))
+        << "dropped position " << i << " (score " << s[i] << ") beats kept position "
+        << last_kept_at_min << " (score " << min_kept << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, TopKTest,
+                         ::testing::Values(TopKCase{1, 1, 0}, TopKCase{3, 5, 0}, TopKCase{17, 3, 0},
+                                           TopKCase{111, 17, 3}, TopKCase{4097, 1024, 0},
+                                           TopKCase{4097, 1000, 7}, TopKCase{4097, 4097, 2}),
+                         [](const ::testing::TestParamInfo<TopKCase>& info) {
+                           return "Cpu_n" + std::to_string(info.param.n) + "_k" +
+                                  std::to_string(info.param.k) + "_levels" +
+                                  std::to_string(info.param.num_levels);
+                         });
+
+TEST(TopKTies, LowerPositionWinsAmongEqualScores) {
+  const std::vector<float> flat(10, 0.5f);
+  std::vector<int32_t> out(4);
+  cpu::TopKIndices(flat.data(), 10, 4, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3}));
+  //                                 0  1  2  3  4  5  6  7
+  const std::vector<float> s = {1, 3, 2, 3, 2, 0, 2, 3};
+  std::vector<int32_t> top5(5);
+  cpu::TopKIndices(s.data(), 8, 5, top5.data());
+  // The three 3s (1, 3, 7), then the 2s at the lowest positions (2, 4).
+  EXPECT_EQ(top5, (std::vector<int32_t>{1, 2, 3, 4, 7}));
+  std::vector<int32_t> top5_ref(5);
+  ref::TopKIndices(s.data(), 8, 5, top5_ref.data());
+  EXPECT_EQ(top5_ref, top5);
+}
+
+// ---------------------------------------------------------------------------
+// Softmax and Argmax
+
+class SoftmaxTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(SoftmaxTest, MatchesRefAndSumsToOne) {
+  const int64_t n = GetParam();
+  const std::vector<float> x = RandomVector(n + 1, -20.0f, 20.0f, 13);
+  std::vector<float> got(x.begin() + 1, x.end()), want = got;
+  cpu::Softmax(got.data(), n);
+  ref::Softmax(want.data(), n);
+  const float mx = *std::max_element(x.begin() + 1, x.end());
+  std::vector<double> tol(n);
+  for (int64_t i = 0; i < n; ++i) {
+    tol[i] = (n + 4.0 + 0.5 * std::abs(x[1 + i] - mx)) * kEps * want[i] + 1e-37;
+  }
+  EXPECT_TRUE(AllWithin(got, want, tol));
+  double sum = 0.0;
+  for (float p : got) sum += p;
+  EXPECT_NEAR(sum, 1.0, (2.0 * n + 4.0) * kEps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, SoftmaxTest, ::testing::Values(1, 3, 17, 111, 4097, 49152),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return "Cpu_n" + std::to_string(info.param);
+                         });
+
+TEST(Argmax, FirstIndexOfTheMaximum) {
+  const std::vector<float> x = {1, 5, -2, 5, 4};
+  EXPECT_EQ(cpu::Argmax(x.data(), 5), 1);
+  EXPECT_EQ(ref::Argmax(x.data(), 5), 1);
+  EXPECT_EQ(cpu::Argmax(x.data() + 2, 3), 1);
+  const std::vector<float> one = {-3};
+  EXPECT_EQ(cpu::Argmax(one.data(), 1), 0);
+  const std::vector<float> r = RandomVector(49153, -1.0f, 1.0f, 14);
+  EXPECT_EQ(cpu::Argmax(r.data(), 49153), ref::Argmax(r.data(), 49153));
+}
+
+}  // namespace
+}  // namespace snapfill
