@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -78,12 +79,18 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  // Maps and validates `path`. Errors: NotFound/PermissionDenied for the path,
-  // DataLoss for a malformed file (bad magic, truncation, data past the end,
-  // overlapping or misaligned tensors, absurd counts), Unimplemented for an
-  // unsupported version or an unknown tensor type id.
+  // Maps and validates `path` (read-only, MAP_PRIVATE). Errors, each message
+  // prefixed with the path: NotFound/PermissionDenied for the path,
+  // FailedPrecondition for a directory or other non-regular file, DataLoss for
+  // an empty or malformed file (bad magic, truncation, data past the end,
+  // overlapping or misaligned tensors, absurd counts, duplicate keys or tensor
+  // names, bad dimensions or alignment), Unimplemented for an unsupported
+  // version, nested arrays or an unknown tensor type id.
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
-  // Same checks over an in-memory copy (used by tests and fuzzers).
+  // Same checks over an in-memory copy (used by tests and fuzzers); messages
+  // carry no path. The copy starts 64-byte aligned, so tensor data are
+  // aligned in memory to min(alignment(), 64) (mapped files: min(alignment(),
+  // page size)).
   static absl::StatusOr<std::unique_ptr<GgufFile>> FromBytes(std::string bytes);
 
   ~GgufFile();
@@ -123,11 +130,14 @@ class GgufFile {
   const uint8_t* base_ = nullptr;  // start of the mapping (or of owned_)
   uint64_t size_ = 0;
   void* mapping_ = nullptr;        // mmap result, unmapped in the destructor
-  std::string owned_;              // FromBytes storage
+  std::string owned_;              // FromBytes storage (base_ is 64-byte aligned in it)
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   std::vector<GgufKv> kvs_;
   std::vector<GgufTensorInfo> tensors_;
+  // Name -> index into kvs_ / tensors_, built by Parse() (names are unique).
+  std::unordered_map<std::string, size_t> kv_index_;
+  std::unordered_map<std::string, size_t> tensor_index_;
 };
 
 }  // namespace snapfill

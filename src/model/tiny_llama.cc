@@ -1,0 +1,369 @@
+#include "src/model/tiny_llama.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "snapfill/dtype.h"
+#include "snapfill/status.h"
+#include "src/gguf/gguf_writer.h"
+
+namespace snapfill {
+namespace {
+
+// Common English BPE merges in rank order, written in GPT-2's byte-to-unicode
+// alphabet ("Ġ" is a space, "Ċ" a newline). Each part is a byte token or the
+// result of an earlier merge, and no two merges produce the same token.
+constexpr std::pair<const char*, const char*> kMerges[] = {
+    {"Ġ", "t"},  {"h", "e"},   {"i", "n"},  {"e", "r"},   {"a", "n"},   {"Ġ", "a"},  {"o", "n"},
+    {"r", "e"},  {"Ġt", "he"}, {"e", "n"},  {"a", "t"},   {"o", "r"},   {"e", "s"},  {"Ġ", "s"},
+    {"Ġ", "w"},  {"Ġ", "o"},   {"i", "s"},  {"i", "t"},   {"n", "d"},   {"Ġ", "c"},  {"Ġ", "b"},
+    {"Ġ", "f"},  {"o", "u"},   {"in", "g"}, {"Ġ", "m"},   {"Ġ", "p"},   {"e", "d"},  {"Ġ", "h"},
+    {"Ġ", "i"},  {"a", "r"},   {"l", "l"},  {"Ġa", "nd"}, {"Ġo", "f"},  {"Ġt", "o"}, {"Ġ", "in"},
+    {"Ġi", "s"}, {"a", "l"},   {"l", "e"},  {"Ġ", "d"},   {"Ġ", "l"},   {"Ġ", "n"},  {"s", "t"},
+    {"o", "m"},  {"Ġ", "re"},  {"i", "on"}, {"Ġ", "T"},   {"Ġc", "on"}, {"Ġ", "Ġ"},  {"Ċ", "Ċ"},
+    {"Ġw", "h"},
+};
+constexpr int kNumMerges = static_cast<int>(sizeof(kMerges) / sizeof(kMerges[0]));
+
+constexpr char kChatTemplate[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+constexpr int32_t kTokenTypeNormal = 1;
+constexpr int32_t kTokenTypeControl = 3;
+// Largest model the builder accepts, in weights (1 GiB of F32), and the
+// largest single dimension (which keeps the weight count from overflowing).
+constexpr int64_t kMaxTotalWeights = int64_t{1} << 28;
+constexpr int64_t kMaxDim = int64_t{1} << 20;
+
+std::string Utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// GPT-2's bytes_to_unicode (openai/gpt-2 encoder.py): printable Latin-1
+// bytes map to themselves, the other 68 bytes to U+0100.. in byte order.
+uint32_t ByteToCodepoint(uint8_t b) {
+  auto printable = [](int c) {
+    return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF);
+  };
+  if (printable(b)) return b;
+  uint32_t n = 0;
+  for (int c = 0; c < b; ++c) n += printable(c) ? 0 : 1;
+  return 256 + n;
+}
+
+// Uniform and approximately normal variates from a std::mt19937, whose
+// output sequence the C++ standard fixes.
+class WeightRng {
+ public:
+  WeightRng(uint64_t seed, uint32_t stream) {
+    std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), stream};
+    gen_.seed(seq);
+  }
+  // Uniform in [0, 1) on a 2^-24 grid.
+  double Uniform() { return static_cast<double>(gen_() >> 8) * 0x1p-24; }
+  // Irwin-Hall: the sum of 12 uniforms minus 6 has mean 0 and variance 1;
+  // every step is exact in double, so the result is bit-reproducible.
+  double Normal() {
+    double sum = 0.0;
+    for (int i = 0; i < 12; ++i) sum += Uniform();
+    return sum - 6.0;
+  }
+
+ private:
+  std::mt19937 gen_;
+};
+
+// Builds the model tensor by tensor; `stream` numbers tensors in file order.
+class Builder {
+ public:
+  Builder(const TinyLlamaOptions& opts, GgufWriter& writer) : opts_(opts), writer_(writer) {}
+
+  absl::Status Matrix(const std::string& name, int64_t ne0, int64_t ne1, double stddev) {
+    WeightRng rng(opts_.seed, stream_++);
+    std::vector<float> w(static_cast<size_t>(ne0 * ne1));
+    for (float& x : w) x = static_cast<float>(stddev * rng.Normal());
+    if (!opts_.f16_matrices) return writer_.AddTensorF32(name, {ne0, ne1}, w);
+    std::string bytes(w.size() * 2, '\0');
+    for (size_t i = 0; i < w.size(); ++i) {
+      const uint16_t h = tiny_llama::FloatToHalf(w[i]);
+      std::memcpy(&bytes[2 * i], &h, 2);
+    }
+    return writer_.AddTensor(name, GgmlType::kF16, {ne0, ne1}, bytes);
+  }
+
+  // RMSNorm gains, uniform in [0.9, 1.1).
+  absl::Status Norm(const std::string& name, int64_t n) {
+    WeightRng rng(opts_.seed, stream_++);
+    std::vector<float> w(static_cast<size_t>(n));
+    for (float& x : w) x = static_cast<float>(0.9 + 0.2 * rng.Uniform());
+    return writer_.AddTensorF32(name, {n}, w);
+  }
+
+ private:
+  const TinyLlamaOptions& opts_;
+  GgufWriter& writer_;
+  uint32_t stream_ = 0;
+};
+
+int HeadDim(const TinyLlamaOptions& o) {
+  return o.head_dim != 0 ? o.head_dim : (o.num_heads > 0 ? o.model_dim / o.num_heads : 0);
+}
+
+}  // namespace
+
+int TinyLlamaMaxMerges() { return kNumMerges; }
+
+absl::StatusOr<TinyLlamaVocab> MakeTinyLlamaVocab(int num_merges) {
+  if (num_merges < -1 || num_merges > kNumMerges) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_merges = ", num_merges, "; expected -1 (all) or 0..", kNumMerges));
+  }
+  if (num_merges == -1) num_merges = kNumMerges;
+  TinyLlamaVocab v;
+  for (int b = 0; b < 256; ++b) {
+    v.tokens.push_back(Utf8(ByteToCodepoint(static_cast<uint8_t>(b))));
+    v.token_types.push_back(kTokenTypeNormal);
+  }
+  std::set<std::string> known(v.tokens.begin(), v.tokens.end());
+  for (int i = 0; i < num_merges; ++i) {
+    const auto& [left, right] = kMerges[i];
+    // The table is static, so an inconsistency is a programmer error.
+    SNAPFILL_CHECK(known.count(left) && known.count(right))
+        << "merge " << i << " uses an unknown part";
+    const std::string merged = absl::StrCat(left, right);
+    SNAPFILL_CHECK(known.insert(merged).second) << "merge " << i << " repeats token " << merged;
+    v.merges.push_back(absl::StrCat(left, " ", right));
+    v.tokens.push_back(merged);
+    v.token_types.push_back(kTokenTypeNormal);
+  }
+  auto add_special = [&](const char* text) {
+    v.tokens.push_back(text);
+    v.token_types.push_back(kTokenTypeControl);
+    return static_cast<int32_t>(v.tokens.size() - 1);
+  };
+  v.bos_id = v.eos_id = add_special("<|endoftext|>");
+  v.im_start_id = add_special("<|im_start|>");
+  v.im_end_id = add_special("<|im_end|>");
+  return v;
+}
+
+absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
+  auto positive = [](const char* field, int v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, "; expected > 0"));
+  };
+  SNAPFILL_RETURN_IF_ERROR(positive("num_layers", o.num_layers));
+  SNAPFILL_RETURN_IF_ERROR(positive("model_dim", o.model_dim));
+  SNAPFILL_RETURN_IF_ERROR(positive("num_heads", o.num_heads));
+  SNAPFILL_RETURN_IF_ERROR(positive("num_kv_heads", o.num_kv_heads));
+  SNAPFILL_RETURN_IF_ERROR(positive("ffn_dim", o.ffn_dim));
+  SNAPFILL_RETURN_IF_ERROR(positive("context_length", o.context_length));
+  if (o.num_heads % o.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_heads = ", o.num_heads, " is not a multiple of num_kv_heads = ", o.num_kv_heads));
+  }
+  if (o.head_dim < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim = ", o.head_dim, "; expected > 0, or 0 for model_dim/num_heads"));
+  }
+  if (o.head_dim == 0 && o.model_dim % o.num_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_dim = ", o.model_dim, " is not a multiple of num_heads = ", o.num_heads,
+                     " (and head_dim is 0)"));
+  }
+  const int head_dim = HeadDim(o);
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim = ", head_dim, " is odd; RoPE rotates pairs of dimensions"));
+  }
+  if (o.num_merges < -1 || o.num_merges > kNumMerges) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_merges = ", o.num_merges, "; expected -1 (all) or 0..", kNumMerges));
+  }
+  if (!(o.rope_freq_base > 0.0f) || !(o.rms_norm_eps > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("rope_freq_base = ", o.rope_freq_base,
+                                                   ", rms_norm_eps = ", o.rms_norm_eps,
+                                                   "; both must be > 0"));
+  }
+  const int64_t d = o.model_dim;
+  const int64_t q = int64_t{o.num_heads} * head_dim;
+  const int64_t kv = int64_t{o.num_kv_heads} * head_dim;
+  const int64_t ffn = o.ffn_dim;
+  if (d > kMaxDim || q > kMaxDim || ffn > kMaxDim || o.num_layers > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_dim = ", d, ", num_heads * head_dim = ", q, ", ffn_dim = ", ffn,
+        ", num_layers = ", o.num_layers, "; the tiny-model builder allows dimensions up to ",
+        kMaxDim, " and up to 4096 layers"));
+  }
+  // With every dimension <= 2^20 and <= 4096 layers, these cannot overflow.
+  const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn;
+  const int64_t total = per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
+  if (total > kMaxTotalWeights) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model would have ", total,
+                     " weights; the tiny-model builder allows at most ", kMaxTotalWeights));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Fills `w` with the whole model.
+absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
+  SNAPFILL_RETURN_IF_ERROR(ValidateTinyLlamaOptions(opts));
+  SNAPFILL_ASSIGN_OR_RETURN(const TinyLlamaVocab vocab, MakeTinyLlamaVocab(opts.num_merges));
+  const int64_t d = opts.model_dim;
+  const int64_t head_dim = HeadDim(opts);
+  const int64_t q_dim = opts.num_heads * head_dim;
+  const int64_t kv_dim = opts.num_kv_heads * head_dim;
+  const int64_t ffn = opts.ffn_dim;
+  const int64_t n_vocab = static_cast<int64_t>(vocab.tokens.size());
+
+  Builder b(opts, w);
+  // Keys in the order llama.cpp's convert_hf_to_gguf.py writes them.
+  w.AddString("general.architecture", "llama");
+  w.AddString("general.name", "snapfill-tiny-llama");
+  w.AddUint32("general.file_type", opts.f16_matrices ? 1 : 0);  // MOSTLY_F16 : ALL_F32
+  w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  w.AddUint32("llama.context_length", static_cast<uint32_t>(opts.context_length));
+  w.AddUint32("llama.embedding_length", static_cast<uint32_t>(d));
+  w.AddUint32("llama.block_count", static_cast<uint32_t>(opts.num_layers));
+  w.AddUint32("llama.feed_forward_length", static_cast<uint32_t>(ffn));
+  w.AddUint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.AddUint32("llama.attention.head_count", static_cast<uint32_t>(opts.num_heads));
+  w.AddUint32("llama.attention.head_count_kv", static_cast<uint32_t>(opts.num_kv_heads));
+  if (head_dim * opts.num_heads != d) {
+    // llama.cpp assumes head_dim = embedding_length / head_count unless told.
+    w.AddUint32("llama.attention.key_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32("llama.attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  w.AddFloat32("llama.rope.freq_base", opts.rope_freq_base);
+  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", opts.rms_norm_eps);
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "default");
+  w.AddStringArray("tokenizer.ggml.tokens", vocab.tokens);
+  w.AddInt32Array("tokenizer.ggml.token_type", vocab.token_types);
+  w.AddStringArray("tokenizer.ggml.merges", vocab.merges);
+  w.AddUint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.bos_id));
+  w.AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.eos_id));
+  w.AddBool("tokenizer.ggml.add_bos_token", false);
+  w.AddBool("tokenizer.ggml.add_space_prefix", false);
+  w.AddString("tokenizer.chat_template", kChatTemplate);
+
+  // Matrices get N(0, (0.5 / sqrt(fan_in))^2), so a projection of a unit-RMS
+  // input has RMS about 0.5 and activations stay O(1) through the layers; the
+  // embedding gets N(0, 0.1^2) (0.0625 for the default model_dim 64 matrices).
+  auto scale = [](int64_t fan_in) { return 0.5 / std::sqrt(static_cast<double>(fan_in)); };
+  SNAPFILL_RETURN_IF_ERROR(b.Matrix("token_embd.weight", d, n_vocab, 0.1));
+  for (int l = 0; l < opts.num_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_norm.weight", d));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_q.weight", d, q_dim, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_k.weight", d, kv_dim, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_v.weight", d, kv_dim, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_output.weight", q_dim, d, scale(q_dim)));
+    SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "ffn_norm.weight", d));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_gate.weight", d, ffn, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_up.weight", d, ffn, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_down.weight", ffn, d, scale(ffn)));
+  }
+  SNAPFILL_RETURN_IF_ERROR(b.Norm("output_norm.weight", d));
+  if (!opts.tie_embeddings) {
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix("output.weight", d, n_vocab, scale(d)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> MakeTinyLlamaGguf(const TinyLlamaOptions& opts) {
+  GgufWriter w;
+  SNAPFILL_RETURN_IF_ERROR(BuildTinyLlama(opts, w));
+  return w.Serialize();
+}
+
+absl::Status WriteTinyLlamaGguf(const std::string& path, const TinyLlamaOptions& opts) {
+  GgufWriter w;
+  SNAPFILL_RETURN_IF_ERROR(BuildTinyLlama(opts, w));
+  return w.WriteFile(path);
+}
+
+namespace tiny_llama {
+
+uint16_t FloatToHalf(float x) {
+  uint32_t f;
+  std::memcpy(&f, &x, 4);
+  const uint16_t sign = static_cast<uint16_t>((f >> 16) & 0x8000);
+  const uint32_t a = f & 0x7FFFFFFF;
+  if (a > 0x7F800000) {  // NaN: keep it quiet and keep the top payload bits
+    return static_cast<uint16_t>(sign | 0x7E00 | ((a >> 13) & 0x3FF));
+  }
+  // 65520 = 65504 + half an ulp: it and everything above round to infinity
+  // (the tie goes to the even neighbour, which is 2^16 = infinity).
+  if (a >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);
+  const uint32_t exp = a >> 23;  // biased by 127
+  if (exp >= 113) {              // normal half: unbiased exponent >= -14
+    // Rebias the exponent (127 -> 15) and drop 13 mantissa bits, rounding
+    // to nearest even; a carry out of the mantissa bumps the exponent, which
+    // is the right answer.
+    const uint32_t h = ((exp - 112) << 10) | ((a >> 13) & 0x3FF);
+    const uint32_t rest = a & 0x1FFF;
+    const uint32_t round_up = rest > 0x1000 || (rest == 0x1000 && (h & 1));
+    return static_cast<uint16_t>(sign | (h + round_up));
+  }
+  // Subnormal half (or zero): value / 2^-24 = mant * 2^(exp - 126) with the
+  // implicit bit restored. At or below 2^-25 (half the smallest subnormal,
+  // the tie rounding to the even 0) the result is zero.
+  if (a <= 0x33000000) return sign;
+  const uint32_t mant = (a & 0x7FFFFF) | 0x800000;
+  const uint32_t shift = 126 - exp;  // 14..24 here
+  const uint32_t h = mant >> shift;
+  const uint32_t rest = mant & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  const uint32_t round_up = rest > halfway || (rest == halfway && (h & 1));
+  return static_cast<uint16_t>(sign | (h + round_up));  // may carry into the min normal
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  const uint32_t mant = h & 0x3FF;
+  uint32_t f;
+  if (exp == 0x1F) {
+    f = sign | 0x7F800000 | (mant << 13);
+  } else if (exp != 0) {
+    f = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    f = sign;
+  } else {
+    // Subnormal: mant * 2^-24 is exact in float.
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    std::memcpy(&f, &v, 4);
+    f |= sign;
+  }
+  float out;
+  std::memcpy(&out, &f, 4);
+  return out;
+}
+
+}  // namespace tiny_llama
+}  // namespace snapfill
