@@ -1,0 +1,143 @@
+// Invariants of the forward pass on a tiny random-weight Llama (no download):
+// splitting a batch, or decoding one token after a prefill, must give the
+// logits of one prefill of the whole sequence.
+#include "src/model/llama_forward.h"
+
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/model/tiny_llama.h"
+#include "snapfill/status.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+struct Tiny {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Backend> backend;
+};
+
+Tiny MakeTiny(const TinyLlamaOptions& opts) {
+  Tiny t;
+  auto bytes = MakeTinyLlamaGguf(opts);
+  SNAPFILL_CHECK(bytes.ok()) << bytes.status();
+  auto file = GgufFile::FromBytes(std::move(*bytes));
+  SNAPFILL_CHECK(file.ok()) << file.status();
+  auto model = LlamaModel::Load(std::move(*file));
+  SNAPFILL_CHECK(model.ok()) << model.status();
+  t.model = std::move(*model);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_CHECK(backend.ok());
+  t.backend = std::move(*backend);
+  return t;
+}
+
+std::vector<int32_t> Tokens(int n, int vocab) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (i * 37 + 11) % vocab;
+  return ids;
+}
+
+std::vector<int32_t> Positions(int start, int n) {
+  std::vector<int32_t> p(n);
+  std::iota(p.begin(), p.end(), start);
+  return p;
+}
+
+// Relative comparison scaled by the row's largest logit: f32 rounding with
+// different accumulation orders (batched vs. single-token matmul tiles).
+void ExpectLogitsNear(const float* a, const float* b, int64_t n, double rel) {
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(double(a[i])));
+  int bad = 0;
+  for (int64_t i = 0; i < n && bad < 5; ++i) {
+    if (std::fabs(a[i] - b[i]) > rel * scale + 1e-6) {
+      ADD_FAILURE() << "logit " << i << ": " << a[i] << " vs " << b[i] << " (tol "
+                    << rel * scale << ")";
+      ++bad;
+    }
+  }
+}
+
+class ForwardInvariantTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ForwardInvariantTest, PrefillThenDecodeEqualsLongerPrefill) {
+  TinyLlamaOptions opts;
+  opts.f16_matrices = GetParam();
+  opts.num_layers = 3;
+  Tiny t = MakeTiny(opts);
+  const int64_t vocab = t.model->config().vocab_size;
+  const int n = 23;
+  std::vector<int32_t> ids = Tokens(n + 1, vocab);
+  auto fwd = LlamaForward::Create(*t.model, t.backend.get(), 64);
+  SNAPFILL_ASSERT_OK(fwd);
+  auto kv_full = (*fwd)->NewKvCache(64);
+  auto kv_inc = (*fwd)->NewKvCache(64);
+  SNAPFILL_ASSERT_OK(kv_full);
+  SNAPFILL_ASSERT_OK(kv_inc);
+
+  std::vector<float> want(vocab), got(vocab);
+  std::vector<int32_t> pos = Positions(0, n + 1);
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n + 1, pos.data(), **kv_full, 1, want.data()));
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv_inc, 0, nullptr));
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n, 1, pos.data() + n, **kv_inc, 1, got.data()));
+  ExpectLogitsNear(want.data(), got.data(), vocab, 1e-4);
+  EXPECT_EQ((*kv_inc)->size(0), n + 1);
+  // The logits are not trivially equal (a different last token changes them).
+  std::vector<int32_t> other = ids;
+  other[n] = (ids[n] + 1) % vocab;
+  std::vector<float> changed(vocab);
+  auto kv3 = (*fwd)->NewKvCache(64);
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(other.data(), n + 1, pos.data(), **kv3, 1, changed.data()));
+  double diff = 0;
+  for (int64_t i = 0; i < vocab; ++i) diff = std::max(diff, std::fabs(double(changed[i] - want[i])));
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST_P(ForwardInvariantTest, SplitBatchesEqualOneBatch) {
+  TinyLlamaOptions opts;
+  opts.f16_matrices = GetParam();
+  Tiny t = MakeTiny(opts);
+  const int64_t vocab = t.model->config().vocab_size;
+  const int n = 37;
+  std::vector<int32_t> ids = Tokens(n, vocab);
+  std::vector<int32_t> pos = Positions(0, n);
+  auto big = LlamaForward::Create(*t.model, t.backend.get(), 64);
+  auto small = LlamaForward::Create(*t.model, t.backend.get(), 5);
+  SNAPFILL_ASSERT_OK(big);
+  SNAPFILL_ASSERT_OK(small);
+  auto kv1 = (*big)->NewKvCache(n);
+  auto kv2 = (*small)->NewKvCache(n);
+  // Logits of the last 7 positions, which straddle two 5-token pieces.
+  std::vector<float> want(7 * vocab), got(7 * vocab);
+  SNAPFILL_ASSERT_OK((*big)->Forward(ids.data(), n, pos.data(), **kv1, 7, want.data()));
+  SNAPFILL_ASSERT_OK((*small)->Forward(ids.data(), n, pos.data(), **kv2, 7, got.data()));
+  for (int r = 0; r < 7; ++r) {
+    ExpectLogitsNear(want.data() + r * vocab, got.data() + r * vocab, vocab, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Weights, ForwardInvariantTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "F16" : "F32"; });
+
+TEST(ForwardTest, RefusesBadArguments) {
+  Tiny t = MakeTiny({});
+  auto fwd = LlamaForward::Create(*t.model, t.backend.get(), 8);
+  SNAPFILL_ASSERT_OK(fwd);
+  auto kv = (*fwd)->NewKvCache(4);
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+  std::vector<int32_t> pos = Positions(0, 5);
+  std::vector<float> logits(t.model->config().vocab_size);
+  EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->Forward(ids.data(), 0, pos.data(), **kv, 0, nullptr)));
+  EXPECT_TRUE(absl::IsOutOfRange((*fwd)->Forward(ids.data(), 5, pos.data(), **kv, 1, logits.data())));
+  std::vector<int32_t> bad = {1, 100000};
+  auto kv2 = (*fwd)->NewKvCache(4);
+  EXPECT_TRUE(absl::IsOutOfRange((*fwd)->Forward(bad.data(), 2, pos.data(), **kv2, 1, logits.data())));
+  EXPECT_TRUE(absl::IsInvalidArgument(LlamaForward::Create(*t.model, t.backend.get(), 0).status()));
+}
+
+}  // namespace
+}  // namespace snapfill

@@ -1,0 +1,68 @@
+#include "tests/testing/ref_backend.h"
+
+#include "kernels/ref/ops_ref.h"
+#include "kernels/ref/quant_ref.h"
+
+namespace snapfill::testing {
+namespace {
+
+class RefBackend final : public Backend {
+ public:
+  explicit RefBackend(bool quantized) : quantized_(quantized) {}
+  Device device() const override { return Device::kCpu; }
+  int num_threads() const override { return 1; }
+
+  absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                      int64_t y_stride) override {
+    const bool ok = quantized_ ? ref::MatMulQuantizedActivations(x, m, w.cols, x_stride, w.data,
+                                                                 w.type, w.rows, w.row_bytes, y,
+                                                                 y_stride)
+                               : ref::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows,
+                                             w.row_bytes, y, y_stride);
+    return ok ? absl::OkStatus() : absl::UnimplementedError("ref matmul: unsupported type");
+  }
+  absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                       int64_t out_stride) override {
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= table.rows) return absl::OutOfRangeError("token id");
+      ref::DequantizeRow(table.type, static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes,
+                         out + i * out_stride, table.cols);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
+                       int64_t y_stride, int64_t rows, int64_t dim, float eps) override {
+    ref::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
+    return absl::OkStatus();
+  }
+  absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
+                    int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
+                    float freq_scale, bool neox) override {
+    ref::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,
+              freq_scale, neox);
+    return absl::OkStatus();
+  }
+  absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    ref::SwiGlu(gate, up, out, n);
+    return absl::OkStatus();
+  }
+  absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
+                         int64_t out_stride, int64_t num_q, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    ref::Attention(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, num_q,
+                   kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  bool quantized_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations) {
+  return std::make_unique<RefBackend>(quantized_activations);
+}
+
+}  // namespace snapfill::testing

@@ -1,0 +1,20 @@
+// A Backend over the scalar reference kernels (kernels/ref): double
+// accumulators, plain loops. Running LlamaForward on it gives the golden
+// forward pass that the optimized CPU backend is compared with.
+#ifndef SNAPFILL_TESTS_TESTING_REF_BACKEND_H_
+#define SNAPFILL_TESTS_TESTING_REF_BACKEND_H_
+
+#include <memory>
+
+#include "snapfill/backend.h"
+
+namespace snapfill::testing {
+
+// quantized_activations: multiply like ggml (activations quantized to the
+// weight type's Q8 partner, integer block dots); otherwise exact products
+// of dequantized weights and f32 activations.
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations);
+
+}  // namespace snapfill::testing
+
+#endif  // SNAPFILL_TESTS_TESTING_REF_BACKEND_H_
