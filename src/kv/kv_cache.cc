@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
   try {
     cache->k_.assign(static_cast<size_t>(elems), 0.0f);
     cache->v_.assign(static_cast<size_t>(elems), 0.0f);
+    cache->pos_.assign(static_cast<size_t>(elems) / shape.head_dim, 0);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ",
                                                      elems * 8 / (1 << 20), " MiB"));
@@ -44,7 +45,7 @@ KvView KvCache::View(int64_t layer, int64_t num_keys) const {
 }
 
 absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
-                             int64_t stride) {
+                             int64_t stride, const int32_t* positions) {
   const int64_t start = sizes_[layer];
   if (start + n > shape_.capacity) {
     return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, ": ", start, " + ", n,
@@ -54,9 +55,11 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
     float* kd = k(layer, h) + start * d;
     float* vd = v(layer, h) + start * d;
+    int32_t* pd = pos(layer, h) + start;
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(kd + t * d, k_rows + t * stride + h * d, d * sizeof(float));
       std::memcpy(vd + t * d, v_rows + t * stride + h * d, d * sizeof(float));
+      pd[t] = positions != nullptr ? positions[t] : static_cast<int32_t>(start + t);
     }
   }
   sizes_[layer] = start + n;
@@ -67,6 +70,7 @@ std::unique_ptr<KvCache> KvCache::Clone() const {
   std::unique_ptr<KvCache> c(new KvCache(shape_));
   c->k_ = k_;
   c->v_ = v_;
+  c->pos_ = pos_;
   c->sizes_ = sizes_;
   return c;
 }

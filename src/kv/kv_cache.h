@@ -4,6 +4,9 @@
 // Layout: head-major so that each KV head can hold its own set of entries
 // (SnapKV keeps a different set per head, the same count for all heads):
 //   k_, v_: [num_layers, num_kv_heads, capacity, head_dim] f32
+//   pos_:   [num_layers, num_kv_heads, capacity] int32, each entry's
+//           original position in the input (what SnapKV's selection and the
+//           telemetry need; the rotation itself may use other positions)
 // size(layer) entries are valid in every head of that layer.
 #ifndef SNAPFILL_KV_KV_CACHE_H_
 #define SNAPFILL_KV_KV_CACHE_H_
@@ -34,8 +37,15 @@ class KvCache {
   int64_t size(int64_t layer) const { return sizes_[layer]; }
   void set_size(int64_t layer, int64_t n) { sizes_[layer] = n; }
   // Bytes allocated for keys and values.
-  uint64_t bytes() const { return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float); }
+  uint64_t bytes() const {
+    return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float) +
+           pos_.size() * sizeof(int32_t);
+  }
 
+  int32_t* pos(int64_t layer, int64_t head) { return pos_.data() + Offset(layer, head) / shape_.head_dim; }
+  const int32_t* pos(int64_t layer, int64_t head) const {
+    return pos_.data() + Offset(layer, head) / shape_.head_dim;
+  }
   float* k(int64_t layer, int64_t head) { return k_.data() + Offset(layer, head); }
   float* v(int64_t layer, int64_t head) { return v_.data() + Offset(layer, head); }
   const float* k(int64_t layer, int64_t head) const { return k_.data() + Offset(layer, head); }
@@ -47,10 +57,11 @@ class KvCache {
   KvView View(int64_t layer, int64_t num_keys) const;
 
   // Writes n tokens' K and V (token-major [n, num_kv_heads, head_dim] with
-  // token stride `stride` floats) at entries [size, size + n) of `layer`
-  // and grows its size. OutOfRange if that passes capacity.
+  // token stride `stride` floats) and their positions at entries
+  // [size, size + n) of `layer` and grows its size. OutOfRange if that
+  // passes capacity.
   absl::Status Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
-                      int64_t stride);
+                      int64_t stride, const int32_t* positions);
 
   // Makes a deep copy (costly: the whole cache).
   std::unique_ptr<KvCache> Clone() const;
@@ -64,6 +75,7 @@ class KvCache {
   KvCacheShape shape_;
   std::vector<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
   std::vector<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  std::vector<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
   std::vector<int64_t> sizes_;  // [num_layers]
 };
 

@@ -103,7 +103,7 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
                                     c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
     SNAPFILL_RETURN_IF_ERROR(b.Rope(k_.data(), n, c.num_kv_heads, c.head_dim, kv_dim, pos,
                                     c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k_.data(), v_.data(), n, kv_dim));
+    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k_.data(), v_.data(), n, kv_dim, pos));
     SNAPFILL_RETURN_IF_ERROR(b.Attention(q_.data(), q_dim, kv.View(l, kv.size(l)), attn_.data(),
                                          q_dim, n, c.num_heads, c.num_kv_heads, c.head_dim, scale));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data(), n, q_dim, w.wo, xn_.data(), dim));

@@ -21,8 +21,9 @@ TEST(KvCacheTest, AppendTransposesTokenMajorToHeadMajor) {
         k[t * 12 + h * 4 + d] = 100 * t + 10 * h + d;
         v[t * 12 + h * 4 + d] = -(100 * t + 10 * h + d);
       }
-  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 2, 12));
-  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 1, 12));  // token 0 again
+  const int32_t p2[] = {40, 41};
+  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 2, 12, p2));
+  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 1, 12, nullptr));  // token 0 again
   EXPECT_EQ(kv.size(0), 0);
   EXPECT_EQ(kv.size(1), 3);
   for (int h = 0; h < 3; ++h) {
@@ -33,6 +34,11 @@ TEST(KvCacheTest, AppendTransposesTokenMajorToHeadMajor) {
       EXPECT_EQ(kv.v(1, h)[1 * 4 + d], -(100 + 10 * h + d));
     }
   }
+  for (int h = 0; h < 3; ++h) {
+    EXPECT_EQ(kv.pos(1, h)[0], 40);
+    EXPECT_EQ(kv.pos(1, h)[1], 41);
+    EXPECT_EQ(kv.pos(1, h)[2], 2);  // no positions given: the entry index
+  }
   KvView view = kv.View(1, 3);
   EXPECT_EQ(view.k[2 * view.head_stride + 1 * view.key_stride + 3], 100 + 23);
 }
@@ -41,8 +47,8 @@ TEST(KvCacheTest, AppendPastCapacityIsOutOfRange) {
   auto cache = KvCache::Create({1, 1, 2, 3});
   SNAPFILL_ASSERT_OK(cache);
   std::vector<float> rows(8, 1.0f);
-  SNAPFILL_ASSERT_OK((*cache)->Append(0, rows.data(), rows.data(), 3, 2));
-  auto s = (*cache)->Append(0, rows.data(), rows.data(), 1, 2);
+  SNAPFILL_ASSERT_OK((*cache)->Append(0, rows.data(), rows.data(), 3, 2, nullptr));
+  auto s = (*cache)->Append(0, rows.data(), rows.data(), 1, 2, nullptr);
   EXPECT_TRUE(absl::IsOutOfRange(s)) << s;
   EXPECT_EQ((*cache)->size(0), 3);
 }
@@ -51,7 +57,7 @@ TEST(KvCacheTest, CloneIsDeep) {
   auto cache = KvCache::Create({1, 1, 2, 2});
   SNAPFILL_ASSERT_OK(cache);
   std::vector<float> rows = {1, 2};
-  SNAPFILL_ASSERT_OK((*cache)->Append(0, rows.data(), rows.data(), 1, 2));
+  SNAPFILL_ASSERT_OK((*cache)->Append(0, rows.data(), rows.data(), 1, 2, nullptr));
   auto copy = (*cache)->Clone();
   (*cache)->k(0, 0)[0] = 9;
   EXPECT_EQ(copy->k(0, 0)[0], 1);
