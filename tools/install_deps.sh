@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libpcre2-dev nlohmann-json3-dev python3 python3-pip unzip
+  libpcre2-dev nlohmann-json3-dev libxxhash-dev python3 python3-pip unzip
 )
 
 missing=()

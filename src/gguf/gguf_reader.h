@@ -101,6 +101,10 @@ class GgufFile {
   uint64_t file_size() const { return size_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
+  // All bytes of the file (the mapping), e.g. to fingerprint it.
+  std::string_view bytes() const {
+    return std::string_view(reinterpret_cast<const char*>(base_), size_);
+  }
 
   const std::vector<GgufKv>& metadata() const { return kvs_; }
   const GgufValue* Find(std::string_view key) const;
