@@ -73,6 +73,15 @@ class Backend {
   virtual absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
                                  int64_t out_stride, int64_t num_q, int64_t num_heads,
                                  int64_t num_kv_heads, int64_t head_dim, float scale) = 0;
+  // SnapKV votes: for each KV head and key j < kv.num_keys, the window
+  // queries' softmax weight on j summed over the num_q queries and averaged
+  // over the KV group's query heads; q holds the last num_q queries of the
+  // kv.num_keys positions (same visibility rule as Attention).
+  // votes: [num_kv_heads][votes_stride].
+  virtual absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv,
+                                    float* votes, int64_t votes_stride, int64_t num_q,
+                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                    float scale) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
 };

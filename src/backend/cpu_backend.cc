@@ -100,6 +100,20 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
+                            int64_t votes_stride, int64_t num_q, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > kv.num_keys ||
+        votes_stride < kv.num_keys || q_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("window_scores: bad shapes: ", num_q,
+                                                     " queries, ", kv.num_keys, " keys, ",
+                                                     num_heads, "/", num_kv_heads, " heads"));
+    }
+    cpu::WindowScores(q, q_stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride,
+                      num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:

@@ -83,10 +83,43 @@ absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32
 absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const int32_t* pos,
                                         KvCache& kv, int64_t num_logits, float* logits) {
   const LlamaConfig& c = model_.config();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  Backend& b = *backend_;
+  // Plain causal attention over the cache: rotate, append, attend.
+  auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
+                    int64_t n, float* out) -> absl::Status {
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope_dim,
+                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope_dim,
+                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k, v, n, kv_stride, pos));
+    return b.Attention(q, q_stride, kv.View(l, kv.size(l)), out, q_stride, n, c.num_heads,
+                       c.num_kv_heads, c.head_dim, scale);
+  };
+  return RunLayers(tokens, n, attend, num_logits, logits);
+}
+
+absl::Status LlamaForward::ForwardWithAttention(const int32_t* tokens, int64_t n,
+                                                const AttendFn& attend, int64_t num_logits,
+                                                float* logits) {
+  if (n <= 0 || n > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", n, " tokens, batch holds ",
+                                                   max_tokens_));
+  }
+  if (num_logits < 0 || num_logits > n) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", num_logits,
+                                                   " logits asked for ", n, " tokens"));
+  }
+  return RunLayers(tokens, n, attend, num_logits, logits);
+}
+
+template <typename Attend>
+absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Attend& attend,
+                                     int64_t num_logits, float* logits) {
+  const LlamaConfig& c = model_.config();
   const int64_t dim = c.model_dim;
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   Backend& b = *backend_;
 
   SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));
@@ -99,13 +132,7 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wq, q_.data(), q_dim));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wk, k_.data(), kv_dim));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wv, v_.data(), kv_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(q_.data(), n, c.num_heads, c.head_dim, q_dim, pos, c.rope_dim,
-                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(k_.data(), n, c.num_kv_heads, c.head_dim, kv_dim, pos,
-                                    c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k_.data(), v_.data(), n, kv_dim, pos));
-    SNAPFILL_RETURN_IF_ERROR(b.Attention(q_.data(), q_dim, kv.View(l, kv.size(l)), attn_.data(),
-                                         q_dim, n, c.num_heads, c.num_kv_heads, c.head_dim, scale));
+    SNAPFILL_RETURN_IF_ERROR(attend(l, q_.data(), q_dim, k_.data(), v_.data(), kv_dim, n, attn_.data()));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data(), n, q_dim, w.wo, xn_.data(), dim));
     AddInPlace(x_.data(), xn_.data(), n, dim);
 

@@ -10,6 +10,7 @@
 #define SNAPFILL_MODEL_LLAMA_FORWARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,19 @@ class LlamaForward {
   absl::Status Forward(const int32_t* tokens, int64_t n, const int32_t* pos, KvCache& kv,
                        int64_t num_logits, float* logits);
 
+  // The attention step of one layer, supplied by the caller (the chunk loop
+  // of snapfill's compressed prefill): given the batch's queries, keys and
+  // values before RoPE, [n, num_heads | num_kv_heads, head_dim] with token
+  // strides q_stride / kv_stride, write the attention output
+  // [n, num_heads * head_dim] to `out`. q, k and v may be modified.
+  using AttendFn = std::function<absl::Status(int64_t layer, float* q, int64_t q_stride, float* k,
+                                              float* v, int64_t kv_stride, int64_t n, float* out)>;
+
+  // Runs n <= max_tokens tokens through every layer with `attend` as the
+  // attention step; logits as in Forward.
+  absl::Status ForwardWithAttention(const int32_t* tokens, int64_t n, const AttendFn& attend,
+                                    int64_t num_logits, float* logits);
+
   int64_t max_tokens() const { return max_tokens_; }
   const LlamaModel& model() const { return model_; }
   // Bytes of scratch activations.
@@ -48,6 +62,9 @@ class LlamaForward {
   LlamaForward(const LlamaModel& model, Backend* backend, int64_t max_tokens);
   absl::Status ForwardBatch(const int32_t* tokens, int64_t n, const int32_t* pos, KvCache& kv,
                             int64_t num_logits, float* logits);
+  template <typename Attend>
+  absl::Status RunLayers(const int32_t* tokens, int64_t n, const Attend& attend, int64_t num_logits,
+                         float* logits);
 
   const LlamaModel& model_;
   Backend* backend_;

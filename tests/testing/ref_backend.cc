@@ -53,6 +53,13 @@ class RefBackend final : public Backend {
                    kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
     return absl::OkStatus();
   }
+  absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
+                            int64_t votes_stride, int64_t num_q, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    ref::WindowScores(q, q_stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride,
+                      num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
