@@ -1,0 +1,52 @@
+// SnapKV selection cost on the CPU (src/compress): pooling + top-k + merge
+// per KV head over memory + chunk candidates, with random votes. The window
+// votes themselves are BM_WindowScores_Cpu in bm_ops_cpu.cc. No reference:
+// correctness is tests/compress/snapkv_reference_test.cc.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "src/compress/pruner.h"
+
+namespace snapfill {
+namespace {
+
+void BM_SnapKvSelect_Cpu(benchmark::State& state) {
+  const int64_t memory = state.range(0), chunk = state.range(1), kv_heads = state.range(2);
+  const int64_t n = memory + chunk;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  std::vector<float> votes(kv_heads * n);
+  for (float& v : votes) v = unif(rng);
+  PrunerConfig config;  // window 32, avg kernel 7, no sinks
+  auto pruner = CreatePruner(config);
+  if (!pruner.ok()) {
+    state.SkipWithError(pruner.status().ToString().c_str());
+    return;
+  }
+  SelectionInput in;
+  in.num_kv_heads = kv_heads;
+  in.num_candidates = n;
+  in.num_memory = memory;
+  in.budget = memory;  // fixed memory: evict one chunk's worth
+  in.votes = votes.data();
+  in.votes_stride = n;
+  std::vector<std::vector<int32_t>> keep;
+  for (int i = 0; i < 10; ++i) (void)(*pruner)->Select(in, &keep);  // warm-up
+  for (auto _ : state) {
+    absl::Status s = (*pruner)->Select(in, &keep);
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(keep.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n * kv_heads);  // candidates ranked
+}
+// kv_heads 3: SmolLM2-135M; 8: Llama-3-8B.
+BENCHMARK(BM_SnapKvSelect_Cpu)
+    ->ArgNames({"memory", "chunk", "kv_heads"})
+    ->ArgsProduct({{1024, 4096, 8192}, {512, 2048}, {3, 8}});
+
+}  // namespace
+}  // namespace snapfill
+
+BENCHMARK_MAIN();

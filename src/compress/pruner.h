@@ -1,0 +1,144 @@
+// KV pruners of the chunked prefill: after each chunk, every layer's
+// candidate set (its memory followed by the chunk's KV) is cut down to the
+// step's budget, and only the kept entries survive into the next chunk
+// (DESIGN.md §2-§3). This module owns the selection rule only: given the
+// window votes and original positions of the candidates, it returns which
+// candidate indices each KV head keeps. The engine computes the votes (a
+// separate pass over the window queries, cpu::WindowScores; never a full
+// attention matrix) and gathers the kept entries into the new memory.
+//
+// Pruners:
+//   snapkv    SnapKV (Li et al., 2024; FasterDecoding/SnapKV
+//             `snapkv_utils.py`): window votes -> 1-D pooling over the
+//             non-window candidates -> per-head top-k -> + the window.
+//   streaming StreamingLLM: the first s "sink" tokens + the most recent.
+//   full      no eviction (the baseline).
+//
+// Candidate order: in every KV head, candidates [0, num_memory) are the
+// memory in original order and [num_memory, num_candidates) the chunk, so
+// a higher candidate index always means a later original position.
+//
+// Sinks (--sinks = s): candidates whose ORIGINAL position is < s.
+//   snapkv:    pinned OUTSIDE the budget. The budget counts the kept
+//              non-sink entries, so a step that evicts keeps exactly
+//              budget + (sinks present) entries per head. Sinks take no
+//              part in pooling or top-k: pooling runs over the non-sink,
+//              non-window candidates in candidate order, so a sink's
+//              (typically huge) vote does not lift its neighbours. A sink
+//              that falls inside the window counts as a sink, not against
+//              the budget.
+//   streaming: INSIDE the budget (DESIGN.md §3: "the first s sink keys and
+//              the most recent m_i - s"), so it keeps exactly `budget`.
+//   full:      keeps everything anyway.
+// Use KeptCapacity() to size the memory for a budget.
+//
+// Every pruner returns, per KV head, strictly ascending candidate indices,
+// the same count for every head, and is deterministic (ties in SnapKV are
+// broken by higher pooled vote, then lower candidate index, as on every
+// backend: STYLE.md §6).
+#ifndef SNAPFILL_COMPRESS_PRUNER_H_
+#define SNAPFILL_COMPRESS_PRUNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace snapfill {
+
+enum class PrunerKind { kSnapKv, kStreaming, kFull };
+enum class Pooling { kAvg, kMax };
+
+struct PrunerConfig {
+  PrunerKind kind = PrunerKind::kSnapKv;
+  // SnapKV observation window: votes come from the last `window` queries of
+  // the chunk (min(window, chunk size) when the chunk is shorter). --window
+  int64_t window = 32;
+  // 1-D pooling kernel over the votes: odd, >= 1; 1 = no pooling.
+  // Stride 1, padding kernel/2. --pool_kernel
+  int64_t pool_kernel = 7;
+  // Avg counts the pads as zeros (PyTorch count_include_pad); max ignores
+  // them. --pooling
+  Pooling pooling = Pooling::kAvg;
+  // Tokens of the input with original position < sink_tokens are pinned
+  // (see the header comment for how each pruner counts them). --sinks
+  int64_t sink_tokens = 0;
+};
+
+// Returns InvalidArgument naming the flag (--window, --pool_kernel,
+// --sinks) when a value is out of range.
+absl::Status ValidatePrunerConfig(const PrunerConfig& config);
+
+// Returns InvalidArgument unless `budget` (entries kept per head per step,
+// the schedule's m_i) can hold the observation window for SnapKV
+// (budget >= --window) and is >= 1 for the other pruners (full ignores it).
+absl::Status ValidatePrunerBudget(const PrunerConfig& config, int64_t budget);
+
+// Returns the most entries per KV head that a step with `budget` can keep:
+// budget + sink_tokens for SnapKV (sinks are outside its budget), budget for
+// streaming. For full it returns budget: the engine must give full a budget
+// of at least the whole input, which it then never exceeds.
+int64_t KeptCapacity(const PrunerConfig& config, int64_t budget);
+
+// Returns the window actually used for a chunk of `chunk_size` tokens:
+// min(window, chunk_size). The engine computes votes for exactly that many
+// trailing queries.
+inline int64_t EffectiveWindow(int64_t window, int64_t chunk_size) {
+  return window < chunk_size ? window : chunk_size;
+}
+
+// "snapkv" | "streaming" | "full"; InvalidArgument otherwise.
+absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name);
+// "avg" | "max"; InvalidArgument otherwise.
+absl::StatusOr<Pooling> ParsePooling(std::string_view name);
+const char* PrunerKindName(PrunerKind kind);
+const char* PoolingName(Pooling pooling);
+
+// One layer's candidates at one step. Non-owning.
+struct SelectionInput {
+  int64_t num_kv_heads = 0;
+  int64_t num_candidates = 0;  // m + c
+  int64_t num_memory = 0;      // m: [0, m) memory, [m, m + c) the chunk
+  // Entries to keep per head (the schedule's m_i); see the header comment
+  // for how sinks count.
+  int64_t budget = 0;
+  // [num_kv_heads][votes_stride], entry (h, j) = KV head h's window vote
+  // for candidate j (cpu::WindowScores over all m + c candidates with the
+  // last EffectiveWindow(window, c) chunk queries). Read only by pruners
+  // whose needs_votes() is true; entries of window candidates are unused.
+  const float* votes = nullptr;
+  int64_t votes_stride = 0;
+  // [num_kv_heads][positions_stride], original position of each candidate.
+  // Read only when sink_tokens > 0 (may be null otherwise).
+  const int32_t* positions = nullptr;
+  int64_t positions_stride = 0;
+};
+
+class Pruner {
+ public:
+  virtual ~Pruner() = default;
+  virtual PrunerKind kind() const = 0;
+  // Whether Select reads SelectionInput::votes (the engine can skip the
+  // window-vote pass otherwise).
+  virtual bool needs_votes() const = 0;
+
+  // Writes to *keep one vector per KV head ([num_kv_heads][kept]) of the
+  // candidate indices to keep, strictly ascending, the same count for
+  // every head. Returns InvalidArgument for an inconsistent input (sizes,
+  // missing votes/positions, a budget below the window, sinks that differ
+  // in count across heads) and Internal for a non-finite vote; *keep is
+  // unspecified after an error. Reuses internal scratch, so one Pruner
+  // must not run Select concurrently.
+  virtual absl::Status Select(const SelectionInput& in,
+                              std::vector<std::vector<int32_t>>* keep) = 0;
+};
+
+// Returns the pruner for `config` (validated first).
+absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config);
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_COMPRESS_PRUNER_H_

@@ -1,0 +1,450 @@
+// Hand-computed cases for the pruners (src/compress/pruner.h): SnapKV's
+// top-k, pooling, ties, window and sinks; StreamingLLM's sinks + recent;
+// full; config validation and parsing. The expected sets below are derived
+// by hand in the comments, not copied from the implementation.
+#include "src/compress/pruner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "snapfill/status.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using Keep = std::vector<std::vector<int32_t>>;
+
+std::unique_ptr<Pruner> MakePruner(const PrunerConfig& config) {
+  auto pruner = CreatePruner(config);
+  SNAPFILL_CHECK(pruner.ok()) << pruner.status();
+  return std::move(pruner).value();
+}
+
+PrunerConfig SnapKv(int64_t window, int64_t kernel, Pooling pooling = Pooling::kAvg,
+                    int64_t sinks = 0) {
+  PrunerConfig config;
+  config.kind = PrunerKind::kSnapKv;
+  config.window = window;
+  config.pool_kernel = kernel;
+  config.pooling = pooling;
+  config.sink_tokens = sinks;
+  return config;
+}
+
+// One-head input over `votes` (candidates = votes.size()).
+SelectionInput OneHead(const std::vector<float>& votes, int64_t num_memory, int64_t budget,
+                       const std::vector<int32_t>* positions = nullptr) {
+  SelectionInput in;
+  in.num_kv_heads = 1;
+  in.num_candidates = static_cast<int64_t>(votes.size());
+  in.num_memory = num_memory;
+  in.budget = budget;
+  in.votes = votes.data();
+  in.votes_stride = in.num_candidates;
+  if (positions != nullptr) {
+    in.positions = positions->data();
+    in.positions_stride = in.num_candidates;
+  }
+  return in;
+}
+
+// --- SnapKV -----------------------------------------------------------------
+
+TEST(SnapKvPrunerTest, KeepsTopVotesInOrderPlusWindow) {
+  // 10 chunk tokens, window 2 -> window = {8, 9}; budget 4 -> top 2 of the
+  // other 8 by raw vote (kernel 1): 0.9 at 3, 0.5 at 1.
+  std::vector<float> votes = {0.1f, 0.5f, 0.2f, 0.9f, 0.0f, 0.3f, 0.05f, 0.4f, 0.0f, 0.0f};
+  auto pruner = MakePruner(SnapKv(2, 1));
+  EXPECT_TRUE(pruner->needs_votes());
+  Keep keep;
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 0, 4), &keep));
+  ASSERT_EQ(keep.size(), 1u);
+  EXPECT_THAT(keep[0], ElementsAre(1, 3, 8, 9));
+}
+
+TEST(SnapKvPrunerTest, TiesGoToTheLowerIndex) {
+  // Rest = 0..7, votes 0.7 at 1 and 2 (tie), k = 1 -> 1.
+  std::vector<float> votes = {0.5f, 0.7f, 0.7f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 9.0f, 9.0f};
+  auto pruner = MakePruner(SnapKv(2, 1));
+  Keep keep;
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(1, 8, 9));
+  // All equal: the lowest indices win.
+  std::vector<float> flat(10, 1.0f);
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(flat, 4, 5), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 8, 9));
+}
+
+TEST(SnapKvPrunerTest, AvgPoolingPrefersClusters) {
+  // Rest (0..7) = [0, .9, 0, 0, .5, .6, .5, 0], window {8, 9}, k = 1.
+  // Raw top is 1 (0.9); avg kernel 3: pooled[1] = 0.9/3 = 0.3,
+  // pooled[5] = (0.5+0.6+0.5)/3 = 0.533 -> 5.
+  std::vector<float> votes = {0, 0.9f, 0, 0, 0.5f, 0.6f, 0.5f, 0, 0, 0};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 1))->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(1, 8, 9));
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 3))->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(5, 8, 9));
+}
+
+TEST(SnapKvPrunerTest, MaxPoolingSpreadsPeaksAndBreaksTiesLow) {
+  // Same votes, max kernel 3: pooled = [.9, .9, .9, .5, .6, .6, .6, .5];
+  // k = 1 -> the tie 0/1/2 goes to 0; k = 4 -> {0, 1, 2, 4}.
+  std::vector<float> votes = {0, 0.9f, 0, 0, 0.5f, 0.6f, 0.5f, 0, 0, 0};
+  auto pruner = MakePruner(SnapKv(2, 3, Pooling::kMax));
+  Keep keep;
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 8, 9));
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 0, 6), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 4, 8, 9));
+}
+
+TEST(SnapKvPrunerTest, AvgPoolingCountsPadsAsZeros) {
+  // Rest = [3, 0, 0, 0, 1.2, 1.2, 1.2], window {7, 8}, kernel 3, k = 1.
+  // pooled[0] = (0 + 3 + 0)/3 = 1.0 (pad counted, divided by 3),
+  // pooled[5] = 1.2 -> 5. Dividing by the 2 real terms would give 1.5 -> 0.
+  std::vector<float> votes = {3, 0, 0, 0, 1.2f, 1.2f, 1.2f, 0, 0};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 3))->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(5, 7, 8));
+}
+
+TEST(SnapKvPrunerTest, WindowVotesDoNotLeakIntoPooling) {
+  // Rest 0..7 = [0, 0, 0, 0, .3, 0, 0, 0], window {8, 9} with votes 100.
+  // Pooling runs over the rest only, so pooled[7] = 0, and the tie
+  // pooled[3] = pooled[4] = pooled[5] = 0.1 goes to 3.
+  std::vector<float> votes = {0, 0, 0, 0, 0.3f, 0, 0, 0, 100, 100};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 3))->Select(OneHead(votes, 0, 3), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(3, 8, 9));
+}
+
+TEST(SnapKvPrunerTest, WindowIsTheChunkWhenTheChunkIsShorter) {
+  // m = 6, c = 2, window 4 -> effective window = the 2 chunk tokens {6, 7};
+  // budget 4 -> top 2 of memory: 0.8 at 2, 0.6 at 5.
+  std::vector<float> votes = {0.1f, 0.2f, 0.8f, 0.3f, 0.0f, 0.6f, 0.0f, 0.0f};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(4, 1))->Select(OneHead(votes, 6, 4), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(2, 5, 6, 7));
+  EXPECT_EQ(EffectiveWindow(4, 2), 2);
+  EXPECT_EQ(EffectiveWindow(32, 200), 32);
+}
+
+TEST(SnapKvPrunerTest, NothingEvictedWhenEverythingFits) {
+  std::vector<float> votes = {0.1f, 0.9f, 0.2f, 0.0f, 0.3f};
+  auto pruner = MakePruner(SnapKv(2, 7));
+  Keep keep;
+  for (int64_t budget : {5, 6, 100}) {
+    SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 2, budget), &keep));
+    EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 4)) << "budget " << budget;
+  }
+  SNAPFILL_ASSERT_OK(pruner->Select(OneHead(votes, 2, 4), &keep));
+  EXPECT_EQ(keep[0].size(), 4u);
+}
+
+TEST(SnapKvPrunerTest, EachHeadKeepsItsOwnSetWithTheSameCount) {
+  // 2 heads x 8 candidates (stride 9), window 2 -> {6, 7}; budget 4, k = 2.
+  const int64_t stride = 9;
+  std::vector<float> votes = {
+      0.9f, 0.1f, 0.1f, 0.1f, 0.1f, 0.8f, 0, 0, -1,  // head 0 -> {0, 5}
+      0.1f, 0.1f, 0.7f, 0.9f, 0.1f, 0.1f, 0, 0, -1,  // head 1 -> {2, 3}
+  };
+  SelectionInput in;
+  in.num_kv_heads = 2;
+  in.num_candidates = 8;
+  in.num_memory = 3;
+  in.budget = 4;
+  in.votes = votes.data();
+  in.votes_stride = stride;
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 1))->Select(in, &keep));
+  ASSERT_EQ(keep.size(), 2u);
+  EXPECT_THAT(keep[0], ElementsAre(0, 5, 6, 7));
+  EXPECT_THAT(keep[1], ElementsAre(2, 3, 6, 7));
+}
+
+TEST(SnapKvPrunerTest, SinksArePinnedOutsideTheBudgetAndOutsidePooling) {
+  // Memory positions [0, 1, 7], chunk positions 10..15 -> 9 candidates;
+  // --sinks=2 pins candidates 0 and 1 (positions 0, 1). Window 2 -> {7, 8}.
+  // Rest = candidates 2..6 with votes [.1, .2, .8, .3, .1]; budget 3 ->
+  // k = 3 - 2 = 1. Avg kernel 3 over the rest only: pooled(2) = .1,
+  // pooled(3) = .367, pooled(4) = .433, pooled(5) = .4 -> 4. Had the
+  // sink's vote of 100 been pooled, candidate 2 would have won.
+  std::vector<int32_t> positions = {0, 1, 7, 10, 11, 12, 13, 14, 15};
+  std::vector<float> votes = {100, 100, 0.1f, 0.2f, 0.8f, 0.3f, 0.1f, 0, 0};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(
+      MakePruner(SnapKv(2, 3, Pooling::kAvg, 2))->Select(OneHead(votes, 3, 3, &positions), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 4, 7, 8));  // budget 3 + 2 sinks
+
+  // Sinks never compete: even with the lowest votes they stay.
+  std::vector<float> low_sinks = {-5, -5, 0.1f, 0.2f, 0.8f, 0.3f, 0.1f, 0, 0};
+  SNAPFILL_ASSERT_OK(MakePruner(SnapKv(2, 1, Pooling::kAvg, 2))
+                         ->Select(OneHead(low_sinks, 3, 3, &positions), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 4, 7, 8));
+
+  // Identity is decided on the non-sink candidates: 7 of them fit budget 7.
+  SNAPFILL_ASSERT_OK(
+      MakePruner(SnapKv(2, 3, Pooling::kAvg, 2))->Select(OneHead(votes, 3, 7, &positions), &keep));
+  EXPECT_EQ(keep[0].size(), 9u);
+
+  // A sink inside the window (a first chunk shorter than the sinks + the
+  // window): the non-sinks all lie in the window and fit, nothing evicted.
+  std::vector<int32_t> first_chunk = {0, 1, 2, 3, 4, 5};
+  std::vector<float> six = {0, 0, 0, 0, 0, 0};
+  SNAPFILL_ASSERT_OK(
+      MakePruner(SnapKv(5, 3, Pooling::kAvg, 2))->Select(OneHead(six, 0, 5, &first_chunk), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 4, 5));
+}
+
+TEST(SnapKvPrunerTest, RefusesBadInput) {
+  std::vector<float> votes(10, 1.0f);
+  auto pruner = MakePruner(SnapKv(4, 1));
+  Keep keep;
+  // Budget below the window.
+  absl::Status s = pruner->Select(OneHead(votes, 0, 3), &keep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("window"));
+  // Missing votes.
+  SelectionInput in = OneHead(votes, 0, 5);
+  in.votes = nullptr;
+  EXPECT_EQ(pruner->Select(in, &keep).code(), absl::StatusCode::kInvalidArgument);
+  // Votes stride shorter than the candidates.
+  in = OneHead(votes, 0, 5);
+  in.votes_stride = 9;
+  EXPECT_EQ(pruner->Select(in, &keep).code(), absl::StatusCode::kInvalidArgument);
+  // More memory than candidates.
+  in = OneHead(votes, 11, 5);
+  EXPECT_EQ(pruner->Select(in, &keep).code(), absl::StatusCode::kInvalidArgument);
+  // No heads.
+  in = OneHead(votes, 0, 5);
+  in.num_kv_heads = 0;
+  EXPECT_EQ(pruner->Select(in, &keep).code(), absl::StatusCode::kInvalidArgument);
+  // Sinks without positions.
+  EXPECT_EQ(MakePruner(SnapKv(4, 1, Pooling::kAvg, 4))->Select(OneHead(votes, 0, 5), &keep).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A NaN vote is a broken invariant upstream.
+  std::vector<float> nan_votes(10, 1.0f);
+  nan_votes[2] = std::numeric_limits<float>::quiet_NaN();
+  s = pruner->Select(OneHead(nan_votes, 0, 5), &keep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("candidate 2"));
+}
+
+TEST(SnapKvPrunerTest, RefusesSinksThatDifferAcrossHeads) {
+  // Head 0 holds position 1 (a sink for --sinks=2), head 1 does not.
+  std::vector<int32_t> positions = {0, 1, 5, 6, 7, 8, 9, 10,  //
+                                    0, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<float> votes(16, 1.0f);
+  SelectionInput in;
+  in.num_kv_heads = 2;
+  in.num_candidates = 8;
+  in.num_memory = 3;
+  in.budget = 4;
+  in.votes = votes.data();
+  in.votes_stride = 8;
+  in.positions = positions.data();
+  in.positions_stride = 8;
+  Keep keep;
+  absl::Status s = MakePruner(SnapKv(2, 1, Pooling::kAvg, 2))->Select(in, &keep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("KV head 1 has 1"));
+}
+
+// Random inputs: the output is ascending, the same size in every head
+// (budget + sinks), holds the window and the sinks, and is the same on a
+// second call (scratch reuse must not leak state).
+TEST(SnapKvPrunerTest, RandomInvariants) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
+    const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
+    const int64_t n = m + c;
+    const int64_t budget = window + trial % 13;
+    std::vector<float> votes(heads * (n + 3));
+    for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;  // many ties
+    std::vector<int32_t> positions(heads * (n + 1));
+    for (int64_t h = 0; h < heads; ++h) {
+      // Memory: the sinks, then increasing positions; chunk after them.
+      for (int64_t j = 0; j < n; ++j) positions[h * (n + 1) + j] = static_cast<int32_t>(j * 2);
+    }
+    SelectionInput in;
+    in.num_kv_heads = heads;
+    in.num_candidates = n;
+    in.num_memory = m;
+    in.budget = budget;
+    in.votes = votes.data();
+    in.votes_stride = n + 3;
+    in.positions = positions.data();
+    in.positions_stride = n + 1;
+    auto pruner = MakePruner(
+        SnapKv(window, 1 + 2 * (trial % 4), trial % 5 == 0 ? Pooling::kMax : Pooling::kAvg, sinks));
+    Keep keep, again;
+    SNAPFILL_ASSERT_OK(pruner->Select(in, &keep));
+    SNAPFILL_ASSERT_OK(pruner->Select(in, &again));
+    EXPECT_EQ(keep, again);
+    int64_t num_sinks = 0;
+    for (int64_t j = 0; j < n; ++j) num_sinks += positions[j] < sinks;
+    const int64_t expected = n - num_sinks <= budget ? n : budget + num_sinks;
+    const int64_t w = std::min(window, c);
+    ASSERT_EQ(keep.size(), static_cast<size_t>(heads));
+    for (int64_t h = 0; h < heads; ++h) {
+      const auto& k = keep[h];
+      ASSERT_EQ(static_cast<int64_t>(k.size()), expected) << "trial " << trial << " head " << h;
+      for (size_t i = 1; i < k.size(); ++i) ASSERT_LT(k[i - 1], k[i]);
+      for (int64_t j = 0; j < num_sinks; ++j) EXPECT_EQ(k[j], j);
+      for (int64_t j = 0; j < w; ++j) EXPECT_EQ(k[k.size() - w + j], n - w + j);
+    }
+  }
+}
+
+// --- StreamingLLM -------------------------------------------------------------
+
+PrunerConfig Streaming(int64_t sinks) {
+  PrunerConfig config;
+  config.kind = PrunerKind::kStreaming;
+  config.sink_tokens = sinks;
+  return config;
+}
+
+SelectionInput NoVotes(int64_t heads, int64_t n, int64_t m, int64_t budget,
+                       const std::vector<int32_t>* positions = nullptr) {
+  SelectionInput in;
+  in.num_kv_heads = heads;
+  in.num_candidates = n;
+  in.num_memory = m;
+  in.budget = budget;
+  if (positions != nullptr) {
+    in.positions = positions->data();
+    in.positions_stride = n;
+  }
+  return in;
+}
+
+TEST(StreamingPrunerTest, KeepsTheMostRecent) {
+  auto pruner = MakePruner(Streaming(0));
+  EXPECT_FALSE(pruner->needs_votes());
+  Keep keep;
+  SNAPFILL_ASSERT_OK(pruner->Select(NoVotes(2, 10, 4, 4), &keep));
+  ASSERT_EQ(keep.size(), 2u);
+  EXPECT_THAT(keep[0], ElementsAre(6, 7, 8, 9));
+  EXPECT_THAT(keep[1], ElementsAre(6, 7, 8, 9));
+}
+
+TEST(StreamingPrunerTest, KeepsSinksInsideTheBudget) {
+  // Memory positions [0, 1, 5, 6], chunk 7..12; --sinks=2, budget 4 ->
+  // the 2 sinks + the 2 most recent.
+  std::vector<int32_t> positions = {0, 1, 5, 6, 7, 8, 9, 10, 11, 12};
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(Streaming(2))->Select(NoVotes(1, 10, 4, 4, &positions), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 8, 9));
+  // Budget equal to the sinks: only the sinks.
+  SNAPFILL_ASSERT_OK(MakePruner(Streaming(2))->Select(NoVotes(1, 10, 4, 2, &positions), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1));
+  // Sinks that do not fit.
+  // --sinks=6 pins positions 0, 1 and 5: three entries.
+  EXPECT_EQ(MakePruner(Streaming(6))->Select(NoVotes(1, 10, 4, 2, &positions), &keep).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StreamingPrunerTest, NothingEvictedWhenEverythingFits) {
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(Streaming(0))->Select(NoVotes(1, 5, 0, 5), &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 4));
+}
+
+// --- Full -------------------------------------------------------------------
+
+TEST(FullPrunerTest, KeepsEverythingWhateverTheBudget) {
+  PrunerConfig config;
+  config.kind = PrunerKind::kFull;
+  config.sink_tokens = 4;
+  auto pruner = MakePruner(config);
+  EXPECT_FALSE(pruner->needs_votes());
+  Keep keep;
+  SNAPFILL_ASSERT_OK(pruner->Select(NoVotes(3, 7, 2, 1), &keep));
+  ASSERT_EQ(keep.size(), 3u);
+  for (const auto& head : keep) EXPECT_THAT(head, ElementsAre(0, 1, 2, 3, 4, 5, 6));
+}
+
+// --- Config -----------------------------------------------------------------
+
+TEST(PrunerConfigTest, ValidationNamesTheFlag) {
+  SNAPFILL_EXPECT_OK(ValidatePrunerConfig(PrunerConfig{}));
+  PrunerConfig config;
+  config.window = 0;
+  absl::Status s = ValidatePrunerConfig(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--window=0"));
+
+  config = PrunerConfig{};
+  config.pool_kernel = 4;
+  s = ValidatePrunerConfig(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--pool_kernel=4"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("odd"));
+  config.pool_kernel = 0;
+  EXPECT_THAT(std::string(ValidatePrunerConfig(config).message()), HasSubstr("--pool_kernel"));
+  config.pool_kernel = 1;
+  SNAPFILL_EXPECT_OK(ValidatePrunerConfig(config));
+
+  config = PrunerConfig{};
+  config.sink_tokens = -1;
+  s = ValidatePrunerConfig(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--sinks=-1"));
+  EXPECT_EQ(CreatePruner(config).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PrunerConfigTest, BudgetChecksAndCapacity) {
+  PrunerConfig config = SnapKv(32, 7, Pooling::kAvg, 4);
+  absl::Status s = ValidatePrunerBudget(config, 16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("--window=32"));
+  SNAPFILL_EXPECT_OK(ValidatePrunerBudget(config, 32));
+  EXPECT_EQ(KeptCapacity(config, 100), 104);
+
+  config = Streaming(4);
+  EXPECT_EQ(ValidatePrunerBudget(config, 3).code(), absl::StatusCode::kInvalidArgument);
+  SNAPFILL_EXPECT_OK(ValidatePrunerBudget(config, 4));
+  EXPECT_EQ(KeptCapacity(config, 100), 100);
+}
+
+TEST(PrunerConfigTest, ParsesNamesAndRoundTrips) {
+  for (PrunerKind kind : {PrunerKind::kSnapKv, PrunerKind::kStreaming, PrunerKind::kFull}) {
+    auto parsed = ParsePrunerKind(PrunerKindName(kind));
+    SNAPFILL_ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, kind);
+    PrunerConfig config;
+    config.kind = kind;
+    auto pruner = CreatePruner(config);
+    SNAPFILL_ASSERT_OK(pruner);
+    EXPECT_EQ((*pruner)->kind(), kind);
+  }
+  EXPECT_STREQ(PrunerKindName(PrunerKind::kSnapKv), "snapkv");
+  EXPECT_EQ(ParsePrunerKind("h2o").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ParsePrunerKind("h2o").status().message()), HasSubstr("h2o"));
+  for (Pooling pooling : {Pooling::kAvg, Pooling::kMax}) {
+    auto parsed = ParsePooling(PoolingName(pooling));
+    SNAPFILL_ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, pooling);
+  }
+  EXPECT_EQ(ParsePooling("mean").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace snapfill
