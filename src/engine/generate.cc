@@ -1,5 +1,6 @@
 #include "src/engine/generate.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -7,37 +8,16 @@
 #include "snapfill/status.h"
 
 namespace snapfill {
+namespace {
 
-absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int64_t start_pos,
-                                        const std::vector<int32_t>& prompt,
-                                        const GenerateOptions& options,
-                                        const std::function<bool(int32_t)>& on_token) {
-  SNAPFILL_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
-  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
-  if (options.max_new_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("-n=", options.max_new_tokens, " must be >= 0"));
-  }
-  const int64_t used = kv.size(0);
-  const int64_t need = used + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  if (need > kv.capacity()) {
-    return absl::OutOfRangeError(absl::StrCat("prompt (", prompt.size(), " tokens) + ",
-                                              options.max_new_tokens, " new tokens + ", used,
-                                              " cached exceed the KV capacity of ", kv.capacity()));
-  }
+// Samples a token from `logits`, emits it, feeds it back, until the budget,
+// an end-of-generation token or on_token says stop.
+absl::Status DecodeLoop(LlamaForward& forward, KvCache& kv, int32_t next_pos,
+                        std::vector<float>& logits, const GenerateOptions& options,
+                        const std::function<bool(int32_t)>& on_token, const Stopwatch& total,
+                        GenerateResult& result) {
   const int64_t vocab = forward.model().config().vocab_size;
-  std::vector<float> logits(vocab);
-  std::vector<int32_t> pos(prompt.size());
-  std::iota(pos.begin(), pos.end(), static_cast<int32_t>(start_pos));
-
-  GenerateResult result;
-  result.prompt_tokens = static_cast<int64_t>(prompt.size());
-  Stopwatch total;
-  SNAPFILL_RETURN_IF_ERROR(forward.Forward(prompt.data(), static_cast<int64_t>(prompt.size()),
-                                           pos.data(), kv, 1, logits.data()));
-  result.prefill_seconds = total.Seconds();
-
   Sampler sampler(options.sampling);
-  int32_t next_pos = static_cast<int32_t>(start_pos + prompt.size());
   Stopwatch decode;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     const int32_t token = sampler.Sample(logits.data(), vocab);
@@ -56,6 +36,65 @@ absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int6
     ++next_pos;
   }
   if (!result.tokens.empty()) result.decode_seconds = decode.Seconds();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int64_t start_pos,
+                                        const std::vector<int32_t>& prompt,
+                                        const GenerateOptions& options,
+                                        const std::function<bool(int32_t)>& on_token) {
+  SNAPFILL_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
+  if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
+  if (options.max_new_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("-n=", options.max_new_tokens, " must be >= 0"));
+  }
+  int64_t used = 0;
+  for (int64_t l = 0; l < kv.shape().num_layers; ++l) used = std::max(used, kv.size(l));
+  const int64_t need = used + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  if (need > kv.capacity()) {
+    return absl::OutOfRangeError(absl::StrCat("prompt (", prompt.size(), " tokens) + ",
+                                              options.max_new_tokens, " new tokens + ", used,
+                                              " cached exceed the KV capacity of ", kv.capacity()));
+  }
+  const int64_t vocab = forward.model().config().vocab_size;
+  std::vector<float> logits(vocab);
+  std::vector<int32_t> pos(prompt.size());
+  std::iota(pos.begin(), pos.end(), static_cast<int32_t>(start_pos));
+
+  GenerateResult result;
+  result.prompt_tokens = static_cast<int64_t>(prompt.size());
+  Stopwatch total;
+  SNAPFILL_RETURN_IF_ERROR(forward.Forward(prompt.data(), static_cast<int64_t>(prompt.size()),
+                                           pos.data(), kv, 1, logits.data()));
+  result.prefill_seconds = total.Seconds();
+
+  SNAPFILL_RETURN_IF_ERROR(DecodeLoop(forward, kv, static_cast<int32_t>(start_pos + prompt.size()), logits,
+                                      options, on_token, total, result));
+  return result;
+}
+
+absl::StatusOr<GenerateResult> GenerateFromLogits(LlamaForward& forward, KvCache& kv,
+                                                  int64_t next_position,
+                                                  std::vector<float> logits,
+                                                  const GenerateOptions& options,
+                                                  const std::function<bool(int32_t)>& on_token) {
+  SNAPFILL_RETURN_IF_ERROR(ValidateSamplingParams(options.sampling));
+  if (static_cast<int64_t>(logits.size()) != forward.model().config().vocab_size) {
+    return absl::InvalidArgumentError("logits do not match the vocabulary");
+  }
+  int64_t used = 0;
+  for (int64_t l = 0; l < kv.shape().num_layers; ++l) used = std::max(used, kv.size(l));
+  if (used + options.max_new_tokens > kv.capacity()) {
+    return absl::OutOfRangeError(absl::StrCat(options.max_new_tokens, " new tokens + ", used,
+                                              " cached exceed the KV capacity of ",
+                                              kv.capacity()));
+  }
+  GenerateResult result;
+  Stopwatch total;
+  SNAPFILL_RETURN_IF_ERROR(DecodeLoop(forward, kv, static_cast<int32_t>(next_position), logits,
+                                      options, on_token, total, result));
   return result;
 }
 

@@ -38,6 +38,15 @@ absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int6
                                         const GenerateOptions& options,
                                         const std::function<bool(int32_t)>& on_token);
 
+// Continues from a cache that a prefill already filled: `logits` are the
+// logits of the last token read, and new tokens go at positions
+// next_position, next_position + 1, ... (after the compressed memory).
+absl::StatusOr<GenerateResult> GenerateFromLogits(LlamaForward& forward, KvCache& kv,
+                                                  int64_t next_position,
+                                                  std::vector<float> logits,
+                                                  const GenerateOptions& options,
+                                                  const std::function<bool(int32_t)>& on_token);
+
 }  // namespace snapfill
 
 #endif  // SNAPFILL_ENGINE_GENERATE_H_

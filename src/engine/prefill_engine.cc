@@ -1,0 +1,286 @@
+#include "src/engine/prefill_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "snapfill/status.h"
+#include "src/base/sys_stats.h"
+
+namespace snapfill {
+namespace {
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 0;
+}
+
+}  // namespace
+
+PrefillEngine::PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config)
+    : model_(model), backend_(backend), config_(config) {}
+
+absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const LlamaModel& model,
+                                                                     Backend* backend,
+                                                                     const PrefillConfig& config,
+                                                                     int64_t total_tokens) {
+  std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, config));
+  const LlamaConfig& mc = model.config();
+  ScheduleConfig& sc = e->config_.schedule;
+  sc.total_tokens = total_tokens;
+  sc.num_layers = mc.num_layers;
+  sc.max_position = mc.context_length;
+  // One window and one sink count for the planner and the pruner.
+  e->config_.pruner.window = sc.window;
+  e->config_.pruner.sink_tokens = sc.sink_tokens;
+  SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(e->config_.pruner));
+  const bool full = e->config_.pruner.kind == PrunerKind::kFull;
+  if (full) {
+    // The baseline keeps every entry: one memory of the whole input.
+    // Its budgets are not used; plan them as a fixed memory that fits.
+    sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
+    sc.first_memory = 0;
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(e->plan_, PlanSchedule(sc));
+  SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner));
+
+  int64_t max_budget = 0;
+  for (const ScheduleStep& s : e->plan_.steps) {
+    for (int64_t b : s.budget) max_budget = std::max(max_budget, b);
+  }
+  // Adaptive growth may give a layer more than the linear budget; cap it at
+  // twice that so the memory can be allocated up front.
+  if (e->plan_.adaptive) max_budget *= 2;
+  int64_t capacity = max_budget + sc.sink_tokens;
+  if (full) capacity = total_tokens;
+  const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
+                               (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
+  const uint64_t memory_bytes = entry_bytes * capacity;
+  const uint64_t phys = PhysicalMemoryBytes();
+  if (phys > 0 && memory_bytes > phys / 10 * 8) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a memory of %d entries per layer and KV head needs %.1f GiB, more than this machine's "
+        "%.1f GiB%s",
+        capacity, memory_bytes / double(1 << 30), phys / double(1 << 30),
+        full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads,
+                                                         mc.head_dim, capacity}));
+  SNAPFILL_ASSIGN_OR_RETURN(e->forward_,
+                            LlamaForward::Create(model, backend, e->plan_.max_chunk_tokens));
+  e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens;
+  const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
+  e->cand_k_raw_.resize(cand * mc.head_dim);
+  e->cand_k_rot_.resize(cand * mc.head_dim);
+  e->cand_v_.resize(cand * mc.head_dim);
+  e->cand_pos_.resize(cand);
+  e->votes_.resize(cand);
+  e->rot_pos_.resize(e->cand_capacity_);
+  e->last_logits_.resize(mc.vocab_size);
+  return e;
+}
+
+uint64_t PrefillEngine::scratch_bytes() const {
+  return forward_->scratch_bytes() +
+         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size()) *
+             sizeof(float) +
+         (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
+}
+
+int64_t PrefillEngine::ChunkOf(int32_t position) const {
+  // The last step whose first token is at or before `position`.
+  auto it = std::upper_bound(plan_.steps.begin(), plan_.steps.end(), position,
+                             [](int32_t p, const ScheduleStep& s) { return p < s.start_token; });
+  return std::max<int64_t>(0, (it - plan_.steps.begin()) - 1);
+}
+
+absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
+                                const std::function<bool(const StepTelemetry&)>& on_step) {
+  if (static_cast<int64_t>(tokens.size()) != plan_.config.total_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan_.config.total_tokens,
+                                                   " tokens, got ", tokens.size()));
+  }
+  const LlamaConfig& mc = model_.config();
+  const bool full = config_.pruner.kind == PrunerKind::kFull;
+  memory_->Clear();
+  Stopwatch total;
+  std::vector<double> retention(mc.num_layers, 0.0);
+  for (step_ = 0; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
+    const ScheduleStep& step = plan_.steps[step_];
+    Stopwatch watch;
+    budgets_ = step.budget;
+    if (full) {
+      std::fill(budgets_.begin(), budgets_.end(), memory_->capacity());
+    } else if (plan_.adaptive && step_ > 0) {
+      SNAPFILL_ASSIGN_OR_RETURN(budgets_,
+                                AdaptiveBudgets(step.budget[0], retention, plan_.config.window,
+                                                memory_->capacity() - plan_.config.sink_tokens));
+    }
+    telemetry_ = StepTelemetry();
+    telemetry_.step = step_;
+    telemetry_.start_token = step.start_token;
+    telemetry_.chunk_tokens = step.chunk_tokens;
+    telemetry_.memory.assign(mc.num_layers, 0);
+    telemetry_.retention.assign(mc.num_layers, 0.0);
+    telemetry_.origin.assign(mc.num_layers, std::vector<int64_t>(step_ + 1, 0));
+    const bool last = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
+    auto attend = [this](int64_t layer, float* q, int64_t q_stride, float* k, float* v,
+                         int64_t kv_stride, int64_t n, float* out) {
+      return AttendAndCompress(layer, q, q_stride, k, v, kv_stride, n, out);
+    };
+    SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
+        tokens.data() + step.start_token, step.chunk_tokens, attend, last ? 1 : 0,
+        last_logits_.data()));
+    retention = telemetry_.retention;
+    telemetry_.seconds = watch.Seconds();
+    telemetry_.elapsed_seconds = total.Seconds();
+    telemetry_.rss_bytes = CurrentRssBytes();
+    if (on_step && !on_step(telemetry_)) {
+      return absl::CancelledError(absl::StrCat("stopped after step ", step_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k,
+                                              float* v, int64_t kv_stride, int64_t n, float* out) {
+  const LlamaConfig& c = model_.config();
+  const int64_t d = c.head_dim;
+  const int64_t m = memory_->size(layer);
+  const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
+  const int64_t start = plan_.steps[step_].start_token;
+  const int64_t head_stride = cand_capacity_ * d;
+  const bool original = config_.keep_original_positions;
+
+  // 1. Gather memory ∪ chunk per KV head (keys before RoPE).
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    float* kr = cand_k_raw_.data() + h * head_stride;
+    float* vv = cand_v_.data() + h * head_stride;
+    int32_t* pp = cand_pos_.data() + h * cand_capacity_;
+    std::memcpy(kr, memory_->k(layer, h), m * d * sizeof(float));
+    std::memcpy(vv, memory_->v(layer, h), m * d * sizeof(float));
+    std::memcpy(pp, memory_->pos(layer, h), m * sizeof(int32_t));
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(kr + (m + t) * d, k + t * kv_stride + h * d, d * sizeof(float));
+      std::memcpy(vv + (m + t) * d, v + t * kv_stride + h * d, d * sizeof(float));
+      pp[m + t] = static_cast<int32_t>(start + t);
+    }
+  }
+  // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
+  //    the largest position is m + c; or each entry at its input position.
+  std::memcpy(cand_k_rot_.data(), cand_k_raw_.data(), c.num_kv_heads * head_stride * sizeof(float));
+  std::iota(rot_pos_.begin(), rot_pos_.begin() + num, 0);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    const int32_t* pos = original ? cand_pos_.data() + h * cand_capacity_ : rot_pos_.data();
+    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cand_k_rot_.data() + h * head_stride, num, 1, d, d,
+                                            pos, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
+                                            c.rope_neox));
+  }
+  // Chunk queries sit after the memory: position m + t (or start + t).
+  const int32_t* qpos = original ? cand_pos_.data() + m : rot_pos_.data() + m;
+  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, n, c.num_heads, d, q_stride, qpos, c.rope_dim,
+                                          c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+
+  // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk).
+  KvView view;
+  view.k = cand_k_rot_.data();
+  view.v = cand_v_.data();
+  view.head_stride = head_stride;
+  view.key_stride = d;
+  view.num_keys = num;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q, q_stride, view, out, q_stride, n, c.num_heads,
+                                               c.num_kv_heads, d, scale));
+
+  // 4. Compress right away: this layer's chunk KV is not needed any more.
+  SelectionInput in;
+  in.num_kv_heads = c.num_kv_heads;
+  in.num_candidates = num;
+  in.num_memory = m;
+  in.budget = budgets_[layer];
+  in.positions = cand_pos_.data();
+  in.positions_stride = cand_capacity_;
+  if (pruner_->needs_votes()) {
+    // Votes from a separate small pass over the last w queries only.
+    const int64_t w = std::min<int64_t>(plan_.config.window, n);
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(q + (n - w) * q_stride, q_stride, view,
+                                                    votes_.data(), cand_capacity_, w, c.num_heads,
+                                                    c.num_kv_heads, d, scale));
+    in.votes = votes_.data();
+    in.votes_stride = cand_capacity_;
+  }
+  SNAPFILL_RETURN_IF_ERROR(pruner_->Select(in, &keep_));
+  const int64_t kept = keep_[0].size();
+  if (kept > memory_->capacity()) {
+    return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept,
+                                            " entries, memory holds ", memory_->capacity()));
+  }
+  double retained = 0;
+  std::vector<int64_t>& origin = telemetry_.origin[layer];
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+    const float* kr = cand_k_raw_.data() + h * head_stride;
+    const float* vv = cand_v_.data() + h * head_stride;
+    const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
+    float* mk = memory_->k(layer, h);
+    float* mv = memory_->v(layer, h);
+    int32_t* mp = memory_->pos(layer, h);
+    int64_t from_memory = 0;
+    // keep_ is ascending, so writing entry j never overwrites a candidate
+    // still to be read (the candidates are a separate buffer anyway).
+    for (int64_t j = 0; j < kept; ++j) {
+      const int32_t idx = keep_[h][j];
+      std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));
+      std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
+      mp[j] = pp[idx];
+      from_memory += idx < m;
+      origin[ChunkOf(pp[idx])]++;
+    }
+    retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
+  }
+  memory_->set_size(layer, kept);
+  telemetry_.memory[layer] = kept;
+  telemetry_.retention[layer] = retained / c.num_kv_heads;
+  telemetry_.attention_length = std::max(telemetry_.attention_length, num);
+  return absl::OkStatus();
+}
+
+int64_t PrefillEngine::next_position() const {
+  if (config_.keep_original_positions) return plan_.config.total_tokens;
+  int64_t m = 0;
+  for (int64_t l = 0; l < memory_->shape().num_layers; ++l) m = std::max(m, memory_->size(l));
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
+    int64_t extra_capacity) const {
+  const LlamaConfig& c = model_.config();
+  int64_t max_size = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) max_size = std::max(max_size, memory_->size(l));
+  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
+                                                         max_size + extra_capacity}));
+  std::vector<int32_t> rot(max_size);
+  std::iota(rot.begin(), rot.end(), 0);
+  const int64_t d = c.head_dim;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory_->size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::memcpy(cache->k(l, h), memory_->k(l, h), m * d * sizeof(float));
+      std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
+      std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope_dim,
+                                              c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    }
+    cache->set_size(l, m);
+  }
+  return cache;
+}
+
+}  // namespace snapfill

@@ -1,0 +1,123 @@
+// The chunk loop: "memorize step by step" (DESIGN.md §2).
+//
+// The input streams through the model chunk by chunk. In every layer the
+// chunk attends over [memory; chunk]; right after that attention the layer's
+// memory ∪ chunk is compressed to the step's budget by a pruner (SnapKV by
+// default) and the chunk's own KV is dropped. Only the memory survives from
+// one chunk to the next, so the live KV at any moment is Σ_l m_l plus one
+// layer's chunk, whatever the input length.
+//
+// Positions (DESIGN.md §4): memory keeps keys before RoPE. At each step
+// memory entry j is rotated to position j and chunk token t to m + t
+// (re-encoded), so the largest position is m + c, never the input length;
+// `keep_original_positions` rotates every entry at its position in the input
+// instead, for comparison.
+#ifndef SNAPFILL_ENGINE_PREFILL_ENGINE_H_
+#define SNAPFILL_ENGINE_PREFILL_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+#include "snapfill/schedule.h"
+#include "src/compress/pruner.h"
+#include "src/kv/kv_cache.h"
+#include "src/model/llama_forward.h"
+
+namespace snapfill {
+
+struct PrefillConfig {
+  // Chunk, memory, window, sinks and the schedule kind; total_tokens and
+  // num_layers are filled in from the input and the model.
+  ScheduleConfig schedule;
+  PrunerConfig pruner;
+  bool keep_original_positions = false;
+};
+
+// What happened at one step (one chunk), for progress and --telemetry.
+struct StepTelemetry {
+  int64_t step = 0;
+  int64_t start_token = 0;
+  int64_t chunk_tokens = 0;
+  int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
+  std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression
+  std::vector<double> retention;       // [num_layers] |M_{i-1} ∩ M_i| / |M_i|, mean over heads
+  // [num_layers][step + 1]: memory entries (summed over KV heads) that came
+  // from each chunk 0..step (the data behind the IMDC paper's Figure 6).
+  std::vector<std::vector<int64_t>> origin;
+  double seconds = 0;                  // wall time of this step
+  double elapsed_seconds = 0;          // since the prefill started
+  uint64_t rss_bytes = 0;              // resident set after the step
+};
+
+class PrefillEngine {
+ public:
+  // Plans the schedule for `total_tokens` and allocates the memory and the
+  // scratch; InvalidArgument for a plan or pruner configuration that cannot
+  // work, before any work starts.
+  static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(const LlamaModel& model,
+                                                               Backend* backend,
+                                                               const PrefillConfig& config,
+                                                               int64_t total_tokens);
+
+  const SchedulePlan& plan() const { return plan_; }
+  const PrefillConfig& config() const { return config_; }
+
+  // Streams `tokens` (exactly total_tokens) through the model. `on_step`
+  // (optional) sees each step's telemetry; returning false stops early with
+  // Cancelled. Afterwards last_logits() holds the logits of the final token.
+  absl::Status Run(const std::vector<int32_t>& tokens,
+                   const std::function<bool(const StepTelemetry&)>& on_step);
+
+  const std::vector<float>& last_logits() const { return last_logits_; }
+  // The compressed memory: un-rotated keys, values, original positions.
+  const KvCache& memory() const { return *memory_; }
+
+  // Returns the memory as a decoder cache: keys rotated at the positions the
+  // decoder will continue from, capacity for `extra_capacity` more tokens.
+  // next_position() is where the first appended token goes.
+  absl::StatusOr<std::unique_ptr<KvCache>> MakeDecoderCache(int64_t extra_capacity) const;
+  int64_t next_position() const;
+
+  // Bytes of the memory, the per-layer candidate buffers and activations.
+  uint64_t memory_bytes() const { return memory_->bytes(); }
+  uint64_t scratch_bytes() const;
+
+ private:
+  PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config);
+  absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
+                                 int64_t kv_stride, int64_t n, float* out);
+  int64_t ChunkOf(int32_t position) const;
+
+  const LlamaModel& model_;
+  Backend* backend_;
+  PrefillConfig config_;
+  SchedulePlan plan_;
+  std::unique_ptr<Pruner> pruner_;
+  std::unique_ptr<LlamaForward> forward_;
+  std::unique_ptr<KvCache> memory_;  // [layers, kv_heads, capacity, head_dim], keys un-rotated
+
+  // The step being run.
+  int64_t step_ = 0;
+  std::vector<int64_t> budgets_;      // [num_layers] for this step
+  StepTelemetry telemetry_;
+
+  // Candidates of one layer (memory then chunk), reused across layers:
+  std::vector<float> cand_k_raw_;     // [num_kv_heads, cand_capacity, head_dim] before RoPE
+  std::vector<float> cand_k_rot_;     // [num_kv_heads, cand_capacity, head_dim] rotated
+  std::vector<float> cand_v_;         // [num_kv_heads, cand_capacity, head_dim]
+  std::vector<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
+  std::vector<int32_t> rot_pos_;      // [max(cand_capacity, chunk)] rotation positions
+  std::vector<float> votes_;          // [num_kv_heads, cand_capacity]
+  std::vector<std::vector<int32_t>> keep_;
+  int64_t cand_capacity_ = 0;
+  std::vector<float> last_logits_;
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_ENGINE_PREFILL_ENGINE_H_

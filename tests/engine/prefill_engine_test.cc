@@ -1,0 +1,201 @@
+// The chunk loop on a tiny random Llama: with nothing evicted it must give
+// the logits of a one-shot prefill; with eviction, memory sizes follow the
+// plan and the telemetry adds up.
+#include "src/engine/prefill_engine.h"
+
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "snapfill/status.h"
+#include "src/engine/generate.h"
+#include "src/model/tiny_llama.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+std::unique_ptr<LlamaModel> TinyModel(int layers = 3) {
+  TinyLlamaOptions opts;
+  opts.num_layers = layers;
+  opts.context_length = 4096;
+  auto bytes = MakeTinyLlamaGguf(opts);
+  SNAPFILL_CHECK(bytes.ok()) << bytes.status();
+  auto file = GgufFile::FromBytes(std::move(*bytes));
+  SNAPFILL_CHECK(file.ok()) << file.status();
+  auto model = LlamaModel::Load(std::move(*file));
+  SNAPFILL_CHECK(model.ok()) << model.status();
+  return std::move(*model);
+}
+
+std::vector<int32_t> Tokens(int n, int vocab) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (i * 37 + (i * i) % 11 + 5) % vocab;
+  return ids;
+}
+
+// Logits of one-shot prefill of all tokens.
+std::vector<float> OneShot(const LlamaModel& model, Backend* backend,
+                           const std::vector<int32_t>& ids) {
+  auto fwd = LlamaForward::Create(model, backend, 256);
+  SNAPFILL_CHECK(fwd.ok());
+  auto kv = (*fwd)->NewKvCache(ids.size());
+  SNAPFILL_CHECK(kv.ok());
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits(model.config().vocab_size);
+  SNAPFILL_CHECK((*fwd)->Forward(ids.data(), ids.size(), pos.data(), **kv, 1, logits.data()).ok());
+  return logits;
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+  ASSERT_EQ(a.size(), b.size());
+  double scale = 0;
+  for (float x : b) scale = std::max(scale, std::fabs(double(x)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], rel * scale) << "logit " << i;
+  }
+}
+
+struct NoEvictionCase {
+  PrunerKind pruner;
+  bool original_positions;
+  ScheduleKind kind;
+};
+
+class NoEvictionTest : public ::testing::TestWithParam<NoEvictionCase> {};
+
+// Nothing is evicted, so [memory; chunk] is the whole prefix in order and
+// the chunked prefill computes the same attention as one shot (re-encoded
+// position j of the j-th kept entry is then its original position too).
+TEST_P(NoEvictionTest, ChunkedEqualsOneShot) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const int n = 300;
+  auto ids = Tokens(n, model->config().vocab_size);
+  PrefillConfig config;
+  config.pruner.kind = GetParam().pruner;
+  config.keep_original_positions = GetParam().original_positions;
+  config.schedule.kind = GetParam().kind;
+  config.schedule.chunk = 64;
+  config.schedule.memory = 512;  // >= n: SnapKV keeps everything
+  config.schedule.first_memory = 512;
+  config.schedule.window = 8;
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+  SNAPFILL_ASSERT_OK(engine);
+  ASSERT_GT((*engine)->plan().steps.size(), 3u);
+  SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
+  for (int64_t l = 0; l < model->config().num_layers; ++l) {
+    EXPECT_EQ((*engine)->memory().size(l), n);
+  }
+  ExpectClose((*engine)->last_logits(), OneShot(*model, backend->get(), ids), 2e-4);
+  EXPECT_EQ((*engine)->next_position(), n);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pruners, NoEvictionTest,
+    ::testing::Values(NoEvictionCase{PrunerKind::kFull, true, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kFull, false, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kSnapKv, true, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kFixed}));
+
+// Generating from the decoder cache continues the text like a one-shot
+// prefill followed by decoding (nothing evicted).
+TEST(PrefillEngineTest, DecoderCacheContinuesLikeOneShot) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  const int n = 200;
+  auto ids = Tokens(n, model->config().vocab_size);
+  PrefillConfig config;
+  config.pruner.kind = PrunerKind::kFull;
+  config.schedule.chunk = 48;
+  config.schedule.window = 8;
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+  SNAPFILL_ASSERT_OK(engine);
+  SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
+  auto kv = (*engine)->MakeDecoderCache(8);
+  SNAPFILL_ASSERT_OK(kv);
+  auto fwd = LlamaForward::Create(*model, backend->get(), 1);
+  // Feed the same next token to both and compare the logits.
+  const int32_t next = 17;
+  std::vector<float> got(model->config().vocab_size);
+  int32_t pos = static_cast<int32_t>((*engine)->next_position());
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(&next, 1, &pos, **kv, 1, got.data()));
+  std::vector<int32_t> all = ids;
+  all.push_back(next);
+  ExpectClose(got, OneShot(*model, backend->get(), all), 2e-4);
+}
+
+// With eviction: every layer holds the plan's budget after each step, the
+// largest position used is below memory + chunk, origins add up, and the
+// retention ratio is a fraction.
+TEST(PrefillEngineTest, CompressionFollowsThePlan) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  const int n = 1500;
+  auto ids = Tokens(n, model->config().vocab_size);
+  for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental,
+                            ScheduleKind::kIncrementalDecremental}) {
+    PrefillConfig config;
+    config.schedule.kind = kind;
+    config.schedule.chunk = 128;
+    config.schedule.memory = 96;
+    config.schedule.window = 16;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+    SNAPFILL_ASSERT_OK(engine);
+    const SchedulePlan& plan = (*engine)->plan();
+    int64_t steps = 0;
+    std::vector<int64_t> prev(model->config().num_layers, 0);
+    auto on_step = [&](const StepTelemetry& t) {
+      const ScheduleStep& s = plan.steps[t.step];
+      EXPECT_EQ(t.start_token, s.start_token);
+      for (int64_t l = 0; l < model->config().num_layers; ++l) {
+        const int64_t want = std::min<int64_t>(s.budget[l], prev[l] + s.chunk_tokens);
+        EXPECT_EQ(t.memory[l], want) << "step " << t.step << " layer " << l;
+        prev[l] = t.memory[l];
+        int64_t origin = 0;
+        for (int64_t c : t.origin[l]) origin += c;
+        EXPECT_EQ(origin, t.memory[l] * model->config().num_kv_heads);
+        EXPECT_EQ(t.origin[l][t.step] > 0, true);  // the window of the current chunk is kept
+        EXPECT_GE(t.retention[l], 0.0);
+        EXPECT_LE(t.retention[l], 1.0);
+      }
+      EXPECT_LE(t.attention_length, plan.peak_attention_length);
+      ++steps;
+      return true;
+    };
+    SNAPFILL_ASSERT_OK((*engine)->Run(ids, on_step));
+    EXPECT_EQ(steps, static_cast<int64_t>(plan.steps.size()));
+    for (int64_t l = 0; l < model->config().num_layers; ++l) {
+      EXPECT_EQ((*engine)->memory().size(l), 96);
+      // Kept positions are distinct, ascending and include the last window.
+      const int32_t* pos = (*engine)->memory().pos(l, 0);
+      for (int j = 1; j < 96; ++j) EXPECT_LT(pos[j - 1], pos[j]);
+      EXPECT_EQ(pos[95], n - 1);
+    }
+    EXPECT_EQ((*engine)->next_position(), 96);
+    for (float x : (*engine)->last_logits()) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+TEST(PrefillEngineTest, RefusesImpossiblePlansUpFront) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  PrefillConfig config;
+  config.schedule.window = 32;
+  config.schedule.memory = 16;  // below the window
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PrefillEngine::Create(*model, backend->get(), config, 1000).status()));
+  config.schedule.memory = 64;
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PrefillEngine::Create(*model, backend->get(), config, 0).status()));
+  config.pruner.pool_kernel = 4;  // must be odd
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      PrefillEngine::Create(*model, backend->get(), config, 1000).status()));
+}
+
+}  // namespace
+}  // namespace snapfill

@@ -1,0 +1,50 @@
+#include "tools/cli/flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Path of a Llama-family GGUF model. Default: $SNAPFILL_MODEL, else "
+          "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
+
+ABSL_FLAG(std::string, prompt, "", "Prompt text");
+ABSL_FLAG(std::string, prompt_file, "", "Read the prompt from this file (- for stdin)");
+ABSL_FLAG(int64_t, n, 64, "Number of tokens to generate");
+ABSL_FLAG(double, temp, 0.0, "Sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 40, "Keep the k most likely tokens; 0 = all");
+ABSL_FLAG(double, top_p, 0.95, "Nucleus sampling: keep tokens up to this cumulative probability");
+ABSL_FLAG(uint64_t, seed, 0, "Random seed for sampling");
+ABSL_FLAG(std::string, chat_template, "auto",
+          "auto (the model's own, if it has one) | none | chatml | llama2 | llama2-sys | llama3 | "
+          "zephyr");
+ABSL_FLAG(std::string, system, "", "System message for the chat template (default: the template's)");
+ABSL_FLAG(int64_t, batch, 512, "Tokens per forward batch when a prompt is read in full");
+
+ABSL_FLAG(std::string, input, "", "The long input: a text file (- for stdin)");
+ABSL_FLAG(std::string, question, "",
+          "Question appended after the input, so that the final window is the question");
+ABSL_FLAG(std::string, schedule, "imdc",
+          "Size schedule: fm (fixed memory) | im (incremental memory) | imdc (incremental "
+          "memory, decremental chunk)");
+ABSL_FLAG(std::string, growth, "linear",
+          "Memory growth for im/imdc: linear | sqrt | square | square_sqrt | adaptive");
+ABSL_FLAG(int64_t, memory, 1024, "Final memory m_max: KV entries kept per layer and KV head");
+ABSL_FLAG(int64_t, chunk, 1024, "Chunk size c in tokens (the average chunk for imdc)");
+ABSL_FLAG(int64_t, first_memory, 0, "First memory m0 for im/imdc; 0 = max(window, memory / chunks)");
+ABSL_FLAG(int64_t, window, 32, "SnapKV observation window: the last w queries of a chunk vote");
+ABSL_FLAG(int64_t, pool_kernel, 7, "SnapKV pooling kernel over the votes (odd; 1 = none)");
+ABSL_FLAG(std::string, pooling, "avg", "SnapKV pooling: avg | max");
+ABSL_FLAG(std::string, pruner, "snapkv",
+          "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything)");
+ABSL_FLAG(int64_t, sinks, 0, "Pin the first s input tokens as attention sinks, outside the budget");
+ABSL_FLAG(bool, original_positions, false,
+          "Rotate memory at its original input positions instead of re-encoding 0..m+c");
+ABSL_FLAG(bool, dry_run, false, "Print the plan (chunk and memory per step) and exit");
+
+ABSL_FLAG(std::string, out, "", "prefill: file to save the compressed cache to");
+ABSL_FLAG(std::string, cache, "", "generate: answer from a cache file saved by snapfill prefill");
+ABSL_FLAG(bool, force, false, "Overwrite an output file that exists");
+ABSL_FLAG(std::string, telemetry, "", "Write one JSON record per step to this file");
+ABSL_FLAG(bool, progress, true, "Show a progress line on stderr during long prefills");
+ABSL_FLAG(bool, timing, true, "Print TTFT, tokens/s and peak memory to stderr");
+ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");

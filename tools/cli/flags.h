@@ -1,0 +1,49 @@
+// Flags of the snapfill command, shared by its subcommands. Defined in
+// flags.cc; each subcommand lists the ones it reads (see commands.cc).
+#ifndef SNAPFILL_TOOLS_CLI_FLAGS_H_
+#define SNAPFILL_TOOLS_CLI_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/declare.h"
+
+// Model and machine.
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int32_t, threads);
+// Prompt and sampling.
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(std::string, prompt_file);
+ABSL_DECLARE_FLAG(int64_t, n);
+ABSL_DECLARE_FLAG(double, temp);
+ABSL_DECLARE_FLAG(int32_t, top_k);
+ABSL_DECLARE_FLAG(double, top_p);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, chat_template);
+ABSL_DECLARE_FLAG(std::string, system);
+ABSL_DECLARE_FLAG(int64_t, batch);
+// Long inputs: schedule and pruner.
+ABSL_DECLARE_FLAG(std::string, input);
+ABSL_DECLARE_FLAG(std::string, question);
+ABSL_DECLARE_FLAG(std::string, schedule);
+ABSL_DECLARE_FLAG(std::string, growth);
+ABSL_DECLARE_FLAG(int64_t, memory);
+ABSL_DECLARE_FLAG(int64_t, chunk);
+ABSL_DECLARE_FLAG(int64_t, first_memory);
+ABSL_DECLARE_FLAG(int64_t, window);
+ABSL_DECLARE_FLAG(int64_t, pool_kernel);
+ABSL_DECLARE_FLAG(std::string, pooling);
+ABSL_DECLARE_FLAG(std::string, pruner);
+ABSL_DECLARE_FLAG(int64_t, sinks);
+ABSL_DECLARE_FLAG(bool, original_positions);
+ABSL_DECLARE_FLAG(bool, dry_run);
+// Outputs and reporting.
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(std::string, cache);
+ABSL_DECLARE_FLAG(bool, force);
+ABSL_DECLARE_FLAG(std::string, telemetry);
+ABSL_DECLARE_FLAG(bool, progress);
+ABSL_DECLARE_FLAG(bool, timing);
+ABSL_DECLARE_FLAG(int32_t, verbosity);
+
+#endif  // SNAPFILL_TOOLS_CLI_FLAGS_H_

@@ -1,0 +1,135 @@
+// snapfill generate: a continuation of a prompt, or an answer from a cache
+// saved by snapfill prefill.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+#include "src/base/sys_stats.h"
+#include "src/engine/generate.h"
+#include "src/engine/prompt.h"
+#include "src/gguf/fingerprint.h"
+#include "src/kv/cache_file.h"
+#include "src/model/llama_forward.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/common.h"
+#include "tools/cli/flags.h"
+
+namespace snapfill::cli {
+namespace {
+
+// Streams each token's text to stdout as soon as it is chosen.
+std::function<bool(int32_t)> StreamTo(const Tokenizer& tokenizer) {
+  const bool tty = isatty(fileno(stdout));
+  return [&tokenizer, tty](int32_t id) {
+    const std::string piece = tokenizer.TokenToPiece(id);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    if (tty) std::fflush(stdout);
+    return true;
+  };
+}
+
+void PrintTiming(const GenerateResult& r, const char* prefix) {
+  const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0.0;
+  std::fprintf(stderr,
+               "%sprompt: %lld tokens in %.3f s (%.1f tokens/s) | TTFT %.3f s | generated %zu "
+               "tokens, decode %.1f tokens/s%s | peak RSS %s\n",
+               prefix, (long long)r.prompt_tokens, r.prefill_seconds,
+               r.prompt_tokens / std::max(r.prefill_seconds, 1e-9), r.ttft_seconds,
+               r.tokens.size(), decode_tps, r.stopped_at_eog ? " (stopped at end of turn)" : "",
+               HumanBytes(PeakRssBytes()).c_str());
+}
+
+}  // namespace
+
+absl::Status RunGenerate() {
+  std::string prompt = absl::GetFlag(FLAGS_prompt);
+  const std::string prompt_file = absl::GetFlag(FLAGS_prompt_file);
+  if (!prompt.empty() && !prompt_file.empty()) {
+    return absl::InvalidArgumentError("give either --prompt or --prompt-file, not both");
+  }
+  if (!prompt_file.empty()) {
+    SNAPFILL_ASSIGN_OR_RETURN(prompt, ReadInput(prompt_file, "--prompt-file"));
+  }
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError("the prompt is empty: give --prompt TEXT or --prompt-file F");
+  }
+  const int64_t n = absl::GetFlag(FLAGS_n);
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("-n=", n, " must be >= 0"));
+  const int64_t batch = absl::GetFlag(FLAGS_batch);
+  if (batch <= 0) return absl::InvalidArgumentError(absl::StrCat("--batch=", batch, " must be > 0"));
+  SNAPFILL_ASSIGN_OR_RETURN(SamplingParams sampling, SamplingFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  GenerateOptions gopts;
+  gopts.max_new_tokens = n;
+  gopts.sampling = sampling;
+  gopts.is_eog = [&](int32_t id) { return m.tokenizer->IsEndOfGeneration(id); };
+
+  const std::string cache_path = absl::GetFlag(FLAGS_cache);
+  std::vector<int32_t> ids;
+  std::unique_ptr<KvCache> kv;
+  int64_t start_pos = 0;
+  if (!cache_path.empty()) {
+    // The prompt continues the user turn that the cached document opened.
+    SNAPFILL_ASSIGN_OR_RETURN(ids, BuildContinuation(*m.tokenizer, m.chat_template, prompt));
+    SNAPFILL_ASSIGN_OR_RETURN(
+        PromptCache cache,
+        LoadCacheFile(cache_path, ModelFingerprint(m.model->gguf()),
+                      static_cast<int64_t>(ids.size()) + n));
+    start_pos = cache.next_position;
+    kv = std::move(cache.kv);
+    if (absl::GetFlag(FLAGS_verbosity) >= 1) {
+      std::fprintf(stderr, "cache %s: %lld input tokens, next position %lld, config %s\n",
+                   cache_path.c_str(), (long long)cache.input_tokens, (long long)start_pos,
+                   cache.config.c_str());
+    }
+  } else {
+    std::string text = prompt;
+    bool parse_special = false;
+    if (m.chat_template.kind != ChatTemplateKind::kNone) {
+      std::vector<ChatMessage> messages;
+      if (!absl::GetFlag(FLAGS_system).empty()) {
+        messages.push_back({"system", absl::GetFlag(FLAGS_system)});
+      }
+      messages.push_back({"user", prompt});
+      text = ApplyChatTemplate(m.chat_template, messages, /*add_generation_prompt=*/true);
+      parse_special = true;  // the template's own markers are special tokens
+    }
+    ids = m.tokenizer->Encode(text, /*add_special=*/true, parse_special);
+    if (ids.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens");
+    const int64_t capacity = static_cast<int64_t>(ids.size()) + n;
+    if (capacity > m.model->config().context_length) {
+      std::fprintf(stderr,
+                   "snapfill: warning: %zu prompt + %lld new tokens exceed the model's training "
+                   "context of %lld; quality will degrade (snapfill run compresses long inputs)\n",
+                   ids.size(), (long long)n, (long long)m.model->config().context_length);
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(kv, KvCache::Create({m.model->config().num_layers,
+                                                   m.model->config().num_kv_heads,
+                                                   m.model->config().head_dim, capacity}));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m.model, backend.get(), batch));
+  if (absl::GetFlag(FLAGS_verbosity) >= 1) {
+    std::fprintf(stderr,
+                 "model=%s threads=%d prompt_tokens=%zu n=%lld temp=%g top_k=%d top_p=%g seed=%llu "
+                 "chat_template=%s batch=%lld kv=%s\n",
+                 m.path.c_str(), backend->num_threads(), ids.size(), (long long)n,
+                 sampling.temperature, sampling.top_k, sampling.top_p,
+                 (unsigned long long)sampling.seed, ChatTemplateKindName(m.chat_template.kind),
+                 (long long)batch, HumanBytes(kv->bytes()).c_str());
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(GenerateResult r, Generate(*forward, *kv, start_pos, ids, gopts,
+                                                       StreamTo(*m.tokenizer)));
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (absl::GetFlag(FLAGS_timing)) PrintTiming(r, "");
+  return absl::OkStatus();
+}
+
+}  // namespace snapfill::cli

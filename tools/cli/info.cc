@@ -1,0 +1,78 @@
+// snapfill info: what a model file holds.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "snapfill/status.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/common.h"
+#include "tools/cli/flags.h"
+
+namespace snapfill::cli {
+
+absl::Status RunInfo() {
+  const std::string path = ResolveModelPath(absl::GetFlag(FLAGS_model));
+  SNAPFILL_ASSIGN_OR_RETURN(auto model, LlamaModel::Open(path));
+  const LlamaConfig& c = model->config();
+  const GgufFile& f = model->gguf();
+  std::printf("file:            %s (GGUF v%u, %s)\n", path.c_str(), f.version(),
+              HumanBytes(f.file_size()).c_str());
+  std::printf("name:            %s\n", c.name.c_str());
+  std::printf("architecture:    %s\n", c.architecture.c_str());
+  std::printf("layers:          %lld\n", (long long)c.num_layers);
+  std::printf("model_dim:       %lld\n", (long long)c.model_dim);
+  std::printf("ffn_dim:         %lld\n", (long long)c.ffn_dim);
+  std::printf("heads:           %lld (KV heads %lld, grouped-query %lldx)\n", (long long)c.num_heads,
+              (long long)c.num_kv_heads, (long long)(c.num_heads / c.num_kv_heads));
+  std::printf("head_dim:        %lld\n", (long long)c.head_dim);
+  std::printf("vocab_size:      %lld\n", (long long)c.vocab_size);
+  std::printf("context_length:  %lld (training)\n", (long long)c.context_length);
+  std::printf("rope:            %s, base %.1f, dims %lld, freq_scale %g\n",
+              c.rope_neox ? "neox" : "norm", c.rope_freq_base, (long long)c.rope_dim,
+              c.rope_freq_scale);
+  std::printf("rms_eps:         %g\n", c.rms_eps);
+  std::printf("tied embeddings: %s\n", c.tied_embeddings ? "yes" : "no");
+  std::map<std::string, std::pair<int, uint64_t>> types;
+  uint64_t params = 0;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const char* tn = GetTypeTraits(t.type).name;
+    auto& e = types[tn ? tn : "?"];
+    e.first++;
+    e.second += t.size_bytes;
+    params += t.num_elements();
+  }
+  std::printf("parameters:      %.1f M\n", params / 1e6);
+  std::printf("weights:         %s in %zu tensors\n", HumanBytes(model->weight_bytes()).c_str(),
+              f.tensors().size());
+  for (const auto& [name, e] : types) {
+    std::printf("  %-6s %4d tensors, %s\n", name.c_str(), e.first, HumanBytes(e.second).c_str());
+  }
+  // KV bytes per token, the figure that decides how much a full cache costs.
+  const uint64_t kv_per_token = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * sizeof(float);
+  std::printf("KV per token:    %s (f32), full %lld-token context: %s\n",
+              HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
+              HumanBytes(kv_per_token * c.context_length).c_str());
+  auto tok = Tokenizer::FromGguf(f);
+  if (tok.ok()) {
+    std::printf("tokenizer:       %s (pre-tokenizer %s), %d tokens\n",
+                f.GetString("tokenizer.ggml.model").value_or("?").c_str(),
+                f.GetString("tokenizer.ggml.pre").value_or("default").c_str(),
+                (*tok)->vocab_size());
+  } else {
+    std::printf("tokenizer:       unusable: %s\n", tok.status().ToString().c_str());
+  }
+  auto tmpl = f.GetString("tokenizer.chat_template");
+  std::printf("chat template:   %s\n",
+              tmpl.ok() ? ChatTemplateKindName(DetectChatTemplate(*tmpl).kind) : "none");
+  if (absl::GetFlag(FLAGS_verbosity) >= 1) {
+    std::printf("metadata:\n");
+    for (const GgufKv& kv : f.metadata()) {
+      std::printf("  %-40s %s[%llu]\n", kv.key.c_str(), GgufValueTypeName(kv.value.type),
+                  (unsigned long long)kv.value.size());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace snapfill::cli
