@@ -7,6 +7,7 @@
 //
 // Flags live in tools/cli/; the library takes plain structs. Exit codes:
 // 0 OK, 2 bad usage (InvalidArgument from validation), 1 anything else.
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -99,6 +100,8 @@ int Main(int argc, char** argv) {
     if (a == "--") break;
     if (a.size() < 2 || a[0] != '-') continue;
     std::string name = FlagName(a);
+    // A value such as "-1" (after --temp) is not a flag.
+    if (name.empty() || !std::isalpha(static_cast<unsigned char>(name[0]))) continue;
     bool known = false;
     for (const char* f : cmd->flags) {
       if (name == f || (name.rfind("no", 0) == 0 && name.substr(2) == f)) known = true;

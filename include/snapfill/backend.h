@@ -35,6 +35,11 @@ struct WeightView {
 
 struct BackendOptions {
   int num_threads = 0;  // 0: all cores
+  // Multiply with weights dequantized to f32 and f32 activations, instead
+  // of quantizing activations to 8 bits as ggml does: slower, and free of
+  // the activation-rounding noise (used to check the forward pass against
+  // exact references). Keeps an f32 copy of each weight matrix it meets.
+  bool exact_matmul = false;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at

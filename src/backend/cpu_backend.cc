@@ -2,6 +2,8 @@
 #include <omp.h>
 
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/matmul.h"
@@ -14,7 +16,7 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+  CpuBackend(int num_threads, bool exact) : num_threads_(num_threads), exact_(exact) {}
 
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return num_threads_; }
@@ -33,6 +35,21 @@ class CpuBackend final : public Backend {
                                                      " y_stride=", y_stride));
     }
     if (m == 0) return absl::OkStatus();
+    if (exact_ && w.type != GgmlType::kF32) {
+      // Each matrix is dequantized once and kept (4 bytes per weight).
+      std::vector<float>& f32 = dequantized_[w.data];
+      if (f32.empty()) {
+        f32.resize(w.rows * w.cols);
+        const uint8_t* src = static_cast<const uint8_t*>(w.data);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < w.rows; ++r) {
+          cpu::DequantizeRow(w.type, src + r * w.row_bytes, f32.data() + r * w.cols, w.cols);
+        }
+      }
+      cpu::MatMul(x, m, w.cols, x_stride, f32.data(), GgmlType::kF32, w.rows,
+                  w.cols * sizeof(float), y, y_stride);
+      return absl::OkStatus();
+    }
     cpu::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
     return absl::OkStatus();
   }
@@ -118,6 +135,9 @@ class CpuBackend final : public Backend {
 
  private:
   int num_threads_;
+  bool exact_;
+  // exact_matmul: weight matrices dequantized to f32, by their data.
+  std::unordered_map<const void*, std::vector<float>> dequantized_;
 };
 
 }  // namespace
@@ -133,7 +153,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   // OpenMP's thread count is process-wide; the CPU backend owns it.
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
-  return std::unique_ptr<Backend>(new CpuBackend(threads));
+  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul));
 }
 
 }  // namespace snapfill

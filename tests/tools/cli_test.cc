@@ -1,0 +1,231 @@
+// The snapfill command on bad input: a clear message naming the problem, a
+// non-zero exit (2 for bad usage), never a crash, and no file damaged. Runs
+// the built binary on tiny models this test writes (no download).
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "snapfill/status.h"
+#include "src/model/tiny_llama.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  bool crashed = false;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/snapfill_cli_test";
+    std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+    TinyLlamaOptions opts;
+    opts.context_length = 2048;
+    auto bytes = MakeTinyLlamaGguf(opts);
+    SNAPFILL_ASSERT_OK(bytes);
+    tiny_bytes_ = *bytes;
+    tiny_ = dir_ + "/tiny.gguf";
+    WriteFile(tiny_, tiny_bytes_);
+    text_ = dir_ + "/input.txt";
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+    WriteFile(text_, text);
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  Result Run(const std::string& args) {
+    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
+    const std::string cmd = std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill " + args + " >" +
+                            out + " 2>" + err + " </dev/null";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    if (WIFEXITED(status)) {
+      r.exit_code = WEXITSTATUS(status);
+      // 128+N is how the shell reports a child killed by signal N.
+      r.crashed = r.exit_code >= 128;
+    } else {
+      r.crashed = true;
+    }
+    r.out = Slurp(out);
+    r.err = Slurp(err);
+    return r;
+  }
+
+  // The tiny model with `from` replaced by `to` (same length) once.
+  std::string Patched(const std::string& name, const std::string& from, const std::string& to) {
+    std::string b = tiny_bytes_;
+    const size_t at = b.find(from);
+    SNAPFILL_CHECK(at != std::string::npos && from.size() == to.size()) << from;
+    b.replace(at, from.size(), to);
+    const std::string path = dir_ + "/" + name;
+    WriteFile(path, b);
+    return path;
+  }
+
+  std::string dir_, tiny_, tiny_bytes_, text_;
+};
+
+#define EXPECT_FAILS_WITH(r, code, text)                                        \
+  do {                                                                         \
+    EXPECT_FALSE((r).crashed) << (r).err;                                      \
+    EXPECT_EQ((r).exit_code, code) << (r).err;                                 \
+    EXPECT_NE((r).err.find(text), std::string::npos) << "stderr: " << (r).err; \
+  } while (0)
+
+TEST_F(CliTest, TinyModelGenerates) {
+  Result r = Run("generate --model " + tiny_ + " --prompt hello -n 5 --chat_template none");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("TTFT"), std::string::npos);
+}
+
+TEST_F(CliTest, NotAGgufFile) {
+  WriteFile(dir_ + "/text.gguf", "this is not a model, just some text that is long enough\n");
+  EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/text.gguf"), 1, "magic");
+}
+
+TEST_F(CliTest, TruncatedFile) {
+  WriteFile(dir_ + "/cut.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() / 2));
+  EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/cut.gguf"), 1, "DATA_LOSS");
+}
+
+TEST_F(CliTest, TensorDataPastTheEnd) {
+  // Drop the last 100 bytes: the last tensor's data now ends past the file.
+  WriteFile(dir_ + "/short.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() - 100));
+  Result r = Run("info --model " + dir_ + "/short.gguf");
+  EXPECT_FAILS_WITH(r, 1, "but file has");
+}
+
+TEST_F(CliTest, AbsurdDimensions) {
+  // llama.embedding_length = 64 as a little-endian u32 after its key and type.
+  std::string b = tiny_bytes_;
+  const std::string key = "llama.embedding_length";
+  const size_t at = b.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t huge = 0xFFFFFFF0u;
+  std::memcpy(&b[at + key.size() + 4], &huge, 4);
+  WriteFile(dir_ + "/huge.gguf", b);
+  EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/huge.gguf"), 2, "embedding_length");
+}
+
+TEST_F(CliTest, UnknownArchitecture) {
+  // The architecture value is the string "llama" stored right after the key.
+  std::string b = tiny_bytes_;
+  const std::string key = "general.architecture";
+  const size_t at = b.find(key);
+  ASSERT_NE(at, std::string::npos);
+  // key | u32 type (8 = string) | u64 length 5 | "llama"
+  b.replace(at + key.size() + 4 + 8, 5, "qwen9");
+  WriteFile(dir_ + "/qwen9.gguf", b);
+  EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/qwen9.gguf"), 1, "architecture \"qwen9\"");
+}
+
+TEST_F(CliTest, UnknownTensorType) {
+  // blk.0.attn_q.weight | u32 n_dims = 2 | 2 × u64 ne | u32 type
+  std::string b = tiny_bytes_;
+  const std::string name = "blk.0.attn_q.weight";
+  const size_t at = b.find(name);
+  ASSERT_NE(at, std::string::npos);
+  const uint32_t type = 99;
+  std::memcpy(&b[at + name.size() + 4 + 16], &type, 4);
+  WriteFile(dir_ + "/type.gguf", b);
+  Result r = Run("info --model " + dir_ + "/type.gguf");
+  EXPECT_FAILS_WITH(r, 1, "99");
+  EXPECT_NE(r.err.find("UNIMPLEMENTED"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, MissingTokenizer) {
+  const std::string path = Patched("notok.gguf", "tokenizer.ggml.model", "tokenizer.ggml.xxxxx");
+  EXPECT_FAILS_WITH(Run("generate --model " + path + " --prompt hi -n 2"), 1, "tokenizer");
+}
+
+TEST_F(CliTest, EmptyPrompt) {
+  EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " -n 2"), 2, "prompt is empty");
+  WriteFile(dir_ + "/empty.txt", "");
+  EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --prompt-file " + dir_ + "/empty.txt"), 2,
+                    "prompt is empty");
+}
+
+TEST_F(CliTest, InvalidUtf8IsEncodedAsBytes) {
+  WriteFile(dir_ + "/bytes.txt", std::string("abc \xff\xfe\xc3 def \x80", 13));
+  Result r = Run("generate --model " + tiny_ + " --prompt-file " + dir_ +
+                 "/bytes.txt -n 3 --chat_template none");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(CliTest, BadFlags) {
+  EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --prompt x --no_such_flag=3"), 2,
+                    "unknown flag");
+  EXPECT_FAILS_WITH(Run("frobnicate"), 2, "unknown command");
+  EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --prompt x --temp -1"), 2, "--temp");
+  EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + text_ + " --schedule xyz"), 2,
+                    "xyz");
+  Result help = Run("run --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--schedule"), std::string::npos);
+}
+
+TEST_F(CliTest, BadInputs) {
+  WriteFile(dir_ + "/empty.txt", "");
+  EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_ + "/empty.txt"), 2, "empty");
+  EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_), 2, "directory");
+  EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_ + "/missing.txt"), 1,
+                    "no such file");
+  EXPECT_FAILS_WITH(Run("run --model " + tiny_), 2, "--input");
+}
+
+TEST_F(CliTest, ImpossibleScheduleIsRefusedWithASuggestion) {
+  Result r = Run("run --model " + tiny_ + " --input " + text_ +
+                 " --schedule imdc --memory 512 --chunk 100 --window 32 --dry_run");
+  EXPECT_FAILS_WITH(r, 2, "--chunk");
+  r = Run("run --model " + tiny_ + " --input " + text_ + " --memory 16 --window 32");
+  EXPECT_FAILS_WITH(r, 2, "--window");
+}
+
+TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
+  Result r = Run("run --model " + tiny_ + " --input " + text_ +
+                 " --memory 64 --chunk 128 --window 8 -n 4 --question why --progress=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("TTFT"), std::string::npos) << r.err;
+  const std::string out = dir_ + "/cache.kv";
+  WriteFile(out, "precious");
+  r = Run("prefill --model " + tiny_ + " --input " + text_ + " --memory 64 --chunk 128 --window 8 --out " + out);
+  EXPECT_FAILS_WITH(r, 1, "--force");
+  EXPECT_EQ(Slurp(out), "precious");
+  r = Run("prefill --model " + tiny_ + " --input " + text_ +
+          " --memory 64 --chunk 128 --window 8 --progress=false --force --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = Run("generate --model " + tiny_ + " --cache " + out + " --prompt why -n 3");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A damaged cache is refused.
+  std::string bytes = Slurp(out);
+  bytes[bytes.size() / 2] ^= 0x40;
+  WriteFile(out, bytes);
+  EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --cache " + out + " --prompt why -n 3"), 1,
+                    "checksum");
+}
+
+}  // namespace
+}  // namespace snapfill
