@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -40,6 +41,8 @@ struct BackendOptions {
   // the activation-rounding noise (used to check the forward pass against
   // exact references). Keeps an f32 copy of each weight matrix it meets.
   bool exact_matmul = false;
+  // Time every operation (wall clock, per op kind); see ProfileReport().
+  bool profile = false;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at
@@ -89,6 +92,9 @@ class Backend {
                                     float scale) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
+  // With BackendOptions::profile: a table of seconds and calls per op kind
+  // since the backend was made; "" otherwise.
+  virtual std::string ProfileReport() const { return ""; }
 };
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for

@@ -357,6 +357,53 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
   }
 }
 
+namespace {
+
+// cos/sin of ggml's RoPE angles for one token position: theta_0 = pos,
+// theta_{i+1} = theta_i * theta_scale, angle_i = freq_scale * theta_i,
+// all in f32 in this order (cs[0..half) = cos, cs[half..2 half) = sin).
+void RopeAngles(int32_t pos, int64_t half, float theta_scale, float freq_scale, float* cs) {
+  float theta = static_cast<float>(pos);
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = freq_scale * theta;
+    cs[i] = std::cos(angle);
+    cs[half + i] = std::sin(angle);
+    theta *= theta_scale;
+  }
+}
+
+// The angles of positions [0, n) for one (base, scale, rot_dim), kept per
+// calling thread: the chunk loop rotates the same positions 0..m+c in every
+// layer of every step, and cos/sin cost more than the rotation itself.
+// Entries are computed by RopeAngles, so results are the same with or
+// without the table.
+struct RopeTable {
+  float freq_base = 0, freq_scale = 0;
+  int64_t rot_dim = 0;
+  int64_t size = 0;        // positions covered
+  std::vector<float> cs;   // [size][rot_dim]
+};
+constexpr int32_t kRopeTableMax = 1 << 16;
+
+const float* RopeTableFor(int64_t max_pos, int64_t rot_dim, float freq_base, float freq_scale,
+                          float theta_scale) {
+  thread_local RopeTable t;
+  if (t.freq_base != freq_base || t.freq_scale != freq_scale || t.rot_dim != rot_dim) {
+    t = RopeTable{freq_base, freq_scale, rot_dim, 0, {}};
+  }
+  if (max_pos >= t.size) {
+    const int64_t n = std::min<int64_t>(kRopeTableMax, std::max<int64_t>(max_pos + 1, 2 * t.size));
+    t.cs.resize(n * rot_dim);
+    for (int64_t p = t.size; p < n; ++p) {
+      RopeAngles(static_cast<int32_t>(p), rot_dim / 2, theta_scale, freq_scale, &t.cs[p * rot_dim]);
+    }
+    t.size = n;
+  }
+  return t.cs.data();
+}
+
+}  // namespace
+
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
           const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
   assert(rot_dim % 2 == 0 && rot_dim <= head_dim);
@@ -364,20 +411,28 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
   // ggml: theta_scale = powf(freq_base, -2.0f/n_dims); theta_0 = p;
   // theta_{i+1} = theta_i * theta_scale; cos/sin of freq_scale * theta_i.
   const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
+  int32_t min_pos = 0, max_pos = 0;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    min_pos = std::min(min_pos, pos[t]);
+    max_pos = std::max(max_pos, pos[t]);
+  }
+  const float* table = nullptr;
+  if (min_pos >= 0 && max_pos < kRopeTableMax) {
+    table = RopeTableFor(max_pos, rot_dim, freq_base, freq_scale, theta_scale);
+  }
 #pragma omp parallel if (num_tokens * num_heads * half >= (1 << 14))
   {
-    std::vector<float> cs(2 * half);
+    std::vector<float> cs(table == nullptr ? 2 * half : 0);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < num_tokens; ++t) {
-      float theta = static_cast<float>(pos[t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = freq_scale * theta;
-        cs[i] = std::cos(angle);
-        cs[half + i] = std::sin(angle);
-        theta *= theta_scale;
+      const float* cos_t;
+      if (table != nullptr) {
+        cos_t = table + static_cast<int64_t>(pos[t]) * rot_dim;
+      } else {
+        RopeAngles(pos[t], half, theta_scale, freq_scale, cs.data());
+        cos_t = cs.data();
       }
-      const float* cos_t = cs.data();
-      const float* sin_t = cs.data() + half;
+      const float* sin_t = cos_t + half;
       for (int64_t h = 0; h < num_heads; ++h) {
         float* xh = x + t * token_stride + h * head_dim;
         if (neox) {

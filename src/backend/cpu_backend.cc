@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/base/sys_stats.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "snapfill/backend.h"
@@ -14,15 +16,49 @@
 namespace snapfill {
 namespace {
 
+// Accumulates wall time of one op kind while in scope (when profiling).
+class OpTimer {
+ public:
+  OpTimer(bool on, double* seconds, int64_t* calls) : seconds_(on ? seconds : nullptr) {
+    if (on) ++*calls;
+  }
+  ~OpTimer() {
+    if (seconds_ != nullptr) *seconds_ += watch_.Seconds();
+  }
+
+ private:
+  double* seconds_;
+  Stopwatch watch_;
+};
+
+enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kNumOps };
+constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
+                                           "swiglu",   "attention", "window_scores"};
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, bool exact) : num_threads_(num_threads), exact_(exact) {}
+  CpuBackend(int num_threads, bool exact, bool profile)
+      : num_threads_(num_threads), exact_(exact), profile_(profile) {}
+
+  std::string ProfileReport() const override {
+    if (!profile_) return "";
+    double total = 0;
+    for (double s : seconds_) total += s;
+    std::string out = absl::StrFormat("%-14s %10s %8s %8s\n", "op", "seconds", "share", "calls");
+    for (int i = 0; i < kNumOps; ++i) {
+      absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d\n", kOpNames[i], seconds_[i],
+                            total > 0 ? 100 * seconds_[i] / total : 0.0, calls_[i]);
+    }
+    absl::StrAppendFormat(&out, "%-14s %10.3f\n", "backend total", total);
+    return out;
+  }
 
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return num_threads_; }
 
   absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                       int64_t y_stride) override {
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     if (!cpu::MatMulSupports(w.type)) {
       return absl::UnimplementedError(
           absl::StrCat("matmul: weight type ", GetTypeTraits(w.type).name ? GetTypeTraits(w.type).name : "?",
@@ -56,6 +92,7 @@ class CpuBackend final : public Backend {
 
   absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                        int64_t out_stride) override {
+    OpTimer timer(profile_, &seconds_[kGetRows], &calls_[kGetRows]);
     if (out_stride < table.cols) return absl::InvalidArgumentError("get_rows: out_stride < cols");
     for (int64_t i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= table.rows) {
@@ -74,6 +111,7 @@ class CpuBackend final : public Backend {
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
                        int64_t y_stride, int64_t rows, int64_t dim, float eps) override {
+    OpTimer timer(profile_, &seconds_[kRmsNorm], &calls_[kRmsNorm]);
     if (x_stride < dim || y_stride < dim) return absl::InvalidArgumentError("rms_norm: stride < dim");
     cpu::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
     return absl::OkStatus();
@@ -82,6 +120,7 @@ class CpuBackend final : public Backend {
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                     int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
                     float freq_scale, bool neox) override {
+    OpTimer timer(profile_, &seconds_[kRope], &calls_[kRope]);
     if (rot_dim > head_dim || rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", rot_dim,
                                                      " head_dim=", head_dim));
@@ -92,6 +131,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    OpTimer timer(profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::SwiGlu(gate, up, out, n);
     return absl::OkStatus();
   }
@@ -99,6 +139,7 @@ class CpuBackend final : public Backend {
   absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
                          int64_t out_stride, int64_t num_q, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    OpTimer timer(profile_, &seconds_[kAttention], &calls_[kAttention]);
     if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat("attention: ", num_heads,
                                                      " heads not divisible by ", num_kv_heads,
@@ -120,6 +161,7 @@ class CpuBackend final : public Backend {
   absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
                             int64_t votes_stride, int64_t num_q, int64_t num_heads,
                             int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > kv.num_keys ||
         votes_stride < kv.num_keys || q_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("window_scores: bad shapes: ", num_q,
@@ -136,6 +178,9 @@ class CpuBackend final : public Backend {
  private:
   int num_threads_;
   bool exact_;
+  bool profile_;
+  double seconds_[kNumOps] = {};
+  int64_t calls_[kNumOps] = {};
   // exact_matmul: weight matrices dequantized to f32, by their data.
   std::unordered_map<const void*, std::vector<float>> dequantized_;
 };
@@ -153,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   // OpenMP's thread count is process-wide; the CPU backend owns it.
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
-  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul));
+  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile));
 }
 
 }  // namespace snapfill

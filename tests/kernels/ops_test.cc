@@ -490,3 +490,28 @@ TEST(Argmax, FirstIndexOfTheMaximum) {
 
 }  // namespace
 }  // namespace snapfill
+
+namespace snapfill {
+namespace {
+
+// Positions below 2^16 use a cached cos/sin table; others (here forced by a
+// negative position in the same call) compute the angles per token. Both
+// must give bit-identical rotations.
+TEST(RopeTableTest, CachedAnglesEqualComputedAngles) {
+  const int64_t n = 200, heads = 3, d = 64;
+  std::vector<float> x(n * heads * d);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * i);
+  std::vector<int32_t> pos(n);
+  for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(t * 97 % 5000);
+  std::vector<float> cached = x;
+  cpu::Rope(cached.data(), n, heads, d, heads * d, pos.data(), d, 100000.0f, 1.0f, false);
+  std::vector<float> computed = x;
+  computed.resize((n + 1) * heads * d, 1.0f);
+  std::vector<int32_t> pos2 = pos;
+  pos2.push_back(-1);
+  cpu::Rope(computed.data(), n + 1, heads, d, heads * d, pos2.data(), d, 100000.0f, 1.0f, false);
+  for (size_t i = 0; i < cached.size(); ++i) ASSERT_EQ(cached[i], computed[i]) << i;
+}
+
+}  // namespace
+}  // namespace snapfill

@@ -87,6 +87,7 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags() {
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   BackendOptions opts;
   opts.num_threads = absl::GetFlag(FLAGS_threads);
+  opts.profile = absl::GetFlag(FLAGS_profile);
   if (opts.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads=", opts.num_threads,
                                                    " must be >= 0"));

@@ -47,4 +47,5 @@ ABSL_FLAG(bool, force, false, "Overwrite an output file that exists");
 ABSL_FLAG(std::string, telemetry, "", "Write one JSON record per step to this file");
 ABSL_FLAG(bool, progress, true, "Show a progress line on stderr during long prefills");
 ABSL_FLAG(bool, timing, true, "Print TTFT, tokens/s and peak memory to stderr");
+ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table at the end");
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");

@@ -44,6 +44,7 @@ ABSL_DECLARE_FLAG(bool, force);
 ABSL_DECLARE_FLAG(std::string, telemetry);
 ABSL_DECLARE_FLAG(bool, progress);
 ABSL_DECLARE_FLAG(bool, timing);
+ABSL_DECLARE_FLAG(bool, profile);
 ABSL_DECLARE_FLAG(int32_t, verbosity);
 
 #endif  // SNAPFILL_TOOLS_CLI_FLAGS_H_

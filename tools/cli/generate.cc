@@ -129,6 +129,7 @@ absl::Status RunGenerate() {
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (absl::GetFlag(FLAGS_timing)) PrintTiming(r, "");
+  std::fprintf(stderr, "%s", backend->ProfileReport().c_str());
   return absl::OkStatus();
 }
 

@@ -240,6 +240,7 @@ absl::Status RunRun() {
                  (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
                  HumanBytes(PeakRssBytes()).c_str());
   }
+  std::fprintf(stderr, "%s", p.backend->ProfileReport().c_str());
   return absl::OkStatus();
 }
 
@@ -268,6 +269,7 @@ absl::Status RunPrefill() {
                  p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str());
   }
+  std::fprintf(stderr, "%s", p.backend->ProfileReport().c_str());
   return absl::OkStatus();
 }
 
