@@ -258,3 +258,42 @@ TEST(PrefillEngineTest, SavedCacheGeneratesTheSameTokens) {
 
 }  // namespace
 }  // namespace snapfill
+
+namespace snapfill {
+namespace {
+
+// Adaptive growth redistributes each step's linear budget over the layers
+// by their measured retention: per layer it may differ, in total it is the
+// linear schedule's.
+TEST(PrefillEngineTest, AdaptiveGrowthKeepsTheLinearTotal) {
+  auto model = TinyModel(4);
+  auto backend = CreateBackend(Device::kCpu, {});
+  const int n = 1200;
+  auto ids = Tokens(n, model->config().vocab_size);
+  PrefillConfig config;
+  config.schedule.kind = ScheduleKind::kIncremental;
+  config.schedule.growth = Growth::kAdaptive;
+  config.schedule.chunk = 100;
+  config.schedule.memory = 120;
+  config.schedule.window = 8;
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+  SNAPFILL_ASSERT_OK(engine);
+  const SchedulePlan& plan = (*engine)->plan();
+  ASSERT_TRUE(plan.adaptive);
+  bool differs = false;
+  SNAPFILL_ASSERT_OK((*engine)->Run(ids, [&](const StepTelemetry& t) {
+    int64_t total = 0;
+    for (int64_t m : t.memory) {
+      total += m;
+      EXPECT_GE(m, 8);
+      differs |= m != t.memory[0];
+    }
+    const int64_t linear = plan.steps[t.step].budget[0];
+    EXPECT_EQ(total, linear * static_cast<int64_t>(t.memory.size())) << "step " << t.step;
+    return true;
+  }));
+  EXPECT_TRUE(differs);  // the layers did not all get the same budget
+}
+
+}  // namespace
+}  // namespace snapfill

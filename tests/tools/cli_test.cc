@@ -3,6 +3,7 @@
 // the built binary on tiny models this test writes (no download).
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -40,7 +41,10 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/snapfill_cli_test";
+    // ctest runs the cases as parallel processes: one folder each.
+    dir_ = ::testing::TempDir() + "/snapfill_cli_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+           std::to_string(getpid());
     std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
     TinyLlamaOptions opts;
     opts.context_length = 2048;
