@@ -73,17 +73,6 @@ uint64_t MinEncodedSize(GgufValueType type) {
   return 0;
 }
 
-bool IsUnsignedType(GgufValueType t) {
-  return t == GgufValueType::kUint8 || t == GgufValueType::kUint16 || t == GgufValueType::kUint32 ||
-         t == GgufValueType::kUint64;
-}
-bool IsSignedType(GgufValueType t) {
-  return t == GgufValueType::kInt8 || t == GgufValueType::kInt16 || t == GgufValueType::kInt32 ||
-         t == GgufValueType::kInt64;
-}
-bool IsFloatType(GgufValueType t) {
-  return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64;
-}
 
 // A bounds-checked little-endian cursor over [data, data + size).
 class Cursor {
@@ -251,11 +240,11 @@ absl::StatusOr<GgufValue> ReadValue(Cursor& c, uint32_t type_id) {
   }
   const GgufValueType t = out.array_type;
   absl::Status s;
-  if (IsUnsignedType(t)) {
+  if (IsGgufUnsigned(t)) {
     s = ReadArray<uint64_t>(c, t, count, &out);
-  } else if (IsSignedType(t)) {
+  } else if (IsGgufSigned(t)) {
     s = ReadArray<int64_t>(c, t, count, &out);
-  } else if (IsFloatType(t)) {
+  } else if (IsGgufFloat(t)) {
     s = ReadArray<double>(c, t, count, &out);
   } else if (t == GgufValueType::kBool) {
     s = ReadArray<bool>(c, t, count, &out);
@@ -478,9 +467,9 @@ absl::Status GgufFile::Parse() {
   alignment_ = kDefaultAlignment;
   if (const GgufValue* a = Find("general.alignment"); a != nullptr) {
     uint64_t align = 0;
-    if (IsUnsignedType(a->type)) {
+    if (IsGgufUnsigned(a->type)) {
       align = std::get<uint64_t>(a->value);
-    } else if (IsSignedType(a->type) && std::get<int64_t>(a->value) >= 0) {
+    } else if (IsGgufSigned(a->type) && std::get<int64_t>(a->value) >= 0) {
       align = static_cast<uint64_t>(std::get<int64_t>(a->value));
     } else {
       return absl::DataLossError(absl::StrCat("general.alignment has type ",
@@ -646,8 +635,8 @@ absl::StatusOr<std::string> GgufFile::GetString(std::string_view key) const {
 absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return KeyNotFound(Sv(key));
-  if (IsUnsignedType(v->type)) return std::get<uint64_t>(v->value);
-  if (IsSignedType(v->type)) {
+  if (IsGgufUnsigned(v->type)) return std::get<uint64_t>(v->value);
+  if (IsGgufSigned(v->type)) {
     const int64_t x = std::get<int64_t>(v->value);
     if (x < 0) return DoesNotFit(Sv(key), absl::StrCat(x), "an unsigned integer");
     return static_cast<uint64_t>(x);
@@ -658,8 +647,8 @@ absl::StatusOr<uint64_t> GgufFile::GetUint(std::string_view key) const {
 absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return KeyNotFound(Sv(key));
-  if (IsSignedType(v->type)) return std::get<int64_t>(v->value);
-  if (IsUnsignedType(v->type)) {
+  if (IsGgufSigned(v->type)) return std::get<int64_t>(v->value);
+  if (IsGgufUnsigned(v->type)) {
     const uint64_t x = std::get<uint64_t>(v->value);
     if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return DoesNotFit(Sv(key), absl::StrCat(x), "int64");
@@ -672,9 +661,9 @@ absl::StatusOr<int64_t> GgufFile::GetInt(std::string_view key) const {
 absl::StatusOr<double> GgufFile::GetFloat(std::string_view key) const {
   const GgufValue* v = Find(key);
   if (v == nullptr) return KeyNotFound(Sv(key));
-  if (IsFloatType(v->type)) return std::get<double>(v->value);
-  if (IsUnsignedType(v->type)) return static_cast<double>(std::get<uint64_t>(v->value));
-  if (IsSignedType(v->type)) return static_cast<double>(std::get<int64_t>(v->value));
+  if (IsGgufFloat(v->type)) return std::get<double>(v->value);
+  if (IsGgufUnsigned(v->type)) return static_cast<double>(std::get<uint64_t>(v->value));
+  if (IsGgufSigned(v->type)) return static_cast<double>(std::get<int64_t>(v->value));
   return WrongType(Sv(key), *v, "a number");
 }
 
@@ -699,15 +688,15 @@ absl::StatusOr<std::vector<float>> GgufFile::GetFloatArray(std::string_view key)
   if (v == nullptr) return KeyNotFound(Sv(key));
   if (v->type == GgufValueType::kArray) {
     const GgufValueType t = v->array_type;
-    if (IsFloatType(t)) {
+    if (IsGgufFloat(t)) {
       const auto& src = std::get<std::vector<double>>(v->value);
       return std::vector<float>(src.begin(), src.end());
     }
-    if (IsUnsignedType(t)) {
+    if (IsGgufUnsigned(t)) {
       const auto& src = std::get<std::vector<uint64_t>>(v->value);
       return std::vector<float>(src.begin(), src.end());
     }
-    if (IsSignedType(t)) {
+    if (IsGgufSigned(t)) {
       const auto& src = std::get<std::vector<int64_t>>(v->value);
       return std::vector<float>(src.begin(), src.end());
     }
@@ -720,8 +709,8 @@ absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key)
   if (v == nullptr) return KeyNotFound(Sv(key));
   if (v->type == GgufValueType::kArray) {
     const GgufValueType t = v->array_type;
-    if (IsSignedType(t)) return std::get<std::vector<int64_t>>(v->value);
-    if (IsUnsignedType(t)) {
+    if (IsGgufSigned(t)) return std::get<std::vector<int64_t>>(v->value);
+    if (IsGgufUnsigned(t)) {
       const auto& src = std::get<std::vector<uint64_t>>(v->value);
       std::vector<int64_t> out;
       out.reserve(src.size());

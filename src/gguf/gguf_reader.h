@@ -49,6 +49,19 @@ enum class GgufValueType : uint32_t {
 // Returns "uint8", "string", "array", ...; "unknown" for other ids.
 const char* GgufValueTypeName(GgufValueType type);
 
+// The value type families (shared by the reader and the writer).
+inline bool IsGgufUnsigned(GgufValueType t) {
+  return t == GgufValueType::kUint8 || t == GgufValueType::kUint16 || t == GgufValueType::kUint32 ||
+         t == GgufValueType::kUint64;
+}
+inline bool IsGgufSigned(GgufValueType t) {
+  return t == GgufValueType::kInt8 || t == GgufValueType::kInt16 || t == GgufValueType::kInt32 ||
+         t == GgufValueType::kInt64;
+}
+inline bool IsGgufFloat(GgufValueType t) {
+  return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64;
+}
+
 // One metadata value. Scalars are widened: all unsigned integers to uint64_t,
 // signed to int64_t, floats to double; `type` keeps the stored type.
 struct GgufValue {

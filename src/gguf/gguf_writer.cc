@@ -21,17 +21,6 @@ constexpr size_t kMaxDims = 4;
 
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-bool IsUnsigned(GgufValueType t) {
-  return t == GgufValueType::kUint8 || t == GgufValueType::kUint16 || t == GgufValueType::kUint32 ||
-         t == GgufValueType::kUint64;
-}
-bool IsSigned(GgufValueType t) {
-  return t == GgufValueType::kInt8 || t == GgufValueType::kInt16 || t == GgufValueType::kInt32 ||
-         t == GgufValueType::kInt64;
-}
-bool IsFloat(GgufValueType t) {
-  return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64;
-}
 
 // Range of a stored integer type, for AddValue's fit check.
 uint64_t UnsignedMax(GgufValueType t) {
@@ -153,9 +142,9 @@ void PutValue(std::string& out, const GgufValue& v) {
 // type `t`: 0 uint64_t, 1 int64_t, 2 double, 3 bool, 4 string; +5 for arrays.
 size_t ExpectedIndex(GgufValueType t, bool array) {
   size_t i = 4;
-  if (IsUnsigned(t)) i = 0;
-  if (IsSigned(t)) i = 1;
-  if (IsFloat(t)) i = 2;
+  if (IsGgufUnsigned(t)) i = 0;
+  if (IsGgufSigned(t)) i = 1;
+  if (IsGgufFloat(t)) i = 2;
   if (t == GgufValueType::kBool) i = 3;
   return array ? i + 5 : i;
 }
