@@ -24,6 +24,9 @@
 // only rounding is f32 accumulation: the result equals
 // ref::MatMulQuantizedActivations up to summation order.
 //
+// Small m (decode, m <= 3) with Q4_0 / Q4_1 / Q8_0 weights skips the packing
+// and reads the ggml blocks in place; see "Small-m path" below.
+//
 // ISA: AVX-512 F/BW/VNNI kernels (vpdpbusd for 32-blocks, vpmaddubsw +
 // vpdpwssd for K-quants) when compiled with them (-march=native here); a
 // portable scalar path with the same packed data otherwise, or when a test
@@ -53,6 +56,20 @@
 #define SNAPFILL_MATMUL_AVX512 1
 #else
 #define SNAPFILL_MATMUL_AVX512 0
+#endif
+
+// The small-m (decode) path needs only AVX2 + FMA + F16C (VNNI when present).
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if !SNAPFILL_MATMUL_AVX512
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+#define SNAPFILL_GEMV_AVX2 1
+#else
+#define SNAPFILL_GEMV_AVX2 0
 #endif
 
 namespace snapfill::cpu {
@@ -548,6 +565,172 @@ TileFn PickK(int rm, int rn) {
 }
 #endif  // SNAPFILL_MATMUL_AVX512
 
+// ---------------------------------------------------------------------------
+// Small-m path (decode: m = 1..3 tokens) for Q4_0 / Q4_1 / Q8_0 weights.
+//
+// With so few tokens each weight byte is used at most 3 times, so unpacking
+// rows into WPack (write + re-read) costs more than the dot itself. Here the
+// ggml blocks are read in place: per 32-block the 16 nibble bytes (or 32 s8)
+// are expanded in a ymm register and dotted with the token's Q8 block
+// (vpdpbusd, or vpmaddubsw + vpmaddwd without VNNI), giving 8 int32 lanes of
+// exact partial sums; then acc_lanes += f32(isum_lanes) · (dw·dx) in f32 FMA
+// (two accumulators, even/odd blocks). The part of each block dot that is not
+// a plain int8 product goes to two scalar f32 sums (even/odd blocks, so the
+// add chains overlap): Q4_1 mw·sx (sx = fp16(d·Σq)), Q4_0 dw·(dx·(-8·Σq)). Same data and formulas as the packed path, so the
+// result equals ref::MatMulQuantizedActivations up to f32 summation order
+// (at most k/32 + k/32 + 4 rounded terms per output). Threads: OpenMP static
+// split of the output rows; every row is computed by the same operation
+// sequence whatever the thread count.
+#if SNAPFILL_GEMV_AVX2
+
+// Quantized activation rows: q [m, k] s8 in natural order, fp16-rounded dx
+// and the aux term per 32-block.
+struct GemvX {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<float> aux;
+};
+
+GemvX& CallerGemvX() {
+  static thread_local GemvX gx;
+  return gx;
+}
+
+inline float HSum256(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// 8 int32 lanes, each the sum of 4 products u8 a · s8 b.
+inline __m256i DotU8S8(__m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b);
+#else
+  // |a·b| <= 255·128 per product; pairs <= 32640 (Q4: 15·127·2) for the
+  // operands used here (a <= 128 and |b| <= 127), so vpmaddubsw never saturates.
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+#endif
+}
+
+inline float F16(uint16_t h) { return _cvtsh_ss(h); }
+
+// Output rows [j0, j1) for M tokens.
+template <int M, GgmlType kType>
+void GemvRows(const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t j1, int64_t k, const GemvX& x,
+              float* y, int64_t y_stride) {
+  const int64_t nb = k / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w + j * w_row_bytes;
+    __m256 acc[2][M];
+    float aux[2][M];
+    for (int t = 0; t < M; ++t) {
+      acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+      aux[0][t] = aux[1][t] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const int h = static_cast<int>(b & 1);
+      __m256i wv;
+      float dw, waux = 0.0f;
+      if constexpr (kType == GgmlType::kQ8_0) {
+        const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+        dw = F16(blk->d);
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qs));
+      } else {
+        const uint8_t* qs;
+        if constexpr (kType == GgmlType::kQ4_1) {
+          const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+          dw = F16(blk->d);
+          waux = F16(blk->m);
+          qs = blk->qs;
+        } else {
+          const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+          dw = F16(blk->d);
+          waux = dw;
+          qs = blk->qs;
+        }
+        // Elements 0..15 are the low nibbles, 16..31 the high ones.
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+        wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+      }
+      if constexpr (kType == GgmlType::kQ8_0) {
+        // s8 · s8 as |w| (u8) · (x with w's sign).
+        const __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int t = 0; t < M; ++t) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + t * k + 32 * b));
+          const __m256i isum = DotU8S8(aw, _mm256_sign_epi8(xv, wv));
+          acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * x.d[t * nb + b]), acc[h][t]);
+        }
+      } else {
+        for (int t = 0; t < M; ++t) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + t * k + 32 * b));
+          const __m256i isum = DotU8S8(wv, xv);
+          acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * x.d[t * nb + b]), acc[h][t]);
+          aux[h][t] += waux * x.aux[t * nb + b];
+        }
+      }
+    }
+    for (int t = 0; t < M; ++t) {
+      y[t * y_stride + j] = HSum256(_mm256_add_ps(acc[0][t], acc[1][t])) + (aux[0][t] + aux[1][t]);
+    }
+  }
+}
+
+using GemvFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, int64_t, const GemvX&, float*, int64_t);
+
+template <GgmlType kType>
+GemvFn PickGemvM(int64_t m) {
+  switch (m) {
+    case 1: return GemvRows<1, kType>;
+    case 2: return GemvRows<2, kType>;
+    default: return GemvRows<3, kType>;
+  }
+}
+
+bool GemvHandles(GgmlType type, int64_t m) {
+  return m <= 3 && (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0) &&
+         g_impl.load(std::memory_order_relaxed) == static_cast<int>(MatMulImpl::kAuto);
+}
+
+void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type, int64_t n,
+          size_t w_row_bytes, float* y, int64_t y_stride) {
+  const int64_t nb = k / 32;
+  GemvX& gx = CallerGemvX();
+  if (gx.q.size() < static_cast<size_t>(m * k)) gx.q.resize(m * k);
+  if (gx.d.size() < static_cast<size_t>(m * nb)) gx.d.resize(m * nb);
+  if (gx.aux.size() < static_cast<size_t>(m * nb)) gx.aux.resize(m * nb);
+  // m·k <= 3·k elements: quantized on the calling thread (no extra barrier).
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      int sum = 0;
+      const float d = QuantBlock8(x + i * x_stride + 32 * b, gx.q.data() + i * k + 32 * b, &sum);
+      const float dx = Fp16ToFp32(Fp32ToFp16(d));
+      gx.d[i * nb + b] = dx;
+      gx.aux[i * nb + b] = type == GgmlType::kQ4_1   ? Fp16ToFp32(Fp32ToFp16(static_cast<float>(sum) * d))
+                           : type == GgmlType::kQ4_0 ? dx * static_cast<float>(-8 * sum)
+                                                     : 0.0f;
+    }
+  }
+  const GemvFn fn = type == GgmlType::kQ4_1   ? PickGemvM<GgmlType::kQ4_1>(m)
+                    : type == GgmlType::kQ4_0 ? PickGemvM<GgmlType::kQ4_0>(m)
+                                              : PickGemvM<GgmlType::kQ8_0>(m);
+  // Chunks of 16 rows, contiguous per thread (schedule(static) without a
+  // chunk size), so each thread streams one contiguous span of W. Small
+  // products stay on the calling thread: waking the team costs more.
+  constexpr int64_t kRows = 16;
+  const int64_t chunks = (n + kRows - 1) / kRows;
+  const int threads = m * n * k < (1 << 16) ? 1 : std::min<int64_t>(omp_get_max_threads(), chunks);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    fn(w, w_row_bytes, c * kRows, std::min(n, (c + 1) * kRows), k, gx, y, y_stride);
+  }
+}
+#endif  // SNAPFILL_GEMV_AVX2
+
 // Per-thread scratch (OpenMP worker threads persist across calls).
 WPack& ThreadWPack() {
   static thread_local WPack wp;
@@ -578,6 +761,12 @@ Split MakeSplit(int64_t m, int64_t n, int threads) {
 
 void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
                      GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+#if SNAPFILL_GEMV_AVX2
+  if (GemvHandles(type, m)) {
+    Gemv(x, m, k, x_stride, w, type, n, w_row_bytes, y, y_stride);
+    return;
+  }
+#endif
   const TypeInfo ti = Info(type);
   const PackDims pd = Dims(type, k);
   const bool simd = UseSimd();

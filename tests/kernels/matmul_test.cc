@@ -22,6 +22,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -269,6 +270,18 @@ std::vector<Case> AllCases() {
   cases.push_back({GgmlType::kQ8_0, 3, 2048, 576});
   cases.push_back({GgmlType::kQ4_K, 9, 576, 1536});
   cases.push_back({GgmlType::kQ6_K, 9, 1536, 512});
+  // Decode (m <= 3: Q4_0 / Q4_1 / Q8_0 read their blocks in place instead of
+  // unpacking): m = 2 (the m = 1 and 3 cases are above), strided operands, a
+  // row count that is no multiple of the 16-row chunks, and the real decode
+  // shapes including the Q8_0 output head.
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    for (int64_t n : {1, 17, 203}) cases.push_back({t, 2, n, 96});
+    for (int64_t m : {1, 2, 3}) cases.push_back({t, m, 33, 96, cpu::MatMulImpl::kAuto, 7, 3, 4});
+  }
+  cases.push_back({GgmlType::kQ4_1, 1, 1536, 576});
+  cases.push_back({GgmlType::kQ4_1, 1, 576, 1536});
+  cases.push_back({GgmlType::kQ8_0, 1, 1536, 576});
+  cases.push_back({GgmlType::kQ8_0, 1, 49152, 576});
   return cases;
 }
 
@@ -279,19 +292,24 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
 // computed by the same sequence of operations), so 1 and 2 threads agree bit
 // for bit, and with the reference as checked above.
 TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
+  // m = 37: the packed path; m = 1: the decode path (n large enough that it
+  // does go parallel).
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16}) {
-    const int64_t m = 37, n = 75, k = IsKQuant(t) ? 512 : 576;
-    const size_t row_bytes = RowBytes(t, k);
-    const auto w = MakeWeights(t, n, k, row_bytes, 5);
-    const auto x = MakeActivations(m, k, k, 6);
-    std::vector<float> y1(m * n), y2(m * n);
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
-    omp_set_num_threads(2);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
-    omp_set_num_threads(saved);
-    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << GetTypeTraits(t).name;
+    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{37, 75}, {1, 1000}}) {
+      const int64_t k = IsKQuant(t) ? 512 : 576;
+      const size_t row_bytes = RowBytes(t, k);
+      const auto w = MakeWeights(t, n, k, row_bytes, 5);
+      const auto x = MakeActivations(m, k, k, 6);
+      std::vector<float> y1(m * n), y2(m * n);
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(1);
+      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
+      omp_set_num_threads(2);
+      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
+      omp_set_num_threads(saved);
+      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0)
+          << GetTypeTraits(t).name << " m=" << m;
+    }
   }
 }
 
