@@ -50,8 +50,7 @@ absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int6
   if (options.max_new_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("-n=", options.max_new_tokens, " must be >= 0"));
   }
-  int64_t used = 0;
-  for (int64_t l = 0; l < kv.shape().num_layers; ++l) used = std::max(used, kv.size(l));
+  const int64_t used = kv.max_size();
   const int64_t need = used + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
   if (need > kv.capacity()) {
     return absl::OutOfRangeError(absl::StrCat("prompt (", prompt.size(), " tokens) + ",
@@ -84,8 +83,7 @@ absl::StatusOr<GenerateResult> GenerateFromLogits(LlamaForward& forward, KvCache
   if (static_cast<int64_t>(logits.size()) != forward.model().config().vocab_size) {
     return absl::InvalidArgumentError("logits do not match the vocabulary");
   }
-  int64_t used = 0;
-  for (int64_t l = 0; l < kv.shape().num_layers; ++l) used = std::max(used, kv.size(l));
+  const int64_t used = kv.max_size();
   if (used + options.max_new_tokens > kv.capacity()) {
     return absl::OutOfRangeError(absl::StrCat(options.max_new_tokens, " new tokens + ", used,
                                               " cached exceed the KV capacity of ",

@@ -253,16 +253,13 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
 
 int64_t PrefillEngine::next_position() const {
   if (config_.keep_original_positions) return plan_.config.total_tokens;
-  int64_t m = 0;
-  for (int64_t l = 0; l < memory_->shape().num_layers; ++l) m = std::max(m, memory_->size(l));
-  return m;
+  return memory_->max_size();
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
     int64_t extra_capacity) const {
   const LlamaConfig& c = model_.config();
-  int64_t max_size = 0;
-  for (int64_t l = 0; l < c.num_layers; ++l) max_size = std::max(max_size, memory_->size(l));
+  const int64_t max_size = memory_->max_size();
   SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
                                                          max_size + extra_capacity}));
   std::vector<int32_t> rot(max_size);

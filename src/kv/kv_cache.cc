@@ -1,5 +1,6 @@
 #include "src/kv/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -73,6 +74,12 @@ std::unique_ptr<KvCache> KvCache::Clone() const {
   c->pos_ = pos_;
   c->sizes_ = sizes_;
   return c;
+}
+
+int64_t KvCache::max_size() const {
+  int64_t m = 0;
+  for (int64_t n : sizes_) m = std::max(m, n);
+  return m;
 }
 
 void KvCache::Clear() { std::fill(sizes_.begin(), sizes_.end(), 0); }

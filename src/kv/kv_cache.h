@@ -36,6 +36,8 @@ class KvCache {
   int64_t capacity() const { return shape_.capacity; }
   int64_t size(int64_t layer) const { return sizes_[layer]; }
   void set_size(int64_t layer, int64_t n) { sizes_[layer] = n; }
+  // The largest size over layers (layers may hold different counts).
+  int64_t max_size() const;
   // Bytes allocated for keys and values.
   uint64_t bytes() const {
     return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float) +

@@ -23,40 +23,22 @@
 #include "src/gguf/fingerprint.h"
 #include "src/gguf/gguf_reader.h"
 #include "src/gguf/gguf_writer.h"
+#include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
 namespace {
 
 using ::testing::HasSubstr;
+using ::snapfill::testing::ListDir;
+using ::snapfill::testing::ReadAll;
+using ::snapfill::testing::WriteRaw;
 
 constexpr char kFingerprintA[] = "xxh3:00112233445566aa";
 constexpr char kFingerprintB[] = "xxh3:ffeeddccbbaa9988";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
-void WriteRaw(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-}
 
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 // A cache with random K/V bits (special values included), random
 // non-negative positions and the given per-layer sizes.

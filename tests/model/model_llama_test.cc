@@ -39,10 +39,8 @@ constexpr double kLogitTol = 0.75;
 constexpr double kMeanTol = 0.35;
 constexpr double kTieGap = 0.5;
 
-std::string ModelPath() {
-  if (const char* env = std::getenv("SNAPFILL_MODEL"); env && *env) return env;
-  return testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+// --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
+std::string ModelPath() { return ResolveModelPath(""); }
 
 nlohmann::json LoadJson(const std::string& rel) {
   std::ifstream in(testing::SourcePath(rel));

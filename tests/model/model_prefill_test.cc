@@ -23,10 +23,8 @@ namespace {
 // model_llama_test.cc for how it was measured.
 constexpr double kLogitTol = 0.75;
 
-std::string ModelPath() {
-  if (const char* env = std::getenv("SNAPFILL_MODEL"); env && *env) return env;
-  return testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+// --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
+std::string ModelPath() { return ResolveModelPath(""); }
 
 class ModelPrefillTest : public ::testing::Test {
  protected:

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
 #include "src/model/tiny_llama.h"
+#include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -26,17 +27,7 @@ struct Result {
   std::string err;
 };
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 class CliTest : public ::testing::Test {
  protected:
@@ -52,11 +43,11 @@ class CliTest : public ::testing::Test {
     SNAPFILL_ASSERT_OK(bytes);
     tiny_bytes_ = *bytes;
     tiny_ = dir_ + "/tiny.gguf";
-    WriteFile(tiny_, tiny_bytes_);
+    testing::WriteRaw(tiny_, tiny_bytes_);
     text_ = dir_ + "/input.txt";
     std::string text;
     for (int i = 0; i < 400; ++i) text += "The quick brown fox jumps over the lazy dog. ";
-    WriteFile(text_, text);
+    testing::WriteRaw(text_, text);
   }
   void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
 
@@ -73,8 +64,8 @@ class CliTest : public ::testing::Test {
     } else {
       r.crashed = true;
     }
-    r.out = Slurp(out);
-    r.err = Slurp(err);
+    r.out = testing::ReadAll(out);
+    r.err = testing::ReadAll(err);
     return r;
   }
 
@@ -85,7 +76,7 @@ class CliTest : public ::testing::Test {
     SNAPFILL_CHECK(at != std::string::npos && from.size() == to.size()) << from;
     b.replace(at, from.size(), to);
     const std::string path = dir_ + "/" + name;
-    WriteFile(path, b);
+    testing::WriteRaw(path, b);
     return path;
   }
 
@@ -106,18 +97,18 @@ TEST_F(CliTest, TinyModelGenerates) {
 }
 
 TEST_F(CliTest, NotAGgufFile) {
-  WriteFile(dir_ + "/text.gguf", "this is not a model, just some text that is long enough\n");
+  testing::WriteRaw(dir_ + "/text.gguf", "this is not a model, just some text that is long enough\n");
   EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/text.gguf"), 1, "magic");
 }
 
 TEST_F(CliTest, TruncatedFile) {
-  WriteFile(dir_ + "/cut.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() / 2));
+  testing::WriteRaw(dir_ + "/cut.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() / 2));
   EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/cut.gguf"), 1, "DATA_LOSS");
 }
 
 TEST_F(CliTest, TensorDataPastTheEnd) {
   // Drop the last 100 bytes: the last tensor's data now ends past the file.
-  WriteFile(dir_ + "/short.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() - 100));
+  testing::WriteRaw(dir_ + "/short.gguf", tiny_bytes_.substr(0, tiny_bytes_.size() - 100));
   Result r = Run("info --model " + dir_ + "/short.gguf");
   EXPECT_FAILS_WITH(r, 1, "but file has");
 }
@@ -130,7 +121,7 @@ TEST_F(CliTest, AbsurdDimensions) {
   ASSERT_NE(at, std::string::npos);
   const uint32_t huge = 0xFFFFFFF0u;
   std::memcpy(&b[at + key.size() + 4], &huge, 4);
-  WriteFile(dir_ + "/huge.gguf", b);
+  testing::WriteRaw(dir_ + "/huge.gguf", b);
   EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/huge.gguf"), 2, "embedding_length");
 }
 
@@ -142,7 +133,7 @@ TEST_F(CliTest, UnknownArchitecture) {
   ASSERT_NE(at, std::string::npos);
   // key | u32 type (8 = string) | u64 length 5 | "llama"
   b.replace(at + key.size() + 4 + 8, 5, "qwen9");
-  WriteFile(dir_ + "/qwen9.gguf", b);
+  testing::WriteRaw(dir_ + "/qwen9.gguf", b);
   EXPECT_FAILS_WITH(Run("info --model " + dir_ + "/qwen9.gguf"), 1, "architecture \"qwen9\"");
 }
 
@@ -154,7 +145,7 @@ TEST_F(CliTest, UnknownTensorType) {
   ASSERT_NE(at, std::string::npos);
   const uint32_t type = 99;
   std::memcpy(&b[at + name.size() + 4 + 16], &type, 4);
-  WriteFile(dir_ + "/type.gguf", b);
+  testing::WriteRaw(dir_ + "/type.gguf", b);
   Result r = Run("info --model " + dir_ + "/type.gguf");
   EXPECT_FAILS_WITH(r, 1, "99");
   EXPECT_NE(r.err.find("UNIMPLEMENTED"), std::string::npos) << r.err;
@@ -167,13 +158,13 @@ TEST_F(CliTest, MissingTokenizer) {
 
 TEST_F(CliTest, EmptyPrompt) {
   EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " -n 2"), 2, "prompt is empty");
-  WriteFile(dir_ + "/empty.txt", "");
+  testing::WriteRaw(dir_ + "/empty.txt", "");
   EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --prompt-file " + dir_ + "/empty.txt"), 2,
                     "prompt is empty");
 }
 
 TEST_F(CliTest, InvalidUtf8IsEncodedAsBytes) {
-  WriteFile(dir_ + "/bytes.txt", std::string("abc \xff\xfe\xc3 def \x80", 13));
+  testing::WriteRaw(dir_ + "/bytes.txt", std::string("abc \xff\xfe\xc3 def \x80", 13));
   Result r = Run("generate --model " + tiny_ + " --prompt-file " + dir_ +
                  "/bytes.txt -n 3 --chat_template none");
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -192,7 +183,7 @@ TEST_F(CliTest, BadFlags) {
 }
 
 TEST_F(CliTest, BadInputs) {
-  WriteFile(dir_ + "/empty.txt", "");
+  testing::WriteRaw(dir_ + "/empty.txt", "");
   EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_ + "/empty.txt"), 2, "empty");
   EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_), 2, "directory");
   EXPECT_FAILS_WITH(Run("run --model " + tiny_ + " --input " + dir_ + "/missing.txt"), 1,
@@ -214,19 +205,19 @@ TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("TTFT"), std::string::npos) << r.err;
   const std::string out = dir_ + "/cache.kv";
-  WriteFile(out, "precious");
+  testing::WriteRaw(out, "precious");
   r = Run("prefill --model " + tiny_ + " --input " + text_ + " --memory 64 --chunk 128 --window 8 --out " + out);
   EXPECT_FAILS_WITH(r, 1, "--force");
-  EXPECT_EQ(Slurp(out), "precious");
+  EXPECT_EQ(testing::ReadAll(out), "precious");
   r = Run("prefill --model " + tiny_ + " --input " + text_ +
           " --memory 64 --chunk 128 --window 8 --progress=false --force --out " + out);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   r = Run("generate --model " + tiny_ + " --cache " + out + " --prompt why -n 3");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   // A damaged cache is refused.
-  std::string bytes = Slurp(out);
+  std::string bytes = testing::ReadAll(out);
   bytes[bytes.size() / 2] ^= 0x40;
-  WriteFile(out, bytes);
+  testing::WriteRaw(out, bytes);
   EXPECT_FAILS_WITH(Run("generate --model " + tiny_ + " --cache " + out + " --prompt why -n 3"), 1,
                     "checksum");
 }

@@ -1,0 +1,19 @@
+// Small file helpers shared by the tests.
+#ifndef SNAPFILL_TESTS_TESTING_FILES_H_
+#define SNAPFILL_TESTS_TESTING_FILES_H_
+
+#include <string>
+#include <vector>
+
+namespace snapfill::testing {
+
+// The whole file as bytes ("" if it cannot be read).
+std::string ReadAll(const std::string& path);
+// Replaces the file with `data`.
+void WriteRaw(const std::string& path, const std::string& data);
+// Names in `dir`, without "." and "..", sorted.
+std::vector<std::string> ListDir(const std::string& dir);
+
+}  // namespace snapfill::testing
+
+#endif  // SNAPFILL_TESTS_TESTING_FILES_H_
