@@ -123,6 +123,9 @@ int Main(int argc, char** argv) {
   const absl::Status s = cmd->run();
   if (s.ok()) return 0;
   std::fprintf(stderr, "snapfill %s: %s\n", cmd->name, s.ToString().c_str());
+  // 130 as a shell reports a program stopped by SIGINT: the run stopped on
+  // a signal after saving its checkpoint.
+  if (absl::IsCancelled(s)) return 130;
   return absl::IsInvalidArgument(s) ? 2 : 1;
 }
 

@@ -1,6 +1,7 @@
 #include "src/engine/prefill_engine.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,48 +27,82 @@ uint64_t PhysicalMemoryBytes() {
 PrefillEngine::PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config)
     : model_(model), backend_(backend), config_(config) {}
 
-absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const LlamaModel& model,
-                                                                     Backend* backend,
-                                                                     const PrefillConfig& config,
-                                                                     int64_t total_tokens) {
-  std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, config));
-  const LlamaConfig& mc = model.config();
-  ScheduleConfig& sc = e->config_.schedule;
+namespace {
+
+// The configuration as the engine runs it: window and sinks shared by the
+// planner and the pruner; the full pruner planned as one fixed memory.
+absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config,
+                                      int64_t total_tokens) {
+  PrefillConfig c = config;
+  ScheduleConfig& sc = c.schedule;
   sc.total_tokens = total_tokens;
   sc.num_layers = mc.num_layers;
   sc.max_position = mc.context_length;
-  // One window and one sink count for the planner and the pruner.
-  e->config_.pruner.window = sc.window;
-  e->config_.pruner.sink_tokens = sc.sink_tokens;
-  SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(e->config_.pruner));
-  const bool full = e->config_.pruner.kind == PrunerKind::kFull;
-  if (full) {
+  c.pruner.window = sc.window;
+  c.pruner.sink_tokens = sc.sink_tokens;
+  SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(c.pruner));
+  if (c.pruner.kind == PrunerKind::kFull) {
     // The baseline keeps every entry: one memory of the whole input.
     // Its budgets are not used; plan them as a fixed memory that fits.
     sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
     sc.first_memory = 0;
   }
-  SNAPFILL_ASSIGN_OR_RETURN(e->plan_, PlanSchedule(sc));
-  SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner));
+  return c;
+}
 
+}  // namespace
+
+absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
+                                                          const PrefillConfig& config,
+                                                          int64_t total_tokens) {
+  SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
+  PrefillFootprint f;
+  SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
   int64_t max_budget = 0;
-  for (const ScheduleStep& s : e->plan_.steps) {
+  for (const ScheduleStep& s : f.plan.steps) {
     for (int64_t b : s.budget) max_budget = std::max(max_budget, b);
   }
   // Adaptive growth may give a layer more than the linear budget; cap it at
   // twice that so the memory can be allocated up front.
-  if (e->plan_.adaptive) max_budget *= 2;
-  int64_t capacity = max_budget + sc.sink_tokens;
-  if (full) capacity = total_tokens;
+  if (f.plan.adaptive) max_budget *= 2;
+  f.memory_capacity = max_budget + c.schedule.sink_tokens;
+  if (c.pruner.kind == PrunerKind::kFull) f.memory_capacity = total_tokens;
+  f.final_entries = f.memory_capacity;
+  if (c.pruner.kind != PrunerKind::kFull && !f.plan.adaptive) {
+    int64_t last = 0;
+    for (int64_t b : f.plan.steps.back().budget) last = std::max(last, b);
+    f.final_entries = std::min(f.memory_capacity, last + c.schedule.sink_tokens);
+  }
   const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
                                (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
-  const uint64_t memory_bytes = entry_bytes * capacity;
+  f.memory_bytes = entry_bytes * f.memory_capacity;
+  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens;
+  // Raw and rotated keys, values, votes (floats); positions per head and
+  // rotation positions (int32).
+  f.candidate_bytes = cand * mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
+                      cand * (mc.num_kv_heads + 1) * sizeof(int32_t);
+  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens);
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const LlamaModel& model,
+                                                                     Backend* backend,
+                                                                     const PrefillConfig& config,
+                                                                     int64_t total_tokens) {
+  const LlamaConfig& mc = model.config();
+  SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig resolved, Resolve(mc, config, total_tokens));
+  SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, Footprint(mc, config, total_tokens));
+  std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, resolved));
+  e->plan_ = std::move(fp.plan);
+  SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner));
+  const bool full = e->config_.pruner.kind == PrunerKind::kFull;
+  const int64_t capacity = fp.memory_capacity;
   const uint64_t phys = PhysicalMemoryBytes();
-  if (phys > 0 && memory_bytes > phys / 10 * 8) {
+  if (phys > 0 && fp.memory_bytes > phys / 10 * 8) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "a memory of %d entries per layer and KV head needs %.1f GiB, more than this machine's "
         "%.1f GiB%s",
-        capacity, memory_bytes / double(1 << 30), phys / double(1 << 30),
+        capacity, fp.memory_bytes / double(1 << 30), phys / double(1 << 30),
         full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
   }
   SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads,
@@ -108,10 +143,14 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
   }
   const LlamaConfig& mc = model_.config();
   const bool full = config_.pruner.kind == PrunerKind::kFull;
-  memory_->Clear();
+  // A finished run starts over; a restored one goes on.
+  if (steps_done_ >= static_cast<int64_t>(plan_.steps.size())) steps_done_ = 0;
+  if (steps_done_ == 0) {
+    memory_->Clear();
+    retention_.assign(mc.num_layers, 0.0);
+  }
   Stopwatch total;
-  std::vector<double> retention(mc.num_layers, 0.0);
-  for (step_ = 0; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
+  for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
     Stopwatch watch;
     budgets_ = step.budget;
@@ -119,7 +158,7 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
       std::fill(budgets_.begin(), budgets_.end(), memory_->capacity());
     } else if (plan_.adaptive && step_ > 0) {
       SNAPFILL_ASSIGN_OR_RETURN(budgets_,
-                                AdaptiveBudgets(step.budget[0], retention, plan_.config.window,
+                                AdaptiveBudgets(step.budget[0], retention_, plan_.config.window,
                                                 memory_->capacity() - plan_.config.sink_tokens));
     }
     telemetry_ = StepTelemetry();
@@ -137,7 +176,8 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
         tokens.data() + step.start_token, step.chunk_tokens, attend, last ? 1 : 0,
         last_logits_.data()));
-    retention = telemetry_.retention;
+    retention_ = telemetry_.retention;
+    steps_done_ = step_ + 1;
     telemetry_.seconds = watch.Seconds();
     telemetry_.elapsed_seconds = total.Seconds();
     telemetry_.rss_bytes = CurrentRssBytes();
@@ -248,6 +288,68 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   telemetry_.memory[layer] = kept;
   telemetry_.retention[layer] = retained / c.num_kv_heads;
   telemetry_.attention_length = std::max(telemetry_.attention_length, num);
+  return absl::OkStatus();
+}
+
+uint64_t PrefillEngine::plan_digest() const {
+  XXH3_state_t* state = XXH3_createState();
+  SNAPFILL_CHECK(state != nullptr);
+  XXH3_64bits_reset(state);
+  for (const ScheduleStep& s : plan_.steps) {
+    const int64_t head[2] = {s.start_token, s.chunk_tokens};
+    XXH3_64bits_update(state, head, sizeof(head));
+    XXH3_64bits_update(state, s.budget.data(), s.budget.size() * sizeof(int64_t));
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
+absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double>& retention,
+                                    const KvCache& memory) {
+  const LlamaConfig& c = model_.config();
+  const int64_t steps = static_cast<int64_t>(plan_.steps.size());
+  if (steps_done < 0 || steps_done >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resume after step ", steps_done,
+                                                   ": the plan has ", steps, " steps"));
+  }
+  const KvCacheShape& s = memory.shape();
+  if (s.num_layers != c.num_layers || s.num_kv_heads != c.num_kv_heads ||
+      s.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the saved memory has ", s.num_layers, " layers x ", s.num_kv_heads, " KV heads x ",
+        s.head_dim, " dims; the model has ", c.num_layers, " x ", c.num_kv_heads, " x ",
+        c.head_dim));
+  }
+  if (static_cast<int64_t>(retention.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("the saved retention has ", retention.size(),
+                                                   " values for ", c.num_layers, " layers"));
+  }
+  for (double r : retention) {
+    if (!(r >= 0.0 && r <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("saved retention ", r, " is not in [0, 1]"));
+    }
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (memory.size(l) < 0 || memory.size(l) > memory_->capacity()) {
+      return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ",
+                                                     memory.size(l), " entries; this plan's "
+                                                     "memory holds ", memory_->capacity()));
+    }
+  }
+  memory_->Clear();
+  const int64_t d = c.head_dim;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory.size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::memcpy(memory_->k(l, h), memory.k(l, h), m * d * sizeof(float));
+      std::memcpy(memory_->v(l, h), memory.v(l, h), m * d * sizeof(float));
+      std::memcpy(memory_->pos(l, h), memory.pos(l, h), m * sizeof(int32_t));
+    }
+    memory_->set_size(l, m);
+  }
+  steps_done_ = steps_done;
+  retention_ = retention;
   return absl::OkStatus();
 }
 

@@ -54,8 +54,25 @@ struct StepTelemetry {
   uint64_t rss_bytes = 0;              // resident set after the step
 };
 
+// What a prefill allocates, known before it starts (--dry_run, --max_memory).
+struct PrefillFootprint {
+  SchedulePlan plan;
+  int64_t memory_capacity = 0;     // entries per layer and KV head
+  int64_t final_entries = 0;       // at most this many per layer and head at the end
+  uint64_t memory_bytes = 0;       // the compressed memory
+  uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
+  uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
+  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes; }
+};
+
 class PrefillEngine {
  public:
+  // Plans the schedule and sizes every buffer Create() would allocate,
+  // without allocating; the same errors as Create() for impossible plans.
+  static absl::StatusOr<PrefillFootprint> Footprint(const LlamaConfig& model,
+                                                    const PrefillConfig& config,
+                                                    int64_t total_tokens);
+
   // Plans the schedule for `total_tokens` and allocates the memory and the
   // scratch; InvalidArgument for a plan or pruner configuration that cannot
   // work, before any work starts.
@@ -67,11 +84,30 @@ class PrefillEngine {
   const SchedulePlan& plan() const { return plan_; }
   const PrefillConfig& config() const { return config_; }
 
-  // Streams `tokens` (exactly total_tokens) through the model. `on_step`
-  // (optional) sees each step's telemetry; returning false stops early with
-  // Cancelled. Afterwards last_logits() holds the logits of the final token.
+  // Streams `tokens` (exactly total_tokens) through the model, from step
+  // steps_done() on (0 unless Restore() was called). `on_step` (optional)
+  // sees each step's telemetry after that step's memory is complete;
+  // returning false stops early with Cancelled (steps_done() then counts the
+  // step just seen, so a checkpoint taken in on_step resumes after it).
+  // Afterwards last_logits() holds the logits of the final token.
   absl::Status Run(const std::vector<int32_t>& tokens,
                    const std::function<bool(const StepTelemetry&)>& on_step);
+
+  // Checkpoint state: the steps completed, the last step's retention per
+  // layer (adaptive growth's input) and memory(). Together with the plan they
+  // determine the rest of the run, so a run restored from them finishes with
+  // the same memory, bit for bit, as one never stopped (same thread count).
+  int64_t steps_done() const { return steps_done_; }
+  const std::vector<double>& retention() const { return retention_; }
+  // Digest of the plan (every step's start, chunk and budgets): a checkpoint
+  // resumes only into the same plan.
+  uint64_t plan_digest() const;
+  // Puts the engine in the state of a run stopped after `steps_done` steps.
+  // InvalidArgument (naming the field) if the memory's shape differs from
+  // this engine's, a layer holds more than its capacity, steps_done is not
+  // in [0, steps) or retention is not one value in [0, 1] per layer.
+  absl::Status Restore(int64_t steps_done, const std::vector<double>& retention,
+                       const KvCache& memory);
 
   const std::vector<float>& last_logits() const { return last_logits_; }
   // The compressed memory: un-rotated keys, values, original positions.
@@ -101,8 +137,10 @@ class PrefillEngine {
   std::unique_ptr<LlamaForward> forward_;
   std::unique_ptr<KvCache> memory_;  // [layers, kv_heads, capacity, head_dim], keys un-rotated
 
-  // The step being run.
+  // The step being run, the steps completed and the last one's retention.
   int64_t step_ = 0;
+  int64_t steps_done_ = 0;
+  std::vector<double> retention_;
   std::vector<int64_t> budgets_;      // [num_layers] for this step
   StepTelemetry telemetry_;
 

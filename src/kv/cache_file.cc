@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
+#include "src/kv/kv_file_format.h"
 
 namespace snapfill {
 namespace {
@@ -28,7 +30,7 @@ static_assert(std::endian::native == std::endian::little,
 // This Abseil's StrCat takes absl::string_view, which is not std::string_view.
 absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-constexpr uint64_t kMagicBytes = sizeof(kCacheFileMagic);
+constexpr uint64_t kMagicBytes = internal::kKvFileMagicBytes;
 constexpr uint64_t kChecksumBytes = 8;
 // A header that would make the loader allocate far more than the file holds
 // (one huge layer among thousands of empty ones) is refused: the padded
@@ -88,13 +90,14 @@ class HashingWriter {
 // Bounds-checked sequential reads over the file bytes.
 class Reader {
  public:
-  Reader(std::string_view bytes, std::string_view name) : bytes_(bytes), name_(name) {}
+  Reader(std::string_view bytes, std::string_view label, std::string_view name)
+      : bytes_(bytes), label_(label), name_(name) {}
   uint64_t offset() const { return offset_; }
   uint64_t remaining() const { return bytes_.size() - offset_; }
   void Skip(uint64_t n) { offset_ += std::min(n, remaining()); }
 
   absl::Status Truncated(std::string_view field, uint64_t need) const {
-    return absl::DataLossError(absl::StrCat("cache file ", Sv(name_), " is truncated: ", Sv(field),
+    return absl::DataLossError(absl::StrCat(Sv(label_), " ", Sv(name_), " is truncated: ", Sv(field),
                                             " at byte ", offset_, " needs ", need,
                                             " bytes but the file has ", bytes_.size()));
   }
@@ -110,7 +113,7 @@ class Reader {
   absl::StatusOr<std::string_view> GetString(std::string_view field, uint64_t max_length) {
     SNAPFILL_ASSIGN_OR_RETURN(const uint64_t length, Get<uint64_t>(field));
     if (length > max_length) {
-      return absl::DataLossError(absl::StrCat("cache file ", Sv(name_), " is damaged: ", Sv(field),
+      return absl::DataLossError(absl::StrCat(Sv(label_), " ", Sv(name_), " is damaged: ", Sv(field),
                                               " length ", length, " exceeds the limit ",
                                               max_length));
     }
@@ -122,19 +125,32 @@ class Reader {
 
  private:
   std::string_view bytes_;
+  std::string_view label_;
   std::string_view name_;
   uint64_t offset_ = 0;
 };
 
-absl::Status Damaged(std::string_view name, std::string_view why) {
-  return absl::DataLossError(absl::StrCat("cache file ", Sv(name), " is damaged: ", Sv(why)));
-}
-
 }  // namespace
 
-absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bool overwrite) {
-  const std::string what = absl::StrCat("cannot save cache file ", path);
-  if (cache.kv == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": no KV cache"));
+namespace internal {
+
+absl::Status Damaged(const KvFileFormat& f, std::string_view name, std::string_view why) {
+  return absl::DataLossError(absl::StrCat(Sv(f.label), " ", Sv(name), " is damaged: ", Sv(why)));
+}
+
+}  // namespace internal
+
+namespace {
+using internal::Damaged;
+using internal::KvFileFormat;
+using internal::KvFileHeader;
+}  // namespace
+
+namespace internal {
+
+absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
+                        const KvFileHeader& cache, const KvCache& kv, bool overwrite) {
+  const std::string what = absl::StrCat("cannot save ", Sv(format.label), " ", path);
   if (cache.model_fingerprint.size() > kMaxFingerprintBytes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": model fingerprint of ",
                                                    cache.model_fingerprint.size(),
@@ -145,7 +161,6 @@ absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bo
                                                    " and input_tokens=", cache.input_tokens,
                                                    " must be >= 0"));
   }
-  const KvCache& kv = *cache.kv;
   const KvCacheShape& shape = kv.shape();
   if (shape.num_layers < 1 || static_cast<uint64_t>(shape.num_layers) > kMaxCacheLayers ||
       shape.num_kv_heads < 1 || static_cast<uint64_t>(shape.num_kv_heads) > kMaxCacheKvHeads ||
@@ -186,8 +201,8 @@ absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bo
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
                             AtomicFileWriter::Create(path, overwrite));
   HashingWriter out(file.get());
-  SNAPFILL_RETURN_IF_ERROR(out.Write(kCacheFileMagic, kMagicBytes));
-  SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(kCacheFileVersion));
+  SNAPFILL_RETURN_IF_ERROR(out.Write(format.magic.data(), kMagicBytes));
+  SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(format.version));
   SNAPFILL_RETURN_IF_ERROR(out.PutString(cache.model_fingerprint));
   SNAPFILL_RETURN_IF_ERROR(out.PutString(cache.config));
   SNAPFILL_RETURN_IF_ERROR(out.Put<int64_t>(cache.next_position));
@@ -213,45 +228,49 @@ absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bo
   return file->Commit();
 }
 
-absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_view name,
+absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::string_view bytes,
+                                           std::string_view name,
                                            std::string_view expected_fingerprint,
                                            int64_t extra_capacity) {
   if (extra_capacity < 0 || extra_capacity > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
         absl::StrCat("extra_capacity=", extra_capacity, " must be in [0, 2^40]"));
   }
-  if (bytes.empty()) return absl::DataLossError(absl::StrCat("cache file ", Sv(name), " is empty"));
-  const std::string_view magic(kCacheFileMagic, kMagicBytes);
+  if (bytes.empty()) {
+    return absl::DataLossError(absl::StrCat(Sv(format.label), " ", Sv(name), " is empty"));
+  }
+  const std::string_view magic = format.magic;
   // A short file that starts like the magic is truncated, not foreign.
   const size_t head = std::min<size_t>(bytes.size(), kMagicBytes);
   if (bytes.substr(0, head) != magic.substr(0, head)) {
     return absl::DataLossError(absl::StrCat(
-        Sv(name), " is not a snapfill cache file (bad magic: expected \"SNAPFILL-KV\")"));
+        Sv(name), " is not a snapfill ", Sv(format.label), " (bad magic: expected \"",
+        Sv(magic.substr(0, magic.find('\0'))), "\")"));
   }
-  Reader in(bytes, name);
+  Reader in(bytes, format.label, name);
   if (bytes.size() < kMagicBytes) return in.Truncated("magic", kMagicBytes);
   in.Skip(kMagicBytes);
   SNAPFILL_ASSIGN_OR_RETURN(const uint32_t version, in.Get<uint32_t>("version"));
-  if (version > kCacheFileVersion) {
-    return absl::UnimplementedError(absl::StrCat("cache file ", Sv(name), " version ", version,
-                                                 " is newer than this snapfill (",
-                                                 kCacheFileVersion, ")"));
+  if (version > format.version) {
+    return absl::UnimplementedError(absl::StrCat(Sv(format.label), " ", Sv(name), " version ",
+                                                 version, " is newer than this snapfill (",
+                                                 format.version, ")"));
   }
-  if (version == 0) return Damaged(name, "format version 0");
+  if (version == 0) return Damaged(format, name, "format version 0");
 
   // Header: every count is checked against the bytes left before it is used.
-  PromptCache cache;
+  KvFileContents cache;
   SNAPFILL_ASSIGN_OR_RETURN(const std::string_view fingerprint,
                             in.GetString("model fingerprint", kMaxFingerprintBytes));
   SNAPFILL_ASSIGN_OR_RETURN(const std::string_view config, in.GetString("config", bytes.size()));
-  SNAPFILL_ASSIGN_OR_RETURN(cache.next_position, in.Get<int64_t>("next_position"));
-  SNAPFILL_ASSIGN_OR_RETURN(cache.input_tokens, in.Get<int64_t>("input_tokens"));
+  SNAPFILL_ASSIGN_OR_RETURN(cache.header.next_position, in.Get<int64_t>("next_position"));
+  SNAPFILL_ASSIGN_OR_RETURN(cache.header.input_tokens, in.Get<int64_t>("input_tokens"));
   SNAPFILL_ASSIGN_OR_RETURN(const uint64_t num_layers, in.Get<uint64_t>("num_layers"));
   SNAPFILL_ASSIGN_OR_RETURN(const uint64_t num_kv_heads, in.Get<uint64_t>("num_kv_heads"));
   SNAPFILL_ASSIGN_OR_RETURN(const uint64_t head_dim, in.Get<uint64_t>("head_dim"));
   if (num_layers < 1 || num_layers > kMaxCacheLayers || num_kv_heads < 1 ||
       num_kv_heads > kMaxCacheKvHeads || head_dim < 1 || head_dim > kMaxCacheHeadDim) {
-    return Damaged(name, absl::StrCat("shape layers=", num_layers, " kv_heads=", num_kv_heads,
+    return Damaged(format, name, absl::StrCat("shape layers=", num_layers, " kv_heads=", num_kv_heads,
                                       " head_dim=", head_dim, " is outside [1, ",
                                       kMaxCacheLayers, "] x [1, ", kMaxCacheKvHeads, "] x [1, ",
                                       kMaxCacheHeadDim, "]"));
@@ -269,15 +288,15 @@ absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_v
     SNAPFILL_ASSIGN_OR_RETURN(sizes[l], in.Get<uint64_t>("layer size"));
     if (sizes[l] > bytes.size() / bytes_per_entry) {
       return absl::DataLossError(absl::StrCat(
-          "cache file ", Sv(name), " is truncated or damaged: layer ", l, " holds ", sizes[l],
+          Sv(format.label), " ", Sv(name), " is truncated or damaged: layer ", l, " holds ", sizes[l],
           " entries of ", bytes_per_entry, " bytes but the file has ", bytes.size(), " bytes"));
     }
     max_size = std::max(max_size, sizes[l]);
     total_entries += sizes[l];
   }
-  if (cache.next_position < 0 || cache.input_tokens < 0) {
-    return Damaged(name, absl::StrCat("next_position=", cache.next_position,
-                                      " input_tokens=", cache.input_tokens, " (must be >= 0)"));
+  if (cache.header.next_position < 0 || cache.header.input_tokens < 0) {
+    return Damaged(format, name, absl::StrCat("next_position=", cache.header.next_position,
+                                      " input_tokens=", cache.header.input_tokens, " (must be >= 0)"));
   }
 
   // The whole file must be exactly header + payload + checksum.
@@ -286,31 +305,31 @@ absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_v
       kChecksumBytes;
   if (expected > bytes.size()) {
     return absl::DataLossError(absl::StrCat(
-        "cache file ", Sv(name), " is truncated: its header describes ",
+        Sv(format.label), " ", Sv(name), " is truncated: its header describes ",
         static_cast<double>(expected), " bytes but the file has ", bytes.size()));
   }
   if (expected < bytes.size()) {
-    return Damaged(name, absl::StrCat(bytes.size() - static_cast<uint64_t>(expected),
+    return Damaged(format, name, absl::StrCat(bytes.size() - static_cast<uint64_t>(expected),
                                       " bytes after the end of the cache"));
   }
   uint64_t stored_checksum;
   std::memcpy(&stored_checksum, bytes.data() + bytes.size() - kChecksumBytes, kChecksumBytes);
   const uint64_t checksum = XXH3_64bits(bytes.data(), bytes.size() - kChecksumBytes);
   if (checksum != stored_checksum) {
-    return Damaged(name, absl::StrFormat("checksum mismatch (stored %016x, computed %016x)",
+    return Damaged(format, name, absl::StrFormat("checksum mismatch (stored %016x, computed %016x)",
                                          stored_checksum, checksum));
   }
 
-  cache.model_fingerprint = std::string(fingerprint);
-  cache.config = std::string(config);
+  cache.header.model_fingerprint = std::string(fingerprint);
+  cache.header.config = std::string(config);
   if (!expected_fingerprint.empty() && fingerprint != expected_fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cache file ", Sv(name), " was made by model ",
+        Sv(format.label), " ", Sv(name), " was made by model ",
         fingerprint.empty() ? "(no fingerprint)" : Sv(fingerprint),
         ", not by the loaded model ", Sv(expected_fingerprint)));
   }
   SNAPFILL_RETURN_IF_ERROR(CheckPadding(num_layers, num_kv_heads, head_dim, max_size,
-                                        total_entries, absl::StrCat("cache file ", Sv(name),
+                                        total_entries, absl::StrCat(Sv(format.label), " ", Sv(name),
                                                                     " is damaged")));
 
   KvCacheShape shape;
@@ -333,7 +352,7 @@ absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_v
       p += n * sizeof(int32_t);
       for (size_t i = 0; i < n; ++i) {
         if (pos[i] < 0) {
-          return Damaged(name, absl::StrCat("layer ", l, " head ", h, " entry ", i,
+          return Damaged(format, name, absl::StrCat("layer ", l, " head ", h, " entry ", i,
                                             " has position ", pos[i]));
         }
       }
@@ -343,39 +362,93 @@ absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_v
   return cache;
 }
 
-absl::StatusOr<PromptCache> LoadCacheFile(const std::string& path,
-                                          std::string_view expected_fingerprint,
-                                          int64_t extra_capacity) {
+absl::Status MapKvFile(const KvFileFormat& format, const std::string& path,
+                       const std::function<void(std::string_view)>& use) {
+  const std::string label(format.label);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return FileErrnoStatus(errno, "cannot open cache file", path);
+  if (fd < 0) return FileErrnoStatus(errno, "cannot open " + label, path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    const absl::Status s = FileErrnoStatus(errno, "cannot stat cache file", path);
+    const absl::Status s = FileErrnoStatus(errno, "cannot stat " + label, path);
     ::close(fd);
     return s;
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat("cache file ", path, " is not a regular file"));
+        absl::StrCat(label, " ", path, " is not a regular file"));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   if (size == 0) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat("cache file ", path, " is empty"));
+    return absl::DataLossError(absl::StrCat(label, " ", path, " is empty"));
   }
   // Mapped rather than read so that loading needs no second copy of the
   // payload in memory.
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
   ::close(fd);
-  if (map == MAP_FAILED) return FileErrnoStatus(map_errno, "cannot map cache file", path);
+  if (map == MAP_FAILED) return FileErrnoStatus(map_errno, "cannot map " + label, path);
   ::madvise(map, size, MADV_SEQUENTIAL);
-  absl::StatusOr<PromptCache> cache = ParseCacheFile(
-      std::string_view(static_cast<const char*>(map), size), path, expected_fingerprint,
-      extra_capacity);
+  use(std::string_view(static_cast<const char*>(map), size));
   ::munmap(map, size);
-  return cache;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvFileContents> LoadKvFile(const KvFileFormat& format, const std::string& path,
+                                          std::string_view expected_fingerprint,
+                                          int64_t extra_capacity) {
+  absl::StatusOr<KvFileContents> contents = absl::InternalError("not read");
+  SNAPFILL_RETURN_IF_ERROR(MapKvFile(format, path, [&](std::string_view bytes) {
+    contents = ParseKvFile(format, bytes, path, expected_fingerprint, extra_capacity);
+  }));
+  return contents;
+}
+
+}  // namespace internal
+
+namespace {
+
+constexpr KvFileFormat kCacheFormat{std::string_view(kCacheFileMagic, sizeof(kCacheFileMagic)),
+                                    kCacheFileVersion, "cache file"};
+
+PromptCache ToPromptCache(internal::KvFileContents c) {
+  PromptCache p;
+  p.model_fingerprint = std::move(c.header.model_fingerprint);
+  p.config = std::move(c.header.config);
+  p.next_position = c.header.next_position;
+  p.input_tokens = c.header.input_tokens;
+  p.kv = std::move(c.kv);
+  return p;
+}
+
+}  // namespace
+
+absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bool overwrite) {
+  if (cache.kv == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot save cache file ", path,
+                                                   ": no KV cache"));
+  }
+  KvFileHeader h{cache.model_fingerprint, cache.config, cache.next_position, cache.input_tokens};
+  return internal::SaveKvFile(kCacheFormat, path, h, *cache.kv, overwrite);
+}
+
+absl::StatusOr<PromptCache> ParseCacheFile(std::string_view bytes, std::string_view name,
+                                           std::string_view expected_fingerprint,
+                                           int64_t extra_capacity) {
+  SNAPFILL_ASSIGN_OR_RETURN(
+      internal::KvFileContents c,
+      internal::ParseKvFile(kCacheFormat, bytes, name, expected_fingerprint, extra_capacity));
+  return ToPromptCache(std::move(c));
+}
+
+absl::StatusOr<PromptCache> LoadCacheFile(const std::string& path,
+                                          std::string_view expected_fingerprint,
+                                          int64_t extra_capacity) {
+  SNAPFILL_ASSIGN_OR_RETURN(
+      internal::KvFileContents c,
+      internal::LoadKvFile(kCacheFormat, path, expected_fingerprint, extra_capacity));
+  return ToPromptCache(std::move(c));
 }
 
 }  // namespace snapfill

@@ -47,6 +47,12 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const LlamaMo
   return f;
 }
 
+uint64_t LlamaForward::ScratchBytes(const LlamaConfig& c, int64_t max_tokens) {
+  const uint64_t per_token = 2 * c.model_dim + 2 * c.num_heads * c.head_dim +
+                             2 * c.num_kv_heads * c.head_dim + 2 * c.ffn_dim;
+  return per_token * max_tokens * sizeof(float);
+}
+
 uint64_t LlamaForward::scratch_bytes() const {
   return (x_.size() + xn_.size() + q_.size() + attn_.size() + k_.size() + v_.size() +
           gate_.size() + up_.size()) *

@@ -24,6 +24,8 @@ namespace snapfill {
 class LlamaForward {
  public:
   // Scratch for batches of up to `max_tokens` tokens.
+  // Bytes of the activations Create() allocates for `max_tokens` tokens.
+  static uint64_t ScratchBytes(const LlamaConfig& c, int64_t max_tokens);
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
                                                               Backend* backend,
                                                               int64_t max_tokens);

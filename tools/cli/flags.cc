@@ -39,7 +39,18 @@ ABSL_FLAG(std::string, pruner, "snapkv",
 ABSL_FLAG(int64_t, sinks, 0, "Pin the first s input tokens as attention sinks, outside the budget");
 ABSL_FLAG(bool, original_positions, false,
           "Rotate memory at its original input positions instead of re-encoding 0..m+c");
-ABSL_FLAG(bool, dry_run, false, "Print the plan (chunk and memory per step) and exit");
+ABSL_FLAG(bool, dry_run, false,
+          "Print the plan (chunk and memory per step) and the predicted peak memory, and exit");
+ABSL_FLAG(std::string, max_memory, "",
+          "Peak resident memory to stay within, e.g. 800M or 1.5G: picks the largest --memory "
+          "and --chunk (those not given) whose predicted peak fits, or refuses before starting");
+ABSL_FLAG(std::string, checkpoint, "",
+          "Save the prefill's state to this file every --checkpoint_every chunks and on "
+          "SIGINT/SIGTERM (atomically); removed when the prefill completes");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "Chunks between two checkpoints (with --checkpoint)");
+ABSL_FLAG(bool, resume, false,
+          "Continue from --checkpoint: same model, input and settings; the result is bit for "
+          "bit that of an uninterrupted run with the same --threads");
 
 ABSL_FLAG(std::string, out, "", "prefill: file to save the compressed cache to");
 ABSL_FLAG(std::string, cache, "", "generate: answer from a cache file saved by snapfill prefill");

@@ -37,6 +37,11 @@ ABSL_DECLARE_FLAG(std::string, pruner);
 ABSL_DECLARE_FLAG(int64_t, sinks);
 ABSL_DECLARE_FLAG(bool, original_positions);
 ABSL_DECLARE_FLAG(bool, dry_run);
+ABSL_DECLARE_FLAG(std::string, max_memory);
+// Checkpoints.
+ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(int64_t, checkpoint_every);
+ABSL_DECLARE_FLAG(bool, resume);
 // Outputs and reporting.
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, cache);

@@ -1,12 +1,16 @@
 // snapfill run / prefill: a long input through the chunk loop.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -17,9 +21,11 @@
 #include "src/engine/prompt.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
+#include "src/kv/checkpoint_file.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
 #include "tools/cli/flags.h"
+#include "tools/cli/memory_budget.h"
 
 namespace snapfill::cli {
 namespace {
@@ -45,10 +51,11 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens) {
   return absl::StrFormat(
-      "{\"model\":\"%s\",\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
+      "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
       "\"memory\":%d,\"chunk\":%d,\"first_memory\":%d,\"window\":%d,\"pruner\":\"%s\","
       "\"pool_kernel\":%d,\"pooling\":\"%s\",\"sinks\":%d,\"positions\":\"%s\"}",
-      model_path, input_tokens, std::string(ScheduleKindName(c.schedule.kind)),
+      model_path.empty() ? "" : absl::StrCat("\"model\":\"", model_path, "\","),
+      input_tokens, std::string(ScheduleKindName(c.schedule.kind)),
       std::string(GrowthName(c.schedule.growth)), c.schedule.memory, c.schedule.chunk,
       c.schedule.first_memory, c.schedule.window, PrunerKindName(c.pruner.kind),
       c.pruner.pool_kernel, PoolingName(c.pruner.pooling), c.schedule.sink_tokens,
@@ -93,7 +100,57 @@ struct Prepared {
   PrefillConfig config;
   std::unique_ptr<PrefillEngine> engine;
   double tokenize_seconds = 0;
+  PeakPrediction peak;
+  std::string sizes_note;  // how --max_memory chose the sizes
 };
+
+// Whether the user gave --flag. This Abseil (20220623) keeps
+// CommandLineFlag::IsSpecifiedOnCommandLine private; the parser's own
+// record is the way it offers.
+bool Specified(const char* flag) { return absl::flags_internal::WasPresentOnCommandLine(flag); }
+
+// --max_memory: the largest memory and chunk (those the user did not set)
+// whose predicted peak fits; a ResourceExhausted naming the prediction if
+// none does, before anything runs.
+absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes,
+                         int64_t decode_tokens) {
+  const LlamaConfig& mc = p.model.model->config();
+  const int64_t total = static_cast<int64_t>(p.tokens.size());
+  const bool fixed_memory = Specified("memory");
+  const bool fixed_chunk = Specified("chunk");
+  static constexpr int64_t kSizes[] = {8192, 6144, 4096, 3072, 2048, 1536, 1024, 768,
+                                       512,  384,  256,  192,  128,  96,   64};
+  absl::Status last_error = absl::OkStatus();
+  PeakPrediction smallest;
+  bool any = false;
+  for (int64_t size : kSizes) {
+    PrefillConfig c = p.config;
+    if (!fixed_memory) c.schedule.memory = size;
+    if (!fixed_chunk) c.schedule.chunk = size;
+    if (fixed_memory && fixed_chunk && size != kSizes[0]) break;  // one candidate: the user's
+    absl::StatusOr<PrefillFootprint> fp = PrefillEngine::Footprint(mc, c, total);
+    if (!fp.ok()) {
+      last_error = fp.status();
+      continue;
+    }
+    const PeakPrediction peak = PredictPeak(mc, p.model.model->weight_bytes(), *fp,
+                                            process_bytes, decode_tokens);
+    smallest = peak;
+    any = true;
+    if (peak.total() <= budget) {
+      p.config = c;
+      p.sizes_note = absl::StrFormat("--max_memory %s: memory %d, chunk %d (%s)",
+                                     HumanBytes(budget), c.schedule.memory, c.schedule.chunk,
+                                     peak.Format());
+      return absl::OkStatus();
+    }
+  }
+  if (!any) return last_error;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no memory and chunk size fits --max_memory ", HumanBytes(budget), ": the smallest ",
+      fixed_memory && fixed_chunk ? "(the given sizes) " : "", "has a ", smallest.Format(),
+      "; raise --max_memory", fixed_memory || fixed_chunk ? " or drop --memory/--chunk" : ""));
+}
 
 // Reads the input, tokenizes it inside the chat template and plans the
 // schedule; everything that can be refused is refused here, before the
@@ -101,6 +158,20 @@ struct Prepared {
 absl::StatusOr<Prepared> Prepare(bool with_question) {
   const std::string input_path = absl::GetFlag(FLAGS_input);
   if (input_path.empty()) return absl::InvalidArgumentError("--input FILE is required");
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (absl::GetFlag(FLAGS_resume) && checkpoint.empty()) {
+    return absl::InvalidArgumentError("--resume needs --checkpoint FILE");
+  }
+  if (absl::GetFlag(FLAGS_checkpoint_every) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every), " must be >= 1"));
+  }
+  if (!checkpoint.empty() && !absl::GetFlag(FLAGS_resume) && !absl::GetFlag(FLAGS_force) &&
+      !absl::GetFlag(FLAGS_dry_run) && access(checkpoint.c_str(), F_OK) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "--checkpoint ", checkpoint, " exists: add --resume to continue from it, or --force "
+        "to start over and replace it"));
+  }
   SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(std::string text, ReadInput(input_path, "--input"));
   if (text.empty()) {
@@ -120,9 +191,24 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   if (!with_question) p.tokens.resize(prompt.document_end);
   text.clear();
   text.shrink_to_fit();
-  SNAPFILL_ASSIGN_OR_RETURN(p.engine,
-                            PrefillEngine::Create(*p.model.model, p.backend.get(), p.config,
-                                                  static_cast<int64_t>(p.tokens.size())));
+  p.tokens.shrink_to_fit();
+  // The process as it stands (the tokenizer's peak, when larger, is
+  // already past and counted in PeakRssBytes()).
+  const uint64_t process_bytes = CurrentRssBytes();
+  const int64_t decode_tokens = with_question ? absl::GetFlag(FLAGS_n) : 0;
+  const std::string max_memory = absl::GetFlag(FLAGS_max_memory);
+  uint64_t budget = 0;
+  if (!max_memory.empty()) {
+    SNAPFILL_ASSIGN_OR_RETURN(budget, ParseByteSize(max_memory));
+    SNAPFILL_RETURN_IF_ERROR(ChooseSizes(p, budget, process_bytes, decode_tokens));
+  }
+  const int64_t total = static_cast<int64_t>(p.tokens.size());
+  SNAPFILL_ASSIGN_OR_RETURN(
+      PrefillFootprint fp, PrefillEngine::Footprint(p.model.model->config(), p.config, total));
+  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
+                       decode_tokens);
+  SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
+                                                            p.config, total));
   return p;
 }
 
@@ -134,6 +220,77 @@ void PrintPlan(const Prepared& p) {
               HumanBytes(p.engine->memory_bytes()).c_str(),
               HumanBytes(p.engine->scratch_bytes()).c_str(),
               HumanBytes(p.model.model->weight_bytes()).c_str());
+  if (!p.sizes_note.empty()) std::printf("%s\n", p.sizes_note.c_str());
+  std::printf("%s\n", p.peak.Format().c_str());
+}
+
+// Set by SIGINT/SIGTERM while a checkpointed prefill runs; the loop saves a
+// checkpoint after the step in progress and stops.
+std::atomic<int> g_stop_signal{0};
+
+void OnStopSignal(int signo) { g_stop_signal.store(signo); }
+
+// Installs OnStopSignal for SIGINT and SIGTERM for its lifetime. A second
+// signal takes the default action (SA_RESETHAND), so a user who does not
+// want to wait for the step in progress can press Ctrl-C again.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// What a checkpoint of this run records about it, to refuse resuming
+// another run's checkpoint.
+CheckpointState RunState(const Prepared& p) {
+  CheckpointState s;
+  s.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  s.config = ConfigJson(p.engine->config(), "", static_cast<int64_t>(p.tokens.size()));
+  s.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
+  s.input_tokens = static_cast<int64_t>(p.tokens.size());
+  s.plan_digest = p.engine->plan_digest();
+  s.threads = p.backend->num_threads();
+  s.total_steps = static_cast<int64_t>(p.engine->plan().steps.size());
+  return s;
+}
+
+// --resume: loads the checkpoint, checks it belongs to this run, restores
+// the engine. Returns the step to continue from.
+absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& path,
+                                             const CheckpointState& run) {
+  if (access(path.c_str(), F_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("--resume: checkpoint ", path,
+                                            " does not exist (start without --resume)"));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(PrefillCheckpoint ck, LoadCheckpointFile(path));
+  std::string warning;
+  SNAPFILL_RETURN_IF_ERROR(CheckpointMismatch(ck.state, run, path, &warning));
+  if (!warning.empty()) std::fprintf(stderr, "snapfill: warning: %s\n", warning.c_str());
+  const std::vector<ScheduleStep>& steps = p.engine->plan().steps;
+  if (steps[ck.state.steps_done].start_token != ck.state.next_token) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", path, " continues at token ", ck.state.next_token, " but step ",
+        ck.state.steps_done, " of this plan starts at ", steps[ck.state.steps_done].start_token));
+  }
+  SNAPFILL_RETURN_IF_ERROR(
+      p.engine->Restore(ck.state.steps_done, ck.state.retention, *ck.memory));
+  std::fprintf(stderr, "snapfill: resuming from %s after step %lld/%zu (token %lld/%zu)\n",
+               path.c_str(), (long long)ck.state.steps_done, steps.size(),
+               (long long)ck.state.next_token, p.tokens.size());
+  return ck.state.steps_done;
 }
 
 // The prefill with a progress line and telemetry records.
@@ -143,7 +300,9 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
   std::unique_ptr<std::ofstream> telemetry;
   const std::string telemetry_path = absl::GetFlag(FLAGS_telemetry);
   if (!telemetry_path.empty()) {
-    telemetry = std::make_unique<std::ofstream>(telemetry_path, std::ios::trunc);
+    // A resumed run appends to the records of the steps before the checkpoint.
+    telemetry = std::make_unique<std::ofstream>(
+        telemetry_path, absl::GetFlag(FLAGS_resume) ? std::ios::app : std::ios::trunc);
     if (!*telemetry) {
       return absl::PermissionDeniedError(absl::StrCat("--telemetry ", telemetry_path,
                                                       ": cannot open for writing"));
@@ -154,6 +313,20 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
   const int64_t total = plan.config.total_tokens;
   const int64_t steps = plan.steps.size();
   const int64_t origin_every = std::max<int64_t>(1, (steps + 255) / 256);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  std::optional<StopSignals> signals;
+  CheckpointState run_state;
+  int64_t first_step = 0;
+  if (!checkpoint.empty()) {
+    run_state = RunState(p);
+    if (absl::GetFlag(FLAGS_resume)) {
+      SNAPFILL_ASSIGN_OR_RETURN(first_step, ResumeFromCheckpoint(p, checkpoint, run_state));
+    }
+    g_stop_signal.store(0);
+    signals.emplace();
+  }
+  absl::Status checkpoint_status;
   double last_print = -1e9;
   Stopwatch watch;
   auto on_step = [&](const StepTelemetry& t) {
@@ -182,15 +355,42 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
         if (tty && last) std::fputc('\n', stderr);
       }
     }
+    if (checkpoint.empty() || t.step + 1 == steps) return true;
+    const int signo = g_stop_signal.load();
+    if (signo != 0 || (t.step + 1 - first_step) % checkpoint_every == 0) {
+      CheckpointState s = run_state;
+      s.steps_done = p.engine->steps_done();
+      s.next_token = t.start_token + t.chunk_tokens;
+      s.retention = p.engine->retention();
+      checkpoint_status = SaveCheckpointFile(checkpoint, s, p.engine->memory());
+      if (!checkpoint_status.ok()) return false;
+    }
+    if (signo != 0) {
+      checkpoint_status = absl::CancelledError(absl::StrFormat(
+          "stopped by %s after step %d/%d (token %d/%d); the checkpoint %s is saved: run the same "
+          "command with --resume to continue",
+          signo == SIGINT ? "SIGINT" : "SIGTERM", t.step + 1, steps,
+          t.start_token + t.chunk_tokens, total, checkpoint));
+      return false;
+    }
     return true;
   };
-  SNAPFILL_RETURN_IF_ERROR(p.engine->Run(p.tokens, on_step));
+  const absl::Status run = p.engine->Run(p.tokens, on_step);
+  if (!checkpoint_status.ok()) return checkpoint_status;
+  SNAPFILL_RETURN_IF_ERROR(run);
   *seconds = watch.Seconds();
   if (telemetry) {
     telemetry->flush();
     if (!*telemetry) return absl::DataLossError(absl::StrCat("error writing ", telemetry_path));
   }
   return absl::OkStatus();
+}
+
+// The prefill is complete (and, for prefill --out, saved): its checkpoint
+// is no longer needed.
+void RemoveCheckpoint() {
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (!checkpoint.empty()) std::remove(checkpoint.c_str());
 }
 
 }  // namespace
@@ -206,6 +406,7 @@ absl::Status RunRun() {
   Stopwatch ttft;  // from the first token read to the first token generated
   double prefill_seconds = 0;
   SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &prefill_seconds));
+  RemoveCheckpoint();
   SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->MakeDecoderCache(n));
   SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), 1));
   GenerateOptions gopts;
@@ -264,6 +465,7 @@ absl::Status RunPrefill() {
   cache.input_tokens = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->MakeDecoderCache(0));
   SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(out, cache, absl::GetFlag(FLAGS_force)));
+  RemoveCheckpoint();
   if (absl::GetFlag(FLAGS_timing)) {
     std::fprintf(stderr, "prefill: %zu tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s\n",
                  p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),

@@ -1,0 +1,74 @@
+#include "tools/cli/memory_budget.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/model/llama_forward.h"
+#include "tools/cli/common.h"
+
+namespace snapfill::cli {
+
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
+  const std::string s(text);
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_memory=\"", s, "\" is not a size: use bytes or a number with K, M, G or T "
+                              "(binary units), e.g. 800M or 1.5G"));
+  };
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) return bad();
+  char* end = nullptr;
+  const double value = std::strtod(s.c_str(), &end);
+  std::string unit = absl::AsciiStrToUpper(std::string(end));
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == 'I') unit.pop_back();
+  double scale = 1;
+  if (unit == "K") {
+    scale = 1024.0;
+  } else if (unit == "M") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "G") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "T") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else if (!unit.empty()) {
+    return bad();
+  }
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes) || bytes < 1 || bytes > 1e18) return bad();
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string PeakPrediction::Format() const {
+  return absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = process ",
+                      HumanBytes(process), " + weights ", HumanBytes(weights), " + prefill ",
+                      HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoder ",
+                      HumanBytes(after));
+}
+
+PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
+                           const PrefillFootprint& fp, uint64_t process_bytes,
+                           int64_t decode_tokens) {
+  PeakPrediction p;
+  p.process = process_bytes;
+  p.weights = weight_bytes;
+  p.prefill = fp.total();
+  // The products quantize each chunk's activations (int8 plus block
+  // scales, about 1.1 bytes per value of the widest input, the FFN's) and
+  // pack weight tiles per thread; fitted to measured peaks.
+  const int64_t chunk = fp.plan.max_chunk_tokens;
+  p.backend = static_cast<uint64_t>(chunk) * c.ffn_dim * 5 / 4 + (uint64_t{4} << 20);
+  // After the prefill: the decoder cache (a rotated copy of the memory with
+  // room for the generated tokens) while the prefill's buffers still live,
+  // one-token activations and the logits.
+  const uint64_t entry_bytes = static_cast<uint64_t>(c.num_layers) * c.num_kv_heads *
+                               (2 * c.head_dim * sizeof(float) + sizeof(int32_t));
+  p.after = entry_bytes * (fp.final_entries + decode_tokens) + LlamaForward::ScratchBytes(c, 1) +
+            static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+  return p;
+}
+
+}  // namespace snapfill::cli

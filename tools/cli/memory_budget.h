@@ -1,0 +1,52 @@
+// --max_memory and the peak-memory prediction printed by --dry_run.
+//
+// The peak resident memory of `snapfill run` / `prefill` is predicted as
+//   the process as it stands when the plan is made (measured: code,
+//     libraries, tokenizer, the input's token ids; the input text is freed)
+//   + the model's tensor bytes (mapped; every page is read by the first chunk)
+//   + the prefill's own buffers (PrefillEngine::Footprint: memory,
+//     candidates, activations)
+//   + the backend's per-chunk work buffers (quantized activations and packed
+//     weight tiles, per thread)
+//   + what comes after the prefill: the decoder's copy of the memory (run:
+//     with room for -n tokens; prefill --out: the saved cache) and its
+//     one-token activations and logits.
+// The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
+// rest is exact arithmetic on the allocations.
+#ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
+#define SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "src/engine/prefill_engine.h"
+#include "src/model/llama_model.h"
+
+namespace snapfill::cli {
+
+// "800M", "1.5G", "1GiB", "512MB", "123456" (bytes). Binary units: K, M, G,
+// T, with or without "i"/"iB"/"B". InvalidArgument naming the text.
+absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
+
+struct PeakPrediction {
+  uint64_t process = 0;   // measured when the plan was made
+  uint64_t weights = 0;
+  uint64_t prefill = 0;   // PrefillFootprint::total()
+  uint64_t backend = 0;   // per-chunk work buffers (fit)
+  uint64_t after = 0;     // decoder cache and activations
+  uint64_t total() const { return process + weights + prefill + backend + after; }
+  // "predicted peak 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
+  std::string Format() const;
+};
+
+// `process_bytes`: the resident set now. `decode_tokens`: tokens the run
+// will generate after the prefill (0 for prefill --out, which saves instead).
+PeakPrediction PredictPeak(const LlamaConfig& model, uint64_t weight_bytes,
+                           const PrefillFootprint& footprint, uint64_t process_bytes,
+                           int64_t decode_tokens);
+
+}  // namespace snapfill::cli
+
+#endif  // SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
