@@ -1,13 +1,17 @@
 #include "src/base/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -89,6 +93,31 @@ absl::Status WriteAll(int fd, std::string_view data, std::string_view path) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A writer killed before it could clean up (SIGKILL, power loss) leaves
+// its `.<name>.tmp.<pid>[.<n>]`; the next writer of the same target removes
+// those whose process is gone (this host only: pids are local).
+void RemoveStaleTemporaries(const std::string& dir, const std::string& name) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const std::string prefix = absl::StrCat(".", name, ".tmp.");
+  while (const struct dirent* e = ::readdir(d)) {
+    const std::string_view entry(e->d_name);
+    if (entry.size() <= prefix.size() || entry.substr(0, prefix.size()) != prefix) continue;
+    const std::string_view rest = entry.substr(prefix.size());
+    const std::string pid_text(rest.substr(0, rest.find('.')));
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    if (pid_text.empty() || *end != '\0' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or unknown
+    ::unlinkat(::dirfd(d), e->d_name, 0);
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(
     const std::string& path, bool overwrite) {
   if (path.empty()) return absl::InvalidArgumentError("cannot write a file with an empty path");
@@ -98,6 +127,7 @@ absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(
         absl::StrCat("cannot write ", path, ": it is a directory"));
   }
   if (absl::Status s = CheckTarget(path, overwrite); !s.ok()) return s;
+  RemoveStaleTemporaries(dir, name);
 
   // Hidden, in the same directory (rename must not cross filesystems), and
   // unique: the pid, then a counter for several writers in one process.

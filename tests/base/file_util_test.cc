@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -156,6 +157,26 @@ TEST_F(FileUtilTest, AbandonedWriterRemovesTemporary) {
     EXPECT_EQ(ListDir(dir_).size(), 1u);
   }
   EXPECT_TRUE(ListDir(dir_).empty());
+}
+
+// A writer killed with SIGKILL leaves its temporary behind; the next writer
+// of the same target removes it if its process is gone, and nothing else.
+TEST_F(FileUtilTest, StaleTemporaryOfADeadWriterIsRemoved) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // its pid is now free
+  const std::string dead = Path(absl::StrCat(".cache.kv.tmp.", child));
+  const std::string dead_numbered = Path(absl::StrCat(".cache.kv.tmp.", child, ".3"));
+  const std::string alive = Path(absl::StrCat(".cache.kv.tmp.", ::getppid()));
+  const std::string other = Path(absl::StrCat(".other.kv.tmp.", child));
+  for (const std::string& p : {dead, dead_numbered, alive, other}) WriteRaw(p, "partial");
+  SNAPFILL_ASSERT_OK(WriteFileAtomically(Path("cache.kv"), "complete", false));
+  EXPECT_FALSE(Exists(dead));
+  EXPECT_FALSE(Exists(dead_numbered));
+  EXPECT_TRUE(Exists(alive)) << "a live process's temporary must be left alone";
+  EXPECT_TRUE(Exists(other)) << "another target's temporary must be left alone";
+  EXPECT_EQ(ReadAll(Path("cache.kv")), "complete");
 }
 
 TEST_F(FileUtilTest, DirectoryTargetIsRefused) {

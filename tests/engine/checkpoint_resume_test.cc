@@ -1,0 +1,193 @@
+// Checkpoint and resume at the engine level: a run restored from the state
+// saved after any step (through the checkpoint file) ends with the same
+// memory and logits, bit for bit, as a run never stopped; and
+// PrefillEngine::Footprint() predicts exactly what Create() allocates.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/engine/prefill_engine.h"
+#include "src/gguf/fingerprint.h"
+#include "src/kv/checkpoint_file.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
+
+namespace snapfill {
+namespace {
+
+struct Case {
+  const char* name;
+  ScheduleKind kind;
+  Growth growth;
+  PrunerKind pruner;
+  int64_t memory, chunk;
+};
+
+class ResumeTest : public ::testing::TestWithParam<Case> {};
+
+// Byte equality of two memories over their valid entries.
+void ExpectSameMemory(const KvCache& a, const KvCache& b) {
+  ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
+  const int64_t d = a.shape().head_dim;
+  for (int64_t l = 0; l < a.shape().num_layers; ++l) {
+    ASSERT_EQ(a.size(l), b.size(l)) << "layer " << l;
+    for (int64_t h = 0; h < a.shape().num_kv_heads; ++h) {
+      const int64_t n = a.size(l);
+      EXPECT_EQ(std::memcmp(a.k(l, h), b.k(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
+      EXPECT_EQ(std::memcmp(a.v(l, h), b.v(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
+      EXPECT_EQ(std::memcmp(a.pos(l, h), b.pos(l, h), n * sizeof(int32_t)), 0) << l << "/" << h;
+    }
+  }
+}
+
+TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
+  const Case& c = GetParam();
+  TinyLlamaOptions opts;
+  opts.num_layers = 3;
+  opts.context_length = 4096;
+  auto model = testing::LoadTinyModel(opts);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const auto ids = testing::TestTokens(700, model->config().vocab_size);
+  PrefillConfig config;
+  config.schedule.kind = c.kind;
+  config.schedule.growth = c.growth;
+  config.schedule.memory = c.memory;
+  config.schedule.chunk = c.chunk;
+  config.schedule.window = 8;
+  config.pruner.kind = c.pruner;
+
+  auto whole = PrefillEngine::Create(*model, backend->get(), config, ids.size());
+  SNAPFILL_ASSERT_OK(whole);
+  SNAPFILL_ASSERT_OK((*whole)->Run(ids, nullptr));
+  const int64_t steps = (*whole)->plan().steps.size();
+  ASSERT_GE(steps, 4) << "the case must have steps to stop between";
+
+  const std::string path = ::testing::TempDir() + "/resume_" + c.name + ".ck";
+  for (int64_t stop : {int64_t{1}, steps / 2, steps - 1}) {
+    SCOPED_TRACE("stopped after step " + std::to_string(stop));
+    // A first run stops after `stop` steps and saves its state...
+    auto first = PrefillEngine::Create(*model, backend->get(), config, ids.size());
+    SNAPFILL_ASSERT_OK(first);
+    absl::Status status = (*first)->Run(ids, [&](const StepTelemetry& t) {
+      return t.step + 1 < stop;
+    });
+    ASSERT_TRUE(absl::IsCancelled(status)) << status;
+    ASSERT_EQ((*first)->steps_done(), stop);
+    CheckpointState state;
+    state.model_fingerprint = ModelFingerprint(model->gguf());
+    state.config = "test";
+    state.input_tokens = ids.size();
+    state.input_digest = TokenDigest(ids.data(), ids.size());
+    state.plan_digest = (*first)->plan_digest();
+    state.threads = (*backend)->num_threads();
+    state.steps_done = stop;
+    state.total_steps = steps;
+    state.next_token = (*first)->plan().steps[stop].start_token;
+    state.retention = (*first)->retention();
+    SNAPFILL_ASSERT_OK(SaveCheckpointFile(path, state, (*first)->memory()));
+    first->reset();
+
+    // ...and a new engine continues from the file.
+    auto loaded = LoadCheckpointFile(path);
+    SNAPFILL_ASSERT_OK(loaded);
+    EXPECT_EQ(loaded->state.retention, state.retention);  // hex floats: exact
+    auto second = PrefillEngine::Create(*model, backend->get(), config, ids.size());
+    SNAPFILL_ASSERT_OK(second);
+    EXPECT_EQ((*second)->plan_digest(), state.plan_digest);
+    SNAPFILL_ASSERT_OK((*second)->Restore(stop, loaded->state.retention, *loaded->memory));
+    int64_t first_seen = -1;
+    SNAPFILL_ASSERT_OK((*second)->Run(ids, [&](const StepTelemetry& t) {
+      if (first_seen < 0) first_seen = t.step;
+      return true;
+    }));
+    EXPECT_EQ(first_seen, stop) << "the resumed run must start at the next step";
+    ExpectSameMemory((*whole)->memory(), (*second)->memory());
+    EXPECT_EQ(std::memcmp((*whole)->last_logits().data(), (*second)->last_logits().data(),
+                          (*whole)->last_logits().size() * sizeof(float)),
+              0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, ResumeTest,
+    ::testing::Values(Case{"fm", ScheduleKind::kFixed, Growth::kLinear, PrunerKind::kSnapKv, 64, 64},
+                      Case{"im_adaptive", ScheduleKind::kIncremental, Growth::kAdaptive,
+                           PrunerKind::kSnapKv, 96, 64},
+                      Case{"imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear, PrunerKind::kSnapKv,
+                           96, 96},
+                      Case{"streaming", ScheduleKind::kFixed, Growth::kLinear,
+                           PrunerKind::kStreaming, 64, 100}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {
+  TinyLlamaOptions opts;
+  opts.context_length = 4096;
+  auto model = testing::LoadTinyModel(opts);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  PrefillConfig config;
+  config.schedule.kind = ScheduleKind::kFixed;
+  config.schedule.memory = 64;
+  config.schedule.chunk = 64;
+  config.schedule.window = 8;
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, 400);
+  SNAPFILL_ASSERT_OK(engine);
+  const LlamaConfig& mc = model->config();
+  const std::vector<double> retention(mc.num_layers, 0.5);
+  auto right = KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim, 64});
+  auto wrong = KvCache::Create({mc.num_layers + 1, mc.num_kv_heads, mc.head_dim, 64});
+  SNAPFILL_ASSERT_OK(right);
+  SNAPFILL_ASSERT_OK(wrong);
+  EXPECT_TRUE(absl::IsInvalidArgument((*engine)->Restore(1, retention, **wrong)));
+  const int64_t steps = (*engine)->plan().steps.size();
+  EXPECT_TRUE(absl::IsInvalidArgument((*engine)->Restore(steps, retention, **right)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*engine)->Restore(-1, retention, **right)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      (*engine)->Restore(1, std::vector<double>(mc.num_layers, 1.5), **right)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*engine)->Restore(1, {0.5}, **right)));
+  SNAPFILL_EXPECT_OK((*engine)->Restore(1, retention, **right));
+  EXPECT_EQ((*engine)->steps_done(), 1);
+}
+
+// Footprint() is what --dry_run and --max_memory predict from: it must be
+// the engine's allocation to the byte.
+TEST(FootprintTest, MatchesWhatCreateAllocates) {
+  TinyLlamaOptions opts;
+  opts.context_length = 4096;
+  auto model = testing::LoadTinyModel(opts);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental, ScheduleKind::kIncrementalDecremental}) {
+    for (PrunerKind pruner : {PrunerKind::kSnapKv, PrunerKind::kFull}) {
+      for (int64_t sinks : {0, 4}) {
+        PrefillConfig config;
+        config.schedule.kind = kind;
+        config.schedule.memory = 128;
+        config.schedule.chunk = 96;
+        config.schedule.window = 8;
+        config.schedule.sink_tokens = sinks;
+        config.pruner.kind = pruner;
+        auto fp = PrefillEngine::Footprint(model->config(), config, 1000);
+        SNAPFILL_ASSERT_OK(fp);
+        auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
+        SNAPFILL_ASSERT_OK(engine);
+        SCOPED_TRACE(std::string(ScheduleKindName(kind)) + " " + PrunerKindName(pruner));
+        EXPECT_EQ(fp->memory_bytes, (*engine)->memory_bytes());
+        EXPECT_EQ(fp->candidate_bytes + fp->activation_bytes, (*engine)->scratch_bytes());
+        EXPECT_EQ(fp->memory_capacity, (*engine)->memory().capacity());
+        // The memory at the end never holds more than final_entries.
+        SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(1000, model->config().vocab_size),
+                                          nullptr));
+        EXPECT_LE((*engine)->memory().max_size(), fp->final_entries);
+        if (pruner == PrunerKind::kFull) {
+          EXPECT_EQ(fp->final_entries, 1000);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace snapfill
