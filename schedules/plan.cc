@@ -209,6 +209,25 @@ void AddWarnings(SchedulePlan& plan, const ScheduleConfig& given, int64_t tail_e
 }  // namespace
 
 absl::StatusOr<SchedulePlan> PlanSchedule(const ScheduleConfig& config) {
+  if (config.total_tokens > 0 && config.total_tokens <= config.window) {
+    // An input no longer than the observation window has nothing to
+    // compress: one chunk, kept whole. Every other setting must still be
+    // valid for a real input.
+    ScheduleConfig longer = config;
+    longer.total_tokens = config.window + 1;
+    SNAPFILL_RETURN_IF_ERROR(Validate(longer));
+    SchedulePlan plan;
+    plan.config = config;
+    ScheduleStep step;
+    step.chunk_tokens = config.total_tokens;
+    step.budget.assign(config.num_layers, config.total_tokens);
+    plan.steps.push_back(std::move(step));
+    FillStatistics(plan);
+    plan.warnings.push_back(absl::StrCat("the input of ", config.total_tokens,
+                                         " tokens is not longer than --window=", config.window,
+                                         ": it is read in one chunk and kept whole"));
+    return plan;
+  }
   SNAPFILL_RETURN_IF_ERROR(Validate(config));
   const schedule_internal::Core core = schedule_internal::ComputeCore(config);
   if (core.bad_step >= 0) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs snapfill's build and test dependencies from Debian's packages,
-# and the King James Bible (bible-kjv), the long public-domain text of the
-# main job.
+# the King James Bible (bible-kjv), the long public-domain text of the
+# main job, and gnuplot (gnuplot-nox), which draws `snapfill plot`'s figures.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
@@ -10,6 +10,7 @@ PACKAGES=(
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev python3 python3-pip unzip
   bible-kjv bible-kjv-text time
+  gnuplot-nox
 )
 
 missing=()

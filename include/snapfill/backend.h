@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -95,6 +97,9 @@ class Backend {
   // With BackendOptions::profile: a table of seconds and calls per op kind
   // since the backend was made; "" otherwise.
   virtual std::string ProfileReport() const { return ""; }
+  // The same as (op name, seconds) pairs, in a fixed order; empty without
+  // profiling. `snapfill bench` reads the attention share r from it.
+  virtual std::vector<std::pair<std::string, double>> ProfileSeconds() const { return {}; }
 };
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for

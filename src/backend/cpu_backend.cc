@@ -53,6 +53,13 @@ class CpuBackend final : public Backend {
     return out;
   }
 
+  std::vector<std::pair<std::string, double>> ProfileSeconds() const override {
+    std::vector<std::pair<std::string, double>> out;
+    if (!profile_) return out;
+    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
+    return out;
+  }
+
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return num_threads_; }
 

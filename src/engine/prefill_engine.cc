@@ -16,6 +16,12 @@
 namespace snapfill {
 namespace {
 
+// Positions whose logits score_tokens makes at once: about 16 MiB of
+// logits (64 rows for a 49K vocabulary), at most the largest chunk.
+int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
+  return std::max<int64_t>(1, std::min<int64_t>({64, (int64_t{1} << 22) / vocab_size, max_chunk}));
+}
+
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
@@ -75,13 +81,21 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   }
   const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
                                (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
-  f.memory_bytes = entry_bytes * f.memory_capacity;
+  if (c.decode_reserve < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
+  }
+  f.memory_bytes = entry_bytes * (f.memory_capacity + c.decode_reserve);
   const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens;
   // Raw and rotated keys, values, votes (floats); positions per head and
   // rotation positions (int32).
   f.candidate_bytes = cand * mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
                       cand * (mc.num_kv_heads + 1) * sizeof(int32_t);
   f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens);
+  if (c.score_tokens) {
+    f.activation_bytes +=
+        ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float);
+  }
   return f;
 }
 
@@ -105,10 +119,12 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
         capacity, fp.memory_bytes / double(1 << 30), phys / double(1 << 30),
         full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
   }
-  SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads,
-                                                         mc.head_dim, capacity}));
+  SNAPFILL_ASSIGN_OR_RETURN(
+      e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                   capacity + e->config_.decode_reserve}));
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_,
                             LlamaForward::Create(model, backend, e->plan_.max_chunk_tokens));
+  e->prefill_capacity_ = capacity;
   e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
   e->cand_k_raw_.resize(cand * mc.head_dim);
@@ -118,6 +134,10 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   e->votes_.resize(cand);
   e->rot_pos_.resize(e->cand_capacity_);
   e->last_logits_.resize(mc.vocab_size);
+  if (e->config_.score_tokens) {
+    e->score_rows_ = ScoreRows(mc.vocab_size, e->plan_.max_chunk_tokens);
+    e->score_logits_.resize(e->score_rows_ * mc.vocab_size);
+  }
   return e;
 }
 
@@ -149,17 +169,20 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     memory_->Clear();
     retention_.assign(mc.num_layers, 0.0);
   }
+  // The first token of the first chunk run here has no score carried over
+  // (the start of the input, or a run resumed after its predictor ran).
+  has_carry_nll_ = false;
   Stopwatch total;
   for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
     Stopwatch watch;
     budgets_ = step.budget;
     if (full) {
-      std::fill(budgets_.begin(), budgets_.end(), memory_->capacity());
+      std::fill(budgets_.begin(), budgets_.end(), prefill_capacity_);
     } else if (plan_.adaptive && step_ > 0) {
       SNAPFILL_ASSIGN_OR_RETURN(budgets_,
                                 AdaptiveBudgets(step.budget[0], retention_, plan_.config.window,
-                                                memory_->capacity() - plan_.config.sink_tokens));
+                                                prefill_capacity_ - plan_.config.sink_tokens));
     }
     telemetry_ = StepTelemetry();
     telemetry_.step = step_;
@@ -176,6 +199,7 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
         tokens.data() + step.start_token, step.chunk_tokens, attend, last ? 1 : 0,
         last_logits_.data()));
+    if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens, step));
     retention_ = telemetry_.retention;
     steps_done_ = step_ + 1;
     telemetry_.seconds = watch.Seconds();
@@ -257,9 +281,9 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   }
   SNAPFILL_RETURN_IF_ERROR(pruner_->Select(in, &keep_));
   const int64_t kept = keep_[0].size();
-  if (kept > memory_->capacity()) {
+  if (kept > prefill_capacity_) {
     return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept,
-                                            " entries, memory holds ", memory_->capacity()));
+                                            " entries, memory holds ", prefill_capacity_));
   }
   double retained = 0;
   std::vector<int64_t>& origin = telemetry_.origin[layer];
@@ -288,6 +312,61 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   telemetry_.memory[layer] = kept;
   telemetry_.retention[layer] = retained / c.num_kv_heads;
   telemetry_.attention_length = std::max(telemetry_.attention_length, num);
+  return absl::OkStatus();
+}
+
+absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
+                                       const ScheduleStep& step) {
+  const int64_t vocab = model_.config().vocab_size;
+  const int64_t total = static_cast<int64_t>(tokens.size());
+  const int64_t end = step.start_token + step.chunk_tokens;
+  std::vector<float>& nll = telemetry_.token_nll;
+  nll.clear();
+  nll.reserve(step.chunk_tokens);
+  double nll_sum = 0;
+  // Token start_i, predicted by chunk i-1's last position.
+  if (has_carry_nll_) {
+    nll.push_back(static_cast<float>(carry_nll_));
+    nll_sum += carry_nll_;
+  }
+  has_carry_nll_ = false;
+  // Position t predicts token t + 1: positions start..end-2 score this
+  // chunk's tokens, end-1 the next chunk's first (carried); the input's last
+  // position predicts nothing.
+  const int64_t last_position = std::min(end, total - 1);  // exclusive
+  std::vector<double> row_nll(score_rows_);
+  for (int64_t first = step.start_token; first < last_position; first += score_rows_) {
+    const int64_t rows = std::min(score_rows_, last_position - first);
+    SNAPFILL_RETURN_IF_ERROR(
+        forward_->BatchLogits(first - step.start_token, rows, score_logits_.data()));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t target = tokens[first + r + 1];
+      if (target < 0 || target >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", first + r + 1, " is id ", target,
+                                                       ", outside the vocabulary of ", vocab));
+      }
+    }
+    // -log softmax(row)[target] = logsumexp(row) - row[target], in double.
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = score_logits_.data() + r * vocab;
+      const float max = *std::max_element(row, row + vocab);
+      double sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+      row_nll[r] = std::log(sum) + max - row[tokens[first + r + 1]];
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      if (first + r + 1 < end) {
+        nll.push_back(static_cast<float>(row_nll[r]));
+        nll_sum += row_nll[r];
+      } else {
+        carry_nll_ = row_nll[r];
+        has_carry_nll_ = true;
+      }
+    }
+  }
+  telemetry_.scored_tokens = static_cast<int64_t>(nll.size());
+  telemetry_.nll_sum = nll_sum;
   return absl::OkStatus();
 }
 
@@ -331,10 +410,10 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
     }
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (memory.size(l) < 0 || memory.size(l) > memory_->capacity()) {
+    if (memory.size(l) < 0 || memory.size(l) > prefill_capacity_) {
       return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ",
                                                      memory.size(l), " entries; this plan's "
-                                                     "memory holds ", memory_->capacity()));
+                                                     "memory holds ", prefill_capacity_));
     }
   }
   memory_->Clear();
@@ -353,9 +432,27 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
+  if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
+  const LlamaConfig& c = model_.config();
+  std::vector<int32_t> rot(std::max<int64_t>(1, memory_->max_size()));
+  std::iota(rot.begin(), rot.end(), 0);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory_->size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(memory_->k(l, h), m, 1, c.head_dim, c.head_dim, pos,
+                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
+                                              c.rope_neox));
+    }
+  }
+  taken_max_size_ = memory_->max_size();
+  return std::move(memory_);
+}
+
 int64_t PrefillEngine::next_position() const {
   if (config_.keep_original_positions) return plan_.config.total_tokens;
-  return memory_->max_size();
+  return memory_ != nullptr ? memory_->max_size() : taken_max_size_;
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(

@@ -36,6 +36,16 @@ struct PrefillConfig {
   ScheduleConfig schedule;
   PrunerConfig pruner;
   bool keep_original_positions = false;
+  // Score every input token (`snapfill ppl`, DESIGN.md §7): its negative
+  // log-likelihood given what precedes it as this run sees it (the memory
+  // and the chunk so far), in StepTelemetry::nll_sum / token_nll. Costs the
+  // LM head on every position (logits are made a few rows at a time, never
+  // chunk x vocab at once).
+  bool score_tokens = false;
+  // Extra entries per layer allocated in the memory for the tokens a decoder
+  // will append after the prefill (TakeDecoderCache), so the memory becomes
+  // the decoder's cache without a copy.
+  int64_t decode_reserve = 0;
 };
 
 // What happened at one step (one chunk), for progress and --telemetry.
@@ -52,6 +62,20 @@ struct StepTelemetry {
   double seconds = 0;                  // wall time of this step
   double elapsed_seconds = 0;          // since the prefill started
   uint64_t rss_bytes = 0;              // resident set after the step
+  // With PrefillConfig::score_tokens (else 0 / empty). Step i scores the
+  // tokens of its own chunk, tokens[start, start + chunk), except token 0 of
+  // the input, which nothing predicts: token start_i is predicted by the
+  // last position of chunk i-1 (that position saw memory M_{i-2} and chunk
+  // i-1; its logits are made while chunk i-1 runs), every later token t of
+  // the chunk by position t-1 (memory M_{i-1} and the chunk up to t-1).
+  // So every token but the input's first is scored exactly once:
+  // scored_tokens = chunk_tokens - (step == 0). A Run() that continues a
+  // stopped or Restore()d run does not score the first token of its first
+  // step (its predictor ran before; checkpoints do not keep its score), and
+  // scored_tokens says so. NLL in nats.
+  int64_t scored_tokens = 0;
+  double nll_sum = 0;                  // Σ -log p(token), accumulated in double
+  std::vector<float> token_nll;        // [scored_tokens] in input order
 };
 
 // What a prefill allocates, known before it starts (--dry_run, --max_memory).
@@ -117,6 +141,10 @@ class PrefillEngine {
   // decoder will continue from, capacity for `extra_capacity` more tokens.
   // next_position() is where the first appended token goes.
   absl::StatusOr<std::unique_ptr<KvCache>> MakeDecoderCache(int64_t extra_capacity) const;
+  // The same without a copy: rotates the memory's keys in place and hands
+  // the memory over (room for config().decode_reserve more tokens). The
+  // engine has no memory afterwards: call it last.
+  absl::StatusOr<std::unique_ptr<KvCache>> TakeDecoderCache();
   int64_t next_position() const;
 
   // Bytes of the memory, the per-layer candidate buffers and activations.
@@ -128,6 +156,8 @@ class PrefillEngine {
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                  int64_t kv_stride, int64_t n, float* out);
   int64_t ChunkOf(int32_t position) const;
+  // Fills telemetry_'s scores from the chunk just run (score_tokens).
+  absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);
 
   const LlamaModel& model_;
   Backend* backend_;
@@ -153,7 +183,15 @@ class PrefillEngine {
   std::vector<float> votes_;          // [num_kv_heads, cand_capacity]
   std::vector<std::vector<int32_t>> keep_;
   int64_t cand_capacity_ = 0;
+  int64_t prefill_capacity_ = 0;  // memory entries the prefill may use (no decode reserve)
+  int64_t taken_max_size_ = 0;    // memory_->max_size() when TakeDecoderCache() took it
   std::vector<float> last_logits_;
+  // score_tokens: logits of score_rows_ positions at a time, and the NLL
+  // of the next chunk's first token, predicted by this chunk's last position.
+  int64_t score_rows_ = 0;
+  std::vector<float> score_logits_;   // [score_rows_, vocab_size]
+  bool has_carry_nll_ = false;
+  double carry_nll_ = 0;
 };
 
 }  // namespace snapfill

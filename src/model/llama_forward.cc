@@ -119,6 +119,20 @@ absl::Status LlamaForward::ForwardWithAttention(const int32_t* tokens, int64_t n
   return RunLayers(tokens, n, attend, num_logits, logits);
 }
 
+absl::Status LlamaForward::BatchLogits(int64_t first, int64_t rows, float* logits) {
+  if (first < 0 || rows <= 0 || first + rows > last_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: logits of rows [", first, ", ",
+                                                   first + rows, ") asked for a batch of ",
+                                                   last_batch_));
+  }
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.model_dim;
+  Backend& b = *backend_;
+  SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data() + first * dim, dim, model_.output_norm(),
+                                     xn_.data(), dim, rows, dim, c.rms_eps));
+  return b.MatMul(xn_.data(), rows, dim, model_.output(), logits, c.vocab_size);
+}
+
 template <typename Attend>
 absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Attend& attend,
                                      int64_t num_logits, float* logits) {
@@ -151,6 +165,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     AddInPlace(x_.data(), xn_.data(), n, dim);
   }
 
+  last_batch_ = n;
   if (num_logits > 0) {
     const float* last = x_.data() + (n - num_logits) * dim;
     SNAPFILL_RETURN_IF_ERROR(

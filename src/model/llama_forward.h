@@ -52,6 +52,14 @@ class LlamaForward {
   absl::Status ForwardWithAttention(const int32_t* tokens, int64_t n, const AttendFn& attend,
                                     int64_t num_logits, float* logits);
 
+  // Logits of rows [first, first + rows) of the batch the last
+  // ForwardWithAttention() or Forward() call ran (for Forward, its last
+  // piece of at most max_tokens), written to logits[rows, vocab_size]. The
+  // batch's final hidden states stay in the scratch until the next call, so
+  // a caller can score every token of a long batch a few rows at a time
+  // instead of materializing n x vocab logits (the chunk loop's ppl).
+  absl::Status BatchLogits(int64_t first, int64_t rows, float* logits);
+
   int64_t max_tokens() const { return max_tokens_; }
   const LlamaModel& model() const { return model_; }
   // Bytes of scratch activations.
@@ -71,6 +79,7 @@ class LlamaForward {
   const LlamaModel& model_;
   Backend* backend_;
   int64_t max_tokens_;
+  int64_t last_batch_ = 0;  // rows of the hidden states in x_ (BatchLogits)
   // [max_tokens, model_dim] each
   std::vector<float> x_, xn_;
   // [max_tokens, num_heads * head_dim]

@@ -189,5 +189,36 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
   }
 }
 
+// TakeDecoderCache() rotates in place what MakeDecoderCache() copies; with
+// decode_reserve the memory has the room the decoder appends into.
+TEST(TakeDecoderCacheTest, EqualsTheCopyAndHasTheReserve) {
+  TinyLlamaOptions opts;
+  opts.context_length = 4096;
+  auto model = testing::LoadTinyModel(opts);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  for (bool original : {false, true}) {
+    PrefillConfig config;
+    config.schedule.memory = 96;
+    config.schedule.chunk = 96;
+    config.schedule.window = 8;
+    config.keep_original_positions = original;
+    config.decode_reserve = 10;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, 500);
+    SNAPFILL_ASSERT_OK(engine);
+    SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(500, model->config().vocab_size),
+                                      nullptr));
+    const int64_t next = (*engine)->next_position();
+    auto copy = (*engine)->MakeDecoderCache(10);
+    SNAPFILL_ASSERT_OK(copy);
+    auto taken = (*engine)->TakeDecoderCache();
+    SNAPFILL_ASSERT_OK(taken);
+    ExpectSameMemory(**copy, **taken);
+    EXPECT_GE((*taken)->capacity(), (*taken)->max_size() + 10);
+    EXPECT_EQ((*engine)->next_position(), next);
+    EXPECT_FALSE((*engine)->TakeDecoderCache().ok()) << "the memory can be taken once";
+  }
+}
+
 }  // namespace
 }  // namespace snapfill

@@ -485,11 +485,34 @@ TEST(ScheduleRefusalTest, ImdcEqualMemoryAndChunkWorks) {
       PlanSchedule(Make(ScheduleKind::kIncrementalDecremental, 1000000, 1024, 1024)));
 }
 
+// An input no longer than the window is read in one chunk and kept whole,
+// whatever the schedule.
+TEST(ScheduleShortInputTest, OneChunkKeptWhole) {
+  for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental,
+                            ScheduleKind::kIncrementalDecremental}) {
+    for (int64_t total : {1, 20, 32}) {
+      const auto plan = PlanSchedule(Make(kind, total, 1024, 1024, 32, 3));
+      SNAPFILL_ASSERT_OK(plan);
+      ASSERT_EQ(plan->steps.size(), 1u);
+      EXPECT_EQ(plan->steps[0].start_token, 0);
+      EXPECT_EQ(plan->steps[0].chunk_tokens, total);
+      EXPECT_EQ(plan->steps[0].budget, std::vector<int64_t>(3, total));
+      EXPECT_EQ(plan->max_chunk_tokens, total);
+      ASSERT_EQ(plan->warnings.size(), 1u);
+      EXPECT_THAT(plan->warnings[0], HasSubstr("kept whole"));
+    }
+  }
+  // 33 tokens is longer than the window: planned as usual.
+  const auto plan = PlanSchedule(Make(ScheduleKind::kFixed, 33, 1024, 1024));
+  SNAPFILL_ASSERT_OK(plan);
+  EXPECT_TRUE(plan->warnings.empty());
+}
+
 TEST(ScheduleRefusalTest, ImpossibleConfigs) {
   ExpectRefused(Make(ScheduleKind::kFixed, 0, 1024, 1024), "empty input");
   ExpectRefused(Make(ScheduleKind::kFixed, -5, 1024, 1024), "negative");
-  ExpectRefused(Make(ScheduleKind::kIncremental, 20, 1024, 1024), "at or below --window=32");
-  ExpectRefused(Make(ScheduleKind::kIncremental, 32, 1024, 1024), "at or below --window=32");
+  // A short input is not refused for its length, but for other settings.
+  ExpectRefused(Make(ScheduleKind::kIncremental, 20, 32, 1024), "--chunk=32 must be > --window=32");
   ExpectRefused(Make(ScheduleKind::kFixed, 4096, 1024, 16), "--memory=16 must be >= --window=32");
   ExpectRefused(Make(ScheduleKind::kIncremental, 4096, 32, 1024), "--chunk=32 must be > --window=32");
   ExpectRefused(Make(ScheduleKind::kIncremental, 4096, 0, 1024), "--chunk=0");

@@ -14,81 +14,15 @@
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
 #include "src/model/tiny_llama.h"
+#include "tests/testing/cli_fixture.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
 namespace {
 
-struct Result {
-  int exit_code = -1;
-  bool crashed = false;
-  std::string out;
-  std::string err;
-};
-
-
-
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // ctest runs the cases as parallel processes: one folder each.
-    dir_ = ::testing::TempDir() + "/snapfill_cli_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
-           std::to_string(getpid());
-    std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
-    TinyLlamaOptions opts;
-    opts.context_length = 2048;
-    auto bytes = MakeTinyLlamaGguf(opts);
-    SNAPFILL_ASSERT_OK(bytes);
-    tiny_bytes_ = *bytes;
-    tiny_ = dir_ + "/tiny.gguf";
-    testing::WriteRaw(tiny_, tiny_bytes_);
-    text_ = dir_ + "/input.txt";
-    std::string text;
-    for (int i = 0; i < 400; ++i) text += "The quick brown fox jumps over the lazy dog. ";
-    testing::WriteRaw(text_, text);
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
-  Result Run(const std::string& args) {
-    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
-    const std::string cmd = std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill " + args + " >" +
-                            out + " 2>" + err + " </dev/null";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    if (WIFEXITED(status)) {
-      r.exit_code = WEXITSTATUS(status);
-      // 128+N is how the shell reports a child killed by signal N.
-      r.crashed = r.exit_code >= 128;
-    } else {
-      r.crashed = true;
-    }
-    r.out = testing::ReadAll(out);
-    r.err = testing::ReadAll(err);
-    return r;
-  }
-
-  // The tiny model with `from` replaced by `to` (same length) once.
-  std::string Patched(const std::string& name, const std::string& from, const std::string& to) {
-    std::string b = tiny_bytes_;
-    const size_t at = b.find(from);
-    SNAPFILL_CHECK(at != std::string::npos && from.size() == to.size()) << from;
-    b.replace(at, from.size(), to);
-    const std::string path = dir_ + "/" + name;
-    testing::WriteRaw(path, b);
-    return path;
-  }
-
-  std::string dir_, tiny_, tiny_bytes_, text_;
-};
-
-#define EXPECT_FAILS_WITH(r, code, text)                                        \
-  do {                                                                         \
-    EXPECT_FALSE((r).crashed) << (r).err;                                      \
-    EXPECT_EQ((r).exit_code, code) << (r).err;                                 \
-    EXPECT_NE((r).err.find(text), std::string::npos) << "stderr: " << (r).err; \
-  } while (0)
+using testing::CliTest;
+using testing::Result;
 
 TEST_F(CliTest, TinyModelGenerates) {
   Result r = Run("generate --model " + tiny_ + " --prompt hello -n 5 --chat_template none");

@@ -11,7 +11,7 @@ const std::vector<Command>& Commands() {
         "window", "pool_kernel", "pooling", "pruner", "sinks", "original_positions", "n",
         "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "telemetry",
         "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume",
-        "force", "timing", "profile", "verbosity"},
+        "force", "max_tokens", "report", "ignore_eos", "timing", "profile", "verbosity"},
        &RunRun},
       {"prefill",
        "Read a long input into a compressed KV cache and save it (--out) for snapfill generate "
@@ -19,8 +19,8 @@ const std::vector<Command>& Commands() {
        {"input", "out", "force", "model", "schedule", "growth", "memory", "chunk",
         "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
         "original_positions", "chat_template", "system", "threads", "telemetry", "progress",
-        "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume", "timing", "profile",
-        "verbosity"},
+        "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume", "max_tokens",
+        "timing", "profile", "verbosity"},
        &RunPrefill},
       {"generate",
        "Generate text from a prompt, or from a saved cache (--cache), streaming it to stdout.",
@@ -30,6 +30,34 @@ const std::vector<Command>& Commands() {
       {"info", "Print a model's architecture, tensor types, sizes and context.",
        {"model", "verbosity"},
        &RunInfo},
+      {"ppl",
+       "Loss and perplexity of a text read chunk by chunk: every token scored once, given the "
+       "memory and chunk before it (--pruner full: the full-attention baseline).",
+       {"input", "max_tokens", "json", "model", "schedule", "growth", "memory", "chunk",
+        "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
+        "original_positions", "threads", "telemetry", "progress", "verbosity"},
+       &RunPpl},
+      {"needle",
+       "Needle-in-a-haystack grid: input length x needle depth, a random key per trial, "
+       "accuracy of the greedy answer; beside full attention where the input fits.",
+       {"input", "lengths", "depths", "seeds", "baseline", "json", "png", "model", "schedule",
+        "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
+        "pruner", "sinks", "original_positions", "chat_template", "system", "threads",
+        "batch", "progress", "verbosity"},
+       &RunNeedle},
+      {"plot",
+       "PNG figures with gnuplot: memory and chunk per step, memory origin and retention per "
+       "layer (from --telemetry JSONL files), loss per chunk (--ppl JSON files), needle heat "
+       "map (--needle JSON).",
+       {"telemetry", "ppl", "needle", "out_dir"},
+       &RunPlot},
+      {"bench",
+       "TTFT and peak memory of each schedule on one input (each run in its own process, with "
+       "repetitions), the measured speed-ups beside the IMDC paper's eq. 4, and decoding from "
+       "the compressed cache against a full cache; a table, --json and a --png chart.",
+       {"input", "max_tokens", "schedules", "memory", "chunk", "imdc_chunk", "window", "pruner",
+        "repetitions", "full_tokens", "n", "question", "model", "threads", "json", "png"},
+       &RunBench},
   };
   return kCommands;
 }

@@ -22,6 +22,10 @@ absl::Status RunInfo();
 absl::Status RunGenerate();
 absl::Status RunRun();
 absl::Status RunPrefill();
+absl::Status RunPpl();
+absl::Status RunNeedle();
+absl::Status RunPlot();
+absl::Status RunBench();
 
 }  // namespace snapfill::cli
 

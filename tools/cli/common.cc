@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "snapfill/status.h"
 #include "tools/cli/flags.h"
 
@@ -112,6 +113,67 @@ absl::StatusOr<SamplingParams> SamplingFromFlags() {
   s.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
   s.seed = absl::GetFlag(FLAGS_seed);
   SNAPFILL_RETURN_IF_ERROR(ValidateSamplingParams(s));
+  return s;
+}
+
+absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
+  PrefillConfig c;
+  SNAPFILL_ASSIGN_OR_RETURN(c.schedule.kind, ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
+  SNAPFILL_ASSIGN_OR_RETURN(c.schedule.growth, ParseGrowth(absl::GetFlag(FLAGS_growth)));
+  c.schedule.memory = absl::GetFlag(FLAGS_memory);
+  c.schedule.chunk = absl::GetFlag(FLAGS_chunk);
+  c.schedule.first_memory = absl::GetFlag(FLAGS_first_memory);
+  c.schedule.window = absl::GetFlag(FLAGS_window);
+  c.schedule.sink_tokens = absl::GetFlag(FLAGS_sinks);
+  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.kind, ParsePrunerKind(absl::GetFlag(FLAGS_pruner)));
+  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.pooling, ParsePooling(absl::GetFlag(FLAGS_pooling)));
+  c.pruner.pool_kernel = absl::GetFlag(FLAGS_pool_kernel);
+  c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
+  return c;
+}
+
+std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
+                       int64_t input_tokens) {
+  return absl::StrFormat(
+      "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
+      "\"memory\":%d,\"chunk\":%d,\"first_memory\":%d,\"window\":%d,\"pruner\":\"%s\","
+      "\"pool_kernel\":%d,\"pooling\":\"%s\",\"sinks\":%d,\"positions\":\"%s\"}",
+      model_path.empty() ? "" : absl::StrCat("\"model\":\"", model_path, "\","),
+      input_tokens, std::string(ScheduleKindName(c.schedule.kind)),
+      std::string(GrowthName(c.schedule.growth)), c.schedule.memory, c.schedule.chunk,
+      c.schedule.first_memory, c.schedule.window, PrunerKindName(c.pruner.kind),
+      c.pruner.pool_kernel, PoolingName(c.pruner.pooling), c.schedule.sink_tokens,
+      c.keep_original_positions ? "original" : "re-encoded");
+}
+
+std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
+  std::string s = absl::StrFormat(
+      "{\"step\":%d,\"start\":%d,\"chunk\":%d,\"attention_length\":%d,\"seconds\":%.6f,"
+      "\"elapsed\":%.3f,\"rss_bytes\":%d,\"memory\":[%s],\"retention\":[",
+      t.step, t.start_token, t.chunk_tokens, t.attention_length, t.seconds, t.elapsed_seconds,
+      t.rss_bytes, absl::StrJoin(t.memory, ","));
+  for (size_t i = 0; i < t.retention.size(); ++i) {
+    absl::StrAppendFormat(&s, "%s%.4f", i ? "," : "", t.retention[i]);
+  }
+  s += "]";
+  if (with_origin) {
+    s += ",\"origin\":[";
+    for (size_t l = 0; l < t.origin.size(); ++l) {
+      s += l ? ",[" : "[";
+      bool first = true;
+      for (size_t c = 0; c < t.origin[l].size(); ++c) {
+        if (t.origin[l][c] == 0) continue;
+        absl::StrAppendFormat(&s, "%s[%d,%d]", first ? "" : ",", c, t.origin[l][c]);
+        first = false;
+      }
+      s += "]";
+    }
+    s += "]";
+  }
+  if (t.scored_tokens > 0) {
+    absl::StrAppendFormat(&s, ",\"scored\":%d,\"nll_sum\":%.6f", t.scored_tokens, t.nll_sum);
+  }
+  s += "}\n";
   return s;
 }
 

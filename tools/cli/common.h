@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "src/engine/prefill_engine.h"
 #include "src/engine/sampler.h"
 #include "src/model/llama_model.h"
 #include "src/tokenizer/chat_template.h"
@@ -38,6 +39,24 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 
 // --temp, --top_k, --top_p, --seed, validated.
 absl::StatusOr<SamplingParams> SamplingFromFlags();
+
+// The schedule and pruner flags (--schedule, --growth, --memory, --chunk,
+// --first_memory, --window, --sinks, --pruner, --pooling, --pool_kernel,
+// --original_positions) as a PrefillConfig; InvalidArgument for a name that
+// is not one.
+absl::StatusOr<PrefillConfig> PrefillConfigFromFlags();
+
+// The configuration as one JSON object, stored in cache files and printed
+// with --verbosity=1.
+std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
+                       int64_t input_tokens);
+
+// One JSON record per step (--telemetry), ending in a newline. The origin
+// map is written sparse ([chunk, entries] pairs) when `with_origin`; callers
+// write it for every ⌈steps/256⌉-th step and the last, to keep 1M-token
+// runs' files small. Steps that scored their tokens (snapfill ppl) also
+// carry "scored" and "nll_sum".
+std::string TelemetryJson(const StepTelemetry& t, bool with_origin);
 
 }  // namespace snapfill::cli
 

@@ -55,8 +55,40 @@ ABSL_FLAG(bool, resume, false,
 ABSL_FLAG(std::string, out, "", "prefill: file to save the compressed cache to");
 ABSL_FLAG(std::string, cache, "", "generate: answer from a cache file saved by snapfill prefill");
 ABSL_FLAG(bool, force, false, "Overwrite an output file that exists");
-ABSL_FLAG(std::string, telemetry, "", "Write one JSON record per step to this file");
+ABSL_FLAG(std::string, telemetry, "",
+          "Write one JSON record per step to this file (plot: read these files, comma-separated)");
 ABSL_FLAG(bool, progress, true, "Show a progress line on stderr during long prefills");
 ABSL_FLAG(bool, timing, true, "Print TTFT, tokens/s and peak memory to stderr");
 ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table at the end");
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");
+
+ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
+ABSL_FLAG(int64_t, max_tokens, 0,
+          "Read only the first N tokens of the input (ppl: score them); 0 = all");
+ABSL_FLAG(std::string, report, "",
+          "run: write TTFT, prefill and decode times, peak RSS and the profile as JSON here");
+ABSL_FLAG(bool, ignore_eos, false, "run: generate exactly -n tokens, past end-of-generation");
+ABSL_FLAG(std::string, lengths, "1024,2048,4096",
+          "needle: input lengths in tokens (prompt, needle and question included), comma-separated");
+ABSL_FLAG(std::string, depths, "0,0.25,0.5,0.75,1",
+          "needle: needle depths in [0, 1] (0 = start of the text, 1 = just before the question)");
+ABSL_FLAG(int32_t, seeds, 3,
+          "needle: trials per cell, each with its own key and haystack offset");
+ABSL_FLAG(bool, baseline, true,
+          "needle: also run full attention in one pass where the length fits the model's context");
+ABSL_FLAG(std::string, png, "",
+          "needle: the accuracy heat map; bench: TTFT and peak memory per schedule; as a PNG "
+          "(needs gnuplot)");
+ABSL_FLAG(std::string, ppl, "",
+          "plot: ppl JSON files (comma-separated) whose loss per chunk to overlay");
+ABSL_FLAG(std::string, needle, "", "plot: a needle JSON file to draw as a heat map");
+ABSL_FLAG(std::string, out_dir, "plots", "plot: folder to write the PNGs into");
+
+ABSL_FLAG(std::string, schedules, "fm,im:linear,im:sqrt,im:square,im:square_sqrt,im:adaptive,imdc",
+          "bench: the schedules to compare, schedule[:growth] separated by commas");
+ABSL_FLAG(int64_t, imdc_chunk, 0,
+          "bench: the chunk for imdc (IMDC's last chunks shrink; it needs a chunk above about "
+          "(memory - first memory) / 2); 0 = --chunk");
+ABSL_FLAG(int32_t, repetitions, 3, "bench: runs of each configuration (the median is reported)");
+ABSL_FLAG(int64_t, full_tokens, 8192,
+          "bench: decode over a full cache of this many tokens as the reference (0 = skip)");

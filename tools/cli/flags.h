@@ -42,6 +42,13 @@ ABSL_DECLARE_FLAG(std::string, max_memory);
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 ABSL_DECLARE_FLAG(int64_t, checkpoint_every);
 ABSL_DECLARE_FLAG(bool, resume);
+// Benchmarks.
+ABSL_DECLARE_FLAG(std::string, report);
+ABSL_DECLARE_FLAG(bool, ignore_eos);
+ABSL_DECLARE_FLAG(std::string, schedules);
+ABSL_DECLARE_FLAG(int64_t, imdc_chunk);
+ABSL_DECLARE_FLAG(int32_t, repetitions);
+ABSL_DECLARE_FLAG(int64_t, full_tokens);
 // Outputs and reporting.
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, cache);
@@ -51,5 +58,16 @@ ABSL_DECLARE_FLAG(bool, progress);
 ABSL_DECLARE_FLAG(bool, timing);
 ABSL_DECLARE_FLAG(bool, profile);
 ABSL_DECLARE_FLAG(int32_t, verbosity);
+// Quality harness: ppl, needle, plot.
+ABSL_DECLARE_FLAG(std::string, json);
+ABSL_DECLARE_FLAG(int64_t, max_tokens);
+ABSL_DECLARE_FLAG(std::string, lengths);
+ABSL_DECLARE_FLAG(std::string, depths);
+ABSL_DECLARE_FLAG(int32_t, seeds);
+ABSL_DECLARE_FLAG(bool, baseline);
+ABSL_DECLARE_FLAG(std::string, png);
+ABSL_DECLARE_FLAG(std::string, ppl);
+ABSL_DECLARE_FLAG(std::string, needle);
+ABSL_DECLARE_FLAG(std::string, out_dir);
 
 #endif  // SNAPFILL_TOOLS_CLI_FLAGS_H_

@@ -45,29 +45,27 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
 std::string PeakPrediction::Format() const {
   return absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = process ",
                       HumanBytes(process), " + weights ", HumanBytes(weights), " + prefill ",
-                      HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoder ",
+                      HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoding ",
                       HumanBytes(after));
 }
 
 PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
-                           const PrefillFootprint& fp, uint64_t process_bytes,
-                           int64_t decode_tokens) {
+                           const PrefillFootprint& fp, uint64_t process_bytes) {
   PeakPrediction p;
   p.process = process_bytes;
   p.weights = weight_bytes;
   p.prefill = fp.total();
-  // The products quantize each chunk's activations (int8 plus block
-  // scales, about 1.1 bytes per value of the widest input, the FFN's) and
-  // pack weight tiles per thread; fitted to measured peaks.
-  const int64_t chunk = fp.plan.max_chunk_tokens;
-  p.backend = static_cast<uint64_t>(chunk) * c.ffn_dim * 5 / 4 + (uint64_t{4} << 20);
-  // After the prefill: the decoder cache (a rotated copy of the memory with
-  // room for the generated tokens) while the prefill's buffers still live,
-  // one-token activations and the logits.
-  const uint64_t entry_bytes = static_cast<uint64_t>(c.num_layers) * c.num_kv_heads *
-                               (2 * c.head_dim * sizeof(float) + sizeof(int32_t));
-  p.after = entry_bytes * (fp.final_entries + decode_tokens) + LlamaForward::ScratchBytes(c, 1) +
-            static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+  // The products quantize each chunk's activations (int8 with block scales
+  // and sums) and pack weight tiles per thread; both scale with the FFN
+  // width. A fit to measured peaks (SmolLM2-135M, chunks 256-2048, and a
+  // tiny model, docs/RELIABILITY.md): about 3 bytes per FFN value of the
+  // chunk plus 1700 rows' worth of packed tiles.
+  const uint64_t chunk = static_cast<uint64_t>(fp.plan.max_chunk_tokens);
+  p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
+  // After the prefill the memory itself becomes the decoder's cache (room
+  // for the generated tokens is part of the prefill's memory); decoding
+  // adds one-token activations and the logits.
+  p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float);
   return p;
 }
 

@@ -4,13 +4,12 @@
 //   the process as it stands when the plan is made (measured: code,
 //     libraries, tokenizer, the input's token ids; the input text is freed)
 //   + the model's tensor bytes (mapped; every page is read by the first chunk)
-//   + the prefill's own buffers (PrefillEngine::Footprint: memory,
-//     candidates, activations)
+//   + the prefill's own buffers (PrefillEngine::Footprint: memory with room
+//     for the -n tokens `run` generates, candidates, activations)
 //   + the backend's per-chunk work buffers (quantized activations and packed
 //     weight tiles, per thread)
-//   + what comes after the prefill: the decoder's copy of the memory (run:
-//     with room for -n tokens; prefill --out: the saved cache) and its
-//     one-token activations and logits.
+//   + what comes after the prefill: the memory becomes the decoder's cache
+//     in place, so only one-token activations and the logits.
 // The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
 // rest is exact arithmetic on the allocations.
 #ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
@@ -35,17 +34,15 @@ struct PeakPrediction {
   uint64_t weights = 0;
   uint64_t prefill = 0;   // PrefillFootprint::total()
   uint64_t backend = 0;   // per-chunk work buffers (fit)
-  uint64_t after = 0;     // decoder cache and activations
+  uint64_t after = 0;     // decoding's activations and logits
   uint64_t total() const { return process + weights + prefill + backend + after; }
   // "predicted peak 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;
 };
 
-// `process_bytes`: the resident set now. `decode_tokens`: tokens the run
-// will generate after the prefill (0 for prefill --out, which saves instead).
+// `process_bytes`: the resident set now.
 PeakPrediction PredictPeak(const LlamaConfig& model, uint64_t weight_bytes,
-                           const PrefillFootprint& footprint, uint64_t process_bytes,
-                           int64_t decode_tokens);
+                           const PrefillFootprint& footprint, uint64_t process_bytes);
 
 }  // namespace snapfill::cli
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "snapfill/status.h"
+#include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
 #include "src/engine/generate.h"
 #include "src/engine/prefill_engine.h"
@@ -22,6 +23,7 @@
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
+#include "src/tokenizer/unicode.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
 #include "tools/cli/flags.h"
@@ -29,69 +31,6 @@
 
 namespace snapfill::cli {
 namespace {
-
-absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
-  PrefillConfig c;
-  SNAPFILL_ASSIGN_OR_RETURN(c.schedule.kind, ParseScheduleKind(absl::GetFlag(FLAGS_schedule)));
-  SNAPFILL_ASSIGN_OR_RETURN(c.schedule.growth, ParseGrowth(absl::GetFlag(FLAGS_growth)));
-  c.schedule.memory = absl::GetFlag(FLAGS_memory);
-  c.schedule.chunk = absl::GetFlag(FLAGS_chunk);
-  c.schedule.first_memory = absl::GetFlag(FLAGS_first_memory);
-  c.schedule.window = absl::GetFlag(FLAGS_window);
-  c.schedule.sink_tokens = absl::GetFlag(FLAGS_sinks);
-  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.kind, ParsePrunerKind(absl::GetFlag(FLAGS_pruner)));
-  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.pooling, ParsePooling(absl::GetFlag(FLAGS_pooling)));
-  c.pruner.pool_kernel = absl::GetFlag(FLAGS_pool_kernel);
-  c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
-  return c;
-}
-
-// The configuration as one JSON object, stored in cache files and printed
-// with --verbosity=1.
-std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
-                       int64_t input_tokens) {
-  return absl::StrFormat(
-      "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
-      "\"memory\":%d,\"chunk\":%d,\"first_memory\":%d,\"window\":%d,\"pruner\":\"%s\","
-      "\"pool_kernel\":%d,\"pooling\":\"%s\",\"sinks\":%d,\"positions\":\"%s\"}",
-      model_path.empty() ? "" : absl::StrCat("\"model\":\"", model_path, "\","),
-      input_tokens, std::string(ScheduleKindName(c.schedule.kind)),
-      std::string(GrowthName(c.schedule.growth)), c.schedule.memory, c.schedule.chunk,
-      c.schedule.first_memory, c.schedule.window, PrunerKindName(c.pruner.kind),
-      c.pruner.pool_kernel, PoolingName(c.pruner.pooling), c.schedule.sink_tokens,
-      c.keep_original_positions ? "original" : "re-encoded");
-}
-
-// One JSON record per step (--telemetry). The origin map is written sparse
-// ([chunk, entries] pairs) and, for plans of more than 256 steps, only every
-// ⌈steps/256⌉-th step and the last, to keep 1M-token runs' files small.
-std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
-  std::string s = absl::StrFormat(
-      "{\"step\":%d,\"start\":%d,\"chunk\":%d,\"attention_length\":%d,\"seconds\":%.6f,"
-      "\"elapsed\":%.3f,\"rss_bytes\":%d,\"memory\":[%s],\"retention\":[",
-      t.step, t.start_token, t.chunk_tokens, t.attention_length, t.seconds, t.elapsed_seconds,
-      t.rss_bytes, absl::StrJoin(t.memory, ","));
-  for (size_t i = 0; i < t.retention.size(); ++i) {
-    absl::StrAppendFormat(&s, "%s%.4f", i ? "," : "", t.retention[i]);
-  }
-  s += "]";
-  if (with_origin) {
-    s += ",\"origin\":[";
-    for (size_t l = 0; l < t.origin.size(); ++l) {
-      s += l ? ",[" : "[";
-      bool first = true;
-      for (size_t c = 0; c < t.origin[l].size(); ++c) {
-        if (t.origin[l][c] == 0) continue;
-        absl::StrAppendFormat(&s, "%s[%d,%d]", first ? "" : ",", c, t.origin[l][c]);
-        first = false;
-      }
-      s += "]";
-    }
-    s += "]";
-  }
-  s += "}\n";
-  return s;
-}
 
 struct Prepared {
   LoadedModel model;
@@ -112,8 +51,7 @@ bool Specified(const char* flag) { return absl::flags_internal::WasPresentOnComm
 // --max_memory: the largest memory and chunk (those the user did not set)
 // whose predicted peak fits; a ResourceExhausted naming the prediction if
 // none does, before anything runs.
-absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes,
-                         int64_t decode_tokens) {
+absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
   const LlamaConfig& mc = p.model.model->config();
   const int64_t total = static_cast<int64_t>(p.tokens.size());
   const bool fixed_memory = Specified("memory");
@@ -133,8 +71,13 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes,
       last_error = fp.status();
       continue;
     }
+    // Sizes of our choosing stay inside the model's trained context.
+    if (!(fixed_memory && fixed_chunk) && mc.context_length > 0 &&
+        fp->plan.peak_attention_length > mc.context_length) {
+      continue;
+    }
     const PeakPrediction peak = PredictPeak(mc, p.model.model->weight_bytes(), *fp,
-                                            process_bytes, decode_tokens);
+                                            process_bytes);
     smallest = peak;
     any = true;
     if (peak.total() <= budget) {
@@ -177,8 +120,18 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   if (text.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " is empty"));
   }
+  if (const std::vector<size_t> bad = InvalidUtf8Positions(text); !bad.empty()) {
+    // Byte-level vocabularies encode any bytes; say so, since a wrong
+    // encoding (Latin-1, UTF-16) is more often a mistake than intended.
+    std::fprintf(stderr,
+                 "snapfill: warning: --input %s is not valid UTF-8 (%zu bytes, the first at byte "
+                 "%zu); they are read as raw bytes\n",
+                 input_path.c_str(), bad.size(), bad[0]);
+  }
   Prepared p;
   p.config = config;
+  // run decodes -n tokens into the memory itself.
+  p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
   Stopwatch tok;
@@ -189,24 +142,32 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.tokenize_seconds = tok.Seconds();
   p.tokens = std::move(prompt.tokens);
   if (!with_question) p.tokens.resize(prompt.document_end);
+  const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_tokens=", max_tokens, " must be >= 0"));
+  }
+  if (max_tokens > 0 && prompt.document_tokens > max_tokens) {
+    // Only the document is cut (its first N tokens); the template's opening
+    // and the question stay.
+    const int64_t cut_from = prompt.document_end - prompt.document_tokens + max_tokens;
+    p.tokens.erase(p.tokens.begin() + cut_from, p.tokens.begin() + prompt.document_end);
+  }
   text.clear();
   text.shrink_to_fit();
   p.tokens.shrink_to_fit();
   // The process as it stands (the tokenizer's peak, when larger, is
   // already past and counted in PeakRssBytes()).
   const uint64_t process_bytes = CurrentRssBytes();
-  const int64_t decode_tokens = with_question ? absl::GetFlag(FLAGS_n) : 0;
   const std::string max_memory = absl::GetFlag(FLAGS_max_memory);
   uint64_t budget = 0;
   if (!max_memory.empty()) {
     SNAPFILL_ASSIGN_OR_RETURN(budget, ParseByteSize(max_memory));
-    SNAPFILL_RETURN_IF_ERROR(ChooseSizes(p, budget, process_bytes, decode_tokens));
+    SNAPFILL_RETURN_IF_ERROR(ChooseSizes(p, budget, process_bytes));
   }
   const int64_t total = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(
       PrefillFootprint fp, PrefillEngine::Footprint(p.model.model->config(), p.config, total));
-  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
-                       decode_tokens);
+  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
   return p;
@@ -222,6 +183,31 @@ void PrintPlan(const Prepared& p) {
               HumanBytes(p.model.model->weight_bytes()).c_str());
   if (!p.sizes_note.empty()) std::printf("%s\n", p.sizes_note.c_str());
   std::printf("%s\n", p.peak.Format().c_str());
+}
+
+// What `run --report` writes, for `snapfill bench`.
+struct RunReport {
+  int64_t input_tokens = 0, steps = 0, peak_attention_length = 0, decode_tokens = 0;
+  int64_t cache_entries = 0;
+  double mean_memory = 0, prefill_seconds = 0, ttft_seconds = 0, decode_seconds = 0;
+  uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
+  std::vector<std::pair<std::string, double>> profile;
+};
+
+std::string RunReportJson(const RunReport& r) {
+  std::string s = absl::StrFormat(
+      "{\"input_tokens\":%d,\"steps\":%d,\"mean_memory\":%.3f,\"peak_attention_length\":%d,"
+      "\"prefill_seconds\":%.6f,\"ttft_seconds\":%.6f,\"decode_tokens\":%d,"
+      "\"decode_seconds\":%.6f,\"cache_entries\":%d,\"peak_rss_bytes\":%d,"
+      "\"predicted_peak_bytes\":%d,\"profile\":{",
+      r.input_tokens, r.steps, r.mean_memory, r.peak_attention_length, r.prefill_seconds,
+      r.ttft_seconds, r.decode_tokens, r.decode_seconds, r.cache_entries, r.peak_rss_bytes,
+      r.predicted_peak_bytes);
+  for (size_t i = 0; i < r.profile.size(); ++i) {
+    absl::StrAppendFormat(&s, "%s\"%s\":%.6f", i ? "," : "", r.profile[i].first,
+                          r.profile[i].second);
+  }
+  return s + "}}\n";
 }
 
 // Set by SIGINT/SIGTERM while a checkpointed prefill runs; the loop saves a
@@ -407,12 +393,14 @@ absl::Status RunRun() {
   double prefill_seconds = 0;
   SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &prefill_seconds));
   RemoveCheckpoint();
-  SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->MakeDecoderCache(n));
+  SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->TakeDecoderCache());
   SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), 1));
   GenerateOptions gopts;
   gopts.max_new_tokens = n;
   gopts.sampling = sampling;
-  gopts.is_eog = [&](int32_t id) { return p.model.tokenizer->IsEndOfGeneration(id); };
+  if (!absl::GetFlag(FLAGS_ignore_eos)) {
+    gopts.is_eog = [&](int32_t id) { return p.model.tokenizer->IsEndOfGeneration(id); };
+  }
   double first_token_at = 0;
   const bool tty = isatty(fileno(stdout));
   const Tokenizer& tokenizer = *p.model.tokenizer;
@@ -442,6 +430,24 @@ absl::Status RunRun() {
                  HumanBytes(PeakRssBytes()).c_str());
   }
   std::fprintf(stderr, "%s", p.backend->ProfileReport().c_str());
+  if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
+    const SchedulePlan& plan = p.engine->plan();
+    RunReport rr;
+    rr.input_tokens = static_cast<int64_t>(p.tokens.size());
+    rr.steps = static_cast<int64_t>(plan.steps.size());
+    rr.mean_memory = plan.mean_memory;
+    rr.peak_attention_length = plan.peak_attention_length;
+    rr.prefill_seconds = prefill_seconds;
+    rr.ttft_seconds = first_token_at;
+    rr.decode_tokens = static_cast<int64_t>(r.tokens.size());
+    rr.decode_seconds = r.decode_seconds;
+    rr.cache_entries = kv->max_size();
+    rr.peak_rss_bytes = PeakRssBytes();
+    rr.predicted_peak_bytes = p.peak.total();
+    rr.profile = p.backend->ProfileSeconds();
+    SNAPFILL_RETURN_IF_ERROR(
+        WriteFileAtomically(report, RunReportJson(rr), /*overwrite=*/true));
+  }
   return absl::OkStatus();
 }
 
@@ -461,9 +467,9 @@ absl::Status RunPrefill() {
   PromptCache cache;
   cache.model_fingerprint = ModelFingerprint(p.model.model->gguf());
   cache.config = ConfigJson(p.config, p.model.path, static_cast<int64_t>(p.tokens.size()));
-  cache.next_position = p.engine->next_position();
   cache.input_tokens = static_cast<int64_t>(p.tokens.size());
-  SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->MakeDecoderCache(0));
+  SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->TakeDecoderCache());
+  cache.next_position = p.engine->next_position();
   SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(out, cache, absl::GetFlag(FLAGS_force)));
   RemoveCheckpoint();
   if (absl::GetFlag(FLAGS_timing)) {

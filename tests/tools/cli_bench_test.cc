@@ -1,0 +1,62 @@
+// snapfill bench on the tiny model: every configuration runs, in its own
+// process, the requested number of times; the JSON holds what the table
+// shows, eq. 4 gives FM exactly 1, and bad flags are refused.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/cli_fixture.h"
+#include "tests/testing/files.h"
+
+namespace snapfill {
+namespace {
+
+using testing::CliTest;
+using testing::Result;
+
+TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
+  const std::string json = dir_ + "/bench.json";
+  Result r = Run("bench --model " + tiny_ + " --input " + text_ +
+                 " --schedules fm,im:sqrt,imdc --memory 128 --chunk 64 --imdc_chunk 128"
+                 " --window 8 --repetitions 2 --full_tokens 512 -n 8 --threads 1 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("eq. 4 uses r ="), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadAll(json));
+  ASSERT_EQ(j["schedules"].size(), 3u);
+  const char* labels[] = {"fm", "im:sqrt", "imdc"};
+  for (int i = 0; i < 3; ++i) {
+    const auto& s = j["schedules"][i];
+    EXPECT_EQ(s["schedule"], labels[i]);
+    EXPECT_EQ(s["ttft_seconds"].size(), 2u) << "two repetitions";
+    EXPECT_GT(s["ttft_median"].get<double>(), 0);
+    EXPECT_GT(s["peak_rss_bytes"].get<double>(), 1 << 20);
+    EXPECT_GT(s["decode_tokens_per_second"].get<double>(), 0);
+    const double share = s["attention_share"].get<double>();
+    EXPECT_GT(share, 0);
+    EXPECT_LT(share, 1);
+  }
+  EXPECT_EQ(j["schedules"][2]["chunk"], 128) << "--imdc_chunk applies to imdc only";
+  EXPECT_EQ(j["schedules"][1]["chunk"], 64);
+  // FM against itself: measured 1 and eq. 4 exactly 1.
+  EXPECT_DOUBLE_EQ(j["schedules"][0]["speedup_vs_fm"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["schedules"][0]["eq4_prediction"].get<double>(), 1.0);
+  // IM's mean memory is below FM's, so eq. 4 predicts a gain.
+  EXPECT_LT(j["schedules"][1]["mean_memory"].get<double>(), 128);
+  EXPECT_GT(j["schedules"][1]["eq4_prediction"].get<double>(), 1.0);
+  // The full cache holds the first 512 tokens (plus the question and the
+  // generated tokens), far more than the compressed one.
+  EXPECT_GE(j["full_cache"]["cache_entries"].get<int64_t>(), 512);
+  EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
+            j["schedules"][0]["cache_entries"].get<int64_t>());
+}
+
+TEST_F(CliTest, BenchRefusesBadFlags) {
+  const std::string base = "bench --model " + tiny_ + " --input " + text_;
+  EXPECT_FAILS_WITH(Run(base + " --schedules fm,im:bogus"), 2, "im:bogus");
+  EXPECT_FAILS_WITH(Run(base + " --schedules xyz"), 2, "xyz");
+  EXPECT_FAILS_WITH(Run(base + " --repetitions 0"), 2, "--repetitions");
+  EXPECT_FAILS_WITH(Run("bench --model " + tiny_), 2, "--input");
+}
+
+}  // namespace
+}  // namespace snapfill

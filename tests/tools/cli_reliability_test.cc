@@ -1,0 +1,263 @@
+// A long job is never lost and bad input never damages anything, end to
+// end through the snapfill command (issue 5): a run killed with SIGKILL or
+// stopped with SIGTERM resumes to the same cache, byte for byte; resuming
+// another run's checkpoint is refused; --max_memory picks sizes or refuses
+// up front; input from stdin, tiny and non-UTF-8 inputs work; a full disk
+// leaves no partial file.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "src/model/tiny_llama.h"
+#include "tests/testing/cli_fixture.h"
+#include "tests/testing/files.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+using testing::Result;
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+class ReliabilityTest : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    // A model large enough that a run of a few hundred chunks lasts long
+    // enough to be stopped in the middle (about a second here).
+    TinyLlamaOptions opts;
+    opts.num_layers = 4;
+    opts.model_dim = 256;
+    opts.num_heads = 8;
+    opts.num_kv_heads = 4;
+    opts.ffn_dim = 512;
+    opts.context_length = 4096;
+    auto bytes = MakeTinyLlamaGguf(opts);
+    SNAPFILL_ASSERT_OK(bytes);
+    model_ = dir_ + "/model.gguf";
+    testing::WriteRaw(model_, *bytes);
+    job_ = "prefill --model " + model_ + " --input " + text_ +
+           " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false --timing=false";
+    checkpoint_ = dir_ + "/job.ck";
+  }
+
+  // The cache of a run never stopped.
+  std::string Reference() {
+    const std::string ref = dir_ + "/reference.kv";
+    Result r = Run(job_ + " --out " + ref);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return testing::ReadAll(ref);
+  }
+
+  // Waits (up to 60 s) for the first checkpoint of a spawned run.
+  bool WaitForCheckpoint(pid_t pid) {
+    for (int i = 0; i < 60000; ++i) {
+      if (Exists(checkpoint_)) return true;
+      int status;
+      if (::waitpid(pid, &status, WNOHANG) == pid) return false;  // ended first
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  }
+
+  std::string model_, job_, checkpoint_;
+};
+
+TEST_F(ReliabilityTest, KilledRunResumesToTheSameCache) {
+  const std::string reference = Reference();
+  ASSERT_FALSE(reference.empty());
+  const std::string out = dir_ + "/resumed.kv";
+  const pid_t pid =
+      Spawn(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  ASSERT_TRUE(WaitForCheckpoint(pid)) << "the run ended before its first checkpoint";
+  // Past the first checkpoint, so the kill lands at an arbitrary point of
+  // the chunks, possibly while the next checkpoint is being written.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const int status = Wait(pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the run finished before it could be killed; make the job longer";
+  EXPECT_FALSE(Exists(out)) << "a killed run must not leave an output";
+
+  Result r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == reference) << "the resumed cache differs";
+  EXPECT_FALSE(Exists(checkpoint_)) << "a completed prefill removes its checkpoint";
+  // Nothing else is left in the folder: no temporaries of the killed writer.
+  for (const std::string& f : testing::ListDir(dir_)) {
+    EXPECT_EQ(f.find(".tmp."), std::string::npos) << f;
+  }
+}
+
+TEST_F(ReliabilityTest, SigtermSavesACheckpointAndStops) {
+  const std::string reference = Reference();
+  const std::string out = dir_ + "/resumed.kv";
+  // Checkpoints only on the signal (every 10^6 chunks otherwise)... but the
+  // test needs to know the run has started: wait for its first checkpoint
+  // with --checkpoint_every 1, then signal.
+  const pid_t pid =
+      Spawn(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 1");
+  ASSERT_TRUE(WaitForCheckpoint(pid));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const int status = Wait(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "SIGTERM must be handled, not fatal";
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string err = testing::ReadAll(dir_ + "/stderr");
+  EXPECT_NE(err.find("stopped by SIGTERM"), std::string::npos) << err;
+  EXPECT_NE(err.find("--resume"), std::string::npos) << err;
+  ASSERT_TRUE(Exists(checkpoint_));
+  EXPECT_FALSE(Exists(out));
+
+  // Starting over without --resume would lose it: refused, file untouched.
+  const std::string saved = testing::ReadAll(checkpoint_);
+  Result r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_);
+  EXPECT_FAILS_WITH(r, 1, "add --resume");
+  EXPECT_TRUE(testing::ReadAll(checkpoint_) == saved);
+
+  r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == reference);
+}
+
+TEST_F(ReliabilityTest, AnotherRunsCheckpointIsRefused) {
+  const pid_t pid = Spawn(job_ + " --out " + dir_ + "/x.kv --checkpoint " + checkpoint_ +
+                          " --checkpoint_every 1");
+  ASSERT_TRUE(WaitForCheckpoint(pid));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  Wait(pid);
+  ASSERT_TRUE(Exists(checkpoint_));
+  const std::string saved = testing::ReadAll(checkpoint_);
+  const std::string resume = " --out " + dir_ + "/y.kv --checkpoint " + checkpoint_ + " --resume";
+  // Another configuration.
+  EXPECT_FAILS_WITH(Run(job_ + " --pool_kernel 5" + resume), 1, "another configuration");
+  // Another input.
+  const std::string other = dir_ + "/other.txt";
+  testing::WriteRaw(other, testing::ReadAll(text_) + " One more sentence.");
+  Result r = Run("prefill --model " + model_ + " --input " + other +
+                 " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false" + resume);
+  EXPECT_FAILS_WITH(r, 1, "another input");
+  // Another model.
+  r = Run("prefill --model " + tiny_ + " --input " + text_ +
+          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false" + resume);
+  EXPECT_FAILS_WITH(r, 1, "for model");
+  // A cache file where a checkpoint is expected.
+  EXPECT_EQ(Run(job_ + " --out " + dir_ + "/z.kv").exit_code, 0);
+  r = Run(job_ + " --out " + dir_ + "/y.kv --checkpoint " + dir_ + "/z.kv --resume");
+  EXPECT_FAILS_WITH(r, 1, "not a snapfill checkpoint");
+  // Flags that do not make sense.
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/y.kv --resume"), 2, "--resume needs");
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/y.kv --checkpoint " + dir_ +
+                        "/none.ck --resume"),
+                    1, "does not exist");
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/y.kv --checkpoint " + checkpoint_ +
+                        " --checkpoint_every 0"),
+                    2, "--checkpoint_every");
+  EXPECT_TRUE(testing::ReadAll(checkpoint_) == saved) << "a refusal must not touch the file";
+  EXPECT_FALSE(Exists(dir_ + "/y.kv"));
+}
+
+TEST_F(ReliabilityTest, MaxMemoryPicksSizesOrRefusesUpFront) {
+  Result r = Run(job_ + " --out " + dir_ + "/a.kv --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("predicted peak RSS"), std::string::npos) << r.out;
+  // A budget that fits: the largest sizes are chosen and said.
+  r = Run("prefill --model " + model_ + " --input " + text_ +
+          " --window 8 --max_memory 2G --dry_run --out " + dir_ + "/a.kv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The largest that fits the model's 4096-token context: 2048 + 2048.
+  EXPECT_NE(r.out.find("--max_memory 2.00 GiB: memory 2048, chunk 2048"), std::string::npos)
+      << r.out;
+  // Too small for anything: refused before the prefill, with the figure.
+  r = Run(job_ + " --out " + dir_ + "/a.kv --max_memory 1M");
+  EXPECT_FAILS_WITH(r, 1, "no memory and chunk size fits --max_memory 1.0 MiB");
+  EXPECT_NE(r.err.find("predicted peak RSS"), std::string::npos) << r.err;
+  EXPECT_FALSE(Exists(dir_ + "/a.kv"));
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/a.kv --max_memory lots"), 2,
+                    "is not a size");
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/a.kv --max_memory 0"), 2, "is not a size");
+}
+
+// The measured peak of the run comes within 10% of the prediction; the
+// real model's version of this check is model_memory_prediction_test.
+TEST_F(ReliabilityTest, PredictionIsCloseOnTheTinyModel) {
+  Result dry = Run(job_ + " --out " + dir_ + "/a.kv --dry_run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  Result run = Run(job_ + " --out " + dir_ + "/a.kv --timing=true");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  // Both print mebibytes here ("... RSS 21.3 MiB").
+  auto mib = [](const std::string& text, const std::string& after) {
+    const size_t at = text.find(after);
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + after.size()));
+  };
+  const double predicted = mib(dry.out, "predicted peak RSS ");
+  const double measured = mib(run.err, "peak RSS ");
+  ASSERT_GT(predicted, 0) << dry.out;
+  ASSERT_GT(measured, 0) << run.err;
+  EXPECT_NEAR(measured / predicted, 1.0, 0.10) << "predicted " << predicted << " MiB, measured "
+                                               << measured << " MiB";
+}
+
+TEST_F(ReliabilityTest, InputFromStdinEqualsTheFile) {
+  const std::string reference = Reference();
+  Result r = Run(job_ + " --input - --out " + dir_ + "/stdin.kv <" + text_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/stdin.kv") == reference);
+  r = Run(job_ + " --input - --out " + dir_ + "/empty.kv </dev/null");
+  EXPECT_FAILS_WITH(r, 2, "is empty");
+}
+
+TEST_F(ReliabilityTest, ShortAndNonUtf8InputsWork) {
+  testing::WriteRaw(dir_ + "/short.txt", "Hi.");
+  Result r = Run("run --model " + model_ + " --input " + dir_ +
+                 "/short.txt --memory 64 --chunk 64 --window 32 -n 3 --progress=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  testing::WriteRaw(dir_ + "/latin1.txt", std::string("caf\xe9 na\xefve \xff\xfe end", 19));
+  r = Run("run --model " + model_ + " --input " + dir_ +
+          "/latin1.txt --memory 64 --chunk 64 --window 8 -n 3 --progress=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("not valid UTF-8"), std::string::npos) << r.err;
+  // A path through a regular file cannot be read.
+  EXPECT_FAILS_WITH(Run(job_ + " --input " + text_ + "/x --out " + dir_ + "/a.kv"), 1, text_);
+}
+
+// A real full disk: a 16 KiB tmpfs mounted in a private mount namespace
+// (unshare -rm), so no privilege is needed; skipped where namespaces are not
+// allowed.
+TEST_F(ReliabilityTest, FullDiskLeavesNoPartialFileAndSaysSo) {
+  const std::string mnt = dir_ + "/small";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0755), 0);
+  const std::string probe = "unshare -rm sh -c 'mount -t tmpfs -o size=16k tmpfs " + mnt +
+                            "' >/dev/null 2>&1";
+  if (std::system(probe.c_str()) != 0) GTEST_SKIP() << "cannot mount a tmpfs in a namespace";
+  const std::string bin = std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill ";
+  // Inside the namespace: an old cache to keep, then a prefill whose cache
+  // does not fit, then a listing and the old file's content.
+  const std::string script =
+      "mount -t tmpfs -o size=16k tmpfs " + mnt + " && printf precious > " + mnt +
+      "/cache.kv && " + bin + job_ + " --force --out " + mnt + "/cache.kv; echo rc=\\$?; ls -a " +
+      mnt + "; cat " + mnt + "/cache.kv; echo; " + bin + job_ + " --out " + dir_ +
+      "/ok.kv --checkpoint " + mnt + "/job.ck --checkpoint_every 1; echo rc=\\$?; ls -a " + mnt;
+  const std::string log_path = dir_ + "/full_disk.log";
+  std::system(("unshare -rm sh -c \"" + script + "\" >" + log_path + " 2>&1").c_str());
+  const std::string log = testing::ReadAll(log_path);
+  EXPECT_NE(log.find("disk full while writing " + mnt + "/cache.kv"), std::string::npos) << log;
+  EXPECT_NE(log.find("rc=1"), std::string::npos) << log;
+  EXPECT_NE(log.find("precious"), std::string::npos) << "the old cache must survive: " << log;
+  EXPECT_NE(log.find("disk full while writing " + mnt + "/job.ck"), std::string::npos) << log;
+  EXPECT_EQ(log.find(".tmp."), std::string::npos) << "no temporary may be left: " << log;
+  EXPECT_EQ(log.find("job.ck\n"), std::string::npos) << "no partial checkpoint: " << log;
+}
+
+}  // namespace
+}  // namespace snapfill

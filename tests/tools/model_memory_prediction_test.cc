@@ -1,0 +1,68 @@
+// --dry_run's predicted peak resident memory against the measured peak of
+// the same run on the real model, across schedules, sizes and commands
+// (issue 5: within 10%).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "src/model/llama_model.h"
+#include "tests/testing/cli_fixture.h"
+#include "tests/testing/files.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+using testing::Result;
+
+class MemoryPredictionTest : public testing::CliTest,
+                             public ::testing::WithParamInterface<const char*> {};
+
+// "... RSS 251.3 MiB" or "... RSS 1.52 GiB" -> MiB.
+double MibAfter(const std::string& text, const std::string& after) {
+  const size_t at = text.find(after);
+  if (at == std::string::npos) return -1;
+  size_t used = 0;
+  const double x = std::stod(text.substr(at + after.size()), &used);
+  const std::string unit = text.substr(at + after.size() + used + 1, 3);
+  return unit == "GiB" ? x * 1024 : unit == "MiB" ? x : -1;
+}
+
+TEST_P(MemoryPredictionTest, MeasuredPeakIsWithinTenPercent) {
+  auto model = ResolveModelPath("");
+  if (access(model.c_str(), R_OK) != 0) {
+    GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
+  }
+  // About 5,000 tokens of mixed text.
+  const std::string corpus = testing::ReadAll(testing::SourcePath("tests/data/tokenizer_corpus.txt"));
+  testing::WriteRaw(dir_ + "/doc.txt", corpus.substr(0, 20000));
+  const std::string args = std::string(GetParam()) + " --model " + model + " --input " + dir_ +
+                           "/doc.txt --progress=false --timing=true";
+  const std::string out = std::string(GetParam()).rfind("prefill", 0) == 0
+                              ? " --out " + dir_ + "/c.kv"
+                              : "";
+  Result dry = Run(args + out + " --dry_run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  Result run = Run(args + out);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const double predicted = MibAfter(dry.out, "predicted peak RSS ");
+  const double measured = MibAfter(run.err, "peak RSS ");
+  ASSERT_GT(predicted, 0) << dry.out;
+  ASSERT_GT(measured, 0) << run.err;
+  std::printf("%s: predicted %.1f MiB, measured %.1f MiB (%+.1f%%)\n", GetParam(), predicted,
+              measured, 100.0 * (measured / predicted - 1));
+  EXPECT_NEAR(measured / predicted, 1.0, 0.10) << dry.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configurations, MemoryPredictionTest,
+    ::testing::Values("prefill --schedule fm --memory 256 --chunk 256",
+                      "prefill --schedule imdc --memory 1024 --chunk 1024",
+                      "prefill --schedule im --growth adaptive --memory 2048 --chunk 512",
+                      "run -n 16 --question Why? --schedule imdc --memory 512 --chunk 2048",
+                      "run -n 16 --question Why? --pruner full --chunk 1024"));
+
+}  // namespace
+}  // namespace snapfill

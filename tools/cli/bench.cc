@@ -1,0 +1,367 @@
+// snapfill bench: TTFT and peak memory of every schedule on one input, in
+// one run, with repetitions (DESIGN.md §7), beside the IMDC paper's eq. 4
+// prediction; and decoding from the compressed cache against decoding over
+// a full cache, beside what the bytes each step reads predict.
+//
+// Each configuration runs as a child `snapfill run --report` so that its
+// peak resident memory is its own (getrusage of the child), not the
+// largest of all configurations so far.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "snapfill/schedule.h"
+#include "snapfill/status.h"
+#include "src/base/file_util.h"
+#include "src/base/sys_stats.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/common.h"
+#include "tools/cli/flags.h"
+#include "tools/cli/plot.h"
+
+namespace snapfill::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+struct Config {
+  std::string label;                 // "fm", "im:sqrt", "full"
+  std::vector<std::string> args;     // run flags
+};
+
+struct Measured {
+  Config config;
+  std::vector<double> ttft, prefill, decode_tps;
+  double mean_memory = 0, attention_share = 0;
+  int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
+  uint64_t peak_rss = 0, predicted_peak = 0;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs `/proc/self/exe run <args> --report <file>`; returns the report and
+// the child's peak resident set (bytes).
+absl::StatusOr<std::pair<Json, uint64_t>> RunChild(const std::vector<std::string>& args,
+                                                   const std::string& work) {
+  const std::string report = work + "/report.json";
+  const std::string log = work + "/child.log";
+  std::vector<std::string> argv = {"snapfill", "run"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--report=" + report);
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  std::remove(report.c_str());
+  const pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
+    ::execv("/proc/self/exe", cargv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  struct rusage usage {};
+  if (::wait4(pid, &status, 0, &usage) != pid) return absl::InternalError("wait4 failed");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::ifstream in(log);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string tail = ss.str();
+    if (tail.size() > 2000) tail = tail.substr(tail.size() - 2000);
+    return absl::InternalError(absl::StrCat("snapfill run ", absl::StrJoin(args, " "),
+                                            " failed:\n", tail));
+  }
+  std::ifstream in(report);
+  Json j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InternalError("the run's report is not JSON");
+  return std::make_pair(j, static_cast<uint64_t>(usage.ru_maxrss) * 1024);
+}
+
+// Memory read bandwidth with the run's thread count: a sum over a buffer far
+// larger than the caches, best of three.
+double ReadBandwidth() {
+  const size_t n = size_t{256} << 20 >> 2;  // 256 MiB of floats
+  std::vector<float> buf(n, 1.0f);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    Stopwatch w;
+    double total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (int64_t b = 0; b < static_cast<int64_t>(n / 4096); ++b) {
+      float s = 0;
+      const float* p = buf.data() + b * 4096;
+      for (int i = 0; i < 4096; ++i) s += p[i];
+      total += s;
+    }
+    const double sec = w.Seconds();
+    if (total != static_cast<double>(n)) return 0;  // keeps the loop
+    best = std::max(best, n * sizeof(float) / sec);
+  }
+  return best;
+}
+
+std::vector<Config> Configs(const std::vector<std::string>& common) {
+  std::vector<Config> out;
+  const int64_t imdc_chunk = absl::GetFlag(FLAGS_imdc_chunk);
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_schedules), ',')) {
+    if (spec.empty()) continue;
+    const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+    Config c;
+    c.label = std::string(spec);
+    c.args = common;
+    c.args.push_back("--schedule=" + parts[0]);
+    if (parts.size() > 1) c.args.push_back("--growth=" + parts[1]);
+    const int64_t chunk = parts[0] == "imdc" && imdc_chunk > 0 ? imdc_chunk
+                                                                : absl::GetFlag(FLAGS_chunk);
+    c.args.push_back(absl::StrCat("--chunk=", chunk));
+    c.args.push_back(absl::StrCat("--memory=", absl::GetFlag(FLAGS_memory)));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::Status Validate() {
+  if (absl::GetFlag(FLAGS_input).empty()) {
+    return absl::InvalidArgumentError("--input FILE is required");
+  }
+  if (absl::GetFlag(FLAGS_repetitions) < 1) {
+    return absl::InvalidArgumentError("--repetitions must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_full_tokens) < 0) {
+    return absl::InvalidArgumentError("--full_tokens must be >= 0");
+  }
+  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_schedules), ',')) {
+    const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+    if (parts.size() > 2 || !ParseScheduleKind(parts[0]).ok() ||
+        (parts.size() == 2 && !ParseGrowth(parts[1]).ok())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--schedules: \"", spec, "\" is not schedule[:growth] (e.g. fm, im:sqrt, imdc)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlotBench(const std::vector<Measured>& rows, const std::string& png) {
+  SNAPFILL_RETURN_IF_ERROR(CheckGnuplot());
+  std::string data;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    absl::StrAppendFormat(&data, "%d \"%s\" %.3f %.1f\n", i, rows[i].config.label,
+                          Median(rows[i].ttft), rows[i].peak_rss / double(1 << 20));
+  }
+  const std::string script = absl::StrCat(
+      "set terminal pngcairo size 1100,450 font ',10' noenhanced\nset output ", GnuplotQuote(AbsolutePath(png)),
+      "\nset multiplot layout 1,2\nset style fill solid 0.8 border -1\nset boxwidth 0.7\n"
+      "set grid ytics\nset xtics rotate by -30\nset yrange [0:*]\n"
+      "set title 'Time to first token'\nset ylabel 'seconds'\n"
+      "plot 'bench.dat' using 1:3:xtic(2) with boxes lc rgb '#4477aa' notitle, "
+      "'' using 1:3:(sprintf('%.1f',$3)) with labels offset 0,0.7 notitle\n"
+      "set title 'Peak resident memory'\nset ylabel 'MiB'\n"
+      "plot 'bench.dat' using 1:4:xtic(2) with boxes lc rgb '#cc6677' notitle, "
+      "'' using 1:4:(sprintf('%.0f',$4)) with labels offset 0,0.7 notitle\n"
+      "unset multiplot\n");
+  return RunGnuplot(script, {{"bench.dat", data}});
+}
+
+}  // namespace
+
+absl::Status RunBench() {
+  SNAPFILL_RETURN_IF_ERROR(Validate());
+  const std::string work = std::filesystem::temp_directory_path().string() + "/snapfill-bench-" +
+                           std::to_string(::getpid());
+  std::filesystem::create_directories(work);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{work};
+
+  std::vector<std::string> common = {
+      "--input=" + absl::GetFlag(FLAGS_input),
+      absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens)),
+      absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+      absl::StrCat("-n=", absl::GetFlag(FLAGS_n)),
+      "--question=" + (absl::GetFlag(FLAGS_question).empty() ? std::string("What is this text about?")
+                                                            : absl::GetFlag(FLAGS_question)),
+      absl::StrCat("--window=", absl::GetFlag(FLAGS_window)),
+      "--pruner=" + absl::GetFlag(FLAGS_pruner),
+      "--ignore_eos", "--profile", "--progress=false", "--timing=false"};
+  if (!absl::GetFlag(FLAGS_model).empty()) common.push_back("--model=" + absl::GetFlag(FLAGS_model));
+
+  std::vector<Config> configs = Configs(common);
+  const int reps = absl::GetFlag(FLAGS_repetitions);
+  std::vector<Measured> rows;
+  for (const Config& c : configs) {
+    Measured m;
+    m.config = c;
+    for (int rep = 0; rep < reps; ++rep) {
+      std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
+      SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
+      const Json& j = result.first;
+      m.ttft.push_back(j.value("ttft_seconds", 0.0));
+      m.prefill.push_back(j.value("prefill_seconds", 0.0));
+      const int64_t dt = j.value("decode_tokens", int64_t{0});
+      const double ds = j.value("decode_seconds", 0.0);
+      if (dt > 1 && ds > 0) m.decode_tps.push_back((dt - 1) / ds);
+      m.mean_memory = j.value("mean_memory", 0.0);
+      m.steps = j.value("steps", int64_t{0});
+      m.cache_entries = j.value("cache_entries", int64_t{0});
+      m.input_tokens = j.value("input_tokens", int64_t{0});
+      m.predicted_peak = j.value("predicted_peak_bytes", uint64_t{0});
+      m.peak_rss = std::max(m.peak_rss, result.second);
+      double total = 0, attention = 0;
+      for (auto it = j["profile"].begin(); it != j["profile"].end(); ++it) {
+        total += it.value().get<double>();
+        if (it.key() == "attention" || it.key() == "window_scores") {
+          attention += it.value().get<double>();
+        }
+      }
+      m.attention_share = total > 0 ? attention / total : 0;
+    }
+    for (const std::string& a : c.args) {
+      if (a.rfind("--chunk=", 0) == 0) m.chunk = std::stoll(a.substr(8));
+    }
+    rows.push_back(std::move(m));
+  }
+
+  // Decoding over a full cache of the input's first --full_tokens tokens.
+  const int64_t full_tokens = absl::GetFlag(FLAGS_full_tokens);
+  Measured full;
+  if (full_tokens > 0) {
+    Config c;
+    c.label = absl::StrCat("full ", full_tokens);
+    c.args = common;
+    for (std::string& a : c.args) {
+      if (a.rfind("--max_tokens=", 0) == 0) a = absl::StrCat("--max_tokens=", full_tokens);
+      if (a.rfind("--pruner=", 0) == 0) a = "--pruner=full";
+    }
+    c.args.push_back("--chunk=1024");
+    full.config = c;
+    for (int rep = 0; rep < reps; ++rep) {
+      std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
+      SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
+      const Json& j = result.first;
+      full.ttft.push_back(j.value("ttft_seconds", 0.0));
+      const int64_t dt = j.value("decode_tokens", int64_t{0});
+      const double ds = j.value("decode_seconds", 0.0);
+      if (dt > 1 && ds > 0) full.decode_tps.push_back((dt - 1) / ds);
+      full.cache_entries = j.value("cache_entries", int64_t{0});
+      full.input_tokens = j.value("input_tokens", int64_t{0});
+      full.peak_rss = std::max(full.peak_rss, result.second);
+    }
+  }
+
+  // Eq. 4: r · ((m_max + c)/(m̂ + c) − 1) + 1, r = FM's attention share.
+  const Measured* fm = nullptr;
+  for (const Measured& m : rows) {
+    if (m.config.label == "fm") fm = &m;
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
+  const LlamaConfig& mc = model.model->config();
+  const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
+  const double weights = static_cast<double>(model.model->weight_bytes());
+  const double bandwidth = ReadBandwidth();
+  auto predicted_tps = [&](int64_t entries) {
+    return bandwidth / (weights + entries * entry_bytes);
+  };
+
+  const double m_max = absl::GetFlag(FLAGS_memory);
+  Json out;
+  out["input"] = absl::GetFlag(FLAGS_input);
+  out["memory"] = m_max;
+  out["repetitions"] = reps;
+  out["read_bandwidth_bytes_per_second"] = bandwidth;
+  std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %10s %9s\n", "schedule", "tokens", "chunk",
+              "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "predicted", "decode/s");
+  for (const Measured& m : rows) {
+    const double ttft = Median(m.ttft);
+    double speedup = 0, eq4 = 0;
+    if (fm != nullptr && ttft > 0) {
+      speedup = Median(fm->ttft) / ttft;
+      eq4 = PredictedSpeedup(fm->attention_share, m_max, m.mean_memory, m.chunk);
+    }
+    std::printf("%-16s %8lld %7lld %8.1f %9.2f %8.2fx %8.2fx %10s %10s %9.1f\n",
+                m.config.label.c_str(), (long long)m.input_tokens, (long long)m.chunk,
+                m.mean_memory, ttft, speedup, eq4, HumanBytes(m.peak_rss).c_str(),
+                HumanBytes(m.predicted_peak).c_str(), Median(m.decode_tps));
+    Json r;
+    r["schedule"] = m.config.label;
+    r["input_tokens"] = m.input_tokens;
+    r["chunk"] = m.chunk;
+    r["steps"] = m.steps;
+    r["mean_memory"] = m.mean_memory;
+    r["ttft_seconds"] = m.ttft;
+    r["ttft_median"] = ttft;
+    r["prefill_seconds"] = m.prefill;
+    r["speedup_vs_fm"] = speedup;
+    r["eq4_prediction"] = eq4;
+    r["attention_share"] = m.attention_share;
+    r["peak_rss_bytes"] = m.peak_rss;
+    r["predicted_peak_bytes"] = m.predicted_peak;
+    r["decode_tokens_per_second"] = Median(m.decode_tps);
+    r["cache_entries"] = m.cache_entries;
+    r["decode_predicted_tokens_per_second"] = predicted_tps(m.cache_entries);
+    out["schedules"].push_back(r);
+  }
+  if (fm != nullptr) {
+    std::printf("eq. 4 uses r = %.3f, FM's measured attention share (attention + SnapKV votes "
+                "over all backend time)\n",
+                fm->attention_share);
+  }
+  if (full_tokens > 0) {
+    std::printf("\ndecode (%lld tokens, median of %d; prediction = read bandwidth %.1f GB/s / "
+                "bytes per step: weights %s + KV)\n",
+                (long long)absl::GetFlag(FLAGS_n), reps, bandwidth / 1e9,
+                HumanBytes(static_cast<uint64_t>(weights)).c_str());
+    std::printf("%-26s %10s %10s %12s %12s\n", "cache", "entries", "KV bytes", "tokens/s",
+                "predicted");
+    auto line = [&](const std::string& name, int64_t entries, double tps) {
+      std::printf("%-26s %10lld %10s %12.1f %12.1f\n", name.c_str(), (long long)entries,
+                  HumanBytes(static_cast<uint64_t>(entries * entry_bytes)).c_str(), tps,
+                  predicted_tps(entries));
+    };
+    for (const Measured& m : rows) {
+      line("compressed (" + m.config.label + ")", m.cache_entries, Median(m.decode_tps));
+    }
+    line(full.config.label, full.cache_entries, Median(full.decode_tps));
+    Json f;
+    f["tokens"] = full.input_tokens;
+    f["cache_entries"] = full.cache_entries;
+    f["decode_tokens_per_second"] = Median(full.decode_tps);
+    f["decode_predicted_tokens_per_second"] = predicted_tps(full.cache_entries);
+    f["peak_rss_bytes"] = full.peak_rss;
+    out["full_cache"] = f;
+  }
+  if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
+    SNAPFILL_RETURN_IF_ERROR(WriteFileAtomically(json, out.dump(1) + "\n", true));
+  }
+  if (const std::string png = absl::GetFlag(FLAGS_png); !png.empty()) {
+    SNAPFILL_RETURN_IF_ERROR(PlotBench(rows, png));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace snapfill::cli
