@@ -48,8 +48,11 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
   c.pruner.sink_tokens = sc.sink_tokens;
   SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(c.pruner));
   if (c.pruner.kind == PrunerKind::kFull) {
-    // The baseline keeps every entry: one memory of the whole input.
-    // Its budgets are not used; plan them as a fixed memory that fits.
+    // The baseline keeps every entry: one memory of the whole input, read
+    // in chunks of --chunk tokens. Memory sizes do not apply to a pruner
+    // that evicts nothing, so its budgets are planned as a fixed memory that
+    // fits (IMDC's shrinking chunks would otherwise refuse most sizes).
+    sc.kind = ScheduleKind::kFixed;
     sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
     sc.first_memory = 0;
   }

@@ -183,6 +183,30 @@ TEST(PrefillEngineTest, CompressionFollowsThePlan) {
   }
 }
 
+// Full attention evicts nothing, so memory schedules do not apply: whatever
+// --schedule says, it reads fixed chunks of --chunk tokens.
+TEST(PrefillEngineTest, FullPrunerReadsFixedChunksUnderAnySchedule) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental,
+                            ScheduleKind::kIncrementalDecremental}) {
+    PrefillConfig config;
+    config.schedule.kind = kind;
+    config.schedule.chunk = 100;
+    config.schedule.memory = 1024;
+    config.schedule.window = 8;
+    config.pruner.kind = PrunerKind::kFull;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
+    SNAPFILL_ASSERT_OK(engine);
+    const SchedulePlan& plan = (*engine)->plan();
+    ASSERT_EQ(plan.steps.size(), 10u);
+    for (const ScheduleStep& s : plan.steps) EXPECT_EQ(s.chunk_tokens, 100);
+    SNAPFILL_ASSERT_OK((*engine)->Run(Tokens(1000, model->config().vocab_size), nullptr));
+    EXPECT_EQ((*engine)->memory().max_size(), 1000) << "full attention keeps every token";
+  }
+}
+
 TEST(PrefillEngineTest, RefusesImpossiblePlansUpFront) {
   auto model = TinyModel();
   auto backend = CreateBackend(Device::kCpu, {});
