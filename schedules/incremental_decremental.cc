@@ -118,11 +118,15 @@ std::string ImdcRefusal(const ScheduleConfig& config, const Core& core) {
     absl::StrAppendFormat(&suggestions, "use --chunk >= %d", good);
   }
   // Largest working --memory with the given chunk, by bisection as well.
+  // Every probe plans all n·N budgets again, so it is skipped for plans of
+  // more than 2^22 budgets: a dozen probes of up to 2^26 budgets took over
+  // ten seconds to refuse a tiny --chunk on a long input (found by fuzzing).
   probe = config;
   int64_t mem_good = std::max(config.window, config.first_memory);
   int64_t mem_bad = config.memory;
   probe.memory = mem_good;
-  if (mem_good < mem_bad && Feasible(probe)) {
+  constexpr int64_t kMaxProbeBudgets = int64_t{1} << 22;
+  if (n * big_n <= kMaxProbeBudgets && mem_good < mem_bad && Feasible(probe)) {
     while (mem_bad - mem_good > 1) {
       const int64_t mid = mem_good + (mem_bad - mem_good) / 2;
       probe.memory = mid;

@@ -32,9 +32,11 @@
 //     1M tokens and c = 1024), more than FM's m_max + c.
 //
 // Plans that cannot work are refused with InvalidArgument before any work
-// starts, naming the flags and a value that works: empty input, input at or
-// below the window, memory below the window, a chunk at or below the window.
-// Positions beyond the model's trained context are a warning, not an error.
+// starts, naming the flags and a value that works: empty input, memory below
+// the window, a chunk at or below the window. An input no longer than the
+// window has nothing to compress: it is planned as one chunk kept whole (a
+// warning says so; first_memory is then left as given). Positions beyond the
+// model's trained context are a warning, not an error.
 #ifndef SNAPFILL_SCHEDULE_H_
 #define SNAPFILL_SCHEDULE_H_
 

@@ -48,8 +48,10 @@ absl::Status CheckPadding(uint64_t num_layers, uint64_t num_kv_heads, uint64_t h
                           uint64_t max_size, unsigned __int128 total_entries,
                           std::string_view what) {
   const unsigned __int128 entry = EntryBytes(head_dim);
-  const unsigned __int128 padded =
-      static_cast<unsigned __int128>(num_layers) * num_kv_heads * max_size * entry;
+  // The loader allocates at least one entry per head even when every layer
+  // is empty, so a wide shape with no entries is checked too.
+  const unsigned __int128 padded = static_cast<unsigned __int128>(num_layers) * num_kv_heads *
+                                   std::max<uint64_t>(max_size, 1) * entry;
   const unsigned __int128 stored = total_entries * num_kv_heads * entry;
   if (padded > stored * kMaxPaddingFactor + kPaddingAllowanceBytes) {
     return absl::DataLossError(absl::StrCat(

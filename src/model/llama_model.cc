@@ -182,9 +182,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<Ggu
   }
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
-  m->layers_.resize(c.num_layers);
+  // Grown layer by layer as the tensors bind: block_count comes from the
+  // file (up to 2^24) and must not size an allocation before the tensors
+  // that back it are found.
+  m->layers_.clear();
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    LlamaLayerWeights& l = m->layers_[i];
+    LlamaLayerWeights& l = m->layers_.emplace_back();
     const std::string p = absl::StrCat("blk.", i, ".");
     SNAPFILL_ASSIGN_OR_RETURN(l.attn_norm, BindVector(f, p + "attn_norm.weight", c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wq, BindMatrix(f, p + "attn_q.weight", q_dim, c.model_dim));
