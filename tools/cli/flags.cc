@@ -36,7 +36,9 @@ ABSL_FLAG(int64_t, pool_kernel, 7, "SnapKV pooling kernel over the votes (odd; 1
 ABSL_FLAG(std::string, pooling, "avg", "SnapKV pooling: avg | max");
 ABSL_FLAG(std::string, pruner, "snapkv",
           "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything)");
-ABSL_FLAG(int64_t, sinks, 0, "Pin the first s input tokens as attention sinks, outside the budget");
+ABSL_FLAG(int64_t, sinks, 4,
+          "Always keep the first s input tokens (attention sinks), outside the memory budget; "
+          "without them a small memory loses the sink and the loss jumps (docs/RESULTS.md)");
 ABSL_FLAG(bool, original_positions, false,
           "Rotate memory at its original input positions instead of re-encoding 0..m+c");
 ABSL_FLAG(bool, dry_run, false,
