@@ -25,7 +25,9 @@
 // ref::MatMulQuantizedActivations up to summation order.
 //
 // Small m (decode, m <= 3) with Q4_0 / Q4_1 / Q8_0 weights skips the packing
-// and reads the ggml blocks in place; see "Small-m path" below.
+// and reads the ggml blocks in place; see "Small-m path" below. Token blocks
+// (m >= 16) with those types go to the AMX-INT8 tile path (matmul_amx.cc)
+// when the CPU and OS allow it.
 //
 // ISA: AVX-512 F/BW/VNNI kernels (vpdpbusd for 32-blocks, vpmaddubsw +
 // vpdpwssd for K-quants) when compiled with them (-march=native here); a
@@ -41,6 +43,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/matmul_amx.h"
 #include "kernels/quant_blocks.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
@@ -78,8 +81,17 @@ namespace {
 std::atomic<int> g_impl{static_cast<int>(MatMulImpl::kAuto)};
 
 bool UseSimd() {
-  return SNAPFILL_MATMUL_AVX512 && g_impl.load(std::memory_order_relaxed) ==
-                                       static_cast<int>(MatMulImpl::kAuto);
+  return SNAPFILL_MATMUL_AVX512 && g_impl.load(std::memory_order_relaxed) !=
+                                       static_cast<int>(MatMulImpl::kGeneric);
+}
+
+// The AMX tile path (matmul_amx.cc) for token blocks; kNoAmx and kGeneric
+// turn it off.
+bool UseAmx(GgmlType type, int64_t m, int64_t k, size_t w_row_bytes) {
+  return m >= internal::kAmxMinTokens && k >= 32 && internal::AmxSupportsType(type) &&
+         w_row_bytes < (size_t{1} << 26) &&  // 16 row offsets fit the gathers' int32 lanes
+         g_impl.load(std::memory_order_relaxed) == static_cast<int>(MatMulImpl::kAuto) &&
+         internal::AmxAvailable();
 }
 
 constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -693,7 +705,7 @@ GemvFn PickGemvM(int64_t m) {
 
 bool GemvHandles(GgmlType type, int64_t m) {
   return m <= 3 && (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 || type == GgmlType::kQ8_0) &&
-         g_impl.load(std::memory_order_relaxed) == static_cast<int>(MatMulImpl::kAuto);
+         g_impl.load(std::memory_order_relaxed) != static_cast<int>(MatMulImpl::kGeneric);
 }
 
 void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type, int64_t n,
@@ -767,6 +779,10 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
     return;
   }
 #endif
+  if (UseAmx(type, m, k, w_row_bytes)) {
+    internal::MatMulAmx(x, m, k, x_stride, w, type, n, w_row_bytes, y, y_stride);
+    return;
+  }
   const TypeInfo ti = Info(type);
   const PackDims pd = Dims(type, k);
   const bool simd = UseSimd();
@@ -971,6 +987,8 @@ void SetMatMulImplForTesting(MatMulImpl impl) {
 }
 
 bool MatMulHasSimd() { return SNAPFILL_MATMUL_AVX512; }
+
+bool MatMulHasAmx() { return internal::AmxAvailable(); }
 
 void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w,
             GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {

@@ -1,0 +1,46 @@
+// Internal to kernels/cpu: the AMX-INT8 tile path of cpu::MatMul for token
+// blocks (prefill, m >= 16) with Q4_0 / Q4_1 / Q8_0 weights. matmul.cc
+// dispatches here; nothing else should call it (use cpu::MatMul).
+//
+// Owns: runtime detection of AMX (CPUID leaf 7 EDX bits 24/25 plus the
+// AVX-512 subsets the kernel uses, then the Linux arch_prctl request for the
+// XTILEDATA state, once per process), per-thread tile configuration, and the
+// tile kernel. The code is compiled with function target attributes, so the
+// binary runs on any x86-64 and only calls it when the CPU and kernel allow.
+#ifndef SNAPFILL_KERNELS_CPU_MATMUL_AMX_H_
+#define SNAPFILL_KERNELS_CPU_MATMUL_AMX_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "snapfill/dtype.h"
+
+namespace snapfill::cpu::internal {
+
+// True once the CPU has AMX-TILE + AMX-INT8 (and AVX-512 F/BW/VL/DQ, FMA,
+// F16C), the OS granted the tile-data state, and the environment variable
+// SNAPFILL_AMX is not "0". Computed once per process (thread-safe).
+bool AmxAvailable();
+
+// True if MatMulAmx handles `type` (Q4_0, Q4_1, Q8_0).
+bool AmxSupportsType(GgmlType type);
+
+// Smallest token count worth the tile path (one 16-token tile).
+inline constexpr int64_t kAmxMinTokens = 16;
+
+// Same contract as cpu::MatMul, for a type AmxSupportsType accepts, k a
+// positive multiple of 32 and m >= 1. Caller must have checked AmxAvailable().
+void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
+               int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
+
+// The activation quantizer of MatMulAmx, exposed for tests: row x of k
+// elements (k a multiple of 32) as ggml Q8_0 / Q8_1 blocks, bit-identical to
+// ref::QuantizeRowQ8_0 / Q8_1: block b's 32 s8 values at q + b * q_stride,
+// its scale Fp16ToFp32(d) at dx[b * s_stride] and, if sx is not null,
+// Q8_1's Fp16ToFp32(s) at sx[b * s_stride]. Requires AmxAvailable().
+void QuantizeRowQ8Tiles(const float* x, int64_t k, uint8_t* q, int64_t q_stride, float* dx, float* sx,
+                        int64_t s_stride);
+
+}  // namespace snapfill::cpu::internal
+
+#endif  // SNAPFILL_KERNELS_CPU_MATMUL_AMX_H_
