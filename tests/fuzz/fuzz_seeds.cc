@@ -280,7 +280,7 @@ std::vector<FuzzSeed> TokenizerSeeds() {
       {"english", "Hello world, it's a test. We'll see 42 apples & 7 pears!\n"},
       {"unicode", "\xC3\xA9t\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87 \xD0\x9F\xD1\x80\xD0\xB8 \xF0\x9F\x98\x80 "
                   "\xE2\x80\x94 na\xC3\xAFve"},
-      {"invalid_utf8", std::string("ok \xFF\xFE \xC3 \xE2\x82 \xF0\x9F\x98 \xC0\xAF end\x80", 29)},
+      {"invalid_utf8", std::string("ok \xFF\xFE \xC3 \xE2\x82 \xF0\x9F\x98 \xC0\xAF end\x80")},
       {"special", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"},
       {"whitespace", "  \t\n\n   x  \r\n\t\t  y   "},
       {"digits_contractions", "12345678901234 I'm you're they'll we've don't 'S"},
