@@ -15,6 +15,7 @@
 #include "src/kv/cache_file.h"
 #include "src/model/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
 
 namespace snapfill {
 namespace {
@@ -23,20 +24,10 @@ std::unique_ptr<LlamaModel> TinyModel(int layers = 3) {
   TinyLlamaOptions opts;
   opts.num_layers = layers;
   opts.context_length = 4096;
-  auto bytes = MakeTinyLlamaGguf(opts);
-  SNAPFILL_CHECK(bytes.ok()) << bytes.status();
-  auto file = GgufFile::FromBytes(std::move(*bytes));
-  SNAPFILL_CHECK(file.ok()) << file.status();
-  auto model = LlamaModel::Load(std::move(*file));
-  SNAPFILL_CHECK(model.ok()) << model.status();
-  return std::move(*model);
+  return testing::LoadTinyModel(opts);
 }
 
-std::vector<int32_t> Tokens(int n, int vocab) {
-  std::vector<int32_t> ids(n);
-  for (int i = 0; i < n; ++i) ids[i] = (i * 37 + (i * i) % 11 + 5) % vocab;
-  return ids;
-}
+std::vector<int32_t> Tokens(int n, int vocab) { return testing::TestTokens(n, vocab); }
 
 // Logits of one-shot prefill of all tokens.
 std::vector<float> OneShot(const LlamaModel& model, Backend* backend,
