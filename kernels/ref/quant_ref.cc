@@ -152,6 +152,24 @@ bool DequantizeRow(GgmlType type, const void* x, float* y, int64_t k) {
   }
 }
 
+bool QuantizeRow(GgmlType type, const float* x, void* y, int64_t k) {
+  switch (type) {
+    case GgmlType::kF32: std::memcpy(y, x, k * sizeof(float)); return true;
+    case GgmlType::kF16:
+      for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(y)[i] = Fp32ToFp16(x[i]);
+      return true;
+    case GgmlType::kBF16:
+      for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(y)[i] = Fp32ToBf16(x[i]);
+      return true;
+    case GgmlType::kQ4_0: QuantizeRowQ4_0(x, static_cast<BlockQ4_0*>(y), k); return true;
+    case GgmlType::kQ4_1: QuantizeRowQ4_1(x, static_cast<BlockQ4_1*>(y), k); return true;
+    case GgmlType::kQ8_0: QuantizeRowQ8_0(x, static_cast<BlockQ8_0*>(y), k); return true;
+    case GgmlType::kQ4_K: QuantizeRowQ4_K(x, static_cast<BlockQ4_K*>(y), k); return true;
+    case GgmlType::kQ6_K: QuantizeRowQ6_K(x, static_cast<BlockQ6_K*>(y), k); return true;
+    default: return false;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Activation quantizers.
 

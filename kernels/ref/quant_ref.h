@@ -65,6 +65,11 @@ void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t k);
 // sc = ceil(s_g / d). Budget: |x - x̂| <= d*sc/2 per element (+ rounding).
 void QuantizeRowQ6_K(const float* x, BlockQ6_K* y, int64_t k);
 
+// Writes one row of `type` from f32 (tests and benchmarks make weights with
+// it): F32 copied, F16/BF16 rounded to nearest even, the quantized types by
+// the quantizers above. Returns false, writing nothing, for any other type.
+bool QuantizeRow(GgmlType type, const float* x, void* y, int64_t k);
+
 // ---- Matrix products. Shapes and strides as cpu::MatMul:
 //   x: [m, k] f32 (row stride x_stride), w: n rows of `w_type`, row j at
 //   w + j * w_row_bytes, y: [m, n] (row stride y_stride).

@@ -42,13 +42,7 @@ std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row
     const float scale = 0.02f * (1 + j % 7);
     // Every third row is shifted, so Q4_1 mins and Q4_0 offsets matter.
     for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.03f : 0.0f);
-    uint8_t* dst = w.data() + j * row_bytes;
-    switch (type) {
-      case GgmlType::kQ4_0: ref::QuantizeRowQ4_0(row.data(), reinterpret_cast<BlockQ4_0*>(dst), k); break;
-      case GgmlType::kQ4_1: ref::QuantizeRowQ4_1(row.data(), reinterpret_cast<BlockQ4_1*>(dst), k); break;
-      case GgmlType::kQ8_0: ref::QuantizeRowQ8_0(row.data(), reinterpret_cast<BlockQ8_0*>(dst), k); break;
-      default: break;
-    }
+    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
   }
   return w;
 }

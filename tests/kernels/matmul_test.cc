@@ -46,26 +46,7 @@ std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row
   for (int64_t j = 0; j < n; ++j) {
     const float scale = 0.02f * (1 + j % 7);
     for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.01f : 0.0f);
-    uint8_t* dst = w.data() + j * row_bytes;
-    switch (type) {
-      case GgmlType::kF32: std::memcpy(dst, row.data(), k * 4); break;
-      case GgmlType::kF16: {
-        auto* h = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < k; ++i) h[i] = Fp32ToFp16(row[i]);
-        break;
-      }
-      case GgmlType::kBF16: {
-        auto* h = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < k; ++i) h[i] = Fp32ToBf16(row[i]);
-        break;
-      }
-      case GgmlType::kQ4_0: ref::QuantizeRowQ4_0(row.data(), reinterpret_cast<BlockQ4_0*>(dst), k); break;
-      case GgmlType::kQ4_1: ref::QuantizeRowQ4_1(row.data(), reinterpret_cast<BlockQ4_1*>(dst), k); break;
-      case GgmlType::kQ8_0: ref::QuantizeRowQ8_0(row.data(), reinterpret_cast<BlockQ8_0*>(dst), k); break;
-      case GgmlType::kQ4_K: ref::QuantizeRowQ4_K(row.data(), reinterpret_cast<BlockQ4_K*>(dst), k); break;
-      case GgmlType::kQ6_K: ref::QuantizeRowQ6_K(row.data(), reinterpret_cast<BlockQ6_K*>(dst), k); break;
-      default: break;
-    }
+    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
   }
   return w;
 }
