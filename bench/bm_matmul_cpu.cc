@@ -76,6 +76,52 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_MatMul_Cpu)->Apply(Shapes);
 
+// One decode step's products as the model runs them: 30 layers of
+// q/k/v/o (576 -> 576/192/192/576) and gate/up/down (576 -> 1536 -> 576) in
+// Q4_1, then the Q8_0 output head (576 -> 49152), each with its own weights
+// (92 MiB in all, far beyond L2), so the weights stream from L3 or DRAM as in
+// a real decode, not from a hot L2 as in BM_MatMul_Cpu. items = tokens.
+void BM_DecodeStep_Cpu(benchmark::State& state) {
+  struct Product {
+    int64_t k, n;
+    GgmlType type;
+    std::vector<uint8_t> w;
+  };
+  std::vector<Product> products;
+  const int64_t layer_shapes[][2] = {{576, 576}, {576, 192}, {576, 192}, {576, 576},
+                                     {576, 1536}, {576, 1536}, {1536, 576}};
+  for (int layer = 0; layer < 30; ++layer) {
+    for (const auto& s : layer_shapes) products.push_back({s[0], s[1], GgmlType::kQ4_1, {}});
+  }
+  products.push_back({576, 49152, GgmlType::kQ8_0, {}});
+  int64_t bytes = 0, flops = 0;
+  for (auto& p : products) {
+    p.w = RandomWeights(p.type, p.n, p.k);
+    bytes += static_cast<int64_t>(p.w.size());
+    flops += 2 * p.n * p.k;
+  }
+  std::vector<float> x(1536, 0.5f), y(49152);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  auto step = [&] {
+    for (const auto& p : products) {
+      cpu::MatMul(x.data(), 1, p.k, p.k, p.w.data(), p.type, p.n, RowBytes(p.type, p.k), y.data(), p.n);
+    }
+  };
+  step();
+  for (auto _ : state) {
+    step();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+}
+BENCHMARK(BM_DecodeStep_Cpu)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 }  // namespace
 }  // namespace snapfill
 

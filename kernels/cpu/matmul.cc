@@ -638,6 +638,13 @@ void GemvRows(const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t j1, int6
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = w + j * w_row_bytes;
+    // This machine's hardware prefetcher does not follow the row stream (a
+    // decode step read its weights at 3.5 GB/s on one core without this, 7.6
+    // with it: BM_DecodeStep_Cpu), so fetch the row two ahead explicitly.
+    // Prefetches past the end of the matrix are harmless hints.
+    for (size_t o = 0; o < w_row_bytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + 2 * w_row_bytes + o), _MM_HINT_T0);
+    }
     __m256 acc[2][M];
     float aux[2][M];
     for (int t = 0; t < M; ++t) {

@@ -476,6 +476,220 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+namespace {
+
+// Decoding (one query, every key visible), flash-decoding style: the keys
+// are split into ranges, each (KV head, range) item runs its whole group of
+// query heads over the range with an online softmax, and the partial results
+// (max, sum, unnormalized output) are merged at the end. The tiled kernel
+// above pads the group of 3 heads to a whole row vector (16 lanes) and
+// splits work only over KV heads, which made a decode step's attention over
+// an 800-key cache take 180 µs; here vector lanes run over head dims and
+// tile keys instead, and every core gets work whatever the head count.
+constexpr int64_t kDecodeTile = 64;
+
+#if defined(__AVX512F__)
+// Lane i of the result = the sum of the 16 lanes of a[i]. Two shuffle-add
+// levels fold each group of four vectors {a[i], a[i+4], a[i+8], a[i+12]}
+// into one vector of four 4-lane partial sums (128-bit block b holds
+// a[i + 4b]'s); a 4x4 transpose-add per block then finishes, so lane 4b + i
+// is a[i + 4b]'s total. About 2 shuffles per sum instead of 4.
+inline __m512 Sum16(const __m512 a[16]) {
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 x = a[i], y = a[i + 4], z = a[i + 8], w = a[i + 12];
+    const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(z, w, _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_f32x4(z, w, _MM_SHUFFLE(3, 2, 3, 2)));
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t0, t1, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(u[0], u[1]), _mm512_unpackhi_ps(u[0], u[1]));
+  const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(u[2], u[3]), _mm512_unpackhi_ps(u[2], u[3]));
+  const __m512d d01 = _mm512_castps_pd(s01), d23 = _mm512_castps_pd(s23);
+  return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d01, d23)),
+                       _mm512_castpd_ps(_mm512_unpackhi_pd(d01, d23)));
+}
+#endif
+
+struct DecodePartial {
+  float max, sum;  // running max and Σ exp(s - max) of one query head over a range
+};
+
+// Keys [j0, j1) of one KV head for the `group` query heads at q (already
+// scaled; head g at qs + g * head_dim). Writes part[g] and o[g * head_dim + dd]
+// (Σ_j exp(s_j - max) v_j). s: scratch of group * kDecodeTile floats.
+void DecodeRange(const float* qs, const float* kh, const float* vh, int64_t ks, int64_t j0,
+                 int64_t j1, int64_t group, int64_t head_dim, float* s, DecodePartial* part,
+                 float* o) {
+  const int64_t dv = head_dim / kW * kW;  // vectorized dims; the rest scalar
+  for (int64_t g = 0; g < group; ++g) {
+    part[g] = {kNegInf, 0.0f};
+    std::fill(o + g * head_dim, o + (g + 1) * head_dim, 0.0f);
+  }
+  for (int64_t t0 = j0; t0 < j1; t0 += kDecodeTile) {
+    const int64_t tn = std::min(kDecodeTile, j1 - t0);
+    // Scores.
+    for (int64_t j = 0; j < tn; ++j) {
+      const float* kj = kh + (t0 + j) * ks;
+      for (int64_t dd = 0; dd < head_dim; dd += 16) {
+        __builtin_prefetch(kj + 8 * ks + dd);
+        __builtin_prefetch(vh + (t0 + j + 8) * ks + dd);
+      }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qs + g * head_dim;
+      float* sg = s + g * kDecodeTile;
+      int64_t j = 0;
+#if defined(__AVX512F__)
+      if (head_dim == 64) {
+        const __m512 q0 = _mm512_loadu_ps(qg), q1 = _mm512_loadu_ps(qg + 16),
+                     q2 = _mm512_loadu_ps(qg + 32), q3 = _mm512_loadu_ps(qg + 48);
+        for (; j + 16 <= tn; j += 16) {
+          __m512 acc[16];
+          for (int c = 0; c < 16; ++c) {
+            const float* kj = kh + (t0 + j + c) * ks;
+            __m512 a = _mm512_mul_ps(q0, _mm512_loadu_ps(kj));
+            __m512 b = _mm512_mul_ps(q1, _mm512_loadu_ps(kj + 16));
+            a = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kj + 32), a);
+            b = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kj + 48), b);
+            acc[c] = _mm512_add_ps(a, b);
+          }
+          _mm512_storeu_ps(sg + j, Sum16(acc));
+        }
+      }
+#endif
+      for (; j < tn; ++j) {
+        const float* kj = kh + (t0 + j) * ks;
+        VT acc = V::Zero();
+        int64_t dd = 0;
+        for (; dd < dv; dd += kW) acc = V::Fma(V::Load(qg + dd), V::Load(kj + dd), acc);
+        float sc = V::ReduceAdd(acc);
+        for (; dd < head_dim; ++dd) sc += qg[dd] * kj[dd];
+        sg[j] = sc;
+      }
+    }
+    // Online softmax and the weighted sum of values, per query head.
+    for (int64_t g = 0; g < group; ++g) {
+      float* sg = s + g * kDecodeTile;
+      float mx = part[g].max;
+      int64_t j = 0;
+      if (tn >= kW) {  // vector max (a scalar chain here cost a quarter of the time)
+        VT vm = V::Load(sg);
+        for (j = kW; j + kW <= tn; j += kW) vm = V::Max(vm, V::Load(sg + j));
+        alignas(64) float lanes[kW];
+        V::Store(lanes, vm);
+        for (float x : lanes) mx = std::max(mx, x);
+      }
+      for (; j < tn; ++j) mx = std::max(mx, sg[j]);
+      j = 0;
+      VT vsum = V::Zero();
+      const VT vmx = V::Set1(mx);
+      for (; j + kW <= tn; j += kW) {
+        const VT p = V::Exp(V::Sub(V::Load(sg + j), vmx));
+        V::Store(sg + j, p);
+        vsum = V::Add(vsum, p);
+      }
+      float sum = V::ReduceAdd(vsum);
+      for (; j < tn; ++j) {
+        sg[j] = sg[j] < mx + kExpZeroBelow ? 0.0f : std::exp(sg[j] - mx);
+        sum += sg[j];
+      }
+      const float alpha = part[g].max == kNegInf ? 0.0f : std::exp(part[g].max - mx);
+      part[g] = {mx, part[g].sum * alpha + sum};
+      float* og = o + g * head_dim;
+      int64_t d0 = 0;
+      // Four dim vectors at a time, even and odd keys in separate
+      // accumulators: 8 independent FMA chains.
+      for (; d0 + 4 * kW <= dv; d0 += 4 * kW) {
+        VT a0[4], a1[4];
+        for (int i = 0; i < 4; ++i) {
+          a0[i] = V::Mul(V::Load(og + d0 + i * kW), V::Set1(alpha));
+          a1[i] = V::Zero();
+        }
+        const float* vp = vh + t0 * ks + d0;
+        int64_t jj = 0;
+        for (; jj + 2 <= tn; jj += 2, vp += 2 * ks) {
+          const VT p0 = V::Set1(sg[jj]), p1 = V::Set1(sg[jj + 1]);
+          for (int i = 0; i < 4; ++i) {
+            a0[i] = V::Fma(p0, V::Load(vp + i * kW), a0[i]);
+            a1[i] = V::Fma(p1, V::Load(vp + ks + i * kW), a1[i]);
+          }
+        }
+        if (jj < tn) {
+          const VT p0 = V::Set1(sg[jj]);
+          for (int i = 0; i < 4; ++i) a0[i] = V::Fma(p0, V::Load(vp + i * kW), a0[i]);
+        }
+        for (int i = 0; i < 4; ++i) V::Store(og + d0 + i * kW, V::Add(a0[i], a1[i]));
+      }
+      for (; d0 < dv; d0 += kW) {
+        VT acc = V::Mul(V::Load(og + d0), V::Set1(alpha));
+        for (int64_t jj = 0; jj < tn; ++jj) {
+          acc = V::Fma(V::Set1(sg[jj]), V::Load(vh + (t0 + jj) * ks + d0), acc);
+        }
+        V::Store(og + d0, acc);
+      }
+      for (int64_t dd = dv; dd < head_dim; ++dd) {
+        float acc = og[dd] * alpha;
+        for (int64_t jj = 0; jj < tn; ++jj) acc += sg[jj] * vh[(t0 + jj) * ks + dd];
+        og[dd] = acc;
+      }
+    }
+  }
+}
+
+void AttentionDecode(const float* q, const float* k, const float* v, int64_t kv_head_stride,
+                     int64_t kv_key_stride, float* out, int64_t num_keys, int64_t num_heads,
+                     int64_t num_kv_heads, int64_t head_dim, float scale) {
+  const int64_t group = num_heads / num_kv_heads;
+  // Ranges of at least 512 keys, at most 16 per KV head: a function of the
+  // shape only, so the result does not depend on the thread count.
+  const int64_t splits = std::clamp<int64_t>(num_keys / 512, 1, 16);
+  const int64_t range = RoundUp((num_keys + splits - 1) / splits, kDecodeTile);
+  const int64_t num_items = num_kv_heads * splits;
+  std::vector<float> qs(num_heads * head_dim);
+  for (int64_t i = 0; i < num_heads * head_dim; ++i) qs[i] = q[i] * scale;
+  std::vector<DecodePartial> parts(num_items * group);
+  std::vector<float> partial_out(num_items * group * head_dim);
+#pragma omp parallel if (num_items > 1 && num_keys * num_kv_heads >= 4096)
+  {
+    std::vector<float> s(group * kDecodeTile);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t kvh = item / splits, sp = item % splits;
+      const int64_t j0 = std::min(num_keys, sp * range), j1 = std::min(num_keys, j0 + range);
+      DecodeRange(qs.data() + kvh * group * head_dim, k + kvh * kv_head_stride,
+                  v + kvh * kv_head_stride, kv_key_stride, j0, j1, group, head_dim, s.data(),
+                  parts.data() + item * group, partial_out.data() + item * group * head_dim);
+    }
+  }
+  // Merge the ranges of each query head (in range order, so the result does
+  // not depend on the thread count).
+  for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+    for (int64_t g = 0; g < group; ++g) {
+      float mx = kNegInf;
+      for (int64_t sp = 0; sp < splits; ++sp) mx = std::max(mx, parts[(kvh * splits + sp) * group + g].max);
+      float* dst = out + (kvh * group + g) * head_dim;
+      std::fill(dst, dst + head_dim, 0.0f);
+      float sum = 0.0f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const int64_t item = kvh * splits + sp;
+        const DecodePartial& p = parts[item * group + g];
+        if (p.max == kNegInf) continue;  // an empty range
+        const float w = std::exp(p.max - mx);
+        sum += p.sum * w;
+        const float* src = partial_out.data() + (item * group + g) * head_dim;
+        for (int64_t dd = 0; dd < head_dim; ++dd) dst[dd] += w * src[dd];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t dd = 0; dd < head_dim; ++dd) dst[dd] *= inv;
+    }
+  }
+}
+
+}  // namespace
+
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
@@ -483,6 +697,11 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
   assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
   assert(num_q >= 0 && num_keys >= num_q);
   if (num_q == 0) return;
+  if (num_q == 1) {
+    AttentionDecode(q, k, v, kv_head_stride, kv_key_stride, out, num_keys, num_heads,
+                    num_kv_heads, head_dim, scale);
+    return;
+  }
   const int64_t group = num_heads / num_kv_heads;
   // About 64 score rows per item (4 AVX-512 row vectors): the whole group of
   // query heads shares each K/V tile, and so do bq queries of each head.
