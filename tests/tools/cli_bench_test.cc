@@ -1,6 +1,7 @@
 // snapfill bench on the tiny model: every configuration runs, in its own
 // process, the requested number of times; the JSON holds what the table
-// shows, eq. 4 gives FM exactly 1, and bad flags are refused.
+// shows, each schedule is compared with the FM run of its own chunk (added
+// where missing), eq. 4 gives FM exactly 1, and bad flags are refused.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -22,11 +23,15 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("eq. 4 uses r ="), std::string::npos) << r.out;
   const nlohmann::json j = nlohmann::json::parse(testing::ReadAll(json));
-  ASSERT_EQ(j["schedules"].size(), 3u);
-  const char* labels[] = {"fm", "im:sqrt", "imdc"};
-  for (int i = 0; i < 3; ++i) {
+  // IMDC runs at chunk 128, which no FM entry has: an FM run at 128 is added
+  // before it as its baseline.
+  ASSERT_EQ(j["schedules"].size(), 4u);
+  const char* labels[] = {"fm", "im:sqrt", "fm@128", "imdc"};
+  const int64_t chunks[] = {64, 64, 128, 128};
+  for (int i = 0; i < 4; ++i) {
     const auto& s = j["schedules"][i];
     EXPECT_EQ(s["schedule"], labels[i]);
+    EXPECT_EQ(s["chunk"], chunks[i]) << labels[i];
     EXPECT_EQ(s["ttft_seconds"].size(), 2u) << "two repetitions";
     EXPECT_GT(s["ttft_median"].get<double>(), 0);
     EXPECT_GT(s["peak_rss_bytes"].get<double>(), 1 << 20);
@@ -35,11 +40,19 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
     EXPECT_GT(share, 0);
     EXPECT_LT(share, 1);
   }
-  EXPECT_EQ(j["schedules"][2]["chunk"], 128) << "--imdc_chunk applies to imdc only";
-  EXPECT_EQ(j["schedules"][1]["chunk"], 64);
-  // FM against itself: measured 1 and eq. 4 exactly 1.
-  EXPECT_DOUBLE_EQ(j["schedules"][0]["speedup_vs_fm"].get<double>(), 1.0);
-  EXPECT_DOUBLE_EQ(j["schedules"][0]["eq4_prediction"].get<double>(), 1.0);
+  EXPECT_EQ(j["schedules"][1]["baseline"], "fm");
+  EXPECT_EQ(j["schedules"][3]["baseline"], "fm@128");
+  // FM against itself: measured 1 and eq. 4 exactly 1, at both chunks.
+  for (int i : {0, 2}) {
+    EXPECT_DOUBLE_EQ(j["schedules"][i]["speedup_vs_fm"].get<double>(), 1.0);
+    EXPECT_DOUBLE_EQ(j["schedules"][i]["eq4_prediction"].get<double>(), 1.0);
+    EXPECT_DOUBLE_EQ(j["schedules"][i]["peak_rss_vs_fm"].get<double>(), 1.0);
+  }
+  // IMDC against FM at 128: the measured ratio is its TTFT over that run's.
+  const auto& imdc = j["schedules"][3];
+  EXPECT_DOUBLE_EQ(imdc["speedup_vs_fm"].get<double>(),
+                   j["schedules"][2]["ttft_median"].get<double>() / imdc["ttft_median"].get<double>());
+  EXPECT_GT(imdc["eq4_prediction"].get<double>(), 1.0);
   // IM's mean memory is below FM's, so eq. 4 predicts a gain.
   EXPECT_LT(j["schedules"][1]["mean_memory"].get<double>(), 128);
   EXPECT_GT(j["schedules"][1]["eq4_prediction"].get<double>(), 1.0);
@@ -54,6 +67,8 @@ TEST_F(CliTest, BenchRefusesBadFlags) {
   const std::string base = "bench --model " + tiny_ + " --input " + text_;
   EXPECT_FAILS_WITH(Run(base + " --schedules fm,im:bogus"), 2, "im:bogus");
   EXPECT_FAILS_WITH(Run(base + " --schedules xyz"), 2, "xyz");
+  EXPECT_FAILS_WITH(Run(base + " --schedules fm,imdc@0"), 2, "imdc@0");
+  EXPECT_FAILS_WITH(Run(base + " --schedules fm@x"), 2, "fm@x");
   EXPECT_FAILS_WITH(Run(base + " --repetitions 0"), 2, "--repetitions");
   EXPECT_FAILS_WITH(Run("bench --model " + tiny_), 2, "--input");
 }

@@ -125,22 +125,75 @@ double ReadBandwidth() {
   return best;
 }
 
+// One --schedules entry: schedule[:growth][@chunk].
+struct Spec {
+  std::string kind, growth;  // growth empty = the default
+  int64_t chunk = 0;         // 0 = not given
+};
+
+absl::StatusOr<Spec> ParseSpec(absl::string_view spec) {
+  Spec out;
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--schedules: \"", spec, "\" is not schedule[:growth][@chunk] (e.g. fm, im:sqrt, imdc@4096)"));
+  };
+  absl::string_view body = spec;
+  if (const size_t at = spec.find('@'); at != absl::string_view::npos) {
+    body = spec.substr(0, at);
+    if (!absl::SimpleAtoi(spec.substr(at + 1), &out.chunk) || out.chunk <= 0) return bad();
+  }
+  const std::vector<std::string> parts = absl::StrSplit(body, ':');
+  if (parts.size() > 2 || !ParseScheduleKind(parts[0]).ok() ||
+      (parts.size() == 2 && !ParseGrowth(parts[1]).ok())) {
+    return bad();
+  }
+  out.kind = parts[0];
+  if (parts.size() == 2) out.growth = parts[1];
+  return out;
+}
+
+Config MakeConfig(const std::vector<std::string>& common, const std::string& label, const Spec& s,
+                  int64_t chunk) {
+  Config c;
+  c.label = label;
+  c.args = common;
+  c.args.push_back("--schedule=" + s.kind);
+  if (!s.growth.empty()) c.args.push_back("--growth=" + s.growth);
+  c.args.push_back(absl::StrCat("--chunk=", chunk));
+  c.args.push_back(absl::StrCat("--memory=", absl::GetFlag(FLAGS_memory)));
+  return c;
+}
+
+// The configurations in --schedules order. A schedule compares with the FM
+// run of the same chunk, so where IMDC (or any entry) runs at a chunk no FM
+// entry has, an FM run at that chunk ("fm@C") is added before it: eq. 4 and
+// the peak-memory comparison only mean something at equal chunk.
 std::vector<Config> Configs(const std::vector<std::string>& common) {
   std::vector<Config> out;
   const int64_t imdc_chunk = absl::GetFlag(FLAGS_imdc_chunk);
-  for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_schedules), ',')) {
-    if (spec.empty()) continue;
-    const std::vector<std::string> parts = absl::StrSplit(spec, ':');
-    Config c;
-    c.label = std::string(spec);
-    c.args = common;
-    c.args.push_back("--schedule=" + parts[0]);
-    if (parts.size() > 1) c.args.push_back("--growth=" + parts[1]);
-    const int64_t chunk = parts[0] == "imdc" && imdc_chunk > 0 ? imdc_chunk
-                                                                : absl::GetFlag(FLAGS_chunk);
-    c.args.push_back(absl::StrCat("--chunk=", chunk));
-    c.args.push_back(absl::StrCat("--memory=", absl::GetFlag(FLAGS_memory)));
-    out.push_back(std::move(c));
+  const int64_t default_chunk = absl::GetFlag(FLAGS_chunk);
+  std::vector<std::pair<Spec, std::string>> specs;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_schedules), ',')) {
+    if (text.empty()) continue;
+    absl::StatusOr<Spec> spec = ParseSpec(text);  // Validate() has refused bad ones
+    if (spec.ok()) specs.emplace_back(*spec, std::string(text));
+  }
+  auto chunk_of = [&](const Spec& s) {
+    if (s.chunk > 0) return s.chunk;
+    return s.kind == "imdc" && imdc_chunk > 0 ? imdc_chunk : default_chunk;
+  };
+  std::vector<int64_t> fm_chunks;
+  for (const auto& [s, text] : specs) {
+    if (s.kind == "fm") fm_chunks.push_back(chunk_of(s));
+  }
+  for (const auto& [s, text] : specs) {
+    const int64_t chunk = chunk_of(s);
+    if (s.kind != "fm" && !fm_chunks.empty() &&
+        std::find(fm_chunks.begin(), fm_chunks.end(), chunk) == fm_chunks.end()) {
+      out.push_back(MakeConfig(common, absl::StrCat("fm@", chunk), Spec{"fm", "", chunk}, chunk));
+      fm_chunks.push_back(chunk);
+    }
+    out.push_back(MakeConfig(common, text, s, chunk));
   }
   return out;
 }
@@ -156,12 +209,7 @@ absl::Status Validate() {
     return absl::InvalidArgumentError("--full_tokens must be >= 0");
   }
   for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_schedules), ',')) {
-    const std::vector<std::string> parts = absl::StrSplit(spec, ':');
-    if (parts.size() > 2 || !ParseScheduleKind(parts[0]).ok() ||
-        (parts.size() == 2 && !ParseGrowth(parts[1]).ok())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--schedules: \"", spec, "\" is not schedule[:growth] (e.g. fm, im:sqrt, imdc)"));
-    }
+    SNAPFILL_RETURN_IF_ERROR(ParseSpec(spec).status());
   }
   return absl::OkStatus();
 }
@@ -275,10 +323,17 @@ absl::Status RunBench() {
   }
 
   // Eq. 4: r · ((m_max + c)/(m̂ + c) − 1) + 1, r = FM's attention share.
-  const Measured* fm = nullptr;
-  for (const Measured& m : rows) {
-    if (m.config.label == "fm") fm = &m;
-  }
+  // Each row's baseline: the FM run of the same chunk (Configs() adds one).
+  auto is_fm = [](const Measured& m) {
+    return m.config.label == "fm" || absl::StartsWith(m.config.label, "fm@");
+  };
+  auto baseline = [&](const Measured& row) -> const Measured* {
+    for (const Measured& m : rows) {
+      if (is_fm(m) && m.chunk == row.chunk) return &m;
+    }
+    return nullptr;
+  };
+
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
   const LlamaConfig& mc = model.model->config();
   const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
@@ -294,18 +349,20 @@ absl::Status RunBench() {
   out["memory"] = m_max;
   out["repetitions"] = reps;
   out["read_bandwidth_bytes_per_second"] = bandwidth;
-  std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %10s %9s\n", "schedule", "tokens", "chunk",
-              "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "predicted", "decode/s");
+  std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
+              "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
   for (const Measured& m : rows) {
     const double ttft = Median(m.ttft);
-    double speedup = 0, eq4 = 0;
-    if (fm != nullptr && ttft > 0) {
-      speedup = Median(fm->ttft) / ttft;
-      eq4 = PredictedSpeedup(fm->attention_share, m_max, m.mean_memory, m.chunk);
+    double speedup = 0, eq4 = 0, peak_vs_fm = 0;
+    const Measured* base = baseline(m);
+    if (base != nullptr && ttft > 0) {
+      speedup = Median(base->ttft) / ttft;
+      eq4 = PredictedSpeedup(base->attention_share, m_max, m.mean_memory, m.chunk);
+      peak_vs_fm = base->peak_rss > 0 ? static_cast<double>(m.peak_rss) / base->peak_rss : 0;
     }
-    std::printf("%-16s %8lld %7lld %8.1f %9.2f %8.2fx %8.2fx %10s %10s %9.1f\n",
+    std::printf("%-16s %8lld %7lld %8.1f %9.2f %8.2fx %8.2fx %10s %7.2fx %10s %9.1f\n",
                 m.config.label.c_str(), (long long)m.input_tokens, (long long)m.chunk,
-                m.mean_memory, ttft, speedup, eq4, HumanBytes(m.peak_rss).c_str(),
+                m.mean_memory, ttft, speedup, eq4, HumanBytes(m.peak_rss).c_str(), peak_vs_fm,
                 HumanBytes(m.predicted_peak).c_str(), Median(m.decode_tps));
     Json r;
     r["schedule"] = m.config.label;
@@ -317,6 +374,8 @@ absl::Status RunBench() {
     r["ttft_median"] = ttft;
     r["prefill_seconds"] = m.prefill;
     r["speedup_vs_fm"] = speedup;
+    r["baseline"] = base != nullptr ? base->config.label : "";
+    r["peak_rss_vs_fm"] = peak_vs_fm;
     r["eq4_prediction"] = eq4;
     r["attention_share"] = m.attention_share;
     r["peak_rss_bytes"] = m.peak_rss;
@@ -326,10 +385,12 @@ absl::Status RunBench() {
     r["decode_predicted_tokens_per_second"] = predicted_tps(m.cache_entries);
     out["schedules"].push_back(r);
   }
-  if (fm != nullptr) {
-    std::printf("eq. 4 uses r = %.3f, FM's measured attention share (attention + SnapKV votes "
-                "over all backend time)\n",
-                fm->attention_share);
+  for (const Measured& m : rows) {
+    if (!is_fm(m)) continue;
+    std::printf("vs FM compares with the FM run of the same chunk; eq. 4 uses r = %.3f for chunk "
+                "%lld, that run's measured attention share (attention + SnapKV votes over all "
+                "backend time)\n",
+                m.attention_share, (long long)m.chunk);
   }
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d; prediction = read bandwidth %.1f GB/s / "
