@@ -8,13 +8,27 @@
 //     every OpenMP thread; K = 64 bytes per A row (the full tile) or 32 (the
 //     shape the MatMul kernel issues: one 32-element block per op). Counter
 //     GOP/s = 2·16·16·K per op, all threads.
-// Threads: omp_get_max_threads() (OMP_NUM_THREADS pins it). No correctness
-// checks here: tests/kernels/matmul_amx_test.cc covers them.
+//   BM_VectorPeak/kind: the other instructions' peaks, 12 independent zmm
+//     accumulators per thread: 0 = vfmadd231ps (fp32, 32 FLOP each), 1 =
+//     vpdpbusd (int8, 128 OP), 2 = vdpbf16ps (bf16, 64 FLOP).
+//   BM_Sgemm_OpenBlas/m/k/n: cblas_sgemm at the same shapes (f32 weights),
+//     where OpenBLAS was found at configure time. This machine may set
+//     OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for old OpenBLAS builds; main()
+//     re-runs the binary without them (and says so) unless
+//     SNAPFILL_BM_KEEP_OPENBLAS_ENV=1, so OpenBLAS picks its kernels for this
+//     CPU itself. Only this benchmark does that; tests never touch them.
+// Threads: omp_get_max_threads() (OMP_NUM_THREADS pins it; OpenBLAS gets the
+// same count). No correctness checks here: tests/kernels/matmul_amx_test.cc
+// covers them.
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -27,6 +41,10 @@
 #define SNAPFILL_BM_AMX 1
 #else
 #define SNAPFILL_BM_AMX 0
+#endif
+
+#if SNAPFILL_HAVE_OPENBLAS
+#include <cblas.h>
 #endif
 
 namespace snapfill {
@@ -164,9 +182,161 @@ void BM_AmxPeak(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 BENCHMARK(BM_AmxPeak)->ArgName("K")->Arg(64)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// 12 independent accumulator chains (named registers: an array here was kept
+// on the stack), so the loop runs at the units' throughput, not at the
+// instruction's latency. No fast-math, so the chains cannot be folded away.
+#define SNAPFILL_PEAK_12(OP) \
+  OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
+
+__attribute__((target("avx512f"))) float FmaPeakLoop(int64_t iters) {
+#define DECL(i) __m512 a##i = _mm512_set1_ps(0.001f * (i));
+  SNAPFILL_PEAK_12(DECL)
+#undef DECL
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.0001f);
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) a##i = _mm512_fmadd_ps(a##i, x, y);
+    SNAPFILL_PEAK_12(STEP)
+#undef STEP
+  }
+  __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+  SNAPFILL_PEAK_12(SUM)
+#undef SUM
+  alignas(64) float lanes[16];  // (_mm512_reduce_* trips a gcc 12 warning here)
+  _mm512_store_ps(lanes, s);
+  return lanes[0] + lanes[15];
+}
+
+__attribute__((target("avx512f,avx512vnni"))) float VnniPeakLoop(int64_t iters) {
+#define DECL(i) __m512i a##i = _mm512_set1_epi32(i);
+  SNAPFILL_PEAK_12(DECL)
+#undef DECL
+  const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-2);
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) a##i = _mm512_dpbusd_epi32(a##i, x, y);
+    SNAPFILL_PEAK_12(STEP)
+#undef STEP
+  }
+  __m512i s = _mm512_setzero_si512();
+#define SUM(i) s = _mm512_add_epi32(s, a##i);
+  SNAPFILL_PEAK_12(SUM)
+#undef SUM
+  alignas(64) int32_t lanes[16];
+  _mm512_store_si512(lanes, s);
+  return static_cast<float>(lanes[0] + lanes[15]);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float Bf16PeakLoop(int64_t iters) {
+#define DECL(i) __m512 a##i = _mm512_set1_ps(0.001f * (i));
+  SNAPFILL_PEAK_12(DECL)
+#undef DECL
+  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.001f), _mm512_set1_ps(0.002f));
+  for (int64_t it = 0; it < iters; ++it) {
+#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
+    SNAPFILL_PEAK_12(STEP)
+#undef STEP
+  }
+  __m512 s = _mm512_setzero_ps();
+#define SUM(i) s = _mm512_add_ps(s, a##i);
+  SNAPFILL_PEAK_12(SUM)
+#undef SUM
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return lanes[0] + lanes[15];
+}
+#undef SNAPFILL_PEAK_12
+
+void BM_VectorPeak(benchmark::State& state) {
+  const int kind = static_cast<int>(state.range(0));
+  const char* names[] = {"fp32 vfmadd231ps", "int8 vpdpbusd", "bf16 vdpbf16ps"};
+  const bool supported = kind == 0   ? __builtin_cpu_supports("avx512f")
+                         : kind == 1 ? __builtin_cpu_supports("avx512vnni")
+                                     : __builtin_cpu_supports("avx512bf16");
+  if (!supported) {
+    state.SkipWithError((std::string(names[kind]) + " unavailable on this CPU").c_str());
+    return;
+  }
+  constexpr int64_t kIters = 1 << 20;
+  const int threads = omp_get_max_threads();
+  for (auto _ : state) {
+    float sink = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += kind == 0 ? FmaPeakLoop(kIters) : kind == 1 ? VnniPeakLoop(kIters) : Bf16PeakLoop(kIters);
+    benchmark::DoNotOptimize(sink);
+  }
+  const double ops_per_instr = kind == 0 ? 32 : kind == 1 ? 128 : 64;
+  state.counters["GOP/s"] = benchmark::Counter(12.0 * kIters * threads * ops_per_instr * 1e-9,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+  state.SetLabel(names[kind]);
+}
+BENCHMARK(BM_VectorPeak)->ArgName("kind")->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+#endif
+
+#if SNAPFILL_HAVE_OPENBLAS
+void BM_Sgemm_OpenBlas(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  openblas_set_num_threads(omp_get_max_threads());
+  std::vector<float> x(m * k), w(n * k), y(m * n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : w) v = 0.05f * nd(rng);
+  auto run = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k), w.data(),
+                static_cast<int>(k), 0.0f, y.data(), static_cast<int>(n));
+  };
+  for (int i = 0; i < 2; ++i) run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * m);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = openblas_get_num_threads();
+  state.SetLabel(std::string("openblas ") + openblas_get_corename());
+}
+
+void SgemmShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "k", "n"});
+  const int64_t shapes[][2] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}};
+  for (int64_t m : {512, 2048}) {
+    for (const auto& s : shapes) b->Args({m, s[0], s[1]});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_Sgemm_OpenBlas)->Apply(SgemmShapes);
 #endif
 
 }  // namespace
 }  // namespace snapfill
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+#if SNAPFILL_HAVE_OPENBLAS
+  // OpenBLAS reads these when it is loaded, before main: re-run without them.
+  const char* keep = std::getenv("SNAPFILL_BM_KEEP_OPENBLAS_ENV");
+  if ((keep == nullptr || std::strcmp(keep, "1") != 0) &&
+      (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("OPENBLAS_L2_SIZE") != nullptr)) {
+    std::fprintf(stderr,
+                 "bm_matmul_amx: unsetting OPENBLAS_CORETYPE=%s and OPENBLAS_L2_SIZE=%s for this "
+                 "benchmark's OpenBLAS comparison (SNAPFILL_BM_KEEP_OPENBLAS_ENV=1 keeps them)\n",
+                 std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)",
+                 std::getenv("OPENBLAS_L2_SIZE") ? std::getenv("OPENBLAS_L2_SIZE") : "(unset)");
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("OPENBLAS_L2_SIZE");
+    execv("/proc/self/exe", argv);
+    std::perror("bm_matmul_amx: re-running without the OpenBLAS variables failed");
+    return 1;
+  }
+#endif
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

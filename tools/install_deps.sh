@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs snapfill's build and test dependencies from Debian's packages,
 # the King James Bible (bible-kjv), the long public-domain text of the
-# main job, and gnuplot (gnuplot-nox), which draws `snapfill plot`'s figures.
+# main job, gnuplot (gnuplot-nox), which draws `snapfill plot`'s figures, and
+# OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ PACKAGES=(
   libpcre2-dev nlohmann-json3-dev libxxhash-dev python3 python3-pip unzip
   bible-kjv bible-kjv-text time
   gnuplot-nox
+  libopenblas-dev
 )
 
 missing=()
