@@ -95,9 +95,35 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   f.candidate_bytes = cand * mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
                       cand * (mc.num_kv_heads + 1) * sizeof(int32_t);
   f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens);
-  if (c.score_tokens) {
-    f.activation_bytes +=
-        ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float);
+  const uint64_t score_bytes =
+      c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
+                     : 0;
+  f.activation_bytes += score_bytes;
+
+  // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
+  // layer the memory holds s + min(budget, tokens read so far) entries after
+  // a step (everything read so far for the full pruner); adaptive growth
+  // moves budget between layers with the same total, counted here as the
+  // linear budget of every layer.
+  const uint64_t layer_entry_bytes = entry_bytes / mc.num_layers;
+  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
+                                    (mc.num_kv_heads + 1) * sizeof(int32_t);
+  const int64_t sinks = c.schedule.sink_tokens;
+  std::vector<int64_t> written(mc.num_layers, 0);  // memory entries written per layer so far
+  int64_t cand_written = 0;
+  for (const ScheduleStep& s : f.plan.steps) {
+    cand_written = std::max(cand_written, s.attention_length);
+    const int64_t read = s.start_token + s.chunk_tokens;
+    uint64_t memory = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      const int64_t b = static_cast<size_t>(l) < s.budget.size() ? s.budget[l] : s.budget.back();
+      const int64_t held = c.pruner.kind == PrunerKind::kFull ? read : std::min(sinks + b, read);
+      written[l] = std::min(f.memory_capacity, std::max(written[l], held));
+      memory += written[l] * layer_entry_bytes;
+    }
+    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
+                          LlamaForward::ScratchBytes(mc, s.chunk_tokens) + score_bytes;
+    f.resident_peak = std::max(f.resident_peak, step);
   }
   return f;
 }
@@ -130,12 +156,12 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   e->prefill_capacity_ = capacity;
   e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
-  e->cand_k_raw_.resize(cand * mc.head_dim);
-  e->cand_k_rot_.resize(cand * mc.head_dim);
-  e->cand_v_.resize(cand * mc.head_dim);
-  e->cand_pos_.resize(cand);
-  e->votes_.resize(cand);
-  e->rot_pos_.resize(e->cand_capacity_);
+  if (!e->cand_k_raw_.Allocate(cand * mc.head_dim) || !e->cand_k_rot_.Allocate(cand * mc.head_dim) ||
+      !e->cand_v_.Allocate(cand * mc.head_dim) || !e->cand_pos_.Allocate(cand) ||
+      !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate the candidates of ", e->cand_capacity_, " entries"));
+  }
   e->last_logits_.resize(mc.vocab_size);
   if (e->config_.score_tokens) {
     e->score_rows_ = ScoreRows(mc.vocab_size, e->plan_.max_chunk_tokens);
@@ -241,7 +267,10 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   }
   // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
   //    the largest position is m + c; or each entry at its input position.
-  std::memcpy(cand_k_rot_.data(), cand_k_raw_.data(), c.num_kv_heads * head_stride * sizeof(float));
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // the candidates only, not the capacity
+    std::memcpy(cand_k_rot_.data() + h * head_stride, cand_k_raw_.data() + h * head_stride,
+                num * d * sizeof(float));
+  }
   std::iota(rot_pos_.begin(), rot_pos_.begin() + num, 0);
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     const int32_t* pos = original ? cand_pos_.data() + h * cand_capacity_ : rot_pos_.data();

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
 #include "snapfill/schedule.h"
+#include "src/base/paged_array.h"
 #include "src/compress/pruner.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
@@ -86,7 +87,13 @@ struct PrefillFootprint {
   uint64_t memory_bytes = 0;       // the compressed memory
   uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
   uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
+  // What is allocated (address space).
   uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes; }
+  // What is resident at the worst step: buffers are paged and written only
+  // as far as each step uses them, and the activations past the current
+  // chunk are given back, so step i holds the memory entries written so far,
+  // the largest memory ∪ chunk so far, and its own chunk's activations.
+  uint64_t resident_peak = 0;
 };
 
 class PrefillEngine {
@@ -175,12 +182,15 @@ class PrefillEngine {
   StepTelemetry telemetry_;
 
   // Candidates of one layer (memory then chunk), reused across layers:
-  std::vector<float> cand_k_raw_;     // [num_kv_heads, cand_capacity, head_dim] before RoPE
-  std::vector<float> cand_k_rot_;     // [num_kv_heads, cand_capacity, head_dim] rotated
-  std::vector<float> cand_v_;         // [num_kv_heads, cand_capacity, head_dim]
-  std::vector<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
-  std::vector<int32_t> rot_pos_;      // [max(cand_capacity, chunk)] rotation positions
-  std::vector<float> votes_;          // [num_kv_heads, cand_capacity]
+  // Paged: each KV head's region is resident only as far as memory ∪ chunk
+  // has reached, so IMDC (whose attention length stays at m̂ + c̄) does not
+  // pay for the largest memory plus the largest chunk.
+  PagedArray<float> cand_k_raw_;     // [num_kv_heads, cand_capacity, head_dim] before RoPE
+  PagedArray<float> cand_k_rot_;     // [num_kv_heads, cand_capacity, head_dim] rotated
+  PagedArray<float> cand_v_;         // [num_kv_heads, cand_capacity, head_dim]
+  PagedArray<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
+  PagedArray<int32_t> rot_pos_;      // [cand_capacity] rotation positions
+  PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
   std::vector<std::vector<int32_t>> keep_;
   int64_t cand_capacity_ = 0;
   int64_t prefill_capacity_ = 0;  // memory entries the prefill may use (no decode reserve)

@@ -24,11 +24,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
                                                      " GiB is too large"));
   }
   std::unique_ptr<KvCache> cache(new KvCache(shape));
-  try {
-    cache->k_.assign(static_cast<size_t>(elems), 0.0f);
-    cache->v_.assign(static_cast<size_t>(elems), 0.0f);
-    cache->pos_.assign(static_cast<size_t>(elems) / shape.head_dim, 0);
-  } catch (const std::bad_alloc&) {
+  if (!cache->k_.Allocate(static_cast<size_t>(elems)) ||
+      !cache->v_.Allocate(static_cast<size_t>(elems)) ||
+      !cache->pos_.Allocate(static_cast<size_t>(elems) / shape.head_dim)) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ",
                                                      elems * 8 / (1 << 20), " MiB"));
   }
@@ -69,9 +67,19 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
 
 std::unique_ptr<KvCache> KvCache::Clone() const {
   std::unique_ptr<KvCache> c(new KvCache(shape_));
-  c->k_ = k_;
-  c->v_ = v_;
-  c->pos_ = pos_;
+  if (!c->k_.Allocate(k_.size()) || !c->v_.Allocate(v_.size()) || !c->pos_.Allocate(pos_.size())) {
+    throw std::bad_alloc();
+  }
+  // Only the valid entries of each layer and head: the rest is zero anyway
+  // and stays unwritten (not resident) in the copy too.
+  const int64_t d = shape_.head_dim;
+  for (int64_t l = 0; l < shape_.num_layers; ++l) {
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      std::memcpy(c->k(l, h), k(l, h), sizes_[l] * d * sizeof(float));
+      std::memcpy(c->v(l, h), v(l, h), sizes_[l] * d * sizeof(float));
+      std::memcpy(c->pos(l, h), pos(l, h), sizes_[l] * sizeof(int32_t));
+    }
+  }
   c->sizes_ = sizes_;
   return c;
 }

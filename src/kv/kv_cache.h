@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "src/base/paged_array.h"
 
 namespace snapfill {
 
@@ -38,7 +39,7 @@ class KvCache {
   void set_size(int64_t layer, int64_t n) { sizes_[layer] = n; }
   // The largest size over layers (layers may hold different counts).
   int64_t max_size() const;
-  // Bytes allocated for keys and values.
+  // Bytes allocated for keys, values and positions (resident only once written).
   uint64_t bytes() const {
     return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float) +
            pos_.size() * sizeof(int32_t);
@@ -75,9 +76,11 @@ class KvCache {
     return (layer * shape_.num_kv_heads + head) * shape_.capacity * shape_.head_dim;
   }
   KvCacheShape shape_;
-  std::vector<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
-  std::vector<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
-  std::vector<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
+  // Paged: an entry costs resident memory once written, so a memory that
+  // grows step by step (IM, IMDC) holds only what it has used so far.
+  PagedArray<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  PagedArray<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
   std::vector<int64_t> sizes_;  // [num_layers]
 };
 

@@ -31,16 +31,14 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const LlamaMo
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(model, backend, max_tokens));
   const LlamaConfig& c = model.config();
-  try {
-    f->x_.resize(max_tokens * c.model_dim);
-    f->xn_.resize(max_tokens * c.model_dim);
-    f->q_.resize(max_tokens * c.num_heads * c.head_dim);
-    f->attn_.resize(max_tokens * c.num_heads * c.head_dim);
-    f->k_.resize(max_tokens * c.num_kv_heads * c.head_dim);
-    f->v_.resize(max_tokens * c.num_kv_heads * c.head_dim);
-    f->gate_.resize(max_tokens * c.ffn_dim);
-    f->up_.resize(max_tokens * c.ffn_dim);
-  } catch (const std::bad_alloc&) {
+  const bool ok = f->x_.Allocate(max_tokens * c.model_dim) &&
+                  f->xn_.Allocate(max_tokens * c.model_dim) &&
+                  f->q_.Allocate(max_tokens * c.num_heads * c.head_dim) &&
+                  f->attn_.Allocate(max_tokens * c.num_heads * c.head_dim) &&
+                  f->k_.Allocate(max_tokens * c.num_kv_heads * c.head_dim) &&
+                  f->v_.Allocate(max_tokens * c.num_kv_heads * c.head_dim) &&
+                  f->gate_.Allocate(max_tokens * c.ffn_dim) && f->up_.Allocate(max_tokens * c.ffn_dim);
+  if (!ok) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate activations for ",
                                                      max_tokens, " tokens"));
   }
@@ -51,6 +49,24 @@ uint64_t LlamaForward::ScratchBytes(const LlamaConfig& c, int64_t max_tokens) {
   const uint64_t per_token = 2 * c.model_dim + 2 * c.num_heads * c.head_dim +
                              2 * c.num_kv_heads * c.head_dim + 2 * c.ffn_dim;
   return per_token * max_tokens * sizeof(float);
+}
+
+void LlamaForward::ReleaseRowsFrom(int64_t rows) {
+  if (rows >= touched_rows_) {
+    touched_rows_ = rows;
+    return;
+  }
+  const LlamaConfig& c = model_.config();
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  x_.ReleaseFrom(rows * c.model_dim);
+  xn_.ReleaseFrom(rows * c.model_dim);
+  q_.ReleaseFrom(rows * qd);
+  attn_.ReleaseFrom(rows * qd);
+  k_.ReleaseFrom(rows * kvd);
+  v_.ReleaseFrom(rows * kvd);
+  gate_.ReleaseFrom(rows * c.ffn_dim);
+  up_.ReleaseFrom(rows * c.ffn_dim);
+  touched_rows_ = rows;
 }
 
 uint64_t LlamaForward::scratch_bytes() const {
@@ -141,6 +157,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   Backend& b = *backend_;
+  ReleaseRowsFrom(n);
 
   SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));
 

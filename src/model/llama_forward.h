@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "src/base/paged_array.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_model.h"
 
@@ -80,14 +81,21 @@ class LlamaForward {
   Backend* backend_;
   int64_t max_tokens_;
   int64_t last_batch_ = 0;  // rows of the hidden states in x_ (BatchLogits)
+  // Rows of the scratch that may be resident: a batch smaller than this
+  // gives the pages of the rows past it back first (ReleaseRowsFrom), so a
+  // chunk loop whose chunks shrink (IMDC) holds only its current chunk's
+  // activations, not its largest's.
+  int64_t touched_rows_ = 0;
+  void ReleaseRowsFrom(int64_t rows);
+  // Paged (src/base/paged_array.h): rows cost resident memory once written.
   // [max_tokens, model_dim] each
-  std::vector<float> x_, xn_;
+  PagedArray<float> x_, xn_;
   // [max_tokens, num_heads * head_dim]
-  std::vector<float> q_, attn_;
+  PagedArray<float> q_, attn_;
   // [max_tokens, num_kv_heads * head_dim]
-  std::vector<float> k_, v_;
+  PagedArray<float> k_, v_;
   // [max_tokens, ffn_dim]
-  std::vector<float> gate_, up_;
+  PagedArray<float> gate_, up_;
 };
 
 }  // namespace snapfill

@@ -67,5 +67,37 @@ INSTANTIATE_TEST_SUITE_P(
                       "run -n 16 --question Why? --schedule imdc --memory 512 --chunk 2048",
                       "run -n 16 --question Why? --pruner full --chunk 1024"));
 
+// IMDC keeps memory + chunk constant (m̂ + c̄), so at equal memory and
+// chunk its peak must be below FM's (m_max + c): the buffers are paged and
+// the activations past the current chunk given back, so the peak follows
+// the schedule (issue 6's target: IMDC's peak no higher than FM's).
+class SchedulePeakTest : public testing::CliTest {};
+
+TEST_F(SchedulePeakTest, ImdcPeaksBelowFmAtEqualMemoryAndChunk) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine change resident memory";
+#endif
+  auto model = ResolveModelPath("");
+  if (access(model.c_str(), R_OK) != 0) {
+    GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
+  }
+  const std::string corpus = testing::ReadAll(testing::SourcePath("tests/data/tokenizer_corpus.txt"));
+  std::string doc;
+  while (doc.size() < 60000) doc += corpus;  // about 15,000 tokens
+  testing::WriteRaw(dir_ + "/doc.txt", doc.substr(0, 60000));
+  double peak[2];
+  const char* schedules[] = {"fm", "imdc"};
+  for (int i = 0; i < 2; ++i) {
+    Result r = Run(std::string("prefill --schedule ") + schedules[i] +
+                   " --memory 2048 --chunk 2048 --model " + model + " --input " + dir_ +
+                   "/doc.txt --out " + dir_ + "/c" + schedules[i] + ".kv --progress=false");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    peak[i] = MibAfter(r.err, "peak RSS ");
+    ASSERT_GT(peak[i], 0) << r.err;
+  }
+  std::printf("memory 2048, chunk 2048: peak FM %.1f MiB, IMDC %.1f MiB\n", peak[0], peak[1]);
+  EXPECT_LT(peak[1], peak[0] - 8) << "IMDC's peak should be clearly below FM's";
+}
+
 }  // namespace
 }  // namespace snapfill

@@ -54,7 +54,7 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   PeakPrediction p;
   p.process = process_bytes;
   p.weights = weight_bytes;
-  p.prefill = fp.total();
+  p.prefill = fp.resident_peak;
   // The products quantize each chunk's activations (int8 with block scales
   // and sums) and pack weight tiles per thread; both scale with the FFN
   // width. A fit to measured peaks (SmolLM2-135M, chunks 256-2048, and a
