@@ -183,70 +183,58 @@ void BM_AmxPeak(benchmark::State& state) {
 }
 BENCHMARK(BM_AmxPeak)->ArgName("K")->Arg(64)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// 12 independent accumulator chains (named registers: an array here was kept
+// The three instructions as (accumulator type, first value, one step). The
+// loop below is compiled for all three instruction sets and runs only where
+// BM_VectorPeak found the one it uses.
+#define SNAPFILL_PEAK_TARGET __attribute__((target("avx512f,avx512vnni,avx512bf16"), always_inline))
+struct FmaOp {
+  using T = __m512;
+  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_ps(0.001f * i); }
+  SNAPFILL_PEAK_TARGET static T Step(T a) {
+    return _mm512_fmadd_ps(a, _mm512_set1_ps(0.999f), _mm512_set1_ps(0.0001f));
+  }
+};
+struct VnniOp {
+  using T = __m512i;
+  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_epi32(i); }
+  SNAPFILL_PEAK_TARGET static T Step(T a) {
+    return _mm512_dpbusd_epi32(a, _mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+  }
+};
+struct Bf16Op {
+  using T = __m512;
+  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_ps(0.001f * i); }
+  SNAPFILL_PEAK_TARGET static T Step(T a) {
+    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
+    const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.001f), _mm512_set1_ps(0.002f));
+    return _mm512_dpbf16_ps(a, x, y);
+  }
+};
+
+// 12 independent accumulator chains in named registers (an array was kept
 // on the stack), so the loop runs at the units' throughput, not at the
-// instruction's latency. No fast-math, so the chains cannot be folded away.
-#define SNAPFILL_PEAK_12(OP) \
-  OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
-
-__attribute__((target("avx512f"))) float FmaPeakLoop(int64_t iters) {
-#define DECL(i) __m512 a##i = _mm512_set1_ps(0.001f * (i));
-  SNAPFILL_PEAK_12(DECL)
-#undef DECL
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.0001f);
+// instruction's latency; without fast-math the chains cannot be folded.
+template <class Op>
+__attribute__((target("avx512f,avx512vnni,avx512bf16"))) float PeakLoop(int64_t iters) {
+  using T = typename Op::T;
+  T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4),
+    a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9),
+    a10 = Op::Init(10), a11 = Op::Init(11);
   for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) a##i = _mm512_fmadd_ps(a##i, x, y);
-    SNAPFILL_PEAK_12(STEP)
-#undef STEP
+    a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);
+    a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);
+    a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);
   }
-  __m512 s = _mm512_setzero_ps();
-#define SUM(i) s = _mm512_add_ps(s, a##i);
-  SNAPFILL_PEAK_12(SUM)
-#undef SUM
-  alignas(64) float lanes[16];  // (_mm512_reduce_* trips a gcc 12 warning here)
-  _mm512_store_ps(lanes, s);
-  return lanes[0] + lanes[15];
-}
-
-__attribute__((target("avx512f,avx512vnni"))) float VnniPeakLoop(int64_t iters) {
-#define DECL(i) __m512i a##i = _mm512_set1_epi32(i);
-  SNAPFILL_PEAK_12(DECL)
-#undef DECL
-  const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-2);
-  for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) a##i = _mm512_dpbusd_epi32(a##i, x, y);
-    SNAPFILL_PEAK_12(STEP)
-#undef STEP
+  const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+  float sink = 0;  // (_mm512_reduce_* trips a gcc 12 warning here)
+  for (const T& v : all) {
+    alignas(64) float lanes[16];
+    std::memcpy(lanes, &v, sizeof(lanes));
+    sink += lanes[0];
   }
-  __m512i s = _mm512_setzero_si512();
-#define SUM(i) s = _mm512_add_epi32(s, a##i);
-  SNAPFILL_PEAK_12(SUM)
-#undef SUM
-  alignas(64) int32_t lanes[16];
-  _mm512_store_si512(lanes, s);
-  return static_cast<float>(lanes[0] + lanes[15]);
+  return sink;
 }
-
-__attribute__((target("avx512f,avx512bf16"))) float Bf16PeakLoop(int64_t iters) {
-#define DECL(i) __m512 a##i = _mm512_set1_ps(0.001f * (i));
-  SNAPFILL_PEAK_12(DECL)
-#undef DECL
-  const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
-  const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.001f), _mm512_set1_ps(0.002f));
-  for (int64_t it = 0; it < iters; ++it) {
-#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
-    SNAPFILL_PEAK_12(STEP)
-#undef STEP
-  }
-  __m512 s = _mm512_setzero_ps();
-#define SUM(i) s = _mm512_add_ps(s, a##i);
-  SNAPFILL_PEAK_12(SUM)
-#undef SUM
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  return lanes[0] + lanes[15];
-}
-#undef SNAPFILL_PEAK_12
+#undef SNAPFILL_PEAK_TARGET
 
 void BM_VectorPeak(benchmark::State& state) {
   const int kind = static_cast<int>(state.range(0));
@@ -263,7 +251,8 @@ void BM_VectorPeak(benchmark::State& state) {
   for (auto _ : state) {
     float sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += kind == 0 ? FmaPeakLoop(kIters) : kind == 1 ? VnniPeakLoop(kIters) : Bf16PeakLoop(kIters);
+    sink += kind == 0 ? PeakLoop<FmaOp>(kIters) : kind == 1 ? PeakLoop<VnniOp>(kIters)
+                                                          : PeakLoop<Bf16Op>(kIters);
     benchmark::DoNotOptimize(sink);
   }
   const double ops_per_instr = kind == 0 ? 32 : kind == 1 ? 128 : 64;

@@ -488,6 +488,40 @@ namespace {
 // tile keys instead, and every core gets work whatever the head count.
 constexpr int64_t kDecodeTile = 64;
 
+// max(init, x[0..n)): vector lanes first (a scalar max chain is bound by its
+// latency: it cost a quarter of the decode attention's time).
+float MaxOf(const float* x, int64_t n, float init) {
+  float mx = init;
+  int64_t i = 0;
+  if (n >= kW) {
+    VT vm = V::Load(x);
+    for (i = kW; i + kW <= n; i += kW) vm = V::Max(vm, V::Load(x + i));
+    alignas(64) float lanes[kW];
+    V::Store(lanes, vm);
+    for (float l : lanes) mx = std::max(mx, l);
+  }
+  for (; i < n; ++i) mx = std::max(mx, x[i]);
+  return mx;
+}
+
+// x[i] = exp(x[i] - mx) in place; returns their f32 sum (lanes, then the tail).
+float ExpShiftInPlace(float* x, int64_t n, float mx) {
+  const VT vmx = V::Set1(mx);
+  VT vsum = V::Zero();
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) {
+    const VT p = V::Exp(V::Sub(V::Load(x + i), vmx));
+    V::Store(x + i, p);
+    vsum = V::Add(vsum, p);
+  }
+  float sum = V::ReduceAdd(vsum);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
 #if defined(__AVX512F__)
 // Lane i of the result = the sum of the 16 lanes of a[i]. Two shuffle-add
 // levels fold each group of four vectors {a[i], a[i+4], a[i+8], a[i+12]}
@@ -573,29 +607,8 @@ void DecodeRange(const float* qs, const float* kh, const float* vh, int64_t ks, 
     // Online softmax and the weighted sum of values, per query head.
     for (int64_t g = 0; g < group; ++g) {
       float* sg = s + g * kDecodeTile;
-      float mx = part[g].max;
-      int64_t j = 0;
-      if (tn >= kW) {  // vector max (a scalar chain here cost a quarter of the time)
-        VT vm = V::Load(sg);
-        for (j = kW; j + kW <= tn; j += kW) vm = V::Max(vm, V::Load(sg + j));
-        alignas(64) float lanes[kW];
-        V::Store(lanes, vm);
-        for (float x : lanes) mx = std::max(mx, x);
-      }
-      for (; j < tn; ++j) mx = std::max(mx, sg[j]);
-      j = 0;
-      VT vsum = V::Zero();
-      const VT vmx = V::Set1(mx);
-      for (; j + kW <= tn; j += kW) {
-        const VT p = V::Exp(V::Sub(V::Load(sg + j), vmx));
-        V::Store(sg + j, p);
-        vsum = V::Add(vsum, p);
-      }
-      float sum = V::ReduceAdd(vsum);
-      for (; j < tn; ++j) {
-        sg[j] = sg[j] < mx + kExpZeroBelow ? 0.0f : std::exp(sg[j] - mx);
-        sum += sg[j];
-      }
+      const float mx = MaxOf(sg, tn, part[g].max);
+      const float sum = ExpShiftInPlace(sg, tn, mx);
       const float alpha = part[g].max == kNegInf ? 0.0f : std::exp(part[g].max - mx);
       part[g] = {mx, part[g].sum * alpha + sum};
       float* og = o + g * head_dim;
@@ -940,21 +953,7 @@ void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_
 }
 
 void Softmax(float* x, int64_t n) {
-  float mx = kNegInf;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
-  const VT vmx = V::Set1(mx);
-  VT vsum = V::Zero();
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) {
-    const VT p = V::Exp(V::Sub(V::Load(x + i), vmx));
-    V::Store(x + i, p);
-    vsum = V::Add(vsum, p);
-  }
-  float sum = V::ReduceAdd(vsum);
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
+  const float sum = ExpShiftInPlace(x, n, MaxOf(x, n, kNegInf));
   const float inv = 1.0f / sum;
   for (int64_t t = 0; t < n; ++t) x[t] *= inv;
 }

@@ -17,7 +17,25 @@ namespace {
 
 using testing::Result;
 
-class MemoryPredictionTest : public testing::CliTest,
+// The CLI on the real model; skipped where it is absent or under ASan
+// (whose shadow memory and quarantine change resident memory).
+class RealModelCliTest : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    testing::CliTest::SetUp();
+#if defined(__SANITIZE_ADDRESS__)
+    GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine change resident memory";
+#endif
+    model_ = ResolveModelPath("");
+    if (access(model_.c_str(), R_OK) != 0) {
+      GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
+    }
+    corpus_ = testing::ReadAll(testing::SourcePath("tests/data/tokenizer_corpus.txt"));
+  }
+  std::string model_, corpus_;
+};
+
+class MemoryPredictionTest : public RealModelCliTest,
                              public ::testing::WithParamInterface<const char*> {};
 
 // "... RSS 251.3 MiB" or "... RSS 1.52 GiB" -> MiB.
@@ -31,17 +49,9 @@ double MibAfter(const std::string& text, const std::string& after) {
 }
 
 TEST_P(MemoryPredictionTest, MeasuredPeakIsWithinTenPercent) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine change resident memory";
-#endif
-  auto model = ResolveModelPath("");
-  if (access(model.c_str(), R_OK) != 0) {
-    GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
-  }
   // About 5,000 tokens of mixed text.
-  const std::string corpus = testing::ReadAll(testing::SourcePath("tests/data/tokenizer_corpus.txt"));
-  testing::WriteRaw(dir_ + "/doc.txt", corpus.substr(0, 20000));
-  const std::string args = std::string(GetParam()) + " --model " + model + " --input " + dir_ +
+  testing::WriteRaw(dir_ + "/doc.txt", corpus_.substr(0, 20000));
+  const std::string args = std::string(GetParam()) + " --model " + model_ + " --input " + dir_ +
                            "/doc.txt --progress=false --timing=true";
   const std::string out = std::string(GetParam()).rfind("prefill", 0) == 0
                               ? " --out " + dir_ + "/c.kv"
@@ -71,25 +81,17 @@ INSTANTIATE_TEST_SUITE_P(
 // chunk its peak must be below FM's (m_max + c): the buffers are paged and
 // the activations past the current chunk given back, so the peak follows
 // the schedule (issue 6's target: IMDC's peak no higher than FM's).
-class SchedulePeakTest : public testing::CliTest {};
+using SchedulePeakTest = RealModelCliTest;
 
 TEST_F(SchedulePeakTest, ImdcPeaksBelowFmAtEqualMemoryAndChunk) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine change resident memory";
-#endif
-  auto model = ResolveModelPath("");
-  if (access(model.c_str(), R_OK) != 0) {
-    GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
-  }
-  const std::string corpus = testing::ReadAll(testing::SourcePath("tests/data/tokenizer_corpus.txt"));
   std::string doc;
-  while (doc.size() < 60000) doc += corpus;  // about 15,000 tokens
+  while (doc.size() < 60000) doc += corpus_;  // about 15,000 tokens
   testing::WriteRaw(dir_ + "/doc.txt", doc.substr(0, 60000));
   double peak[2];
   const char* schedules[] = {"fm", "imdc"};
   for (int i = 0; i < 2; ++i) {
     Result r = Run(std::string("prefill --schedule ") + schedules[i] +
-                   " --memory 2048 --chunk 2048 --model " + model + " --input " + dir_ +
+                   " --memory 2048 --chunk 2048 --model " + model_ + " --input " + dir_ +
                    "/doc.txt --out " + dir_ + "/c" + schedules[i] + ".kv --progress=false");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     peak[i] = MibAfter(r.err, "peak RSS ");
