@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_weights.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/quant_blocks.h"
@@ -50,18 +51,7 @@
 namespace snapfill {
 namespace {
 
-std::vector<uint8_t> RandomWeights(GgmlType type, int64_t n, int64_t k) {
-  const int64_t row_bytes = RowBytes(type, k);
-  std::vector<uint8_t> w(n * row_bytes);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  std::vector<float> row(k);
-  for (int64_t j = 0; j < n; ++j) {
-    for (auto& v : row) v = nd(rng);
-    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
-  }
-  return w;
-}
+using bench::RandomWeights;
 
 void BM_MatMul_Prefill(benchmark::State& state) {
   const bool amx = state.range(0) == 0;
