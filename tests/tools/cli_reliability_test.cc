@@ -188,7 +188,7 @@ TEST_F(ReliabilityTest, MaxMemoryPicksSizesOrRefusesUpFront) {
   EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/a.kv --max_memory 0"), 2, "is not a size");
 }
 
-// The measured peak of the run comes within 10% of the prediction; the
+// The measured peak of the run comes within 15% of the prediction; the
 // real model's version of this check is model_memory_prediction_test.
 TEST_F(ReliabilityTest, PredictionIsCloseOnTheTinyModel) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -207,7 +207,10 @@ TEST_F(ReliabilityTest, PredictionIsCloseOnTheTinyModel) {
   const double measured = mib(run.err, "peak RSS ");
   ASSERT_GT(predicted, 0) << dry.out;
   ASSERT_GT(measured, 0) << run.err;
-  EXPECT_NEAR(measured / predicted, 1.0, 0.10) << "predicted " << predicted << " MiB, measured "
+  // 15% here: the whole process is about 20 MiB, and its run-to-run noise
+  // (allocator, page-cache of the binary) is 1-2 MiB since the prefill's
+  // buffers are paged; the real model's test keeps 10%.
+  EXPECT_NEAR(measured / predicted, 1.0, 0.15) << "predicted " << predicted << " MiB, measured "
                                                << measured << " MiB";
 }
 
