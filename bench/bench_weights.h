@@ -1,4 +1,4 @@
-// Random quantized weights for the product benchmarks: n rows of k values
+// Random inputs for the product benchmarks. Weights: n rows of k values
 // drawn from N(0, 0.05²) (a trained layer's scale), quantized to `type` by the
 // scalar reference quantizer. Speed does not depend on the values.
 #ifndef SNAPFILL_BENCH_BENCH_WEIGHTS_H_
@@ -24,6 +24,15 @@ inline std::vector<uint8_t> RandomWeights(GgmlType type, int64_t n, int64_t k) {
     ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
   }
   return w;
+}
+
+// n activations drawn from N(0, 1), the same for every benchmark.
+inline std::vector<float> RandomActivations(int64_t n) {
+  std::vector<float> x(n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  return x;
 }
 
 }  // namespace snapfill::bench

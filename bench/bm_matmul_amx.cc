@@ -63,10 +63,8 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   }
   cpu::SetMatMulImplForTesting(amx ? cpu::MatMulImpl::kAuto : cpu::MatMulImpl::kNoAmx);
   const auto w = RandomWeights(type, n, k);
-  std::vector<float> x(m * k), y(m * n);
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : x) v = nd(rng);
+  const std::vector<float> x = bench::RandomActivations(m * k);
+  std::vector<float> y(m * n);
   const size_t row_bytes = RowBytes(type, k);
   for (int i = 0; i < 2; ++i) cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
   for (auto _ : state) {

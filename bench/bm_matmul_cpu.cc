@@ -28,10 +28,8 @@ void BM_MatMul_Cpu(benchmark::State& state) {
   const auto type = static_cast<GgmlType>(state.range(0));
   const int64_t m = state.range(1), k = state.range(2), n = state.range(3);
   const auto w = RandomWeights(type, n, k);
-  std::vector<float> x(m * k), y(m * n);
-  std::mt19937 rng(2);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (auto& v : x) v = nd(rng);
+  const std::vector<float> x = bench::RandomActivations(m * k);
+  std::vector<float> y(m * n);
   const size_t row_bytes = RowBytes(type, k);
   for (int i = 0; i < 3; ++i) cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
   for (auto _ : state) {
