@@ -1,13 +1,16 @@
 // The AMX-INT8 tile path of cpu::MatMul beside the AVX-512 VNNI path, on
 // SmolLM2-135M's prefill shapes, plus the tile unit's instruction peak.
 //   BM_MatMul_Prefill/impl/type/m/k/n: Y[m, n] = X[m, k] · W[n, k]ᵀ with
-//     impl 0 = kAuto (AMX where available), 1 = kNoAmx (VNNI). Shapes:
+//     impl 0 = kAuto (AMX-BF16 where available), 1 = kNoAmx (VNNI),
+//     2 = kAmxInt8 (the AMX-INT8 path). Shapes:
 //     q/o 576->576, k/v 576->192, FFN up/gate 576->1536, FFN down 1536->576;
 //     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call.
-//   BM_AmxPeak/K: a loop of independent tdpbssd (4 C tiles, 2 A, 2 B) on
-//     every OpenMP thread; K = 64 bytes per A row (the full tile) or 32 (the
-//     shape the MatMul kernel issues: one 32-element block per op). Counter
-//     GOP/s = 2·16·16·K per op, all threads.
+//   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
+//     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
+//     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
+//     block per op), and tdpbf16ps (bf16 = 1, 64 bytes = 32 bf16, the
+//     AMX-BF16 kernel's shape). Counter GOP/s = 2·16·16·K per op (K
+//     elements per A row), all threads.
 //   BM_VectorPeak/kind: the other instructions' peaks, 12 independent zmm
 //     accumulators per thread: 0 = vfmadd231ps (fp32, 32 FLOP each), 1 =
 //     vpdpbusd (int8, 128 OP), 2 = vdpbf16ps (bf16, 64 FLOP).
@@ -54,14 +57,16 @@ namespace {
 using bench::RandomWeights;
 
 void BM_MatMul_Prefill(benchmark::State& state) {
-  const bool amx = state.range(0) == 0;
+  const int64_t impl = state.range(0);
   const auto type = static_cast<GgmlType>(state.range(1));
   const int64_t m = state.range(2), k = state.range(3), n = state.range(4);
-  if (amx && !cpu::MatMulHasAmx()) {
-    state.SkipWithError("AMX-INT8 unavailable on this CPU/OS (or SNAPFILL_AMX=0)");
+  if (impl != 1 && !cpu::MatMulHasAmx()) {
+    state.SkipWithError("AMX unavailable on this CPU/OS (or SNAPFILL_AMX=0)");
     return;
   }
-  cpu::SetMatMulImplForTesting(amx ? cpu::MatMulImpl::kAuto : cpu::MatMulImpl::kNoAmx);
+  cpu::SetMatMulImplForTesting(impl == 0 ? cpu::MatMulImpl::kAuto
+                               : impl == 1 ? cpu::MatMulImpl::kNoAmx
+                                           : cpu::MatMulImpl::kAmxInt8);
   const auto w = RandomWeights(type, n, k);
   const std::vector<float> x = bench::RandomActivations(m * k);
   std::vector<float> y(m * n);
@@ -77,7 +82,8 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
-  state.SetLabel(std::string(amx ? "amx " : "vnni ") + GetTypeTraits(type).name);
+  const char* path = impl == 1 ? "vnni " : impl == 2 || !cpu::MatMulHasAmxBf16() ? "amx-int8 " : "amx-bf16 ";
+  state.SetLabel(std::string(path) + GetTypeTraits(type).name);
 }
 
 void PrefillShapes(benchmark::internal::Benchmark* b) {
@@ -85,12 +91,12 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
   const int64_t shapes[][2] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}};
   for (int64_t m : {512, 2048}) {
     for (const auto& s : shapes) {
-      for (int64_t impl : {0, 1}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
+      for (int64_t impl : {0, 2, 1}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
     }
   }
   // The other two tile-path types on the largest product.
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
-    for (int64_t impl : {0, 1}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});
+    for (int64_t impl : {0, 2, 1}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -105,9 +111,11 @@ struct alignas(64) PeakConfig {
   uint8_t rows[16];
 };
 
-// `iters` rounds of 4 independent tdpbssd (C0..C3 += A{4,5} · B{6,7}) with
-// A rows of `kb` bytes. Returns C0[0] so the work is observable.
-__attribute__((target("amx-tile,amx-int8"))) int32_t AmxPeakLoop(int64_t iters, int kb) {
+// `iters` rounds of 4 independent tile ops (C0..C3 += A{4,5} · B{6,7}) with
+// A rows of `kb` bytes: tdpbssd (int8) or tdpbf16ps (bf16, the A and B
+// bytes read as bf16). Returns C0[0]'s bits so the work is observable.
+template <bool kBf16>
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) int32_t AmxPeakLoop(int64_t iters, int kb) {
   PeakConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette_id = 1;
@@ -141,10 +149,17 @@ __attribute__((target("amx-tile,amx-int8"))) int32_t AmxPeakLoop(int64_t iters, 
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    _tile_dpbssd(2, 5, 6);
-    _tile_dpbssd(3, 5, 7);
+    if constexpr (kBf16) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    } else {
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    }
   }
   _tile_stored(0, c, 64);
   _tile_release();
@@ -152,24 +167,33 @@ __attribute__((target("amx-tile,amx-int8"))) int32_t AmxPeakLoop(int64_t iters, 
 }
 
 void BM_AmxPeak(benchmark::State& state) {
-  if (!cpu::MatMulHasAmx()) {  // also makes the process ask for the tile state
-    state.SkipWithError("AMX-INT8 unavailable on this CPU/OS (or SNAPFILL_AMX=0)");
+  const bool bf16 = state.range(0) == 1;
+  if (!cpu::MatMulHasAmx() || (bf16 && !cpu::MatMulHasAmxBf16())) {  // also asks for the tile state
+    state.SkipWithError(bf16 ? "AMX-BF16 unavailable on this CPU/OS (or SNAPFILL_AMX=0/int8)"
+                             : "AMX-INT8 unavailable on this CPU/OS (or SNAPFILL_AMX=0)");
     return;
   }
-  const int kb = static_cast<int>(state.range(0));
+  const int kb = static_cast<int>(state.range(1));
   constexpr int64_t kIters = 1 << 18;
   const int threads = omp_get_max_threads();
   for (auto _ : state) {
     int32_t sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += AmxPeakLoop(kIters, kb);
+    sink += bf16 ? AmxPeakLoop<true>(kIters, kb) : AmxPeakLoop<false>(kIters, kb);
     benchmark::DoNotOptimize(sink);
   }
-  const double ops_per_call = 4.0 * kIters * threads * 2 * 16 * 16 * kb;
+  const int k_elems = bf16 ? kb / 2 : kb;
+  const double ops_per_call = 4.0 * kIters * threads * 2 * 16 * 16 * k_elems;
   state.counters["GOP/s"] = benchmark::Counter(ops_per_call * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
 }
-BENCHMARK(BM_AmxPeak)->ArgName("K")->Arg(64)->Arg(32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AmxPeak)
+    ->ArgNames({"bf16", "bytes"})
+    ->Args({0, 64})
+    ->Args({0, 32})
+    ->Args({1, 64})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The three instructions as (accumulator type, first value, one step). The
 // loop below is compiled for all three instruction sets and runs only where

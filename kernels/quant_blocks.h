@@ -163,6 +163,16 @@ inline uint16_t Fp32ToBf16(float f) {
   return static_cast<uint16_t>((u + (0x7FFF + ((u >> 16) & 1))) >> 16);
 }
 
+// binary32 -> bfloat16 as vcvtneps2bf16 / vcvtne2ps2bf16 round (the AMX-BF16
+// path's conversion): as Fp32ToBf16, except that a subnormal input becomes a
+// zero of its sign (the instruction treats denormals as zero and does not
+// consult MXCSR).
+inline uint16_t Fp32ToBf16Rne(float f) {
+  const uint32_t u = FloatBits(f);
+  if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000);
+  return Fp32ToBf16(f);
+}
+
 }  // namespace snapfill
 
 #endif  // SNAPFILL_KERNELS_QUANT_BLOCKS_H_

@@ -85,13 +85,20 @@ bool UseSimd() {
                                        static_cast<int>(MatMulImpl::kGeneric);
 }
 
-// The AMX tile path (matmul_amx.cc) for token blocks; kNoAmx and kGeneric
-// turn it off.
+// The AMX tile paths (matmul_amx.cc, matmul_amx_bf16.cc) for token blocks;
+// kNoAmx and kGeneric turn them off, kAmxInt8 keeps AMX-INT8 where AMX-BF16
+// would be used.
 bool UseAmx(GgmlType type, int64_t m, int64_t k, size_t w_row_bytes) {
+  const int impl = g_impl.load(std::memory_order_relaxed);
   return m >= internal::kAmxMinTokens && k >= 32 && internal::AmxSupportsType(type) &&
          w_row_bytes < (size_t{1} << 26) &&  // 16 row offsets fit the gathers' int32 lanes
-         g_impl.load(std::memory_order_relaxed) == static_cast<int>(MatMulImpl::kAuto) &&
+         (impl == static_cast<int>(MatMulImpl::kAuto) || impl == static_cast<int>(MatMulImpl::kAmxInt8)) &&
          internal::AmxAvailable();
+}
+
+bool UseAmxBf16() {
+  return g_impl.load(std::memory_order_relaxed) == static_cast<int>(MatMulImpl::kAuto) &&
+         internal::AmxBf16Available();
 }
 
 constexpr int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
@@ -787,7 +794,11 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
   }
 #endif
   if (UseAmx(type, m, k, w_row_bytes)) {
-    internal::MatMulAmx(x, m, k, x_stride, w, type, n, w_row_bytes, y, y_stride);
+    if (UseAmxBf16()) {
+      internal::MatMulAmxBf16(x, m, k, x_stride, w, type, n, w_row_bytes, y, y_stride);
+    } else {
+      internal::MatMulAmx(x, m, k, x_stride, w, type, n, w_row_bytes, y, y_stride);
+    }
     return;
   }
   const TypeInfo ti = Info(type);
@@ -996,6 +1007,8 @@ void SetMatMulImplForTesting(MatMulImpl impl) {
 bool MatMulHasSimd() { return SNAPFILL_MATMUL_AVX512; }
 
 bool MatMulHasAmx() { return internal::AmxAvailable(); }
+
+bool MatMulHasAmxBf16() { return internal::AmxBf16Available(); }
 
 void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w,
             GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {

@@ -6,9 +6,11 @@
 // Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for the K-quants) and the dot products run
 // in integers with f32 block scales; F32/F16/BF16 weights use f32 FMA.
 // Threads: OpenMP over output columns / token blocks (omp_get_max_threads()).
-// Token blocks (m >= 16) with Q4_0/Q4_1/Q8_0 weights use AMX-INT8 tiles when
-// the CPU has them (runtime check); the result is the same up to f32
-// summation order.
+// Token blocks (m >= 16) with Q4_0/Q4_1/Q8_0 weights use AMX tiles when the
+// CPU has them (runtime check): AMX-BF16 where available (weights and
+// activations rounded to bf16, products summed in f32: a different rounding
+// from the int8 paths, of the same size), else AMX-INT8 (the same result up
+// to f32 summation order).
 #ifndef SNAPFILL_KERNELS_CPU_MATMUL_H_
 #define SNAPFILL_KERNELS_CPU_MATMUL_H_
 
@@ -45,11 +47,12 @@ void QuantizeRowQ8_1(const float* x, void* y, int64_t k);
 void QuantizeRowQ8_K(const float* x, void* y, int64_t k);
 
 // Which implementation MatMul and the quantizers use. kAuto: the fastest
-// available (AMX-INT8 tiles for m >= 16 with Q4_0/Q4_1/Q8_0 weights when the
+// available (AMX-BF16, else AMX-INT8, tiles for m >= 16 with Q4_0/Q4_1/Q8_0 weights when the
 // CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI), else the
 // portable path); kNoAmx: as kAuto without AMX; kGeneric forces the portable
-// path. Process-wide; for tests and benchmarks only.
-enum class MatMulImpl { kAuto, kGeneric, kNoAmx };
+// path; kAmxInt8 as kAuto with AMX-INT8 where AMX-BF16 would be used.
+// Process-wide; for tests and benchmarks only.
+enum class MatMulImpl { kAuto, kGeneric, kNoAmx, kAmxInt8 };
 void SetMatMulImplForTesting(MatMulImpl impl);
 
 // Returns true if SIMD kernels were compiled in (kAuto then uses them).
@@ -59,6 +62,11 @@ bool MatMulHasSimd();
 // AMX-INT8, the OS granted the tile state (asked once per process), and the
 // environment variable SNAPFILL_AMX is not "0".
 bool MatMulHasAmx();
+
+// Returns true if kAuto uses the AMX-BF16 tile path for those token blocks:
+// MatMulHasAmx(), the CPU has AMX-BF16 and AVX512_BF16, and SNAPFILL_AMX is
+// not "int8".
+bool MatMulHasAmxBf16();
 
 }  // namespace snapfill::cpu
 

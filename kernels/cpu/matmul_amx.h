@@ -1,5 +1,6 @@
-// Internal to kernels/cpu: the AMX-INT8 tile path of cpu::MatMul for token
-// blocks (prefill, m >= 16) with Q4_0 / Q4_1 / Q8_0 weights. matmul.cc
+// Internal to kernels/cpu: the AMX tile paths of cpu::MatMul for token
+// blocks (prefill, m >= 16) with Q4_0 / Q4_1 / Q8_0 weights: AMX-BF16 where
+// the CPU has it (weights unpacked to bf16 per panel), else AMX-INT8. matmul.cc
 // dispatches here; nothing else should call it (use cpu::MatMul).
 //
 // Owns: runtime detection of AMX (CPUID leaf 7 EDX bits 24/25 plus the
@@ -32,6 +33,26 @@ inline constexpr int64_t kAmxMinTokens = 16;
 // positive multiple of 32 and m >= 1. Caller must have checked AmxAvailable().
 void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
+
+// True once AmxAvailable() holds and the CPU also has AMX-BF16 and
+// AVX512_BF16, and SNAPFILL_AMX is not "int8" (which keeps the AMX-INT8
+// path). Computed once per process.
+bool AmxBf16Available();
+
+// The AMX-BF16 path (matmul_amx_bf16.cc): same contract as MatMulAmx, but
+// the result is Σ bf16(x)·bf16(w) in f32, where w is ref::DequantizeRow's f32
+// value and bf16() is Fp32ToBf16Rne (vcvtneps2bf16). Requires
+// AmxBf16Available().
+void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
+                   int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
+
+// For tests: the B tiles MatMulAmxBf16 builds for one group of `rows` (<= 16)
+// weight rows of k elements: out[b * 1024 + r * 64 + 4 * j + 2 * p] holds the
+// bf16 bits of element 32·b + 2·r + p of row j (zero for j >= rows); and its
+// conversion of one activation row to bf16. Require AmxBf16Available().
+void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_bytes, int rows, int64_t k,
+                               uint8_t* out);
+void ConvertRowBf16ForTesting(const float* x, int64_t k, uint16_t* out);
 
 // The activation quantizer of MatMulAmx, exposed for tests: row x of k
 // elements (k a multiple of 32) as ggml Q8_0 / Q8_1 blocks, bit-identical to

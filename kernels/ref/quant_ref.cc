@@ -406,6 +406,31 @@ bool MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
   return true;
 }
 
+bool MatMulBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type,
+                int64_t n, size_t w_row_bytes, float* y, int64_t y_stride, double* abs_terms) {
+  if (!IsSupportedWeightType(w_type)) return false;
+  std::vector<float> wrow(k);
+  std::vector<double> xb(m * k);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t t = 0; t < k; ++t) xb[i * k + t] = Bf16ToFp32(Fp32ToBf16Rne(x[i * x_stride + t]));
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    DequantizeRow(w_type, static_cast<const uint8_t*>(w) + j * w_row_bytes, wrow.data(), k);
+    for (float& v : wrow) v = Bf16ToFp32(Fp32ToBf16Rne(v));
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0.0, abs = 0.0;
+      for (int64_t t = 0; t < k; ++t) {
+        const double term = xb[i * k + t] * wrow[t];  // exact: two 8-bit significands
+        acc += term;
+        abs += std::fabs(term);
+      }
+      y[i * y_stride + j] = static_cast<float>(acc);
+      if (abs_terms != nullptr) abs_terms[i * n + j] = abs;
+    }
+  }
+  return true;
+}
+
 namespace {
 
 // One (weight row, activation row) dot in ggml's arithmetic; `abs` gets the

@@ -2,12 +2,14 @@
 // the linear layers: dequantization of every supported weight type, ggml's
 // reference quantizers (activation formats Q8_0/Q8_1/Q8_K reproduce ggml's
 // rounding exactly; Q4_0/Q4_1/Q8_0 weights are ggml's *_ref quantizers;
-// Q4_K/Q6_K get simple quantizers meant for test data), and two matmuls:
+// Q4_K/Q6_K get simple quantizers meant for test data), and three matmuls:
 //   MatMul                      exact: double accumulation over dequantized
 //                               weights and unquantized f32 activations;
 //   MatMulQuantizedActivations  ggml's arithmetic: activations quantized to
 //                               the partner format, exact integer block dots,
-//                               block scales combined in double.
+//                               block scales combined in double;
+//   MatMulBf16                  the AMX-BF16 arithmetic: bf16 operands,
+//                               exact products, double accumulation.
 // Plain loops for clarity; the source of truth for kernels/cpu/matmul.cc.
 // Layouts: kernels/quant_blocks.h (ggml's ggml-common.h); formulas from
 // ggml's ggml-quants.c and ggml-cpu/quants.c (*_generic).
@@ -93,6 +95,14 @@ bool MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
 bool MatMulQuantizedActivations(const float* x, int64_t m, int64_t k, int64_t x_stride,
                                 const void* w, GgmlType w_type, int64_t n, size_t w_row_bytes,
                                 float* y, int64_t y_stride, double* abs_terms = nullptr);
+
+// The AMX-BF16 product: X and the dequantized W (DequantizeRow's f32 values)
+// each rounded by Fp32ToBf16Rne (vcvtneps2bf16: nearest even, subnormals to
+// zero), their exact products summed in double. abs_terms, if not null,
+// receives Σ|products| ([m, n], row stride n). Returns false for an
+// unsupported type.
+bool MatMulBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type,
+                int64_t n, size_t w_row_bytes, float* y, int64_t y_stride, double* abs_terms = nullptr);
 
 // Returns the partner activation format of a weight type (kQ8_0, kQ8_1,
 // kQ8_K), or kF32 for float weights (not quantized).

@@ -1,5 +1,6 @@
 // The AMX-INT8 tile path of cpu::MatMul (m >= 16, Q4_0 / Q4_1 / Q8_0
-// weights), against ref::MatMulQuantizedActivations and against the AVX-512
+// weights; MatMulImpl::kAmxInt8, since kAuto takes AMX-BF16 where the CPU
+// has it), against ref::MatMulQuantizedActivations and against the AVX-512
 // VNNI path (MatMulImpl::kNoAmx).
 //
 // Tolerance: the tile path computes every block dot exactly (int32) and
@@ -62,6 +63,12 @@ std::vector<float> MakeActivations(int64_t m, int64_t k, int64_t stride, uint32_
   return x;
 }
 
+// Selects the AMX-INT8 path (kAuto may take AMX-BF16) for one test.
+struct UseAmxInt8 {
+  UseAmxInt8() { cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAmxInt8); }
+  ~UseAmxInt8() { cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto); }
+};
+
 struct AmxCase {
   GgmlType type;
   int64_t m, n, k;
@@ -94,7 +101,7 @@ TEST_P(MatMulAmxTest, MatchesQuantizedReferenceAndVnni) {
 
   const float kSentinel = -12345.0f;
   std::vector<float> y_amx(c.m * y_stride, kSentinel), y_vnni(c.m * y_stride, kSentinel);
-  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAmxInt8);
   cpu::MatMul(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes, y_amx.data(), y_stride);
   cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kNoAmx);
   cpu::MatMul(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes, y_vnni.data(), y_stride);
@@ -164,6 +171,7 @@ INSTANTIATE_TEST_SUITE_P(Amx, MatMulAmxTest, ::testing::ValuesIn(AllCases()),
 // order, so 1 and 2 threads agree bit for bit.
 TEST(MatMulAmxThreadsTest, OneThreadEqualsTwo) {
   if (!cpu::MatMulHasAmx()) GTEST_SKIP() << kNoAmxMessage;
+  UseAmxInt8 int8;
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
     const int64_t m = 300, n = 75, k = 576;  // several units per thread
     const size_t row_bytes = RowBytes(t, k);
@@ -185,6 +193,7 @@ TEST(MatMulAmxThreadsTest, OneThreadEqualsTwo) {
 // so the result is bit-identical to the same call made before the large one.
 TEST(MatMulAmxScratchTest, SmallerCallAfterLargerIsUnchanged) {
   if (!cpu::MatMulHasAmx()) GTEST_SKIP() << kNoAmxMessage;
+  UseAmxInt8 int8;
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) {
     const int64_t n = 33, k = 96;
     const size_t row_bytes = RowBytes(t, k);

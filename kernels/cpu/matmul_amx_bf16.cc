@@ -1,0 +1,444 @@
+// AMX-BF16 tile path of cpu::MatMul for token blocks; see matmul_amx.h.
+//
+// Y[t, j] = Σ_i bf16(X[t, i]) · bf16(W[j, i])  (f32 accumulation)
+// where W[j, i] is ggml's f32 dequantization of the weight (ref::DequantizeRow:
+// Q4_1 fmaf(q, d, m), Q4_0 (q - 8)·d, Q8_0 q·d) and bf16() is
+// vcvtneps2bf16's rounding (ref::Fp32ToBf16Rne). Products of two bf16 values
+// are exact in f32, so the only other rounding is the f32 accumulation.
+//
+// Why: the AMX-INT8 path has to fold every 32-element block's two scales into
+// f32 on the vector units (64 vector ops per tile op), and on this CPU those
+// do not overlap with the tile unit, which caps it near 15% of the tile
+// peak. Here the scales are applied once, while a weight panel is unpacked to
+// bf16, and the C tiles accumulate over the whole of K with nothing between
+// tile ops but tile loads. The C tiles are stored straight into Y.
+//
+// Tiles (palette 1, all 16 rows × 64 bytes):
+//   C (tmm0-3): 16 tokens × 16 f32 outputs (lanes = weight rows), 2 × 2 of
+//               them per kernel call: 32 tokens × 32 weight rows.
+//   A (tmm4-5): 16 tokens × 32 bf16 (one 32-element block of K) from the
+//               call's bf16 copy of X, in tile order ([pair][block][2][16][32]).
+//   B (tmm6-7): 16 rows × 64 bytes, VNNI pairs of 16 weight rows: row r holds
+//               elements (2r, 2r+1) of each weight row (16 × 4 bytes).
+// A thread unpacks the B tiles of its current weight panel (up to
+// kPanelPairs × 32 rows, all K) once and reuses them for every token pair of
+// its units: per weight row and block one table lookup (vpermw over the 16
+// values bf16(d·q + m)), then a 16 × 16 dword transpose per 16 rows.
+//
+// Work split: units of (panel of up to kPanelPairs row pairs) × (up to
+// kBlockPairs token pairs), panel-major, OpenMP static; every output is
+// computed by one kernel call with a fixed operation order, so the result
+// does not depend on the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu/matmul_amx.h"
+#include "kernels/quant_blocks.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define SNAPFILL_AMX_BF16_COMPILED 1
+#include <cpuid.h>
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#define SNAPFILL_AMX_BF16_COMPILED 0
+#endif
+
+namespace snapfill::cpu::internal {
+
+#if SNAPFILL_AMX_BF16_COMPILED
+namespace {
+
+#define SNAPFILL_AMXBF16_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+
+// Tile loads / stores with a memory clobber, so the compiler orders them
+// against the vector stores that fill (and the loads that drain) the buffers.
+#define SNAPFILL_BF16_TILE_LOAD(tmm, base, stride)                              \
+  __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
+                   "r"((long)(stride))                                            \
+                   : "memory")
+#define SNAPFILL_BF16_TILE_STORE(tmm, base, stride)                               \
+  __asm__ volatile("tilestored\t%%tmm" #tmm ", (%0,%1,1)" ::"r"((void*)(base)), \
+                   "r"((long)(stride))                                              \
+                   : "memory")
+
+constexpr int64_t kTile = 16;           // tokens per A tile, weight rows per B tile
+constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weight rows
+constexpr int64_t kPanelPairs = 4;      // row pairs (32 weight rows each) per panel, at most
+constexpr int64_t kBlockPairs = 8;      // token pairs (32 tokens each) per unit, at most
+
+enum class Kind { kQ4_0, kQ4_1, kQ8_0 };
+
+Kind KindOf(GgmlType type) {
+  return type == GgmlType::kQ4_0 ? Kind::kQ4_0 : type == GgmlType::kQ4_1 ? Kind::kQ4_1 : Kind::kQ8_0;
+}
+
+int64_t BlockBytes(Kind kind) {
+  return kind == Kind::kQ4_0 ? sizeof(BlockQ4_0) : kind == Kind::kQ4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64, "tile config is 64 bytes");
+
+SNAPFILL_AMXBF16_TARGET void ConfigureTiles() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+}
+
+SNAPFILL_AMXBF16_TARGET void ReleaseTiles() { _tile_release(); }
+
+// fp16 at p, broadcast as f32 (F16C: the same value as Fp16ToFp32).
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512 HalfAt(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+// The 32 elements of one ggml block as bf16, in element order (word i =
+// element i): the f32 value of ref::DequantizeRow rounded by vcvtneps2bf16.
+template <Kind kKind>
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlock(const uint8_t* blk,
+                                                                                   __m512 iota) {
+  if constexpr (kKind == Kind::kQ8_0) {
+    const __m512 d = HalfAt(blk);
+    const __m128i* qs = reinterpret_cast<const __m128i*>(blk + 2);
+    const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs))), d);
+    const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1))), d);
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  } else {
+    // Table of the 16 possible values, indexed by the nibble.
+    __m512 table;
+    const uint8_t* qp;
+    if constexpr (kKind == Kind::kQ4_1) {
+      table = _mm512_fmadd_ps(iota, HalfAt(blk), HalfAt(blk + 2));
+      qp = blk + 4;
+    } else {
+      table = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(8.0f)), HalfAt(blk));
+      qp = blk + 2;
+    }
+    const __m512i t16 = _mm512_castsi256_si512(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(table)));
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(qs, low4);                        // elements 0..15
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);     // elements 16..31
+    const __m512i idx = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+    return _mm512_permutexvar_epi16(idx, t16);
+  }
+}
+
+// out[c] lane i = v[i] lane c (16 × 16 dwords).
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) void Transpose16x16(const __m512i* v, __m512i* out) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  // b[4i + c], 128-bit lane L: element 4L + c of rows 4i..4i+3.
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+    const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+    const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+    const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+    out[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
+    out[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
+  }
+}
+
+// B tiles of one group of `rows` (<= 16) weight rows for all nb blocks:
+// out[b * stride + r * 64 + 4 * j + 2 * p] = bf16 of element 32b + 2r + p
+// of row j (absent rows: zero).
+template <Kind kKind>
+SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
+                                         int64_t stride) {
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const int64_t blk = BlockBytes(kKind);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i v[16], t[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      v[j] = j < rows ? DequantBlock<kKind>(w + j * row_bytes + b * blk, iota) : _mm512_setzero_si512();
+    }
+    Transpose16x16(v, t);
+    uint8_t* o = out + b * stride;
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(o + 64 * r, t[r]);
+  }
+}
+
+using UnpackFn = void (*)(const uint8_t*, size_t, int, int64_t, uint8_t*, int64_t);
+
+UnpackFn PickUnpack(Kind kind) {
+  switch (kind) {
+    case Kind::kQ4_0: return UnpackGroup<Kind::kQ4_0>;
+    case Kind::kQ4_1: return UnpackGroup<Kind::kQ4_1>;
+    default: return UnpackGroup<Kind::kQ8_0>;
+  }
+}
+
+// One row of k f32 as bf16: elements 32b..32b+31 at out + b * stride (in
+// bf16 elements); a tail past the last multiple of 32 lands in block k / 32.
+SNAPFILL_AMXBF16_TARGET void ConvertRow(const float* x, int64_t k, uint16_t* out, int64_t stride) {
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + 16);
+    _mm512_storeu_si512(out + i / 32 * stride, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+  for (; i < k; ++i) out[i / 32 * stride + i % 32] = Fp32ToBf16Rne(x[i]);
+}
+
+struct KernelArgs {
+  const uint8_t* xa;    // A tiles of the token pair from the chunk's first block: [nb][2][16][32] bf16
+  const uint8_t* bp;    // B tiles of the row pair from the same block: [nb][2][1024 bytes]
+  int64_t nb;
+  float* y;             // Y[first token, first row]
+  int64_t y_stride;     // floats
+  int toks[2];          // valid tokens in each token tile (0..16)
+  int rows[2];          // valid weight rows in each row group (0..16)
+};
+
+// Stores C tile `tmm` (token tile ti, row group rj) into Y.
+#define SNAPFILL_BF16_STORE_C(tmm, ti, rj)                                                        \
+  do {                                                                                            \
+    const int toks = a.toks[ti], rows = a.rows[rj];                                               \
+    float* dst = a.y + (ti) * kTile * a.y_stride + (rj) * kTile;                                  \
+    if (toks == kTile && rows == kTile) {                                                         \
+      SNAPFILL_BF16_TILE_STORE(tmm, dst, a.y_stride * 4);                                         \
+    } else if (toks > 0 && rows > 0) {                                                            \
+      SNAPFILL_BF16_TILE_STORE(tmm, buf, 64);                                                     \
+      const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);                            \
+      for (int t = 0; t < toks; ++t) {                                                            \
+        _mm512_mask_storeu_ps(dst + t * a.y_stride, mask, _mm512_load_ps(buf + 16 * t));          \
+      }                                                                                           \
+    }                                                                                             \
+  } while (0)
+
+// 32 tokens × 32 weight rows over all nb blocks.
+SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
+  alignas(64) float buf[256];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  // Tile registers are not renamed: a load into a tile waits until every
+  // earlier op reading it has finished. So each next-block load is issued
+  // right after the last op that reads its register, and the next block's
+  // first op (A0·B0) finds both operands loaded one op earlier.
+  const uint8_t* xa = a.xa;
+  const uint8_t* bp = a.bp;
+  SNAPFILL_BF16_TILE_LOAD(4, xa, 64);
+  SNAPFILL_BF16_TILE_LOAD(6, bp, 64);
+  SNAPFILL_BF16_TILE_LOAD(7, bp + kBTileBytes, 64);
+  SNAPFILL_BF16_TILE_LOAD(5, xa + kBTileBytes, 64);
+  for (int64_t b = 1; b < a.nb; ++b) {
+    xa += 2 * kBTileBytes;
+    bp += 2 * kBTileBytes;
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    SNAPFILL_BF16_TILE_LOAD(4, xa, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    SNAPFILL_BF16_TILE_LOAD(6, bp, 64);
+    _tile_dpbf16ps(3, 5, 7);
+    SNAPFILL_BF16_TILE_LOAD(5, xa + kBTileBytes, 64);
+    SNAPFILL_BF16_TILE_LOAD(7, bp + kBTileBytes, 64);
+  }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+  SNAPFILL_BF16_STORE_C(0, 0, 0);
+  SNAPFILL_BF16_STORE_C(1, 0, 1);
+  SNAPFILL_BF16_STORE_C(2, 1, 0);
+  SNAPFILL_BF16_STORE_C(3, 1, 1);
+}
+
+#undef SNAPFILL_BF16_STORE_C
+
+bool DetectAmxBf16() {
+  if (!AmxAvailable()) return false;
+  if (const char* env = std::getenv("SNAPFILL_AMX"); env != nullptr && std::strcmp(env, "int8") == 0) {
+    return false;
+  }
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1)) return false;  // AMX-BF16
+  if (a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return false;  // AVX512_BF16
+  return true;
+}
+
+// A 64-byte-aligned buffer that grows and never shrinks (per thread, reused
+// across calls). Uninitialized: callers write what they read.
+class AlignedScratch {
+ public:
+  AlignedScratch() = default;
+  AlignedScratch(const AlignedScratch&) = delete;
+  AlignedScratch& operator=(const AlignedScratch&) = delete;
+  ~AlignedScratch() { std::free(data_); }
+  uint8_t* Reserve(size_t bytes) {
+    if (bytes > size_) {
+      std::free(data_);
+      size_ = (bytes + 63) / 64 * 64;
+      data_ = static_cast<uint8_t*>(std::aligned_alloc(64, size_));
+      if (data_ == nullptr) {
+        size_ = 0;
+        throw std::bad_alloc();  // as the std::vector scratch of the other paths would
+      }
+    }
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+AlignedScratch& ThreadPanel() {  // [kPanelPairs * 2][nb][1024] B tiles
+  static thread_local AlignedScratch s;
+  return s;
+}
+AlignedScratch& CallerXb() {  // [m_pad][k] bf16 X
+  static thread_local AlignedScratch s;
+  return s;
+}
+
+}  // namespace
+
+bool AmxBf16Available() {
+  static const bool available = DetectAmxBf16();
+  return available;
+}
+
+void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_bytes, int rows, int64_t k,
+                               uint8_t* out) {
+  PickUnpack(KindOf(type))(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
+}
+
+void ConvertRowBf16ForTesting(const float* x, int64_t k, uint16_t* out) { ConvertRow(x, k, out, 32); }
+
+void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
+                   int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  const UnpackFn unpack = PickUnpack(KindOf(type));
+  const int64_t nb = k / 32;
+  const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);  // token pairs
+  const int64_t num_rp = (n + 2 * kTile - 1) / (2 * kTile);  // row pairs
+  const int64_t m_pad = num_tp * 2 * kTile;
+
+  // A tiles: [token pair][block][2][16 tokens][32] bf16, 2 KiB per pair and
+  // block, so a kernel reads one contiguous stream.
+  uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
+
+  const int threads = omp_get_max_threads();
+  // Token blocks and panels of near-equal size (a short last one would leave
+  // a thread idle at the end of the static schedule).
+  const int64_t num_mu = (num_tp + kBlockPairs - 1) / kBlockPairs;
+  const int64_t tp_per_unit = (num_tp + num_mu - 1) / num_mu;
+  // Panels small enough that every thread gets several units.
+  const int64_t want_nu = std::max<int64_t>((num_rp + kPanelPairs - 1) / kPanelPairs,
+                                            (2 * threads + num_mu - 1) / num_mu);
+  const int64_t rp_per_unit = std::max<int64_t>(1, (num_rp + want_nu - 1) / want_nu);
+  const int64_t num_nu = (num_rp + rp_per_unit - 1) / rp_per_unit;
+  const int64_t num_units = num_nu * num_mu;
+
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m_pad; ++i) {
+      uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
+      constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
+      if (i < m) {
+        ConvertRow(x + i * x_stride, k, row, kStride);
+      } else {
+        for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
+      }
+    }
+    uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes));
+    bool configured = false;
+    int64_t unpacked_nu = -1;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < num_units; ++u) {
+      if (!configured) {
+        ConfigureTiles();
+        configured = true;
+      }
+      const int64_t nu = u / num_mu, mu = u % num_mu;
+      const int64_t rp0 = nu * rp_per_unit, rp1 = std::min(num_rp, rp0 + rp_per_unit);
+      const int64_t tp0 = mu * tp_per_unit, tp1 = std::min(num_tp, tp0 + tp_per_unit);
+      auto group_rows = [&](int64_t g) { return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile)); };
+      auto run = [&](int64_t tp, int64_t rp) {
+        KernelArgs a;
+        a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
+        a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
+        a.nb = nb;
+        a.y_stride = y_stride;
+        const int64_t t0 = tp * 2 * kTile;
+        a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
+        a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
+        a.rows[0] = group_rows(2 * rp);
+        a.rows[1] = group_rows(2 * rp + 1);
+        a.y = y + t0 * y_stride + rp * 2 * kTile;
+        Kernel(a);
+      };
+      if (unpacked_nu != nu) {
+        // Panel: [row pair][block][2 groups][1024 bytes].
+        for (int64_t g = 2 * rp0; g < 2 * rp1; ++g) {
+          uint8_t* dst = panel + ((g / 2 - rp0) * nb * 2 + g % 2) * kBTileBytes;
+          const int rows = group_rows(g);
+          if (rows > 0) {
+            unpack(w + g * kTile * w_row_bytes, w_row_bytes, rows, nb, dst, 2 * kBTileBytes);
+          } else {
+            for (int64_t b = 0; b < nb; ++b) std::memset(dst + b * 2 * kBTileBytes, 0, kBTileBytes);
+          }
+        }
+        unpacked_nu = nu;
+      }
+      // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
+      // every row pair of the panel; consecutive calls write neighbouring
+      // columns of the same Y rows. (Measured against row pairs outer and
+      // against K split into L1-sized chunks, which lost to its extra C
+      // stores: docs/BENCHMARKS.md sitting 6.)
+      for (int64_t tp = tp0; tp < tp1; ++tp) {
+        for (int64_t rp = rp0; rp < rp1; ++rp) run(tp, rp);
+      }
+    }
+    if (configured) ReleaseTiles();
+  }
+}
+
+#else  // !SNAPFILL_AMX_BF16_COMPILED
+
+bool AmxBf16Available() { return false; }
+void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
+                   int64_t) {}
+void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
+void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
+
+#endif  // SNAPFILL_AMX_BF16_COMPILED
+
+}  // namespace snapfill::cpu::internal
