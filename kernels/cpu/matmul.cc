@@ -25,9 +25,10 @@
 // ref::MatMulQuantizedActivations up to summation order.
 //
 // Small m (decode, m <= 3) with Q4_0 / Q4_1 / Q8_0 weights skips the packing
-// and reads the ggml blocks in place; see "Small-m path" below. Token blocks
-// (m >= 16) with those types go to the AMX-INT8 tile path (matmul_amx.cc)
-// when the CPU and OS allow it.
+// and reads the ggml blocks in place; see "Small-m path" below (one token
+// with AVX-512: GemvRows1Avx512). Token blocks (m >= 16) with those types go
+// to the AMX tile paths (matmul_amx.cc, matmul_amx_bf16.cc) when the CPU and
+// OS allow it.
 //
 // ISA: AVX-512 F/BW/VNNI kernels (vpdpbusd for 32-blocks, vpmaddubsw +
 // vpdpwssd for K-quants) when compiled with them (-march=native here); a
@@ -608,6 +609,9 @@ struct GemvX {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<float> aux;
+  // m = 1, Q4 types, AVX-512: q per pair of blocks as [b 0..15, b+1 0..15,
+  // b 16..31, b+1 16..31] (GemvRows1Avx512), zero past the last block.
+  std::vector<int8_t> q2;
 };
 
 GemvX& CallerGemvX() {
@@ -706,6 +710,91 @@ void GemvRows(const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t j1, int6
   }
 }
 
+#if SNAPFILL_MATMUL_AVX512
+// One token (m = 1) with AVX-512: the same data and formulas as GemvRows,
+// with the per-block scalar work taken out of the block loop. Per row, the
+// fp16 headers of 16 blocks come in with one gather and give dw·dx (and the
+// aux weights) as vectors; the aux dot Σ waux·aux is one vector FMA per 16
+// blocks. The block loop takes two blocks per zmm: Q4 nibbles as [b lo | b+1
+// lo | b hi | b+1 hi] against activations reordered once per call to match
+// (GemvX::q2), Q8_0 as [b | b+1] in natural order (|w| · x with w's sign);
+// vpdpbusd gives 16 int32 lanes of exact partial dots, multiplied by the
+// matching block scales (a permute of the 16-block scale vector) into two f32
+// accumulators. About 10 vector ops per 40 weight bytes, against 15 per 20
+// in GemvRows: the product streams its weights instead of computing.
+template <GgmlType kType>
+void GemvRows1Avx512(const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t j1, int64_t k, const GemvX& x,
+                     float* y) {
+  constexpr bool kQ8 = kType == GgmlType::kQ8_0;
+  constexpr int64_t kBlk = kType == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                           : kType == GgmlType::kQ4_0 ? sizeof(BlockQ4_0)
+                                                      : sizeof(BlockQ8_0);
+  constexpr int kQsOff = kType == GgmlType::kQ4_1 ? 4 : 2;
+  const int64_t nb = k / 32;
+  const __m512i hdr_idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(static_cast<int>(kBlk)));
+  // Lane pattern of pair p's scales: Q4 [2p x4, 2p+1 x4, 2p x4, 2p+1 x4],
+  // Q8_0 [2p x8, 2p+1 x8]; + 2p per pair.
+  const __m512i pat = kQ8 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                          : _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const int8_t* xq = kQ8 ? x.q.data() : x.q2.data();
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = w + j * w_row_bytes;
+    for (size_t o = 0; o < w_row_bytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + 8 * w_row_bytes + o), _MM_HINT_T0);
+    }
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), aacc = _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < nb; g0 += 16) {
+      const int cnt = static_cast<int>(std::min<int64_t>(16, nb - g0));
+      const __mmask16 gm = static_cast<__mmask16>((1u << cnt) - 1);
+      const __m512i hdr = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), gm, hdr_idx, row + g0 * kBlk, 1);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+      const __m512 sc = _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(gm, x.d.data() + g0));
+      if constexpr (kType == GgmlType::kQ4_1) {
+        const __m512 mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)));
+        aacc = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(gm, x.aux.data() + g0), aacc);
+      } else if constexpr (kType == GgmlType::kQ4_0) {
+        aacc = _mm512_fmadd_ps(dw, _mm512_maskz_loadu_ps(gm, x.aux.data() + g0), aacc);
+      }
+      for (int p = 0; 2 * p < cnt; ++p) {
+        const int64_t b = g0 + 2 * p;
+        const bool two = 2 * p + 1 < cnt;
+        const uint8_t* q0 = row + b * kBlk + kQsOff;
+        __m512i wv;
+        if constexpr (kQ8) {
+          const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0));
+          const __m256i r1 = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + kBlk))
+                                 : _mm256_setzero_si256();
+          wv = _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1);
+        } else {
+          const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0));
+          const __m128i r1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + kBlk)) : _mm_setzero_si128();
+          const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(r0), r1, 1);
+          const __m256i lo = _mm256_and_si256(raw, low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          wv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        __m512i xv = _mm512_loadu_si512(xq + 32 * b);  // block pair b, b+1 (64 bytes; zero past nb)
+        if constexpr (kQ8) {
+          const __mmask64 neg = _mm512_movepi8_mask(wv);
+          xv = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
+          wv = _mm512_abs_epi8(wv);
+        }
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+        const __m512 s2 = _mm512_permutexvar_ps(_mm512_add_epi32(pat, _mm512_set1_epi32(2 * p)), sc);
+        if (p & 1) {
+          acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s2, acc1);
+        } else {
+          acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s2, acc0);
+        }
+      }
+    }
+    y[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + _mm512_reduce_add_ps(aacc);
+  }
+}
+#endif  // SNAPFILL_MATMUL_AVX512
+
 using GemvFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, int64_t, const GemvX&, float*, int64_t);
 
 template <GgmlType kType>
@@ -744,6 +833,28 @@ void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t*
   const GemvFn fn = type == GgmlType::kQ4_1   ? PickGemvM<GgmlType::kQ4_1>(m)
                     : type == GgmlType::kQ4_0 ? PickGemvM<GgmlType::kQ4_0>(m)
                                               : PickGemvM<GgmlType::kQ8_0>(m);
+#if SNAPFILL_MATMUL_AVX512
+  const bool one = m == 1 && UseSimd();
+  if (one) {
+    // Padded to whole block pairs (+ 64 bytes: the pair loads read 64).
+    const int64_t padded = (nb + 1) / 2 * 64 + 64;
+    if (type != GgmlType::kQ8_0) {
+      if (gx.q2.size() < static_cast<size_t>(padded)) gx.q2.resize(padded);
+      std::fill(gx.q2.begin(), gx.q2.begin() + padded, 0);
+      for (int64_t b = 0; b < nb; ++b) {
+        int8_t* dst = gx.q2.data() + (b / 2) * 64 + (b % 2) * 16;
+        std::memcpy(dst, gx.q.data() + 32 * b, 16);
+        std::memcpy(dst + 32, gx.q.data() + 32 * b + 16, 16);
+      }
+    } else {
+      if (gx.q.size() < static_cast<size_t>(padded)) gx.q.resize(padded);
+      std::fill(gx.q.begin() + k, gx.q.begin() + padded, 0);
+    }
+  }
+  const auto fn1 = type == GgmlType::kQ4_1   ? GemvRows1Avx512<GgmlType::kQ4_1>
+                   : type == GgmlType::kQ4_0 ? GemvRows1Avx512<GgmlType::kQ4_0>
+                                             : GemvRows1Avx512<GgmlType::kQ8_0>;
+#endif
   // Chunks of 16 rows, contiguous per thread (schedule(static) without a
   // chunk size), so each thread streams one contiguous span of W. Small
   // products stay on the calling thread: waking the team costs more.
@@ -752,6 +863,12 @@ void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t*
   const int threads = m * n * k < (1 << 16) ? 1 : std::min<int64_t>(omp_get_max_threads(), chunks);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t c = 0; c < chunks; ++c) {
+#if SNAPFILL_MATMUL_AVX512
+    if (one) {
+      fn1(w, w_row_bytes, c * kRows, std::min(n, (c + 1) * kRows), k, gx, y);
+      continue;
+    }
+#endif
     fn(w, w_row_bytes, c * kRows, std::min(n, (c + 1) * kRows), k, gx, y, y_stride);
   }
 }
