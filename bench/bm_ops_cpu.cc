@@ -1,12 +1,14 @@
 // Google Benchmarks of the element-wise and attention CPU kernels
 // (kernels/cpu/ops.h) at SmolLM2-135M shapes (9 heads, 3 KV heads,
-// head_dim 64, model_dim 576, ffn_dim 1536). Timing only: correctness is in
+// head_dim 64, model_dim 576, ffn_dim 1536, 30 layers). Timing only: correctness is in
 // tests/kernels/{ops,attention}_test.cc. Threads: OMP_NUM_THREADS.
 //
 // Attention FLOPs: 2 (q·k) + 2 (p·v) per head_dim element per visible
 // (query, key) pair per head: 4 · num_q · avg_visible · head_dim · num_heads,
 // with avg_visible = num_keys - num_q + (num_q + 1) / 2 (causal chunk after
 // num_keys - num_q memory keys).
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -24,8 +26,9 @@ struct ModelShape {
   int64_t head_dim;
   int64_t model_dim;
   int64_t ffn_dim;
+  int64_t num_layers;
 };
-constexpr ModelShape kSmolLM2_135M = {9, 3, 64, 576, 1536};
+constexpr ModelShape kSmolLM2_135M = {9, 3, 64, 576, 1536, 30};
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -76,6 +79,42 @@ BENCHMARK(BM_Attention_Cpu)
     ->Args({1024, 4096})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// One decode step's attention: a query per layer against that layer's KV
+// (num_layers separate buffers, 45 KiB per key in all for this model), so
+// the KV streams from memory as in a real decode instead of sitting in L2
+// (BM_Attention_Cpu/q:1 reuses one buffer). keys = 1155 is what IMDC with
+// memory 1024 leaves of a 64K-token input; bytes/s counts K and V once.
+void BM_DecodeAttention_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t num_keys = state.range(0);
+  const int64_t layers = m.num_layers;
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const int64_t kv_elems = m.num_kv_heads * num_keys * m.head_dim;
+  const std::vector<float> q = Random(q_stride, 1);
+  std::vector<std::vector<float>> k, v;
+  for (int64_t l = 0; l < layers; ++l) {
+    k.push_back(Random(kv_elems, 10 + l));
+    v.push_back(Random(kv_elems, 100 + l));
+  }
+  std::vector<float> out(q_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      cpu::Attention(q.data(), q_stride, k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim,
+                     out.data(), q_stride, 1, num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+    }
+  };
+  run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * layers * 2 * kv_elems * static_cast<int64_t>(sizeof(float)));
+  state.counters["threads"] = omp_get_max_threads();
+}
+BENCHMARK(BM_DecodeAttention_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_WindowScores_Cpu(benchmark::State& state) {
   const ModelShape m = kSmolLM2_135M;

@@ -487,6 +487,11 @@ namespace {
 // an 800-key cache take 180 µs; here vector lanes run over head dims and
 // tile keys instead, and every core gets work whatever the head count.
 constexpr int64_t kDecodeTile = 64;
+// Below this many keys × KV heads one decode attention runs on the calling
+// thread (waking the team costs more). 1024: a 1,155-entry compressed cache
+// (3 KV heads) is worth both cores (BM_DecodeAttention_Cpu: 3.3 ms per step
+// on one thread, see docs/BENCHMARKS.md sitting 6).
+constexpr int64_t kDecodeParallelKeys = 1024;
 
 // max(init, x[0..n)): vector lanes first (a scalar max chain is bound by its
 // latency: it cost a quarter of the decode attention's time).
@@ -665,7 +670,7 @@ void AttentionDecode(const float* q, const float* k, const float* v, int64_t kv_
   for (int64_t i = 0; i < num_heads * head_dim; ++i) qs[i] = q[i] * scale;
   std::vector<DecodePartial> parts(num_items * group);
   std::vector<float> partial_out(num_items * group * head_dim);
-#pragma omp parallel if (num_items > 1 && num_keys * num_kv_heads >= 4096)
+#pragma omp parallel if (num_items > 1 && num_keys * num_kv_heads >= kDecodeParallelKeys)
   {
     std::vector<float> s(group * kDecodeTile);
 #pragma omp for schedule(static)
