@@ -42,6 +42,7 @@ struct BackendOptions {
   // of quantizing activations to 8 bits as ggml does: slower, and free of
   // the activation-rounding noise (used to check the forward pass against
   // exact references). Keeps an f32 copy of each weight matrix it meets.
+  // Attention stays in f32 as well (no bf16 tiles).
   bool exact_matmul = false;
   // Time every operation (wall clock, per op kind); see ProfileReport().
   bool profile = false;

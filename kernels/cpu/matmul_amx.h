@@ -46,6 +46,13 @@ bool AmxBf16Available();
 void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                    int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
+// Loads the tile configuration of the AMX-BF16 kernels on the calling thread
+// (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.
+// Every thread that issues tile ops configures first and releases before it
+// leaves the parallel region. Require AmxBf16Available().
+void ConfigureBf16Tiles();
+void ReleaseBf16Tiles();
+
 // For tests: the B tiles MatMulAmxBf16 builds for one group of `rows` (<= 16)
 // weight rows of k elements: out[b * 1024 + r * 64 + 4 * j + 2 * p] holds the
 // bf16 bits of element 32·b + 2·r + p of row j (zero for j >= rows); and its

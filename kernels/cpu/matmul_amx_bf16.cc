@@ -335,6 +335,9 @@ bool AmxBf16Available() {
   return available;
 }
 
+void ConfigureBf16Tiles() { ConfigureTiles(); }
+void ReleaseBf16Tiles() { ReleaseTiles(); }
+
 void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_bytes, int rows, int64_t k,
                                uint8_t* out) {
   PickUnpack(KindOf(type))(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
@@ -434,6 +437,8 @@ void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const
 #else  // !SNAPFILL_AMX_BF16_COMPILED
 
 bool AmxBf16Available() { return false; }
+void ConfigureBf16Tiles() {}
+void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
                    int64_t) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}

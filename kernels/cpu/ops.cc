@@ -14,6 +14,8 @@
 // max / row sum become vertical vector ops (no horizontal reductions).
 #include "kernels/cpu/ops.h"
 
+#include "kernels/cpu/matmul_amx.h"
+
 // GCC 12 reports (maybe-)uninitialized inside its own AVX-512 intrinsic
 // headers (the _mm512_undefined_* pass-through operands, GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -25,6 +27,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
@@ -706,12 +709,355 @@ void AttentionDecode(const float* q, const float* k, const float* v, int64_t kv_
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// AMX-BF16 prefill attention (head_dim 64, where the CPU has AMX-BF16): the
+// same items as the f32 path, the two products on the tile unit.
+//
+// Per call, K and V of every KV head are converted once (all threads) into
+// tile operands: K as B tiles of Q·Kᵀ (per 16 keys and 32 dims: row p holds
+// dims (2p, 2p+1) of the 16 keys, a 16 × 16 dword transpose) and V as B
+// tiles of P·V (per 32 keys and 16 dims: row p holds keys (2p, 2p+1) of the
+// 16 dims). Per item, the query rows (scaled) become bf16 A tiles, and each
+// group of 16 rows makes one pass over its visible keys, per 32 keys:
+// S = Q·Kᵀ (4 tile ops), masked; P = exp(S − μ) in f32 (row sums from it),
+// rounded to bf16 as an A tile; O += P·V (4 tile ops, O in 4 tiles over all
+// keys). μ is each row's max so far, updated lazily (AmxAttentionRows), so O
+// leaves the tiles only when a row's scores jump.
+// Numerics: bf16 q·scale, k, v and p, exact products, f32 sums (ref
+// twin: ref::AttentionBf16, which takes p against the exact max: the same
+// values up to one f32 rescale and the bf16 rounding of scaled p).
+#if defined(__AVX512F__) && defined(__x86_64__) && defined(__GNUC__)
+#define SNAPFILL_ATTN_AMX 1
+#define SNAPFILL_ATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512bw,avx512vl,avx512dq")))
+#define SNAPFILL_ATTN_TILE_LOAD(tmm, base, stride)                              \
+  __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
+                   "r"((long)(stride))                                            \
+                   : "memory")
+#define SNAPFILL_ATTN_TILE_STORE(tmm, base, stride)                               \
+  __asm__ volatile("tilestored\t%%tmm" #tmm ", (%0,%1,1)" ::"r"((void*)(base)), \
+                   "r"((long)(stride))                                              \
+                   : "memory")
+
+constexpr int64_t kAmxHeadDim = 64;
+
+// out[c] lane i = v[i] lane c (16 × 16 dwords).
+SNAPFILL_ATTN_AMX_TARGET inline void TransposeDwords16(const __m512i* v, __m512i* out) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
+    const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+    const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
+    const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+    out[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
+    out[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
+  }
+}
+
+// 32 f32 at p as 32 bf16 (vcvtne2ps2bf16).
+SNAPFILL_ATTN_AMX_TARGET inline __m512i Bf16x32(const float* p) {
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
+}
+
+// K tiles of keys [16·kb, 16·kb + 16) of one KV head: 2 × 1 KiB (dims 0-31,
+// 32-63); keys >= num_keys are zero.
+SNAPFILL_ATTN_AMX_TARGET void PackKTiles(const float* kh, int64_t ks, int64_t kb, int64_t num_keys, uint8_t* out) {
+  __m512i v[2][16];
+  for (int j = 0; j < 16; ++j) {
+    const int64_t key = kb * 16 + j;
+    for (int t = 0; t < 2; ++t) v[t][j] = key < num_keys ? Bf16x32(kh + key * ks + 32 * t) : _mm512_setzero_si512();
+  }
+  for (int t = 0; t < 2; ++t) {
+    __m512i o[16];
+    TransposeDwords16(v[t], o);
+    for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + t * 1024 + p * 64, o[p]);
+  }
+}
+
+// V tiles of keys [32·kb, 32·kb + 32) of one KV head: 4 × 1 KiB (dims
+// 16t..16t+15), row p = words (v[2p][d], v[2p+1][d]) for the 16 dims.
+SNAPFILL_ATTN_AMX_TARGET void PackVTiles(const float* vh, int64_t vs, int64_t kb, int64_t num_keys, uint8_t* out) {
+  // Word i of the result: even i from a (dim i/2), odd from b (dim i/2), of
+  // the 16-dim half `half` of a 32-dim vector.
+  __m512i idx[2];
+  alignas(64) uint16_t ix[2][32];
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 32; ++i) ix[h][i] = static_cast<uint16_t>((i % 2 ? 32 : 0) + 16 * h + i / 2);
+    idx[h] = _mm512_load_si512(ix[h]);
+  }
+  for (int p = 0; p < 16; ++p) {
+    const int64_t k0 = kb * 32 + 2 * p, k1 = k0 + 1;
+    for (int c = 0; c < 2; ++c) {  // dims 32c..32c+31
+      const __m512i a = k0 < num_keys ? Bf16x32(vh + k0 * vs + 32 * c) : _mm512_setzero_si512();
+      const __m512i b = k1 < num_keys ? Bf16x32(vh + k1 * vs + 32 * c) : _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        _mm512_storeu_si512(out + (2 * c + h) * 1024 + p * 64, _mm512_permutex2var_epi16(a, idx[h], b));
+      }
+    }
+  }
+}
+
+struct AmxAttnArgs {
+  const uint8_t* kt;   // this KV head's K tiles, [16-key block][2][1024]
+  const uint8_t* vt;   // V tiles, [32-key block][4][1024]
+  const uint16_t* qb;  // 16 rows × 64 bf16 (scaled queries)
+  const float* limit;  // last visible key of each of the 16 rows
+  float* out_rows;     // 16 rows × 64 f32 (normalized)
+};
+
+// Scores may exceed the max used for the probabilities by this much (in
+// natural-log units: p <= e^8 ~ 2981, far inside f32 and bf16) before the
+// rows concerned are rescaled.
+constexpr float kAmxMaxSlack = 8.0f;
+
+// One group of 16 rows over keys [0, key_end), in one pass with a lazily
+// updated max: the running O stays in tiles 0-3 and is only stored, rescaled
+// and reloaded when a row's scores rise more than kAmxMaxSlack above the max
+// its probabilities use (rare after the first block; per row, so a row's
+// result does not depend on the other rows of its group).
+// Tiles: O 0-3, Q 4-5 (dims 0-31, 32-63), S then P 6, K then V 7.
+SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key_end, float min_limit) {
+  alignas(64) float st[16 * 32];
+  alignas(64) uint16_t pb[16 * 32];
+  alignas(64) float ob[16 * 64];
+  __m512 lim[16], sum[16];
+  float mu[16];  // the max each row's probabilities are taken against
+  for (int r = 0; r < 16; ++r) {
+    lim[r] = _mm512_set1_ps(a.limit[r]);
+    sum[r] = _mm512_setzero_ps();
+  }
+  const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  auto mask = [&](float* row, int r, int64_t key0) {  // -inf past the row's limit
+    const __m512 keys = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(key0)));
+    const __mmask16 past = _mm512_cmp_ps_mask(lim[r], keys, _CMP_LT_OQ);
+    _mm512_storeu_ps(row, _mm512_mask_mov_ps(_mm512_loadu_ps(row), past, _mm512_set1_ps(kNegInf)));
+  };
+  SNAPFILL_ATTN_TILE_LOAD(4, a.qb, 128);
+  SNAPFILL_ATTN_TILE_LOAD(5, a.qb + 32, 128);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t nkb32 = (key_end + 31) / 32;
+  for (int64_t kb = 0; kb < nkb32; ++kb) {
+    for (int h = 0; h < 2; ++h) {  // S of keys 32kb + 16h .. + 15
+      const uint8_t* kt = a.kt + (2 * kb + h) * 2048;
+      _tile_zero(6);
+      SNAPFILL_ATTN_TILE_LOAD(7, kt, 64);
+      _tile_dpbf16ps(6, 4, 7);
+      SNAPFILL_ATTN_TILE_LOAD(7, kt + 1024, 64);
+      _tile_dpbf16ps(6, 5, 7);
+      SNAPFILL_ATTN_TILE_STORE(6, st + 16 * h, 128);
+    }
+    const bool masked = static_cast<float>(kb * 32 + 31) > min_limit;
+    float bm[16];
+    bool rescale = false;
+    for (int r = 0; r < 16; ++r) {
+      float* row = st + 32 * r;
+      if (masked) {
+        mask(row, r, kb * 32);
+        mask(row + 16, r, kb * 32 + 16);
+      }
+      bm[r] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_load_ps(row), _mm512_load_ps(row + 16)));
+      if (kb == 0) {
+        mu[r] = bm[r];  // every row sees key 0; O and the sums are still zero
+      } else if (bm[r] > mu[r] + kAmxMaxSlack) {
+        rescale = true;
+      }
+    }
+    if (rescale) {
+      SNAPFILL_ATTN_TILE_STORE(0, ob, 256);
+      SNAPFILL_ATTN_TILE_STORE(1, ob + 16, 256);
+      SNAPFILL_ATTN_TILE_STORE(2, ob + 32, 256);
+      SNAPFILL_ATTN_TILE_STORE(3, ob + 48, 256);
+      for (int r = 0; r < 16; ++r) {
+        if (!(bm[r] > mu[r] + kAmxMaxSlack)) continue;
+        const __m512 f = _mm512_set1_ps(std::exp(mu[r] - bm[r]));
+        sum[r] = _mm512_mul_ps(sum[r], f);
+        for (int c = 0; c < 4; ++c) {
+          _mm512_store_ps(ob + 64 * r + 16 * c, _mm512_mul_ps(_mm512_load_ps(ob + 64 * r + 16 * c), f));
+        }
+        mu[r] = bm[r];
+      }
+      SNAPFILL_ATTN_TILE_LOAD(0, ob, 256);
+      SNAPFILL_ATTN_TILE_LOAD(1, ob + 16, 256);
+      SNAPFILL_ATTN_TILE_LOAD(2, ob + 32, 256);
+      SNAPFILL_ATTN_TILE_LOAD(3, ob + 48, 256);
+    }
+    for (int r = 0; r < 16; ++r) {
+      const float* row = st + 32 * r;
+      const __m512 m = _mm512_set1_ps(mu[r]);
+      const __m512 p0 = Vec::Exp(_mm512_sub_ps(_mm512_load_ps(row), m));
+      const __m512 p1 = Vec::Exp(_mm512_sub_ps(_mm512_load_ps(row + 16), m));
+      sum[r] = _mm512_add_ps(sum[r], _mm512_add_ps(p0, p1));
+      _mm512_store_si512(pb + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    SNAPFILL_ATTN_TILE_LOAD(6, pb, 64);
+    const uint8_t* vt = a.vt + kb * 4096;
+    SNAPFILL_ATTN_TILE_LOAD(7, vt, 64);
+    _tile_dpbf16ps(0, 6, 7);
+    SNAPFILL_ATTN_TILE_LOAD(7, vt + 1024, 64);
+    _tile_dpbf16ps(1, 6, 7);
+    SNAPFILL_ATTN_TILE_LOAD(7, vt + 2048, 64);
+    _tile_dpbf16ps(2, 6, 7);
+    SNAPFILL_ATTN_TILE_LOAD(7, vt + 3072, 64);
+    _tile_dpbf16ps(3, 6, 7);
+  }
+  SNAPFILL_ATTN_TILE_STORE(0, ob, 256);
+  SNAPFILL_ATTN_TILE_STORE(1, ob + 16, 256);
+  SNAPFILL_ATTN_TILE_STORE(2, ob + 32, 256);
+  SNAPFILL_ATTN_TILE_STORE(3, ob + 48, 256);
+  for (int r = 0; r < 16; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[r]));
+    for (int c = 0; c < 4; ++c) {
+      _mm512_storeu_ps(a.out_rows + 64 * r + 16 * c, _mm512_mul_ps(_mm512_load_ps(ob + 64 * r + 16 * c), inv));
+    }
+  }
+}
+
+// Per-call tile operands (grown, never shrunk; one set per calling thread).
+struct AmxAttnScratch {
+  std::vector<uint8_t> kt, vt;
+};
+AmxAttnScratch& CallerAttnScratch() {
+  static thread_local AmxAttnScratch s;
+  return s;
+}
+
+SNAPFILL_ATTN_AMX_TARGET void AttentionAmx(const float* q, int64_t q_stride, const float* k, const float* v,
+                                          int64_t kv_head_stride, int64_t kv_key_stride, float* out,
+                                          int64_t out_stride, int64_t num_q, int64_t num_keys, int64_t num_heads,
+                                          int64_t num_kv_heads, float scale) {
+  constexpr int64_t d = kAmxHeadDim;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t nkb16 = (num_keys + 31) / 32 * 2;  // whole 32-key blocks
+  const int64_t nkb32 = nkb16 / 2;
+  const int64_t kt_head = nkb16 * 2048, vt_head = nkb32 * 4096;
+  AmxAttnScratch& sc = CallerAttnScratch();
+  if (sc.kt.size() < static_cast<size_t>(num_kv_heads * kt_head)) sc.kt.resize(num_kv_heads * kt_head);
+  if (sc.vt.size() < static_cast<size_t>(num_kv_heads * vt_head)) sc.vt.resize(num_kv_heads * vt_head);
+  uint8_t* const kt = sc.kt.data();
+  uint8_t* const vt = sc.vt.data();
+  // Items as in the f32 path: ~64 rows (query heads × queries) per item.
+  const int64_t bq = std::min(num_q, std::max<int64_t>(1, 64 / group));
+  const int64_t num_qb = (num_q + bq - 1) / bq;
+  const int64_t num_items = num_kv_heads * num_qb;
+  const int64_t memory = num_keys - num_q;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < num_kv_heads * nkb16; ++i) {
+      const int64_t h = i / nkb16, kb = i % nkb16;
+      PackKTiles(k + h * kv_head_stride, kv_key_stride, kb, num_keys, kt + h * kt_head + kb * 2048);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < num_kv_heads * nkb32; ++i) {
+      const int64_t h = i / nkb32, kb = i % nkb32;
+      PackVTiles(v + h * kv_head_stride, kv_key_stride, kb, num_keys, vt + h * vt_head + kb * 4096);
+    }
+    const int64_t mp = RoundUp(group * bq, 16);
+    std::vector<uint16_t> qb(mp * d);
+    std::vector<float> limit(mp), orows(mp * d);
+    internal::ConfigureBf16Tiles();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_items; ++item) {
+      const int64_t qblk = num_qb - 1 - item / num_kv_heads;  // later blocks see more keys: first
+      const int64_t kvh = item % num_kv_heads;
+      const int64_t q0 = qblk * bq, nq = std::min(bq, num_q - q0);
+      const int64_t m = group * nq, g0 = kvh * group;
+      for (int64_t r = 0; r < mp; ++r) {
+        uint16_t* dst = qb.data() + r * d;
+        if (r >= m) {
+          std::fill(dst, dst + d, uint16_t{0});
+          limit[r] = static_cast<float>(num_keys - 1);  // padded rows see every key
+          continue;
+        }
+        const int64_t gi = r / nq, qi = r % nq;
+        const float* src = q + (q0 + qi) * q_stride + (g0 + gi) * d;
+        for (int c = 0; c < 2; ++c) {
+          const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + 32 * c), _mm512_set1_ps(scale));
+          const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + 32 * c + 16), _mm512_set1_ps(scale));
+          _mm512_storeu_si512(dst + 32 * c, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+        }
+        limit[r] = static_cast<float>(memory + q0 + qi);
+      }
+      for (int64_t r0 = 0; r0 < mp; r0 += 16) {
+        float lo = limit[r0], hi = limit[r0];
+        for (int r = 1; r < 16; ++r) {
+          lo = std::min(lo, limit[r0 + r]);
+          hi = std::max(hi, limit[r0 + r]);
+        }
+        AmxAttnArgs a;
+        a.kt = kt + kvh * kt_head;
+        a.vt = vt + kvh * vt_head;
+        a.qb = qb.data() + r0 * d;
+        a.limit = limit.data() + r0;
+        a.out_rows = orows.data() + r0 * d;
+        AmxAttentionRows(a, static_cast<int64_t>(hi) + 1, lo);
+      }
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t gi = r / nq, qi = r % nq;
+        std::copy(orows.data() + r * d, orows.data() + (r + 1) * d, out + (q0 + qi) * out_stride + (g0 + gi) * d);
+      }
+    }
+    internal::ReleaseBf16Tiles();
+  }
+}
+#else
+#define SNAPFILL_ATTN_AMX 0
+#endif
+
 }  // namespace
+
+namespace {
+std::atomic<int> g_attention_impl{static_cast<int>(AttentionImpl::kAuto)};
+}  // namespace
+
+void SetAttentionImplForTesting(AttentionImpl impl) {
+  g_attention_impl.store(static_cast<int>(impl), std::memory_order_relaxed);
+}
+
+bool AttentionHasAmx() {
+#if SNAPFILL_ATTN_AMX
+  return g_attention_impl.load(std::memory_order_relaxed) == static_cast<int>(AttentionImpl::kAuto) &&
+         internal::AmxBf16Available();
+#else
+  return false;
+#endif
+}
 
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, float scale) {
+#if SNAPFILL_ATTN_AMX
+  if (num_q > 1 && head_dim == kAmxHeadDim && AttentionHasAmx()) {
+    assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0 && num_keys >= num_q);
+    AttentionAmx(q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys, num_heads,
+                 num_kv_heads, scale);
+    return;
+  }
+#endif
+  AttentionF32(q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys, num_heads,
+               num_kv_heads, head_dim, scale);
+}
+
+void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
+                  int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
+                  int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
+                  int64_t head_dim, float scale) {
   assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0);
   assert(num_q >= 0 && num_keys >= num_q);
   if (num_q == 0) return;

@@ -41,10 +41,30 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 // scale multiplies q·k (usually 1/sqrt(head_dim)). Accumulation in f32.
 // Work: OpenMP over (KV head × query block); each item runs the whole group
 // of query heads of its KV head against 64-key tiles of K and V.
+// With num_q > 1, head_dim 64 and AMX-BF16 (AttentionHasAmx()), both products
+// run on the tiles with bf16 operands (q·scale, k, v and the probabilities;
+// f32 sums): ref::AttentionBf16's arithmetic, within about 2^-8 of the f32
+// result. One query (decode) always runs in f32.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, float scale);
+
+// Attention always in f32 (the path Attention takes without AMX-BF16): for
+// exact references.
+void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
+                  int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
+                  int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
+                  int64_t head_dim, float scale);
+
+// Which Attention implementation runs. kAuto: AMX-BF16 for chunks where available;
+// kF32: always f32. Process-wide; for tests and benchmarks only.
+enum class AttentionImpl { kAuto, kF32 };
+void SetAttentionImplForTesting(AttentionImpl impl);
+
+// True if Attention of a chunk (num_q > 1, head_dim 64) runs on AMX-BF16
+// tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.
+bool AttentionHasAmx();
 
 // SnapKV observation-window votes. q holds the last `num_q` (= window)
 // queries of the sequence ([num_q, num_heads, head_dim], token stride

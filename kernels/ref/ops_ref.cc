@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/quant_blocks.h"
+
 namespace snapfill::ref {
 
 void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
@@ -106,6 +108,47 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
       }
       float* o = out + i * out_stride + h * head_dim;
       for (int64_t d = 0; d < head_dim; ++d) o[d] = static_cast<float>(acc[d]);
+    }
+  }
+}
+
+void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
+                   int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
+                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+  const int64_t group = num_heads / num_kv_heads;
+  auto bf = [](float x) { return static_cast<double>(Bf16ToFp32(Fp32ToBf16Rne(x))); };
+  std::vector<double> s, qh(head_dim), acc(head_dim), acc_abs(head_dim);
+  for (int64_t i = 0; i < num_q; ++i) {
+    const int64_t num_visible = num_keys - num_q + i + 1;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const int64_t kvh = h / group;
+      const float* kh = k + kvh * kv_head_stride;
+      const float* vh = v + kvh * kv_head_stride;
+      for (int64_t d = 0; d < head_dim; ++d) qh[d] = bf(q[i * q_stride + h * head_dim + d] * scale);
+      s.assign(num_visible, 0.0);
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < num_visible; ++j) {
+        for (int64_t d = 0; d < head_dim; ++d) s[j] += qh[d] * bf(kh[j * kv_key_stride + d]);
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0.0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc_abs.begin(), acc_abs.end(), 0.0);
+      for (int64_t j = 0; j < num_visible; ++j) {
+        const double p = std::exp(s[j] - mx);
+        sum += p;
+        const double pb = bf(static_cast<float>(p));
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const double term = pb * bf(vh[j * kv_key_stride + d]);
+          acc[d] += term;
+          acc_abs[d] += std::fabs(term);
+        }
+      }
+      for (int64_t d = 0; d < head_dim; ++d) {
+        out[i * out_stride + h * head_dim + d] = static_cast<float>(acc[d] / sum);
+        if (abs_out != nullptr) abs_out[i * out_stride + h * head_dim + d] = static_cast<float>(acc_abs[d] / sum);
+      }
     }
   }
 }

@@ -160,8 +160,10 @@ class CpuBackend final : public Backend {
         out_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError("attention: stride smaller than a row");
     }
-    cpu::Attention(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, num_q,
-                   kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    // The exact backend keeps attention in f32 too (no bf16 tiles).
+    (exact_ ? cpu::AttentionF32 : cpu::Attention)(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
+                                                  out_stride, num_q, kv.num_keys, num_heads, num_kv_heads,
+                                                  head_dim, scale);
     return absl::OkStatus();
   }
 

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -227,6 +228,17 @@ std::vector<AttnCase> SweepCases() {
   return cases;
 }
 
+// The f32 path's bounds above do not hold for the AMX-BF16 path (bf16
+// operands): every test here runs the f32 path unless it says otherwise
+// (UseAmxAttention below), whatever the CPU.
+class F32AttentionEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32); }
+  void TearDown() override { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kAuto); }
+};
+[[maybe_unused]] const auto* const kF32Environment =
+    ::testing::AddGlobalTestEnvironment(new F32AttentionEnvironment);
+
 class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionTest, MatchesRef) {
@@ -268,6 +280,109 @@ TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param);
+                         });
+
+// ---- The AMX-BF16 path (chunks, head_dim 64, where the CPU has AMX-BF16).
+
+struct UseAmxAttention {
+  UseAmxAttention() { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kAuto); }
+  ~UseAmxAttention() { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32); }
+};
+
+class AttentionAmxTest : public ::testing::TestWithParam<AttnCase> {
+ protected:
+  void SetUp() override {
+    guard_ = std::make_unique<UseAmxAttention>();
+    if (!cpu::AttentionHasAmx()) GTEST_SKIP() << "AMX-BF16 unavailable (CPU, OS, or SNAPFILL_AMX=0/int8)";
+  }
+  std::unique_ptr<UseAmxAttention> guard_;
+};
+
+// Against ref::AttentionBf16 (the same bf16 roundings, double sums): the
+// kernel takes each probability against a running max (ref: the exact max)
+// and sums scores and products in f32 with a polynomial exp, so its p is the
+// reference's times a factor, rounded to bf16 separately: each rounding is
+// within 2^-8 of the value (8 significant bits), so the output moves by at
+// most 2^-7 of Σ|p̂·v̂| / Σp (abs_out), the tolerance used. Against the exact f32 reference the bf16 operands cost
+// more (a score of 10 off by 2^-8 of itself changes its weight by 4%):
+// normalized mean square error at most 1e-3, where a wrong key, mask or
+// scale gives errors of order 1.
+TEST_P(AttentionAmxTest, MatchesBf16Reference) {
+  const AttnData a = MakeData(GetParam(), 31);
+  const AttnCase& c = a.c;
+  const std::vector<float> got = RunCpuAttention(a);
+  std::vector<float> want(c.num_q * a.out_stride), abs_out(c.num_q * a.out_stride);
+  ref::AttentionBf16(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, want.data(),
+                     a.out_stride, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale,
+                     abs_out.data());
+  const std::vector<double> exact = RunRefAttention(a);
+  const int64_t row = c.num_heads * c.head_dim;
+  int64_t bad = 0;
+  double err2 = 0.0, ref2 = 0.0;
+  std::string first;
+  for (int64_t i = 0; i < c.num_q; ++i) {
+    for (int64_t t = 0; t < row; ++t) {
+      const double g = got[i * row + t], w = want[i * a.out_stride + t];
+      const double tol = 0x1p-7 * abs_out[i * a.out_stride + t] + 1e-6;
+      if (!(std::abs(g - w) <= tol) && bad++ == 0) {
+        first = "query " + std::to_string(i) + " element " + std::to_string(t) + ": " + std::to_string(g) +
+                " vs " + std::to_string(w) + " (tolerance " + std::to_string(tol) + ")";
+      }
+      err2 += (g - exact[i * row + t]) * (g - exact[i * row + t]);
+      ref2 += exact[i * row + t] * exact[i * row + t];
+    }
+  }
+  EXPECT_EQ(bad, 0) << "vs ref::AttentionBf16, first: " << first;
+  EXPECT_LE(err2 / ref2, 1e-3) << "vs the exact reference";
+}
+
+// Each output row depends only on its own query and visible keys (two passes
+// over the same key blocks from key 0), so a chunk's attention equals that
+// of its two halves run one after the other, bit for bit: what chunked
+// prefill relies on.
+TEST_P(AttentionAmxTest, HalvesOfAChunkGiveTheSameRows) {
+  const AttnData a = MakeData(GetParam(), 32);
+  const AttnCase& c = a.c;
+  if (c.num_q < 4) GTEST_SKIP() << "a half of one query would run the f32 decode path";
+  const std::vector<float> all = RunCpuAttention(a);
+  const int64_t half = c.num_q / 2, row = c.num_heads * c.head_dim;
+  AttnData first = a;
+  first.c.num_q = half;
+  first.c.num_keys = c.num_keys - (c.num_q - half);
+  const std::vector<float> lo = RunCpuAttention(first);
+  const std::vector<float> hi = RunCpuAttention(a, half, c.num_q - half);
+  for (int64_t t = 0; t < half * row; ++t) ASSERT_EQ(lo[t], all[t]) << "first half, element " << t;
+  for (int64_t t = 0; t < (c.num_q - half) * row; ++t) {
+    ASSERT_EQ(hi[t], all[half * row + t]) << "second half, element " << t;
+  }
+}
+
+TEST_P(AttentionAmxTest, OneAndTwoThreadsAgreeBitForBit) {
+  const AttnData a = MakeData(GetParam(), 33);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<float> one = RunCpuAttention(a);
+  omp_set_num_threads(2);
+  const std::vector<float> two = RunCpuAttention(a);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
+}
+
+std::vector<AttnCase> AmxCases() {
+  return {
+      {2, 2, 1, 1, 64},           // two rows, one key block
+      {17, 17, 9, 3, 64},         // SmolLM2's heads, a chunk with no memory
+      {64, 1088, 9, 3, 64},       // memory 1024 + a chunk of 64
+      {100, 131, 4, 4, 64},       // group 1, keys off every block size
+      {33, 200, 8, 2, 64, 6.0f},  // a peaky softmax (scores ~ ±30)
+      {130, 1500, 9, 3, 64},      // several query blocks, a ragged last one
+      {9, 50, 32, 1, 64},         // multi-query: 2 queries per item
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionAmxTest, ::testing::ValuesIn(AmxCases()),
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
                            return CaseName(info.param);
                          });

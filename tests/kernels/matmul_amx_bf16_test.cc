@@ -178,7 +178,9 @@ TEST(MatMulAmxBf16UnpackTest, TilesHoldRoundedReferenceWeights) {
       cpu::internal::UnpackBf16TilesForTesting(w.data(), t, row_bytes, rows, k, tiles.data());
       std::vector<float> deq(k);
       for (int j = 0; j < 16; ++j) {
-        if (j < rows) ASSERT_TRUE(ref::DequantizeRow(t, w.data() + j * row_bytes, deq.data(), k));
+        if (j < rows) {
+          ASSERT_TRUE(ref::DequantizeRow(t, w.data() + j * row_bytes, deq.data(), k));
+        }
         for (int64_t e = 0; e < k; ++e) {
           const int64_t b = e / 32, r = (e % 32) / 2, p = e % 2;
           uint16_t got;
