@@ -59,6 +59,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+
+#include "kernels/cpu/amx_tiles.h"
 #else
 #define SNAPFILL_AMX_COMPILED 0
 #endif
@@ -71,12 +73,6 @@ namespace {
 #define SNAPFILL_AMX_TARGET \
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 
-// tileloadd from gcc's header has no memory clobber; this one orders the
-// tile load after every earlier store to the buffers it reads.
-#define SNAPFILL_TILE_LOAD(tmm, base, stride)                                   \
-  __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
-                   "r"((long)(stride))                                            \
-                   : "memory")
 
 constexpr int64_t kTile = 16;          // tokens per A tile, weight rows per B tile
 constexpr int64_t kBTileBytes = 512;   // one K block of 16 weight rows (8 × 64)
@@ -89,15 +85,6 @@ Kind KindOf(GgmlType type) {
   return type == GgmlType::kQ4_0 ? Kind::kQ4_0 : type == GgmlType::kQ4_1 ? Kind::kQ4_1 : Kind::kQ8_0;
 }
 
-// ldtilecfg layout (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64, "tile config is 64 bytes");
 
 SNAPFILL_AMX_TARGET void ConfigureTiles() {
   TileConfig cfg;

@@ -47,6 +47,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+
+#include "kernels/cpu/amx_tiles.h"
 #else
 #define SNAPFILL_AMX_BF16_COMPILED 0
 #endif
@@ -59,16 +61,6 @@ namespace {
 #define SNAPFILL_AMXBF16_TARGET \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 
-// Tile loads / stores with a memory clobber, so the compiler orders them
-// against the vector stores that fill (and the loads that drain) the buffers.
-#define SNAPFILL_BF16_TILE_LOAD(tmm, base, stride)                              \
-  __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
-                   "r"((long)(stride))                                            \
-                   : "memory")
-#define SNAPFILL_BF16_TILE_STORE(tmm, base, stride)                               \
-  __asm__ volatile("tilestored\t%%tmm" #tmm ", (%0,%1,1)" ::"r"((void*)(base)), \
-                   "r"((long)(stride))                                              \
-                   : "memory")
 
 constexpr int64_t kTile = 16;           // tokens per A tile, weight rows per B tile
 constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weight rows
@@ -85,14 +77,6 @@ int64_t BlockBytes(Kind kind) {
   return kind == Kind::kQ4_0 ? sizeof(BlockQ4_0) : kind == Kind::kQ4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64, "tile config is 64 bytes");
 
 SNAPFILL_AMXBF16_TARGET void ConfigureTiles() {
   TileConfig cfg;
@@ -147,32 +131,6 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlo
   }
 }
 
-// out[c] lane i = v[i] lane c (16 × 16 dwords).
-SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) void Transpose16x16(const __m512i* v, __m512i* out) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-  // b[4i + c], 128-bit lane L: element 4L + c of rows 4i..4i+3.
-  for (int i = 0; i < 4; ++i) {
-    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-    const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-    const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-    const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-    out[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
-    out[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
-    out[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
-    out[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
-  }
-}
-
 // B tiles of one group of `rows` (<= 16) weight rows for all nb blocks:
 // out[b * stride + r * 64 + 4 * j + 2 * p] = bf16 of element 32b + 2r + p
 // of row j (absent rows: zero).
@@ -187,7 +145,7 @@ SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int
     for (int j = 0; j < 16; ++j) {
       v[j] = j < rows ? DequantBlock<kKind>(w + j * row_bytes + b * blk, iota) : _mm512_setzero_si512();
     }
-    Transpose16x16(v, t);
+    Transpose16x16Dwords(v, t);
     uint8_t* o = out + b * stride;
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) _mm512_storeu_si512(o + 64 * r, t[r]);
@@ -231,9 +189,9 @@ struct KernelArgs {
     const int toks = a.toks[ti], rows = a.rows[rj];                                               \
     float* dst = a.y + (ti) * kTile * a.y_stride + (rj) * kTile;                                  \
     if (toks == kTile && rows == kTile) {                                                         \
-      SNAPFILL_BF16_TILE_STORE(tmm, dst, a.y_stride * 4);                                         \
+      SNAPFILL_TILE_STORE(tmm, dst, a.y_stride * 4);                                         \
     } else if (toks > 0 && rows > 0) {                                                            \
-      SNAPFILL_BF16_TILE_STORE(tmm, buf, 64);                                                     \
+      SNAPFILL_TILE_STORE(tmm, buf, 64);                                                     \
       const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);                            \
       for (int t = 0; t < toks; ++t) {                                                            \
         _mm512_mask_storeu_ps(dst + t * a.y_stride, mask, _mm512_load_ps(buf + 16 * t));          \
@@ -254,21 +212,21 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
   // first op (A0·B0) finds both operands loaded one op earlier.
   const uint8_t* xa = a.xa;
   const uint8_t* bp = a.bp;
-  SNAPFILL_BF16_TILE_LOAD(4, xa, 64);
-  SNAPFILL_BF16_TILE_LOAD(6, bp, 64);
-  SNAPFILL_BF16_TILE_LOAD(7, bp + kBTileBytes, 64);
-  SNAPFILL_BF16_TILE_LOAD(5, xa + kBTileBytes, 64);
+  SNAPFILL_TILE_LOAD(4, xa, 64);
+  SNAPFILL_TILE_LOAD(6, bp, 64);
+  SNAPFILL_TILE_LOAD(7, bp + kBTileBytes, 64);
+  SNAPFILL_TILE_LOAD(5, xa + kBTileBytes, 64);
   for (int64_t b = 1; b < a.nb; ++b) {
     xa += 2 * kBTileBytes;
     bp += 2 * kBTileBytes;
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    SNAPFILL_BF16_TILE_LOAD(4, xa, 64);
+    SNAPFILL_TILE_LOAD(4, xa, 64);
     _tile_dpbf16ps(2, 5, 6);
-    SNAPFILL_BF16_TILE_LOAD(6, bp, 64);
+    SNAPFILL_TILE_LOAD(6, bp, 64);
     _tile_dpbf16ps(3, 5, 7);
-    SNAPFILL_BF16_TILE_LOAD(5, xa + kBTileBytes, 64);
-    SNAPFILL_BF16_TILE_LOAD(7, bp + kBTileBytes, 64);
+    SNAPFILL_TILE_LOAD(5, xa + kBTileBytes, 64);
+    SNAPFILL_TILE_LOAD(7, bp + kBTileBytes, 64);
   }
   _tile_dpbf16ps(0, 4, 6);
   _tile_dpbf16ps(1, 4, 7);

@@ -14,8 +14,6 @@
 // max / row sum become vertical vector ops (no horizontal reductions).
 #include "kernels/cpu/ops.h"
 
-#include "kernels/cpu/matmul_amx.h"
-
 // GCC 12 reports (maybe-)uninitialized inside its own AVX-512 intrinsic
 // headers (the _mm512_undefined_* pass-through operands, GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -35,6 +33,9 @@
 #include <memory>
 #include <numeric>
 #include <vector>
+
+#include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/matmul_amx.h"
 
 namespace snapfill::cpu {
 namespace {
@@ -730,41 +731,8 @@ void AttentionDecode(const float* q, const float* k, const float* v, int64_t kv_
 #if defined(__AVX512F__) && defined(__x86_64__) && defined(__GNUC__)
 #define SNAPFILL_ATTN_AMX 1
 #define SNAPFILL_ATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512bf16,avx512bw,avx512vl,avx512dq")))
-#define SNAPFILL_ATTN_TILE_LOAD(tmm, base, stride)                              \
-  __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
-                   "r"((long)(stride))                                            \
-                   : "memory")
-#define SNAPFILL_ATTN_TILE_STORE(tmm, base, stride)                               \
-  __asm__ volatile("tilestored\t%%tmm" #tmm ", (%0,%1,1)" ::"r"((void*)(base)), \
-                   "r"((long)(stride))                                              \
-                   : "memory")
 
 constexpr int64_t kAmxHeadDim = 64;
-
-// out[c] lane i = v[i] lane c (16 × 16 dwords).
-SNAPFILL_ATTN_AMX_TARGET inline void TransposeDwords16(const __m512i* v, __m512i* out) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
-    b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
-    b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44);
-    const __m512i p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-    const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44);
-    const __m512i q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-    out[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
-    out[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
-    out[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
-    out[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
-  }
-}
 
 // 32 f32 at p as 32 bf16 (vcvtne2ps2bf16).
 SNAPFILL_ATTN_AMX_TARGET inline __m512i Bf16x32(const float* p) {
@@ -781,7 +749,7 @@ SNAPFILL_ATTN_AMX_TARGET void PackKTiles(const float* kh, int64_t ks, int64_t kb
   }
   for (int t = 0; t < 2; ++t) {
     __m512i o[16];
-    TransposeDwords16(v[t], o);
+    internal::Transpose16x16Dwords(v[t], o);
     for (int p = 0; p < 16; ++p) _mm512_storeu_si512(out + t * 1024 + p * 64, o[p]);
   }
 }
@@ -844,8 +812,8 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
     const __mmask16 past = _mm512_cmp_ps_mask(lim[r], keys, _CMP_LT_OQ);
     _mm512_storeu_ps(row, _mm512_mask_mov_ps(_mm512_loadu_ps(row), past, _mm512_set1_ps(kNegInf)));
   };
-  SNAPFILL_ATTN_TILE_LOAD(4, a.qb, 128);
-  SNAPFILL_ATTN_TILE_LOAD(5, a.qb + 32, 128);
+  SNAPFILL_TILE_LOAD(4, a.qb, 128);
+  SNAPFILL_TILE_LOAD(5, a.qb + 32, 128);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -855,11 +823,11 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
     for (int h = 0; h < 2; ++h) {  // S of keys 32kb + 16h .. + 15
       const uint8_t* kt = a.kt + (2 * kb + h) * 2048;
       _tile_zero(6);
-      SNAPFILL_ATTN_TILE_LOAD(7, kt, 64);
+      SNAPFILL_TILE_LOAD(7, kt, 64);
       _tile_dpbf16ps(6, 4, 7);
-      SNAPFILL_ATTN_TILE_LOAD(7, kt + 1024, 64);
+      SNAPFILL_TILE_LOAD(7, kt + 1024, 64);
       _tile_dpbf16ps(6, 5, 7);
-      SNAPFILL_ATTN_TILE_STORE(6, st + 16 * h, 128);
+      SNAPFILL_TILE_STORE(6, st + 16 * h, 128);
     }
     const bool masked = static_cast<float>(kb * 32 + 31) > min_limit;
     float bm[16];
@@ -878,10 +846,10 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
       }
     }
     if (rescale) {
-      SNAPFILL_ATTN_TILE_STORE(0, ob, 256);
-      SNAPFILL_ATTN_TILE_STORE(1, ob + 16, 256);
-      SNAPFILL_ATTN_TILE_STORE(2, ob + 32, 256);
-      SNAPFILL_ATTN_TILE_STORE(3, ob + 48, 256);
+      SNAPFILL_TILE_STORE(0, ob, 256);
+      SNAPFILL_TILE_STORE(1, ob + 16, 256);
+      SNAPFILL_TILE_STORE(2, ob + 32, 256);
+      SNAPFILL_TILE_STORE(3, ob + 48, 256);
       for (int r = 0; r < 16; ++r) {
         if (!(bm[r] > mu[r] + kAmxMaxSlack)) continue;
         const __m512 f = _mm512_set1_ps(std::exp(mu[r] - bm[r]));
@@ -891,10 +859,10 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
         }
         mu[r] = bm[r];
       }
-      SNAPFILL_ATTN_TILE_LOAD(0, ob, 256);
-      SNAPFILL_ATTN_TILE_LOAD(1, ob + 16, 256);
-      SNAPFILL_ATTN_TILE_LOAD(2, ob + 32, 256);
-      SNAPFILL_ATTN_TILE_LOAD(3, ob + 48, 256);
+      SNAPFILL_TILE_LOAD(0, ob, 256);
+      SNAPFILL_TILE_LOAD(1, ob + 16, 256);
+      SNAPFILL_TILE_LOAD(2, ob + 32, 256);
+      SNAPFILL_TILE_LOAD(3, ob + 48, 256);
     }
     for (int r = 0; r < 16; ++r) {
       const float* row = st + 32 * r;
@@ -904,21 +872,21 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
       sum[r] = _mm512_add_ps(sum[r], _mm512_add_ps(p0, p1));
       _mm512_store_si512(pb + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
     }
-    SNAPFILL_ATTN_TILE_LOAD(6, pb, 64);
+    SNAPFILL_TILE_LOAD(6, pb, 64);
     const uint8_t* vt = a.vt + kb * 4096;
-    SNAPFILL_ATTN_TILE_LOAD(7, vt, 64);
+    SNAPFILL_TILE_LOAD(7, vt, 64);
     _tile_dpbf16ps(0, 6, 7);
-    SNAPFILL_ATTN_TILE_LOAD(7, vt + 1024, 64);
+    SNAPFILL_TILE_LOAD(7, vt + 1024, 64);
     _tile_dpbf16ps(1, 6, 7);
-    SNAPFILL_ATTN_TILE_LOAD(7, vt + 2048, 64);
+    SNAPFILL_TILE_LOAD(7, vt + 2048, 64);
     _tile_dpbf16ps(2, 6, 7);
-    SNAPFILL_ATTN_TILE_LOAD(7, vt + 3072, 64);
+    SNAPFILL_TILE_LOAD(7, vt + 3072, 64);
     _tile_dpbf16ps(3, 6, 7);
   }
-  SNAPFILL_ATTN_TILE_STORE(0, ob, 256);
-  SNAPFILL_ATTN_TILE_STORE(1, ob + 16, 256);
-  SNAPFILL_ATTN_TILE_STORE(2, ob + 32, 256);
-  SNAPFILL_ATTN_TILE_STORE(3, ob + 48, 256);
+  SNAPFILL_TILE_STORE(0, ob, 256);
+  SNAPFILL_TILE_STORE(1, ob + 16, 256);
+  SNAPFILL_TILE_STORE(2, ob + 32, 256);
+  SNAPFILL_TILE_STORE(3, ob + 48, 256);
   for (int r = 0; r < 16; ++r) {
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[r]));
     for (int c = 0; c < 4; ++c) {

@@ -267,8 +267,7 @@ TEST_P(AttentionTest, DecodeMatchesLastPrefillRow) {
 
 // Every output is computed by the same operations whatever the thread count
 // (the decode path merges its key ranges in range order).
-TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) {
-  const AttnData a = MakeData(GetParam(), 23);
+void ExpectOneAndTwoThreadsAgree(const AttnData& a) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
   const std::vector<float> one = RunCpuAttention(a);
@@ -278,6 +277,8 @@ TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) {
   ASSERT_EQ(one.size(), two.size());
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
 }
+
+TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(GetParam(), 23)); }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()),
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
@@ -359,16 +360,7 @@ TEST_P(AttentionAmxTest, HalvesOfAChunkGiveTheSameRows) {
   }
 }
 
-TEST_P(AttentionAmxTest, OneAndTwoThreadsAgreeBitForBit) {
-  const AttnData a = MakeData(GetParam(), 33);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<float> one = RunCpuAttention(a);
-  omp_set_num_threads(2);
-  const std::vector<float> two = RunCpuAttention(a);
-  omp_set_num_threads(saved);
-  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
-}
+TEST_P(AttentionAmxTest, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(GetParam(), 33)); }
 
 std::vector<AttnCase> AmxCases() {
   return {

@@ -28,6 +28,7 @@
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
+#include "tests/testing/matmul_data.h"
 
 namespace snapfill {
 namespace {
@@ -37,32 +38,14 @@ constexpr const char* kNoAmxBf16Message =
     "0 or int8)";
 
 std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint8_t> w(n * row_bytes, 0xEE);
-  std::vector<float> row(k);
-  for (int64_t j = 0; j < n; ++j) {
-    const float scale = 0.02f * (1 + j % 7);
-    for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.03f : 0.0f);
-    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
-  }
-  return w;
+  return testing::QuantizedWeights(type, n, k, row_bytes, seed, 0.03f);
 }
 
-// N(0,1) activations with outlier features, an all-zero block every 5th
-// token and tiny values (below f32's normal range: bf16 flushes them) every
-// 7th; the stride padding is NaN (it must not be read).
+// testing::HiddenStates plus a value below f32's normal range (bf16 flushes
+// it to zero) every 7th token.
 std::vector<float> MakeActivations(int64_t m, int64_t k, int64_t stride, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(m * stride, std::nanf(""));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t t = 0; t < k; ++t) x[i * stride + t] = nd(rng) * (t % 97 == 5 ? 20.0f : 1.0f);
-    if (i % 5 == 2) {
-      for (int t = 0; t < 32; ++t) x[i * stride + t] = 0.0f;
-    }
-    if (i % 7 == 3) x[i * stride + k / 2] = 1e-39f;
-  }
+  std::vector<float> x = testing::HiddenStates(m, k, stride, seed);
+  for (int64_t i = 3; i < m; i += 7) x[i * stride + k / 2] = 1e-39f;
   return x;
 }
 
@@ -234,14 +217,8 @@ TEST(MatMulAmxBf16ThreadsTest, OneThreadEqualsTwo) {
     const size_t row_bytes = RowBytes(t, k);
     const auto w = MakeWeights(t, n, k, row_bytes, 5);
     const auto x = MakeActivations(m, k, k, 6);
-    std::vector<float> y1(m * n), y2(m * n);
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
-    omp_set_num_threads(2);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
-    omp_set_num_threads(saved);
-    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << GetTypeTraits(t).name;
+    EXPECT_TRUE(testing::MatMulSameOnOneAndTwoThreads(x.data(), m, k, w.data(), t, n, row_bytes))
+        << GetTypeTraits(t).name;
   }
 }
 

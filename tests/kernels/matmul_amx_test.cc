@@ -26,6 +26,7 @@
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
+#include "tests/testing/matmul_data.h"
 
 namespace snapfill {
 namespace {
@@ -33,35 +34,10 @@ namespace {
 constexpr const char* kNoAmxMessage =
     "AMX-INT8 unavailable (CPU lacks AMX-TILE/AMX-INT8, the OS refused the tile state, or SNAPFILL_AMX=0)";
 
-// Random weights [n, k] quantized with the ref quantizers; rows row_bytes apart.
 std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint8_t> w(n * row_bytes, 0xEE);
-  std::vector<float> row(k);
-  for (int64_t j = 0; j < n; ++j) {
-    const float scale = 0.02f * (1 + j % 7);
-    // Every third row is shifted, so Q4_1 mins and Q4_0 offsets matter.
-    for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.03f : 0.0f);
-    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
-  }
-  return w;
+  return testing::QuantizedWeights(type, n, k, row_bytes, seed, 0.03f);
 }
-
-// N(0,1) activations with outlier features and an all-zero block every 5th
-// token; the stride padding is NaN (it must not be read).
-std::vector<float> MakeActivations(int64_t m, int64_t k, int64_t stride, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(m * stride, std::nanf(""));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t t = 0; t < k; ++t) x[i * stride + t] = nd(rng) * (t % 97 == 5 ? 20.0f : 1.0f);
-    if (i % 5 == 2) {
-      for (int t = 0; t < 32; ++t) x[i * stride + t] = 0.0f;
-    }
-  }
-  return x;
-}
+using testing::HiddenStates;
 
 // Selects the AMX-INT8 path (kAuto may take AMX-BF16) for one test.
 struct UseAmxInt8 {
@@ -97,7 +73,7 @@ TEST_P(MatMulAmxTest, MatchesQuantizedReferenceAndVnni) {
   const int64_t x_stride = c.k + c.x_pad, y_stride = c.n + c.y_pad;
   const size_t row_bytes = RowBytes(c.type, c.k) + c.w_pad;
   const auto w = MakeWeights(c.type, c.n, c.k, row_bytes, 101 + c.n);
-  const auto x = MakeActivations(c.m, c.k, x_stride, 7 + c.m);
+  const auto x = HiddenStates(c.m, c.k, x_stride, 7 + c.m);
 
   const float kSentinel = -12345.0f;
   std::vector<float> y_amx(c.m * y_stride, kSentinel), y_vnni(c.m * y_stride, kSentinel);
@@ -176,15 +152,9 @@ TEST(MatMulAmxThreadsTest, OneThreadEqualsTwo) {
     const int64_t m = 300, n = 75, k = 576;  // several units per thread
     const size_t row_bytes = RowBytes(t, k);
     const auto w = MakeWeights(t, n, k, row_bytes, 5);
-    const auto x = MakeActivations(m, k, k, 6);
-    std::vector<float> y1(m * n), y2(m * n);
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
-    omp_set_num_threads(2);
-    cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
-    omp_set_num_threads(saved);
-    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << GetTypeTraits(t).name;
+    const auto x = HiddenStates(m, k, k, 6);
+    EXPECT_TRUE(testing::MatMulSameOnOneAndTwoThreads(x.data(), m, k, w.data(), t, n, row_bytes))
+        << GetTypeTraits(t).name;
   }
 }
 
@@ -198,9 +168,9 @@ TEST(MatMulAmxScratchTest, SmallerCallAfterLargerIsUnchanged) {
     const int64_t n = 33, k = 96;
     const size_t row_bytes = RowBytes(t, k);
     const auto w = MakeWeights(t, n, k, row_bytes, 9);
-    auto big = MakeActivations(64, k, k, 10);
+    auto big = HiddenStates(64, k, k, 10);
     for (float& v : big) v *= 1e4f;  // large stale values
-    const auto small = MakeActivations(17, k, k, 11);
+    const auto small = HiddenStates(17, k, k, 11);
     std::vector<float> before(17 * n), after(17 * n), y_big(64 * n);
     cpu::MatMul(small.data(), 17, k, k, w.data(), t, n, row_bytes, before.data(), n);
     cpu::MatMul(big.data(), 64, k, k, w.data(), t, n, row_bytes, y_big.data(), n);
@@ -250,7 +220,7 @@ TEST(MatMulAmxQuantizeTest, MatchesRefQ8_0AndQ8_1BitForBit) {
       std::vector<float> dx(nb * kSStride, -1.0f), sx(nb * kSStride, -1.0f);
       cpu::internal::QuantizeRowQ8Tiles(x.data(), k, q.data(), kQStride, dx.data(), sx.data(), kSStride);
       for (int64_t b = 0; b < nb; ++b) {
-        SCOPED_TRACE(testing::Message() << "k=" << k << " variant=" << variant << " block=" << b);
+        SCOPED_TRACE(::testing::Message() << "k=" << k << " variant=" << variant << " block=" << b);
         ASSERT_EQ(std::memcmp(q.data() + b * kQStride, r1[b].qs, 32), 0);
         ASSERT_EQ(std::memcmp(r0[b].qs, r1[b].qs, 32), 0);  // Q8_0 and Q8_1 share values and d
         for (int j = 32; j < kQStride; ++j) ASSERT_EQ(q[b * kQStride + j], 0xAA) << "wrote past the block";

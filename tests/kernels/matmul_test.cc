@@ -29,6 +29,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
+#include "tests/testing/matmul_data.h"
 
 namespace snapfill {
 namespace {
@@ -36,34 +37,10 @@ namespace {
 bool IsKQuant(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
 bool IsFloat(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
 
-// Random weights of shape [n, k], quantized with the ref quantizers; rows are
-// stored `row_bytes` apart (>= RowBytes, to test padded strides).
 std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint8_t> w(n * row_bytes, 0xEE);
-  std::vector<float> row(k);
-  for (int64_t j = 0; j < n; ++j) {
-    const float scale = 0.02f * (1 + j % 7);
-    for (int64_t i = 0; i < k; ++i) row[i] = scale * nd(rng) + (j % 3 == 0 ? 0.01f : 0.0f);
-    ref::QuantizeRow(type, row.data(), w.data() + j * row_bytes, k);
-  }
-  return w;
+  return testing::QuantizedWeights(type, n, k, row_bytes, seed, 0.01f);
 }
-
-// Activations like a normed hidden state: N(0,1) with a few outlier features.
-std::vector<float> MakeActivations(int64_t m, int64_t k, int64_t stride, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(m * stride, std::nanf(""));  // padding must not be read
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t t = 0; t < k; ++t) x[i * stride + t] = nd(rng) * (t % 97 == 5 ? 20.0f : 1.0f);
-    if (i % 5 == 2 && k >= 32) {
-      for (int t = 0; t < 32; ++t) x[i * stride + t] = 0.0f;  // an all-zero block
-    }
-  }
-  return x;
-}
+using testing::HiddenStates;
 
 // Per-element bound of |cpu - ref::MatMul| from the activation quantization
 // (see the file comment), excluding the summation term.
@@ -147,7 +124,7 @@ TEST_P(MatMulTest, MatchesReferences) {
   const int64_t x_stride = c.k + c.x_pad, y_stride = c.n + c.y_pad;
   const size_t row_bytes = RowBytes(c.type, c.k) + c.w_pad;
   const std::vector<uint8_t> w = MakeWeights(c.type, c.n, c.k, row_bytes, 17 + c.n);
-  const std::vector<float> x = MakeActivations(c.m, c.k, x_stride, 29 + c.m);
+  const std::vector<float> x = HiddenStates(c.m, c.k, x_stride, 29 + c.m);
 
   const float kSentinel = -12345.0f;
   std::vector<float> y(c.m * y_stride, kSentinel);
@@ -282,15 +259,8 @@ TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
       const int64_t k = IsKQuant(t) ? 512 : 576;
       const size_t row_bytes = RowBytes(t, k);
       const auto w = MakeWeights(t, n, k, row_bytes, 5);
-      const auto x = MakeActivations(m, k, k, 6);
-      std::vector<float> y1(m * n), y2(m * n);
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(1);
-      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y1.data(), n);
-      omp_set_num_threads(2);
-      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y2.data(), n);
-      omp_set_num_threads(saved);
-      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0)
+      const auto x = HiddenStates(m, k, k, 6);
+      EXPECT_TRUE(testing::MatMulSameOnOneAndTwoThreads(x.data(), m, k, w.data(), t, n, row_bytes))
           << GetTypeTraits(t).name << " m=" << m;
     }
   }
