@@ -281,7 +281,7 @@ AlignedScratch& ThreadPanel() {  // [kPanelPairs * 2][nb][1024] B tiles
   static thread_local AlignedScratch s;
   return s;
 }
-AlignedScratch& CallerXb() {  // [m_pad][k] bf16 X
+AlignedScratch& CallerXb() {  // bf16 X in tile order: [token pair][block][2][16][32]
   static thread_local AlignedScratch s;
   return s;
 }
