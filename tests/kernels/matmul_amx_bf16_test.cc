@@ -155,7 +155,7 @@ TEST(MatMulAmxBf16UnpackTest, TilesHoldRoundedReferenceWeights) {
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
     for (int rows : {16, 5}) {
       const int64_t k = 96;
-      const size_t row_bytes = RowBytes(t, k) + 3;
+      const size_t row_bytes = RowBytes(t, k) + 4;  // padded rows, 2-byte aligned as ggml blocks need
       auto w = MakeWeights(t, 16, k, row_bytes, 17 + rows);
       std::vector<uint8_t> tiles(k / 32 * 1024, 0xAB);
       cpu::internal::UnpackBf16TilesForTesting(w.data(), t, row_bytes, rows, k, tiles.data());
