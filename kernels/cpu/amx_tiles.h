@@ -17,7 +17,26 @@
 
 #include <cstdint>
 
+#include "kernels/quant_blocks.h"
+#include "snapfill/dtype.h"
+
 namespace snapfill::cpu::internal {
+
+// The weight types the AMX paths take (AmxSupportsType), and their ggml
+// block sizes in bytes (32 elements each).
+enum class AmxWeightKind { kQ4_0, kQ4_1, kQ8_0 };
+
+inline AmxWeightKind AmxWeightKindOf(GgmlType type) {
+  return type == GgmlType::kQ4_0   ? AmxWeightKind::kQ4_0
+         : type == GgmlType::kQ4_1 ? AmxWeightKind::kQ4_1
+                                   : AmxWeightKind::kQ8_0;
+}
+
+constexpr int64_t AmxWeightBlockBytes(AmxWeightKind kind) {
+  return kind == AmxWeightKind::kQ4_0   ? sizeof(BlockQ4_0)
+         : kind == AmxWeightKind::kQ4_1 ? sizeof(BlockQ4_1)
+                                        : sizeof(BlockQ8_0);
+}
 
 // ldtilecfg layout (palette 1).
 struct alignas(64) TileConfig {

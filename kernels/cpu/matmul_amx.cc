@@ -73,18 +73,10 @@ namespace {
 #define SNAPFILL_AMX_TARGET \
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 
-
 constexpr int64_t kTile = 16;          // tokens per A tile, weight rows per B tile
 constexpr int64_t kBTileBytes = 512;   // one K block of 16 weight rows (8 × 64)
 constexpr int kMaxRowGroupsPerUnit = 4;
 constexpr int kMaxTokenGroupsPerUnit = 16;
-
-enum class Kind { kQ4_0, kQ4_1, kQ8_0 };
-
-Kind KindOf(GgmlType type) {
-  return type == GgmlType::kQ4_0 ? Kind::kQ4_0 : type == GgmlType::kQ4_1 ? Kind::kQ4_1 : Kind::kQ8_0;
-}
-
 
 SNAPFILL_AMX_TARGET void ConfigureTiles() {
   TileConfig cfg;
@@ -111,27 +103,26 @@ SNAPFILL_AMX_TARGET void ReleaseTiles() { _tile_release(); }
 
 // B tiles, dw and mw of one group of `rows` (<= 16) weight rows for all nb
 // blocks: bq [nb][8][16][4], wd / wm [nb][16] f32 (absent rows: zero scales).
-SNAPFILL_AMX_TARGET void PackWeightGroup(Kind kind, const uint8_t* w, size_t row_bytes, int rows, int64_t nb,
-                                         uint8_t* bq, float* wd, float* wm) {
+SNAPFILL_AMX_TARGET void PackWeightGroup(AmxWeightKind kind, const uint8_t* w, size_t row_bytes, int rows,
+                                         int64_t nb, uint8_t* bq, float* wd, float* wm) {
   const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
   const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
   const __m512i zero = _mm512_setzero_si512();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i eight = _mm512_set1_epi8(8);
-  const int64_t blk = kind == Kind::kQ4_0 ? sizeof(BlockQ4_0) : kind == Kind::kQ4_1 ? sizeof(BlockQ4_1)
-                                                                                     : sizeof(BlockQ8_0);
-  const int qs_off = kind == Kind::kQ4_1 ? 4 : 2;
+  const int64_t blk = AmxWeightBlockBytes(kind);
+  const int qs_off = kind == AmxWeightKind::kQ4_1 ? 4 : 2;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* base = w + b * blk;
     uint8_t* out = bq + b * kBTileBytes;
     // First dword of each row's block: fp16 d (and Q4_1's fp16 m above it).
     const __m512i hdr = _mm512_mask_i32gather_epi32(zero, mask, idx, base, 1);
     _mm512_storeu_ps(wd + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr)));
-    if (kind == Kind::kQ4_1) {
+    if (kind == AmxWeightKind::kQ4_1) {
       _mm512_storeu_ps(wm + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16))));
     }
-    if (kind == Kind::kQ8_0) {
+    if (kind == AmxWeightKind::kQ8_0) {
       for (int g = 0; g < 8; ++g) {
         const __m512i v = _mm512_mask_i32gather_epi32(zero, mask, idx, base + qs_off + 4 * g, 1);
         _mm512_storeu_si512(out + 64 * g, v);
@@ -143,7 +134,7 @@ SNAPFILL_AMX_TARGET void PackWeightGroup(Kind kind, const uint8_t* w, size_t row
         const __m512i v = _mm512_mask_i32gather_epi32(zero, mask, idx, base + qs_off + 4 * d, 1);
         __m512i lo = _mm512_and_si512(v, low4);
         __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
-        if (kind == Kind::kQ4_0) {
+        if (kind == AmxWeightKind::kQ4_0) {
           lo = _mm512_sub_epi8(lo, eight);
           hi = _mm512_sub_epi8(hi, eight);
         }
@@ -278,7 +269,7 @@ struct KernelArgs {
     _tile_zero(tc);                                                          \
     SNAPFILL_TILE_LOAD(ta, a.xq + (b) * kBTileBytes, 32);                    \
     SNAPFILL_TILE_LOAD(tb, a.bq + (b) * kBTileBytes, 64);                    \
-    if constexpr (kind == Kind::kQ4_1) {                                     \
+    if constexpr (kind == AmxWeightKind::kQ4_1) {                                     \
       _tile_dpbsud(tc, ta, tb);                                              \
     } else {                                                                 \
       _tile_dpbssd(tc, ta, tb);                                              \
@@ -286,7 +277,7 @@ struct KernelArgs {
     _tile_stored(tc, buf, 64);                                               \
   } while (0)
 
-template <Kind kKind>
+template <AmxWeightKind kKind>
 SNAPFILL_AMX_TARGET inline __attribute__((always_inline)) void Fold(const KernelArgs& a, int64_t b,
                                                                     const int32_t* buf, __m512* acc) {
   const __m512 dw = _mm512_loadu_ps(a.wd + 16 * b);
@@ -296,7 +287,7 @@ SNAPFILL_AMX_TARGET inline __attribute__((always_inline)) void Fold(const Kernel
     const __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512(buf + 16 * t));
     acc[t] = _mm512_fmadd_ps(c, _mm512_mul_ps(_mm512_set1_ps(xd[t]), dw), acc[t]);
   }
-  if constexpr (kKind == Kind::kQ4_1) {
+  if constexpr (kKind == AmxWeightKind::kQ4_1) {
     const __m512 mw = _mm512_loadu_ps(a.wm + 16 * b);
     const float* xs = a.xs + 16 * b;
 #pragma GCC unroll 16
@@ -305,7 +296,7 @@ SNAPFILL_AMX_TARGET inline __attribute__((always_inline)) void Fold(const Kernel
 }
 
 // 16 tokens × 16 weight rows over all nb blocks.
-template <Kind kKind>
+template <AmxWeightKind kKind>
 SNAPFILL_AMX_TARGET void Kernel(const KernelArgs& a) {
   alignas(64) int32_t buf[2][256];
   __m512 acc[16];
@@ -330,11 +321,11 @@ SNAPFILL_AMX_TARGET void Kernel(const KernelArgs& a) {
 
 using KernelFn = void (*)(const KernelArgs&);
 
-KernelFn PickKernel(Kind kind) {
+KernelFn PickKernel(AmxWeightKind kind) {
   switch (kind) {
-    case Kind::kQ4_0: return Kernel<Kind::kQ4_0>;
-    case Kind::kQ4_1: return Kernel<Kind::kQ4_1>;
-    default: return Kernel<Kind::kQ8_0>;
+    case AmxWeightKind::kQ4_0: return Kernel<AmxWeightKind::kQ4_0>;
+    case AmxWeightKind::kQ4_1: return Kernel<AmxWeightKind::kQ4_1>;
+    default: return Kernel<AmxWeightKind::kQ8_0>;
   }
 }
 
@@ -387,7 +378,7 @@ bool AmxSupportsType(GgmlType type) {
 
 void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
-  const Kind kind = KindOf(type);
+  const AmxWeightKind kind = AmxWeightKindOf(type);
   const int64_t nb = k / 32;
   const int64_t num_tg = (m + kTile - 1) / kTile;
   const int64_t num_rg = (n + kTile - 1) / kTile;
@@ -396,7 +387,7 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
   ActPack& ap = CallerActPack();
   if (ap.q.size() < static_cast<size_t>(m_pad * k)) ap.q.resize(m_pad * k);
   if (ap.d.size() < static_cast<size_t>(m_pad * nb)) ap.d.resize(m_pad * nb);
-  if (kind == Kind::kQ4_1 && ap.s.size() < static_cast<size_t>(m_pad * nb)) ap.s.resize(m_pad * nb);
+  if (kind == AmxWeightKind::kQ4_1 && ap.s.size() < static_cast<size_t>(m_pad * nb)) ap.s.resize(m_pad * nb);
   uint8_t* const xq = ap.q.data();
   float* const xd = ap.d.data();
   float* const xs = ap.s.data();
@@ -426,11 +417,11 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
         for (int64_t b = 0; b < nb; ++b) {
           std::memset(q + b * kBTileBytes, 0, 32);
           d[b * kTile] = 0.0f;
-          if (kind == Kind::kQ4_1) s[b * kTile] = 0.0f;
+          if (kind == AmxWeightKind::kQ4_1) s[b * kTile] = 0.0f;
         }
         continue;
       }
-      QuantizeRowQ8Tiles(x + i * x_stride, k, q, kBTileBytes, d, kind == Kind::kQ4_1 ? s : nullptr, kTile);
+      QuantizeRowQ8Tiles(x + i * x_stride, k, q, kBTileBytes, d, kind == AmxWeightKind::kQ4_1 ? s : nullptr, kTile);
     }
     WeightScratch& ws = ThreadWeightScratch();
     const size_t groups = kMaxRowGroupsPerUnit;
@@ -462,7 +453,7 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
         KernelArgs a;
         a.xq = xq + tg * nb * kBTileBytes;
         a.xd = xd + tg * nb * kTile;
-        a.xs = kind == Kind::kQ4_1 ? xs + tg * nb * kTile : nullptr;
+        a.xs = kind == AmxWeightKind::kQ4_1 ? xs + tg * nb * kTile : nullptr;
         a.nb = nb;
         a.y_stride = y_stride;
         a.toks = static_cast<int>(std::min<int64_t>(kTile, m - tg * kTile));

@@ -61,22 +61,10 @@ namespace {
 #define SNAPFILL_AMXBF16_TARGET \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 
-
 constexpr int64_t kTile = 16;           // tokens per A tile, weight rows per B tile
 constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weight rows
 constexpr int64_t kPanelPairs = 4;      // row pairs (32 weight rows each) per panel, at most
 constexpr int64_t kBlockPairs = 8;      // token pairs (32 tokens each) per unit, at most
-
-enum class Kind { kQ4_0, kQ4_1, kQ8_0 };
-
-Kind KindOf(GgmlType type) {
-  return type == GgmlType::kQ4_0 ? Kind::kQ4_0 : type == GgmlType::kQ4_1 ? Kind::kQ4_1 : Kind::kQ8_0;
-}
-
-int64_t BlockBytes(Kind kind) {
-  return kind == Kind::kQ4_0 ? sizeof(BlockQ4_0) : kind == Kind::kQ4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ8_0);
-}
-
 
 SNAPFILL_AMXBF16_TARGET void ConfigureTiles() {
   TileConfig cfg;
@@ -101,10 +89,10 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512 HalfAt(cons
 
 // The 32 elements of one ggml block as bf16, in element order (word i =
 // element i): the f32 value of ref::DequantizeRow rounded by vcvtneps2bf16.
-template <Kind kKind>
+template <AmxWeightKind kKind>
 SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlock(const uint8_t* blk,
                                                                                    __m512 iota) {
-  if constexpr (kKind == Kind::kQ8_0) {
+  if constexpr (kKind == AmxWeightKind::kQ8_0) {
     const __m512 d = HalfAt(blk);
     const __m128i* qs = reinterpret_cast<const __m128i*>(blk + 2);
     const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs))), d);
@@ -114,7 +102,7 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlo
     // Table of the 16 possible values, indexed by the nibble.
     __m512 table;
     const uint8_t* qp;
-    if constexpr (kKind == Kind::kQ4_1) {
+    if constexpr (kKind == AmxWeightKind::kQ4_1) {
       table = _mm512_fmadd_ps(iota, HalfAt(blk), HalfAt(blk + 2));
       qp = blk + 4;
     } else {
@@ -134,11 +122,11 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlo
 // B tiles of one group of `rows` (<= 16) weight rows for all nb blocks:
 // out[b * stride + r * 64 + 4 * j + 2 * p] = bf16 of element 32b + 2r + p
 // of row j (absent rows: zero).
-template <Kind kKind>
+template <AmxWeightKind kKind>
 SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
                                          int64_t stride) {
   const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const int64_t blk = BlockBytes(kKind);
+  const int64_t blk = AmxWeightBlockBytes(kKind);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i v[16], t[16];
 #pragma GCC unroll 16
@@ -154,11 +142,11 @@ SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int
 
 using UnpackFn = void (*)(const uint8_t*, size_t, int, int64_t, uint8_t*, int64_t);
 
-UnpackFn PickUnpack(Kind kind) {
+UnpackFn PickUnpack(AmxWeightKind kind) {
   switch (kind) {
-    case Kind::kQ4_0: return UnpackGroup<Kind::kQ4_0>;
-    case Kind::kQ4_1: return UnpackGroup<Kind::kQ4_1>;
-    default: return UnpackGroup<Kind::kQ8_0>;
+    case AmxWeightKind::kQ4_0: return UnpackGroup<AmxWeightKind::kQ4_0>;
+    case AmxWeightKind::kQ4_1: return UnpackGroup<AmxWeightKind::kQ4_1>;
+    default: return UnpackGroup<AmxWeightKind::kQ8_0>;
   }
 }
 
@@ -298,14 +286,14 @@ void ReleaseBf16Tiles() { ReleaseTiles(); }
 
 void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_bytes, int rows, int64_t k,
                                uint8_t* out) {
-  PickUnpack(KindOf(type))(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
+  PickUnpack(AmxWeightKindOf(type))(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
 }
 
 void ConvertRowBf16ForTesting(const float* x, int64_t k, uint16_t* out) { ConvertRow(x, k, out, 32); }
 
 void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                    int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
-  const UnpackFn unpack = PickUnpack(KindOf(type));
+  const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
   const int64_t nb = k / 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);  // token pairs
   const int64_t num_rp = (n + 2 * kTile - 1) / (2 * kTile);  // row pairs

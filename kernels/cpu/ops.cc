@@ -756,15 +756,20 @@ SNAPFILL_ATTN_AMX_TARGET void PackKTiles(const float* kh, int64_t ks, int64_t kb
 
 // V tiles of keys [32·kb, 32·kb + 32) of one KV head: 4 × 1 KiB (dims
 // 16t..16t+15), row p = words (v[2p][d], v[2p+1][d]) for the 16 dims.
-SNAPFILL_ATTN_AMX_TARGET void PackVTiles(const float* vh, int64_t vs, int64_t kb, int64_t num_keys, uint8_t* out) {
-  // Word i of the result: even i from a (dim i/2), odd from b (dim i/2), of
-  // the 16-dim half `half` of a 32-dim vector.
-  __m512i idx[2];
-  alignas(64) uint16_t ix[2][32];
-  for (int h = 0; h < 2; ++h) {
-    for (int i = 0; i < 32; ++i) ix[h][i] = static_cast<uint16_t>((i % 2 ? 32 : 0) + 16 * h + i / 2);
-    idx[h] = _mm512_load_si512(ix[h]);
+// Word i of a V tile row, from the 16-dim half h of two 32-dim key vectors
+// a and b: even i from a, odd i from b, dim 16h + i/2 (vpermt2w indices).
+struct alignas(64) VPairIndex {
+  uint16_t ix[2][32];
+  constexpr VPairIndex() : ix() {
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 32; ++i) ix[h][i] = static_cast<uint16_t>((i % 2 ? 32 : 0) + 16 * h + i / 2);
+    }
   }
+};
+constexpr VPairIndex kVPairIndex;
+
+SNAPFILL_ATTN_AMX_TARGET void PackVTiles(const float* vh, int64_t vs, int64_t kb, int64_t num_keys, uint8_t* out) {
+  const __m512i idx[2] = {_mm512_load_si512(kVPairIndex.ix[0]), _mm512_load_si512(kVPairIndex.ix[1])};
   for (int p = 0; p < 16; ++p) {
     const int64_t k0 = kb * 32 + 2 * p, k1 = k0 + 1;
     for (int c = 0; c < 2; ++c) {  // dims 32c..32c+31
