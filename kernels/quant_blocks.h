@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "snapfill/dtype.h"
+
 namespace snapfill {
 
 inline constexpr int kQK4_0 = 32;  // elements per Q4_0 block
@@ -172,6 +174,31 @@ inline uint16_t Fp32ToBf16Rne(float f) {
   if ((u & 0x7F800000u) == 0) return static_cast<uint16_t>((u >> 16) & 0x8000);
   return Fp32ToBf16(f);
 }
+
+
+// ---- The decode layout (cpu::PackForDecode, ref::UnpackDecodeLayout).
+// A one-token product reads every weight byte once, so it runs at the speed
+// the weights stream from memory only if it does little work per byte. In
+// ggml's row-major blocks each row's dot ends in a horizontal sum and the
+// block scales have to be gathered; here 16 rows are interleaved so that
+// vector lane r is row r: one vpdpbusd takes 4 quant bytes of each of 16
+// rows against 4 activation bytes broadcast, and the scales of the 16 rows
+// are one vector.
+// Rows are taken in groups of 16 (the last one padded with zero rows); group
+// g, block b (32 elements) is one record of DecodeRecordBytes(type) bytes at
+// (g * (k / 32) + b) * DecodeRecordBytes(type):
+//   quants: for t in [0, T): for r in [0, 16): bytes 4t..4t+3 of row r's qs
+//           (Q4_0 / Q4_1: T = 4 of the 16 nibble bytes; Q8_0: T = 8 of 32)
+//   then the 16 rows' d (fp16), then for Q4_1 the 16 rows' m (fp16),
+//   then zero to the record's end (a multiple of 64 bytes).
+inline constexpr int64_t kDecodeGroupRows = 16;
+
+// 0 for a type the layout does not cover.
+inline constexpr int64_t DecodeRecordBytes(GgmlType type) {
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ? 320 : type == GgmlType::kQ8_0 ? 576 : 0;
+}
+// Bytes of the quant part of a record (the scales follow).
+inline constexpr int64_t DecodeQuantBytes(GgmlType type) { return type == GgmlType::kQ8_0 ? 512 : 256; }
 
 }  // namespace snapfill
 

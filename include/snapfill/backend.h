@@ -46,6 +46,14 @@ struct BackendOptions {
   bool exact_matmul = false;
   // Time every operation (wall clock, per op kind); see ProfileReport().
   bool profile = false;
+  // One-token products (decode) read every weight byte once, so they run at
+  // the speed the weights stream from memory. With this on, the CPU backend
+  // rewrites each Q4_0 / Q4_1 / Q8_0 matrix the second time it multiplies one
+  // token by it (a single product, such as a prefill's last logits, does not
+  // pay for a copy), into a layout that keeps up with that stream
+  // (kernels/quant_blocks.h), and keeps the copy: about the weights' size
+  // again in memory, from the second decode step on. Same arithmetic.
+  bool pack_decode_weights = true;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at
@@ -93,6 +101,9 @@ class Backend {
                                     float* votes, int64_t votes_stride, int64_t num_q,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                     float scale) = 0;
+  // Bytes the backend keeps for `w` once a single token has been multiplied
+  // by it (BackendOptions::pack_decode_weights); 0 if none.
+  virtual uint64_t DecodeCopyBytes(const WeightView& w) const { return 0; }
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
   // With BackendOptions::profile: a table of seconds and calls per op kind

@@ -811,14 +811,15 @@ bool GemvHandles(GgmlType type, int64_t m) {
          g_impl.load(std::memory_order_relaxed) != static_cast<int>(MatMulImpl::kGeneric);
 }
 
-void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type, int64_t n,
-          size_t w_row_bytes, float* y, int64_t y_stride) {
+// The activations of a small-m product, quantized on the calling thread
+// (m·k <= 3·k elements: no extra barrier): q (int8, natural order), d =
+// fp16-rounded block scale, aux = the block's offset term (Q4_1: s of
+// Q8_1; Q4_0: the -8 of its nibbles, d·(-8·Σq); Q8_0: 0).
+void QuantizeGemvX(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type, GemvX& gx) {
   const int64_t nb = k / 32;
-  GemvX& gx = CallerGemvX();
   if (gx.q.size() < static_cast<size_t>(m * k)) gx.q.resize(m * k);
   if (gx.d.size() < static_cast<size_t>(m * nb)) gx.d.resize(m * nb);
   if (gx.aux.size() < static_cast<size_t>(m * nb)) gx.aux.resize(m * nb);
-  // m·k <= 3·k elements: quantized on the calling thread (no extra barrier).
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < nb; ++b) {
       int sum = 0;
@@ -830,6 +831,13 @@ void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t*
                                                      : 0.0f;
     }
   }
+}
+
+void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type, int64_t n,
+          size_t w_row_bytes, float* y, int64_t y_stride) {
+  const int64_t nb = k / 32;
+  GemvX& gx = CallerGemvX();
+  QuantizeGemvX(x, m, k, x_stride, type, gx);
   const GemvFn fn = type == GgmlType::kQ4_1   ? PickGemvM<GgmlType::kQ4_1>(m)
                     : type == GgmlType::kQ4_0 ? PickGemvM<GgmlType::kQ4_0>(m)
                                               : PickGemvM<GgmlType::kQ8_0>(m);
@@ -872,6 +880,74 @@ void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t*
     fn(w, w_row_bytes, c * kRows, std::min(n, (c + 1) * kRows), k, gx, y, y_stride);
   }
 }
+
+#if SNAPFILL_MATMUL_AVX512
+// Groups [g0, g1) of a matrix in the decode layout (quant_blocks.h) times
+// one quantized token: lane r of every vector is row 16g + r. Per record
+// the quants take T vpdpbusd (Q4: low and high nibbles, 2T) against 4
+// activation bytes broadcast, and the scales apply once per block as
+// vectors: about 4 vector ops per 64 weight bytes, against 10 per 40 in
+// GemvRows1Avx512, and no horizontal sums.
+template <GgmlType kType>
+void DecodeGroups(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb, int64_t n, const GemvX& x,
+                  float* y) {
+  constexpr int64_t kRec = DecodeRecordBytes(kType);
+  constexpr int64_t kQuant = DecodeQuantBytes(kType);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* p = packed + g * nb * kRec;
+    __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b, p += kRec) {
+      // Eight records (2.5-4.5 KiB) ahead: the next group's first records
+      // are on the way while this group finishes.
+#pragma GCC unroll 9
+      for (int64_t o = 0; o < kRec; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + 8 * kRec + o), _MM_HINT_T0);
+      const uint8_t* xb = reinterpret_cast<const uint8_t*>(x.q.data() + 32 * b);
+      auto bcast = [&](int t) {
+        int32_t v;
+        std::memcpy(&v, xb + 4 * t, 4);
+        return _mm512_set1_epi32(v);
+      };
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      if constexpr (kType == GgmlType::kQ8_0) {
+        // vpdpbusd multiplies unsigned by signed bytes: |w| against x with
+        // w's sign (|-128| = 128 is right as unsigned).
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+          const __m512i wv = _mm512_loadu_si512(p + 64 * t);
+          __m512i xv = bcast(t);
+          xv = _mm512_mask_sub_epi8(xv, _mm512_movepi8_mask(wv), _mm512_setzero_si512(), xv);
+          if (t & 1) {
+            s1 = _mm512_dpbusd_epi32(s1, _mm512_abs_epi8(wv), xv);
+          } else {
+            s0 = _mm512_dpbusd_epi32(s0, _mm512_abs_epi8(wv), xv);
+          }
+        }
+      } else {
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          const __m512i wv = _mm512_loadu_si512(p + 64 * t);
+          s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(wv, low4), bcast(t));  // elements 4t..4t+3
+          s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(wv, 4), low4),
+                                   bcast(4 + t));  // elements 16+4t..
+        }
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQuant)));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(x.d[b])),
+                            acc);
+      if constexpr (kType == GgmlType::kQ4_1) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQuant + 32)));
+        acc2 = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.aux[b]), acc2);
+      } else if constexpr (kType == GgmlType::kQ4_0) {
+        acc2 = _mm512_fmadd_ps(d, _mm512_set1_ps(x.aux[b]), acc2);
+      }
+    }
+    const int64_t rows = std::min<int64_t>(kDecodeGroupRows, n - g * kDecodeGroupRows);
+    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);
+    _mm512_mask_storeu_ps(y + g * kDecodeGroupRows, mask, _mm512_add_ps(acc, acc2));
+  }
+}
+#endif  // SNAPFILL_MATMUL_AVX512
 #endif  // SNAPFILL_GEMV_AVX2
 
 // Per-thread scratch (OpenMP worker threads persist across calls).
@@ -1141,6 +1217,59 @@ void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
       MatMulQuantized(x, m, k, x_stride, wb, w_type, n, w_row_bytes, y, y_stride);
       return;
   }
+}
+
+size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k) {
+  if (!SNAPFILL_MATMUL_AVX512 || !UseSimd() || DecodeRecordBytes(type) == 0 || n <= 0 || k <= 0 || k % 32 != 0) {
+    return 0;
+  }
+  const int64_t groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
+  return static_cast<size_t>(groups * (k / 32) * DecodeRecordBytes(type));
+}
+
+void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out) {
+  const int64_t rec = DecodeRecordBytes(type), quant = DecodeQuantBytes(type);
+  const int64_t nb = k / 32, groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
+  const int64_t blk = type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
+                      : type == GgmlType::kQ4_0 ? sizeof(BlockQ4_0)
+                                                : sizeof(BlockQ8_0);
+  const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : 2;
+  const int64_t words = (quant / 64);  // 4-byte words per row and block
+  const auto* src = static_cast<const uint8_t*>(w);
+  auto* dst = static_cast<uint8_t*>(out);
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* r = dst + (g * nb + b) * rec;
+      std::memset(r, 0, rec);
+      for (int64_t row = 0; row < kDecodeGroupRows && g * kDecodeGroupRows + row < n; ++row) {
+        const uint8_t* blkp = src + (g * kDecodeGroupRows + row) * w_row_bytes + b * blk;
+        for (int64_t t = 0; t < words; ++t) std::memcpy(r + 64 * t + 4 * row, blkp + qs_off + 4 * t, 4);
+        std::memcpy(r + quant + 2 * row, blkp, 2);                                              // d
+        if (type == GgmlType::kQ4_1) std::memcpy(r + quant + 32 + 2 * row, blkp + 2, 2);  // m
+      }
+    }
+  }
+}
+
+void MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y) {
+#if SNAPFILL_MATMUL_AVX512
+  if (n <= 0) return;
+  GemvX& gx = CallerGemvX();
+  QuantizeGemvX(x, 1, k, k, type, gx);
+  const auto fn = type == GgmlType::kQ4_1   ? DecodeGroups<GgmlType::kQ4_1>
+                  : type == GgmlType::kQ4_0 ? DecodeGroups<GgmlType::kQ4_0>
+                                            : DecodeGroups<GgmlType::kQ8_0>;
+  const auto* p = static_cast<const uint8_t*>(packed);
+  const int64_t nb = k / 32, groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
+  // Contiguous spans of groups per thread (schedule(static)), so each thread
+  // streams one run of records; small products stay on the calling thread.
+  const int threads = n * k < (1 << 16) ? 1 : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), groups));
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t g = 0; g < groups; ++g) fn(p, g, g + 1, nb, n, gx, y);
+#else
+  (void)x, (void)k, (void)packed, (void)type, (void)n, (void)y;
+#endif
 }
 
 void QuantizeRowQ8_0(const float* x, void* y, int64_t k) {

@@ -68,6 +68,25 @@ bool MatMulHasAmx();
 // not "int8".
 bool MatMulHasAmxBf16();
 
+// ---- One-token products over weights repacked for decode.
+// Decode multiplies one token by every weight matrix, reading each weight
+// byte once: it is bound by how fast the weights stream from memory, and the
+// row-major product does too much work per byte to keep up once the weights
+// no longer fit in the caches. PackForDecode rewrites a Q4_0 / Q4_1 / Q8_0
+// matrix in the decode layout of kernels/quant_blocks.h (16 rows
+// interleaved); MatMulDecodePacked then multiplies one token by it with the
+// arithmetic of MatMul (X quantized to the partner format, exact integer block
+// dots, f32 sums; only the f32 summation order differs).
+//
+// The packed size in bytes, or 0 when the packed path does not handle the
+// matrix here (another type, k not a multiple of 32, no AVX-512 VNNI kernel
+// compiled in, or SetMatMulImplForTesting(kGeneric)).
+size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k);
+// out: DecodePackedBytes(type, n, k) bytes (call only when that is not 0).
+void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out);
+// y[0, n) = x[0, k) · Wᵀ for one token; `packed` from PackForDecode.
+void MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y);
+
 }  // namespace snapfill::cpu
 
 #endif  // SNAPFILL_KERNELS_CPU_MATMUL_H_

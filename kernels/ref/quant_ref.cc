@@ -616,4 +616,33 @@ bool MatMulQuantizedActivations(const float* x, int64_t m, int64_t k, int64_t x_
   }
 }
 
+bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k, void* rows, size_t row_bytes) {
+  const int64_t rec = DecodeRecordBytes(type), quant = DecodeQuantBytes(type);
+  if (rec == 0 || k % 32 != 0) return false;
+  const int64_t nb = k / 32;
+  const int64_t blk = static_cast<int64_t>(RowBytes(type, 32));
+  const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : 2;
+  const auto* src = static_cast<const uint8_t*>(packed);
+  auto* dst = static_cast<uint8_t*>(rows);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t g = j / kDecodeGroupRows, r = j % kDecodeGroupRows;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* rp = src + (g * nb + b) * rec;
+      uint8_t* out = dst + j * row_bytes + b * blk;
+      for (int64_t t = 0; t < quant / 64; ++t) std::memcpy(out + qs_off + 4 * t, rp + 64 * t + 4 * r, 4);
+      std::memcpy(out, rp + quant + 2 * r, 2);
+      if (type == GgmlType::kQ4_1) std::memcpy(out + 2, rp + quant + 32 + 2 * r, 2);
+    }
+  }
+  return true;
+}
+
+bool MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y,
+                        double* abs_terms) {
+  const size_t row_bytes = RowBytes(type, k);
+  std::vector<uint8_t> rows(row_bytes * n);
+  if (!UnpackDecodeLayout(packed, type, n, k, rows.data(), row_bytes)) return false;
+  return MatMulQuantizedActivations(x, 1, k, k, rows.data(), type, n, row_bytes, y, n, abs_terms);
+}
+
 }  // namespace snapfill::ref

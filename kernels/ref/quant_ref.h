@@ -108,6 +108,18 @@ bool MatMulBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const vo
 // kQ8_K), or kF32 for float weights (not quantized).
 GgmlType ActivationType(GgmlType w_type);
 
+// ---- The decode layout of kernels/quant_blocks.h (cpu::PackForDecode).
+// Writes the n rows of a Q4_0 / Q4_1 / Q8_0 matrix in the decode layout back
+// as ggml rows (row j at rows + j * row_bytes; bytes past RowBytes are left
+// alone). Returns false for a type the layout does not cover.
+bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k, void* rows, size_t row_bytes);
+// The scalar twin of cpu::MatMulDecodePacked: one token x[0, k) times the
+// packed matrix, by reading the layout back into ggml rows and taking
+// MatMulQuantizedActivations' arithmetic (so a correct packing gives its
+// result bit for bit). abs_terms as there.
+bool MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y,
+                        double* abs_terms = nullptr);
+
 }  // namespace snapfill::ref
 
 #endif  // SNAPFILL_KERNELS_REF_QUANT_REF_H_

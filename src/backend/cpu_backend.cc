@@ -1,6 +1,9 @@
 // CPU backend: checks shapes, then calls kernels/cpu.
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -37,8 +40,12 @@ constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm", 
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, bool exact, bool profile)
-      : num_threads_(num_threads), exact_(exact), profile_(profile) {}
+  CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode)
+      : num_threads_(num_threads), exact_(exact), profile_(profile), pack_decode_(pack_decode && !exact) {}
+
+  uint64_t DecodeCopyBytes(const WeightView& w) const override {
+    return pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;
+  }
 
   std::string ProfileReport() const override {
     if (!profile_) return "";
@@ -92,6 +99,12 @@ class CpuBackend final : public Backend {
       cpu::MatMul(x, m, w.cols, x_stride, f32.data(), GgmlType::kF32, w.rows,
                   w.cols * sizeof(float), y, y_stride);
       return absl::OkStatus();
+    }
+    if (m == 1 && pack_decode_) {
+      if (const uint8_t* packed = DecodePacked(w); packed != nullptr) {
+        cpu::MatMulDecodePacked(x, w.cols, packed, w.type, w.rows, y);
+        return absl::OkStatus();
+      }
     }
     cpu::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
     return absl::OkStatus();
@@ -185,13 +198,67 @@ class CpuBackend final : public Backend {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
+  // A matrix in the decode layout, with its shape and samples of the bytes
+  // it was made from: a view at the same address with other contents
+  // (another model mapped where this one was) starts over, not served stale.
+  struct Packed {
+    std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, std::free};
+    bool seen = false;
+    GgmlType type = GgmlType::kF32;
+    int64_t rows = 0, cols = 0;
+    size_t row_bytes = 0;
+    uint8_t sample[3][64] = {};
+  };
+
+  static void Sample(const WeightView& w, uint8_t out[3][64]) {
+    const auto* p = static_cast<const uint8_t*>(w.data);
+    const size_t bytes = w.rows * w.row_bytes;
+    const size_t at[3] = {0, bytes / 2, bytes - 64};
+    for (int i = 0; i < 3; ++i) std::memcpy(out[i], p + std::min(at[i], bytes - 64), 64);
+  }
+
+  // The decode-layout copy of w, made at its second one-token product (a
+  // single one, such as the prefill's last logits, is not worth a copy);
+  // nullptr before that, when the layout does not cover w, or when the copy
+  // cannot be allocated (the product then reads the GGUF rows).
+  const uint8_t* DecodePacked(const WeightView& w) {
+    const size_t bytes = cpu::DecodePackedBytes(w.type, w.rows, w.cols);
+    if (bytes == 0 || w.rows * w.row_bytes < 64) return nullptr;
+    uint8_t sample[3][64];
+    Sample(w, sample);
+    Packed& p = packed_[w.data];
+    const bool same = p.seen && p.type == w.type && p.rows == w.rows && p.cols == w.cols &&
+                      p.row_bytes == w.row_bytes && std::memcmp(p.sample, sample, sizeof(sample)) == 0;
+    if (same && p.data != nullptr) return p.data.get();
+    if (!same) {  // first sight (or other bytes at this address): remember, read the rows
+      p.data.reset();
+      p.seen = true;
+      p.type = w.type;
+      p.rows = w.rows;
+      p.cols = w.cols;
+      p.row_bytes = w.row_bytes;
+      std::memcpy(p.sample, sample, sizeof(sample));
+      return nullptr;
+    }
+    p.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+    if (p.data == nullptr) {
+      packed_.erase(w.data);
+      return nullptr;
+    }
+    cpu::PackForDecode(w.data, w.type, w.rows, w.cols, w.row_bytes, p.data.get());
+    return p.data.get();
+  }
+
   int num_threads_;
   bool exact_;
   bool profile_;
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
+  bool pack_decode_;
   // exact_matmul: weight matrices dequantized to f32, by their data.
   std::unordered_map<const void*, std::vector<float>> dequantized_;
+  // pack_decode_weights: matrices in the decode layout, by their data.
+  std::unordered_map<const void*, Packed> packed_;
 };
 
 }  // namespace
@@ -207,7 +274,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   // OpenMP's thread count is process-wide; the CPU backend owns it.
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
-  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile));
+  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile,
+                                                 options.pack_decode_weights));
 }
 
 }  // namespace snapfill

@@ -242,4 +242,13 @@ std::string ResolveModelPath(const std::string& flag) {
 #endif
 }
 
+std::vector<const WeightView*> LlamaModel::DecodeMatrices() const {
+  std::vector<const WeightView*> out;
+  for (const LlamaLayerWeights& l : layers_) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) out.push_back(w);
+  }
+  out.push_back(&output_);
+  return out;
+}
+
 }  // namespace snapfill

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -273,6 +274,7 @@ absl::Status RunBench() {
       "--input=" + absl::GetFlag(FLAGS_input),
       absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens)),
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+      absl::StrCat("--pack_decode=", absl::GetFlag(FLAGS_pack_decode) ? "true" : "false"),
       absl::StrCat("-n=", absl::GetFlag(FLAGS_n)),
       "--question=" + (absl::GetFlag(FLAGS_question).empty() ? std::string("What is this text about?")
                                                             : absl::GetFlag(FLAGS_question)),
@@ -359,7 +361,18 @@ absl::Status RunBench() {
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
   const LlamaConfig& mc = model.model->config();
   const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
-  const double weights = static_cast<double>(model.model->weight_bytes());
+  // The bytes of weights a decode step reads: each matrix once, in the
+  // layout the products read (the decode copy with --pack_decode).
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  double weights = 0;
+  {
+    absl::flat_hash_set<const void*> seen;
+    for (const WeightView* w : model.model->DecodeMatrices()) {
+      if (!seen.insert(w->data).second) continue;
+      const uint64_t copy = backend->DecodeCopyBytes(*w);
+      weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
+    }
+  }
   const double bandwidth = ReadBandwidth();
   auto predicted_tps = [&](int64_t entries) {
     return bandwidth / (weights + entries * entry_bytes);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,11 +100,21 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   BackendOptions opts;
   opts.num_threads = absl::GetFlag(FLAGS_threads);
   opts.profile = absl::GetFlag(FLAGS_profile);
+  opts.pack_decode_weights = absl::GetFlag(FLAGS_pack_decode);
   if (opts.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads=", opts.num_threads,
                                                    " must be >= 0"));
   }
   return CreateBackend(Device::kCpu, opts);
+}
+
+uint64_t DecodeCopyBytes(const LlamaModel& model, const Backend& backend) {
+  uint64_t total = 0;
+  absl::flat_hash_set<const void*> seen;
+  for (const WeightView* w : model.DecodeMatrices()) {
+    if (seen.insert(w->data).second) total += backend.DecodeCopyBytes(*w);
+  }
+  return total;
 }
 
 absl::StatusOr<SamplingParams> SamplingFromFlags() {

@@ -34,8 +34,12 @@ struct LoadedModel {
 // Loads --model (or its default), its tokenizer and chat template.
 absl::StatusOr<LoadedModel> LoadModelFromFlags();
 
-// The CPU backend with --threads.
+// The CPU backend with --threads and --pack_decode.
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+
+// What `backend` keeps for decoding `model` (its decode copy of the weight
+// matrices, each counted once).
+uint64_t DecodeCopyBytes(const LlamaModel& model, const Backend& backend);
 
 // --temp, --top_k, --top_p, --seed, validated.
 absl::StatusOr<SamplingParams> SamplingFromFlags();

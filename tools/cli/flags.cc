@@ -6,6 +6,10 @@ ABSL_FLAG(std::string, model, "",
           "Path of a Llama-family GGUF model. Default: $SNAPFILL_MODEL, else "
           "models/SmolLM2-135M-Instruct.Q4_1.gguf");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
+ABSL_FLAG(bool, pack_decode, true,
+          "Decode: rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token "
+          "products stream at memory speed (faster decode; the weights' size again in memory, "
+          "from the first generated token)");
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text");
 ABSL_FLAG(std::string, prompt_file, "", "Read the prompt from this file (- for stdin)");

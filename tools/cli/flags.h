@@ -11,6 +11,7 @@
 // Model and machine.
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(bool, pack_decode);
 // Prompt and sampling.
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, prompt_file);

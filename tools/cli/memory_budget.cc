@@ -50,7 +50,8 @@ std::string PeakPrediction::Format() const {
 }
 
 PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
-                           const PrefillFootprint& fp, uint64_t process_bytes) {
+                           const PrefillFootprint& fp, uint64_t process_bytes,
+                           uint64_t decode_copy_bytes) {
   PeakPrediction p;
   p.process = process_bytes;
   p.weights = weight_bytes;
@@ -64,8 +65,9 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
-  // adds one-token activations and the logits.
-  p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+  // adds one-token activations, the logits, and the weights' decode copy.
+  p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float) +
+            decode_copy_bytes;
   return p;
 }
 

@@ -41,6 +41,7 @@ struct Prepared {
   double tokenize_seconds = 0;
   PeakPrediction peak;
   std::string sizes_note;  // how --max_memory chose the sizes
+  uint64_t decode_copy_bytes = 0;  // the backend's decode copy of the weights (run only)
 };
 
 // Whether the user gave --flag. This Abseil (20220623) keeps
@@ -77,7 +78,7 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
       continue;
     }
     const PeakPrediction peak = PredictPeak(mc, p.model.model->weight_bytes(), *fp,
-                                            process_bytes);
+                                            process_bytes, p.decode_copy_bytes);
     smallest = peak;
     any = true;
     if (peak.total() <= budget) {
@@ -134,6 +135,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
+  if (with_question) p.decode_copy_bytes = DecodeCopyBytes(*p.model.model, *p.backend);
   Stopwatch tok;
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
   SNAPFILL_ASSIGN_OR_RETURN(
@@ -167,7 +169,8 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   const int64_t total = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(
       PrefillFootprint fp, PrefillEngine::Footprint(p.model.model->config(), p.config, total));
-  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes);
+  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
+                       p.decode_copy_bytes);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
   return p;

@@ -1,0 +1,104 @@
+// The CPU backend's decode copy (BackendOptions::pack_decode_weights): a
+// one-token product over the copy gives ggml's arithmetic like the product
+// over the GGUF rows; the copy's size is reported; and a matrix whose bytes
+// change at the same address (another model mapped where one was) is not
+// served from the stale copy.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/ref/quant_ref.h"
+#include "snapfill/backend.h"
+#include "tests/testing/matmul_data.h"
+
+namespace snapfill {
+namespace {
+
+std::unique_ptr<Backend> MakeBackend(bool pack, bool exact = false) {
+  BackendOptions o;
+  o.pack_decode_weights = pack;
+  o.exact_matmul = exact;
+  auto b = CreateBackend(Device::kCpu, o);
+  EXPECT_TRUE(b.ok());
+  return std::move(*b);
+}
+
+WeightView View(const std::vector<uint8_t>& w, GgmlType type, int64_t n, int64_t k) {
+  WeightView v;
+  v.data = w.data();
+  v.type = type;
+  v.rows = n;
+  v.cols = k;
+  v.row_bytes = RowBytes(type, k);
+  return v;
+}
+
+// |y - ggml| within the f32 summation bound of matmul_test.cc, every row.
+void ExpectGgml(const std::vector<float>& x, const std::vector<uint8_t>& w, GgmlType type, int64_t n,
+                int64_t k, const std::vector<float>& y) {
+  std::vector<float> ref(n);
+  std::vector<double> abs_terms(n);
+  ASSERT_TRUE(ref::MatMulQuantizedActivations(x.data(), 1, k, k, w.data(), type, n, RowBytes(type, k),
+                                              ref.data(), n, abs_terms.data()));
+  const double sum_n = static_cast<double>(k) / 16.0 + 64.0;
+  for (int64_t j = 0; j < n; ++j) {
+    ASSERT_LE(std::fabs(static_cast<double>(y[j]) - ref[j]), sum_n * 0x1p-24 * abs_terms[j])
+        << "row " << j << ": " << y[j] << " vs " << ref[j];
+  }
+}
+
+TEST(CpuBackendDecodeCopy, OneTokenProductsMatchGgmlWithAndWithoutTheCopy) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    const int64_t n = 203, k = 576;
+    const auto w = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 21, 0.02f);
+    const auto x = testing::HiddenStates(1, k, k, 4);
+    for (bool pack : {true, false}) {
+      auto b = MakeBackend(pack);
+      std::vector<float> y(n);
+      for (int rep = 0; rep < 3; ++rep) {  // the rows, then the copy made at the second call, then kept
+        ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
+        ExpectGgml(x, w, t, n, k, y);
+      }
+    }
+  }
+}
+
+TEST(CpuBackendDecodeCopy, ReportsTheCopyItKeeps) {
+  const std::vector<uint8_t> w(RowBytes(GgmlType::kQ4_1, 576) * 40);
+  const WeightView v = View(w, GgmlType::kQ4_1, 40, 576);
+  EXPECT_EQ(MakeBackend(true)->DecodeCopyBytes(v), cpu::DecodePackedBytes(GgmlType::kQ4_1, 40, 576));
+  if (cpu::MatMulHasSimd()) {
+    EXPECT_GT(MakeBackend(true)->DecodeCopyBytes(v), 0u);
+  }
+  EXPECT_EQ(MakeBackend(false)->DecodeCopyBytes(v), 0u);
+  EXPECT_EQ(MakeBackend(true, /*exact=*/true)->DecodeCopyBytes(v), 0u);
+  const std::vector<uint8_t> k_quant(RowBytes(GgmlType::kQ4_K, 256) * 16);
+  EXPECT_EQ(MakeBackend(true)->DecodeCopyBytes(View(k_quant, GgmlType::kQ4_K, 16, 256)), 0u);
+}
+
+TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t n = 64, k = 96;
+  auto b = MakeBackend(true);
+  std::vector<uint8_t> w = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 1, 0.02f);
+  const auto x = testing::HiddenStates(1, k, k, 2);
+  std::vector<float> y(n);
+  for (int rep = 0; rep < 2; ++rep) {  // packed at the second
+    ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
+    ExpectGgml(x, w, t, n, k, y);
+  }
+  // Other weights written into the same buffer: the same view, other bytes.
+  const auto other = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 99, 0.05f);
+  const uint8_t* before = w.data();
+  std::copy(other.begin(), other.end(), w.begin());
+  ASSERT_EQ(before, w.data());
+  for (int rep = 0; rep < 3; ++rep) {
+    ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
+    ExpectGgml(x, w, t, n, k, y);
+  }
+}
+
+}  // namespace
+}  // namespace snapfill
