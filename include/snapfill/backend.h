@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -104,6 +105,14 @@ class Backend {
   // Bytes the backend keeps for `w` once a single token has been multiplied
   // by it (BackendOptions::pack_decode_weights); 0 if none.
   virtual uint64_t DecodeCopyBytes(const WeightView& w) const { return 0; }
+  // Makes that copy of `w` now, if the backend keeps one, and calls
+  // `copied(data, bytes)` for each range of w's bytes that it has copied and
+  // will not read again for one-token products (so the caller may give
+  // those pages back while the copy grows). Returns whether a copy exists.
+  virtual bool PrepareDecodeCopy(const WeightView& w,
+                                 const std::function<void(const void*, size_t)>& copied) {
+    return false;
+  }
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
   // With BackendOptions::profile: a table of seconds and calls per op kind

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "src/base/sys_stats.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/quant_blocks.h"
 #include "snapfill/backend.h"
 #include "snapfill/status.h"
 
@@ -45,6 +47,13 @@ class CpuBackend final : public Backend {
 
   uint64_t DecodeCopyBytes(const WeightView& w) const override {
     return pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;
+  }
+
+  bool PrepareDecodeCopy(const WeightView& w,
+                         const std::function<void(const void*, size_t)>& copied) override {
+    if (!pack_decode_) return false;
+    if (DecodePacked(w, /*now=*/true, copied) == nullptr) return false;
+    return true;
   }
 
   std::string ProfileReport() const override {
@@ -85,6 +94,9 @@ class CpuBackend final : public Backend {
                                                      " y_stride=", y_stride));
     }
     if (m == 0) return absl::OkStatus();
+    // A batch: decoding may start over after it (perhaps with another model
+    // where this one was), so decode copies are checked again.
+    if (m > 1) ++epoch_;
     if (exact_ && w.type != GgmlType::kF32) {
       // Each matrix is dequantized once and kept (4 bytes per weight).
       std::vector<float>& f32 = dequantized_[w.data];
@@ -201,9 +213,13 @@ class CpuBackend final : public Backend {
   // A matrix in the decode layout, with its shape and samples of the bytes
   // it was made from: a view at the same address with other contents
   // (another model mapped where this one was) starts over, not served stale.
+  // The samples are compared by PrepareDecodeCopy and by the first
+  // one-token product after each batch (m > 1), not by every product: the
+  // caller may have given w's pages back, and reading them maps them in.
   struct Packed {
     std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, std::free};
     bool seen = false;
+    int64_t checked_epoch = -1;  // epoch_ when the samples last matched
     GgmlType type = GgmlType::kF32;
     int64_t rows = 0, cols = 0;
     size_t row_bytes = 0;
@@ -221,16 +237,32 @@ class CpuBackend final : public Backend {
   // single one, such as the prefill's last logits, is not worth a copy);
   // nullptr before that, when the layout does not cover w, or when the copy
   // cannot be allocated (the product then reads the GGUF rows).
-  const uint8_t* DecodePacked(const WeightView& w) {
+  // now: make the copy at this call (PrepareDecodeCopy), in slices of
+  // kPackSliceRows rows, calling `copied` with each slice's source bytes as
+  // soon as it is packed (and with all of w's bytes if the copy exists).
+  static constexpr int64_t kPackSliceRows = 1024;
+  const uint8_t* DecodePacked(const WeightView& w, bool now = false,
+                              const std::function<void(const void*, size_t)>& copied = nullptr) {
     const size_t bytes = cpu::DecodePackedBytes(w.type, w.rows, w.cols);
     if (bytes == 0 || w.rows * w.row_bytes < 64) return nullptr;
+    Packed& p = packed_[w.data];
+    // Checked since the last batch: no need to read w's bytes again (their
+    // pages may have been given back, and reading them would map them in).
+    if (!now && p.data != nullptr && p.checked_epoch == epoch_ && p.type == w.type && p.rows == w.rows &&
+        p.cols == w.cols && p.row_bytes == w.row_bytes) {
+      if (copied) copied(w.data, w.rows * w.row_bytes);
+      return p.data.get();
+    }
     uint8_t sample[3][64];
     Sample(w, sample);
-    Packed& p = packed_[w.data];
     const bool same = p.seen && p.type == w.type && p.rows == w.rows && p.cols == w.cols &&
                       p.row_bytes == w.row_bytes && std::memcmp(p.sample, sample, sizeof(sample)) == 0;
-    if (same && p.data != nullptr) return p.data.get();
-    if (!same) {  // first sight (or other bytes at this address): remember, read the rows
+    if (same && p.data != nullptr) {
+      p.checked_epoch = epoch_;
+      if (copied) copied(w.data, w.rows * w.row_bytes);
+      return p.data.get();
+    }
+    if (!same && !now) {  // first sight (or other bytes at this address): remember, read the rows
       p.data.reset();
       p.seen = true;
       p.type = w.type;
@@ -245,7 +277,23 @@ class CpuBackend final : public Backend {
       packed_.erase(w.data);
       return nullptr;
     }
-    cpu::PackForDecode(w.data, w.type, w.rows, w.cols, w.row_bytes, p.data.get());
+    static_assert(kPackSliceRows % kDecodeGroupRows == 0, "slices of whole groups");
+    p.seen = true;
+    p.checked_epoch = epoch_;
+    p.type = w.type;
+    p.rows = w.rows;
+    p.cols = w.cols;
+    p.row_bytes = w.row_bytes;
+    std::memcpy(p.sample, sample, sizeof(sample));
+    // Slices of whole 16-row groups are sub-matrices of the layout.
+    const auto* src = static_cast<const uint8_t*>(w.data);
+    const size_t group_bytes = cpu::DecodePackedBytes(w.type, kDecodeGroupRows, w.cols);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kPackSliceRows) {
+      const int64_t rows = std::min(kPackSliceRows, w.rows - r0);
+      cpu::PackForDecode(src + r0 * w.row_bytes, w.type, rows, w.cols, w.row_bytes,
+                         p.data.get() + r0 / kDecodeGroupRows * group_bytes);
+      if (copied) copied(src + r0 * w.row_bytes, rows * w.row_bytes);
+    }
     return p.data.get();
   }
 
@@ -259,6 +307,7 @@ class CpuBackend final : public Backend {
   std::unordered_map<const void*, std::vector<float>> dequantized_;
   // pack_decode_weights: matrices in the decode layout, by their data.
   std::unordered_map<const void*, Packed> packed_;
+  int64_t epoch_ = 0;  // batches (m > 1) seen
 };
 
 }  // namespace

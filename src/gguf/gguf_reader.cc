@@ -345,6 +345,18 @@ GgufFile::~GgufFile() {
   if (mapping_ != nullptr) munmap(mapping_, static_cast<size_t>(size_));
 }
 
+uint64_t GgufFile::ReleasePages(const void* data, uint64_t bytes) const {
+  if (mapping_ == nullptr || bytes == 0) return 0;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
+  const auto begin = std::max(reinterpret_cast<uintptr_t>(data), lo);
+  const auto end = std::min(reinterpret_cast<uintptr_t>(data) + bytes, hi);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last <= first) return 0;
+  if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
+  return last - first;
+}
+
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   std::unique_ptr<GgufFile> file(new GgufFile());
   file->path_ = path;

@@ -114,6 +114,12 @@ class GgufFile {
   uint64_t file_size() const { return size_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
+  // Gives back to the OS the pages of the mapping that lie wholly inside
+  // [data, data + bytes) (madvise MADV_DONTNEED on the read-only private
+  // mapping): they leave the resident set, and a later read maps them again
+  // from the page cache with the same contents. Returns the bytes given back;
+  // 0 for an in-memory file (FromBytes), whose bytes only exist there.
+  uint64_t ReleasePages(const void* data, uint64_t bytes) const;
   // All bytes of the file (the mapping), e.g. to fingerprint it.
   std::string_view bytes() const {
     return std::string_view(reinterpret_cast<const char*>(base_), size_);

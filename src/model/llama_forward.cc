@@ -80,6 +80,18 @@ absl::StatusOr<std::unique_ptr<KvCache>> LlamaForward::NewKvCache(int64_t capaci
   return KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim, capacity});
 }
 
+void LlamaForward::PrepareDecode() {
+  decode_prepared_ = true;
+  std::vector<const void*> seen;
+  for (const WeightView* w : model_.DecodeMatrices()) {
+    if (std::find(seen.begin(), seen.end(), w->data) != seen.end()) continue;
+    seen.push_back(w->data);
+    backend_->PrepareDecodeCopy(*w, [this](const void* data, size_t bytes) {
+      model_.gguf().ReleasePages(data, bytes);
+    });
+  }
+}
+
 absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32_t* pos,
                                    KvCache& kv, int64_t num_logits, float* logits) {
   if (n <= 0) return absl::InvalidArgumentError("forward: no tokens");
@@ -87,6 +99,8 @@ absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32
     return absl::InvalidArgumentError(absl::StrCat("forward: ", num_logits,
                                                    " logits asked for ", n, " tokens"));
   }
+  if (n == 1 && !decode_prepared_) PrepareDecode();
+  if (n > 1) decode_prepared_ = false;
   const int64_t vocab = model_.config().vocab_size;
   for (int64_t start = 0; start < n; start += max_tokens_) {
     const int64_t len = std::min(max_tokens_, n - start);

@@ -77,6 +77,14 @@ class LlamaForward {
   absl::Status RunLayers(const int32_t* tokens, int64_t n, const Attend& attend, int64_t num_logits,
                          float* logits);
 
+  // At the first one-token forward after a batch (decoding starts): the
+  // backend makes its decode copy of each weight matrix (if it keeps one)
+  // and the file's pages it copied are given back as it goes, so the copy
+  // takes their place in memory instead of adding to it. A later batch maps
+  // them again from the page cache.
+  void PrepareDecode();
+  bool decode_prepared_ = false;
+
   const LlamaModel& model_;
   Backend* backend_;
   int64_t max_tokens_;

@@ -5,6 +5,7 @@
 // served from the stale copy.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,6 +66,31 @@ TEST(CpuBackendDecodeCopy, OneTokenProductsMatchGgmlWithAndWithoutTheCopy) {
   }
 }
 
+TEST(CpuBackendDecodeCopy, PrepareCopiesInSlicesAndReportsEachOnce) {
+  const GgmlType t = GgmlType::kQ8_0;
+  const int64_t n = 2500, k = 64;  // three slices of up to 1024 rows
+  const auto w = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 5, 0.02f);
+  const auto x = testing::HiddenStates(1, k, k, 6);
+  auto b = MakeBackend(true);
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  const bool made = b->PrepareDecodeCopy(View(w, t, n, k), [&](const void* data, size_t bytes) {
+    ranges.emplace_back(static_cast<const uint8_t*>(data), bytes);
+  });
+  ASSERT_EQ(made, cpu::DecodePackedBytes(t, n, k) > 0);
+  if (!made) return;
+  ASSERT_EQ(ranges.size(), 3u);
+  const uint8_t* next = w.data();
+  for (const auto& [data, bytes] : ranges) {  // in order, adjacent, covering w
+    EXPECT_EQ(data, next);
+    next = data + bytes;
+  }
+  EXPECT_EQ(next, w.data() + w.size());
+  std::vector<float> y(n);
+  ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
+  ExpectGgml(x, w, t, n, k, y);  // the first one-token product already reads the copy
+  EXPECT_FALSE(MakeBackend(false)->PrepareDecodeCopy(View(w, t, n, k), nullptr));
+}
+
 TEST(CpuBackendDecodeCopy, ReportsTheCopyItKeeps) {
   const std::vector<uint8_t> w(RowBytes(GgmlType::kQ4_1, 576) * 40);
   const WeightView v = View(w, GgmlType::kQ4_1, 40, 576);
@@ -90,14 +116,31 @@ TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
     ExpectGgml(x, w, t, n, k, y);
   }
   // Other weights written into the same buffer: the same view, other bytes.
+  // A new model's decode starts after a batch (its prefill) or with
+  // PrepareDecodeCopy; either checks the copy again.
   const auto other = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 99, 0.05f);
   const uint8_t* before = w.data();
   std::copy(other.begin(), other.end(), w.begin());
   ASSERT_EQ(before, w.data());
+  const auto x2 = testing::HiddenStates(2, k, k, 3);
+  std::vector<float> y2(2 * n);
+  ASSERT_TRUE(b->MatMul(x2.data(), 2, k, View(w, t, n, k), y2.data(), n).ok());
   for (int rep = 0; rep < 3; ++rep) {
     ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
     ExpectGgml(x, w, t, n, k, y);
   }
+  // And through PrepareDecodeCopy, with no batch in between.
+  const auto third = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 7, 0.03f);
+  std::copy(third.begin(), third.end(), w.begin());
+  size_t reported = 0;
+  ASSERT_TRUE(b->PrepareDecodeCopy(View(w, t, n, k), [&](const void* data, size_t bytes) {
+    EXPECT_GE(static_cast<const uint8_t*>(data), w.data());
+    EXPECT_LE(static_cast<const uint8_t*>(data) + bytes, w.data() + w.size());
+    reported += bytes;
+  }));
+  EXPECT_EQ(reported, w.size()) << "every copied byte is reported once";
+  ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
+  ExpectGgml(x, w, t, n, k, y);
 }
 
 }  // namespace

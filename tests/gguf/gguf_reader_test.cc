@@ -18,6 +18,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/base/sys_stats.h"
 #include "src/gguf/gguf_writer.h"
 #include "tests/testing/status_matchers.h"
 
@@ -287,6 +288,38 @@ TEST(GgufReaderTest, OpenMatchesFromBytes) {
 std::string RealModelPath() {
   if (const char* env = std::getenv("SNAPFILL_MODEL"); env != nullptr && *env != '\0') return env;
   return testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+// ReleasePages gives a mapped tensor's pages back (the resident set drops)
+// and the bytes read the same afterwards; an in-memory file keeps its bytes.
+TEST(GgufReaderTest, ReleasedPagesReadTheSame) {
+  const std::string path = RealModelPath();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) GTEST_SKIP() << "real model not found at " << path;
+  auto f = GgufFile::Open(path);
+  SNAPFILL_ASSERT_OK(f);
+  const GgufTensorInfo* emb = (*f)->FindTensor("token_embd.weight");
+  ASSERT_NE(emb, nullptr);
+  const std::string before(reinterpret_cast<const char*>(emb->data), emb->size_bytes);  // maps every page in
+  const uint64_t rss_before = CurrentRssBytes();
+  const uint64_t released = (*f)->ReleasePages(emb->data, emb->size_bytes);
+  const uint64_t rss_after = CurrentRssBytes();
+  if (rss_before > 0) {  // the 30 MB left this process's resident set
+    EXPECT_LE(rss_after + released * 9 / 10, rss_before) << rss_before << " -> " << rss_after;
+  }
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_GE(released, emb->size_bytes - 2 * page);
+  EXPECT_LE(released, emb->size_bytes);
+  EXPECT_EQ(released % page, 0u);
+  EXPECT_EQ(before, std::string(reinterpret_cast<const char*>(emb->data), emb->size_bytes));
+  EXPECT_EQ((*f)->ReleasePages(emb->data, 100), 0u) << "no whole page in 100 bytes";
+
+  auto mem = GgufFile::FromBytes(std::string((*f)->bytes()));
+  SNAPFILL_ASSERT_OK(mem);
+  const GgufTensorInfo* memb = (*mem)->FindTensor("token_embd.weight");
+  ASSERT_NE(memb, nullptr);
+  EXPECT_EQ((*mem)->ReleasePages(memb->data, memb->size_bytes), 0u);
+  EXPECT_EQ(before, std::string(reinterpret_cast<const char*>(memb->data), memb->size_bytes));
 }
 
 TEST(GgufReaderTest, OpensTheRealModel) {

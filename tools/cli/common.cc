@@ -108,11 +108,13 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   return CreateBackend(Device::kCpu, opts);
 }
 
-uint64_t DecodeCopyBytes(const LlamaModel& model, const Backend& backend) {
+uint64_t DecodeCopyGrowth(const LlamaModel& model, const Backend& backend) {
   uint64_t total = 0;
   absl::flat_hash_set<const void*> seen;
   for (const WeightView* w : model.DecodeMatrices()) {
-    if (seen.insert(w->data).second) total += backend.DecodeCopyBytes(*w);
+    if (!seen.insert(w->data).second) continue;
+    const uint64_t copy = backend.DecodeCopyBytes(*w), rows = static_cast<uint64_t>(w->rows) * w->row_bytes;
+    if (copy > rows) total += copy - rows;
   }
   return total;
 }

@@ -65,7 +65,7 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
-  // adds one-token activations, the logits, and the weights' decode copy.
+  // adds one-token activations, the logits, and the decode copy's growth.
   p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float) +
             decode_copy_bytes;
   return p;

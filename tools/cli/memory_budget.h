@@ -9,9 +9,10 @@
 //   + the backend's per-chunk work buffers (quantized activations and packed
 //     weight tiles, per thread)
 //   + what comes after the prefill: the memory becomes the decoder's cache
-//     in place, so only one-token activations, the logits, and the
-//     backend's decode copy of the weights (BackendOptions::
-//     pack_decode_weights; 0 when off or for a command that does not decode).
+//     in place, so only one-token activations, the logits, and what the
+//     backend's decode copy of the weights adds (BackendOptions::
+//     pack_decode_weights: the copy replaces the file's pages, so only its
+//     layout's padding; 0 when off or for a command that does not decode).
 // The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
 // rest is exact arithmetic on the allocations.
 #ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
@@ -36,7 +37,7 @@ struct PeakPrediction {
   uint64_t weights = 0;
   uint64_t prefill = 0;   // PrefillFootprint::total()
   uint64_t backend = 0;   // per-chunk work buffers (fit)
-  uint64_t after = 0;     // decoding's activations, logits and decode copy of the weights
+  uint64_t after = 0;     // decoding's activations, logits and decode copy's growth
   uint64_t total() const { return process + weights + prefill + backend + after; }
   // "predicted peak 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;

@@ -41,7 +41,7 @@ struct Prepared {
   double tokenize_seconds = 0;
   PeakPrediction peak;
   std::string sizes_note;  // how --max_memory chose the sizes
-  uint64_t decode_copy_bytes = 0;  // the backend's decode copy of the weights (run only)
+  uint64_t decode_copy_bytes = 0;  // what the backend's decode copy adds (run only)
 };
 
 // Whether the user gave --flag. This Abseil (20220623) keeps
@@ -135,7 +135,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
-  if (with_question) p.decode_copy_bytes = DecodeCopyBytes(*p.model.model, *p.backend);
+  if (with_question) p.decode_copy_bytes = DecodeCopyGrowth(*p.model.model, *p.backend);
   Stopwatch tok;
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
   SNAPFILL_ASSIGN_OR_RETURN(
