@@ -246,23 +246,22 @@ class CpuBackend final : public Backend {
     const size_t bytes = cpu::DecodePackedBytes(w.type, w.rows, w.cols);
     if (bytes == 0 || w.rows * w.row_bytes < 64) return nullptr;
     Packed& p = packed_[w.data];
-    // Checked since the last batch: no need to read w's bytes again (their
+    const bool shape = p.seen && p.type == w.type && p.rows == w.rows && p.cols == w.cols &&
+                       p.row_bytes == w.row_bytes;
+    // Checked since the last batch: w's bytes are not read again (their
     // pages may have been given back, and reading them would map them in).
-    if (!now && p.data != nullptr && p.checked_epoch == epoch_ && p.type == w.type && p.rows == w.rows &&
-        p.cols == w.cols && p.row_bytes == w.row_bytes) {
-      if (copied) copied(w.data, w.rows * w.row_bytes);
-      return p.data.get();
-    }
+    bool same = shape && !now && p.checked_epoch == epoch_;
     uint8_t sample[3][64];
-    Sample(w, sample);
-    const bool same = p.seen && p.type == w.type && p.rows == w.rows && p.cols == w.cols &&
-                      p.row_bytes == w.row_bytes && std::memcmp(p.sample, sample, sizeof(sample)) == 0;
+    if (!same) {
+      Sample(w, sample);
+      same = shape && std::memcmp(p.sample, sample, sizeof(sample)) == 0;
+    }
+    p.checked_epoch = epoch_;
     if (same && p.data != nullptr) {
-      p.checked_epoch = epoch_;
       if (copied) copied(w.data, w.rows * w.row_bytes);
       return p.data.get();
     }
-    if (!same && !now) {  // first sight (or other bytes at this address): remember, read the rows
+    if (!same) {  // first sight, or other bytes at this address: remember them
       p.data.reset();
       p.seen = true;
       p.type = w.type;
@@ -270,7 +269,7 @@ class CpuBackend final : public Backend {
       p.cols = w.cols;
       p.row_bytes = w.row_bytes;
       std::memcpy(p.sample, sample, sizeof(sample));
-      return nullptr;
+      if (!now) return nullptr;  // read the rows this time
     }
     p.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
     if (p.data == nullptr) {
@@ -278,13 +277,6 @@ class CpuBackend final : public Backend {
       return nullptr;
     }
     static_assert(kPackSliceRows % kDecodeGroupRows == 0, "slices of whole groups");
-    p.seen = true;
-    p.checked_epoch = epoch_;
-    p.type = w.type;
-    p.rows = w.rows;
-    p.cols = w.cols;
-    p.row_bytes = w.row_bytes;
-    std::memcpy(p.sample, sample, sizeof(sample));
     // Slices of whole 16-row groups are sub-matrices of the layout.
     const auto* src = static_cast<const uint8_t*>(w.data);
     const size_t group_bytes = cpu::DecodePackedBytes(w.type, kDecodeGroupRows, w.cols);
