@@ -52,8 +52,10 @@ struct BackendOptions {
   // rewrites each Q4_0 / Q4_1 / Q8_0 matrix the second time it multiplies one
   // token by it (a single product, such as a prefill's last logits, does not
   // pay for a copy), into a layout that keeps up with that stream
-  // (kernels/quant_blocks.h), and keeps the copy: about the weights' size
-  // again in memory, from the second decode step on. Same arithmetic.
+  // (kernels/quant_blocks.h), and keeps the copy (same arithmetic).
+  // LlamaForward asks for every copy when decoding starts
+  // (PrepareDecodeCopy) and gives the model file's pages back as they are
+  // copied, so the copy takes their place in memory.
   bool pack_decode_weights = true;
 };
 

@@ -8,8 +8,8 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(bool, pack_decode, true,
           "Decode: rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token "
-          "products stream at memory speed (faster decode; the weights' size again in memory, "
-          "from the first generated token)");
+          "products stream at memory speed, when decoding starts (faster decode; the copy takes "
+          "the place of the model file's pages in memory)");
 
 ABSL_FLAG(std::string, prompt, "", "Prompt text");
 ABSL_FLAG(std::string, prompt_file, "", "Read the prompt from this file (- for stdin)");
