@@ -1230,11 +1230,9 @@ size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k) {
 void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out) {
   const int64_t rec = DecodeRecordBytes(type), quant = DecodeQuantBytes(type);
   const int64_t nb = k / 32, groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
-  const int64_t blk = type == GgmlType::kQ4_1 ? sizeof(BlockQ4_1)
-                      : type == GgmlType::kQ4_0 ? sizeof(BlockQ4_0)
-                                                : sizeof(BlockQ8_0);
+  const int64_t blk = RowBytes(type, 32);
   const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : 2;
-  const int64_t words = (quant / 64);  // 4-byte words per row and block
+  const int64_t words = quant / 64;  // 4-byte words per row and block
   const auto* src = static_cast<const uint8_t*>(w);
   auto* dst = static_cast<uint8_t*>(out);
 #pragma omp parallel for schedule(static)

@@ -51,9 +51,7 @@ class CpuBackend final : public Backend {
 
   bool PrepareDecodeCopy(const WeightView& w,
                          const std::function<void(const void*, size_t)>& copied) override {
-    if (!pack_decode_) return false;
-    if (DecodePacked(w, /*now=*/true, copied) == nullptr) return false;
-    return true;
+    return pack_decode_ && DecodePacked(w, /*now=*/true, copied) != nullptr;
   }
 
   std::string ProfileReport() const override {

@@ -82,10 +82,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> LlamaForward::NewKvCache(int64_t capaci
 
 void LlamaForward::PrepareDecode() {
   decode_prepared_ = true;
-  std::vector<const void*> seen;
   for (const WeightView* w : model_.DecodeMatrices()) {
-    if (std::find(seen.begin(), seen.end(), w->data) != seen.end()) continue;
-    seen.push_back(w->data);
     backend_->PrepareDecodeCopy(*w, [this](const void* data, size_t bytes) {
       model_.gguf().ReleasePages(data, bytes);
     });

@@ -62,8 +62,9 @@ class LlamaModel {
   const LlamaLayerWeights& layer(int64_t i) const { return layers_[i]; }
   // Bytes of tensor data in the file.
   uint64_t weight_bytes() const { return weight_bytes_; }
-  // The matrices one decode step multiplies a token by: every layer's seven
-  // and the output head (which may be token_embd itself).
+  // The matrices one decode step multiplies a token by, each once: every
+  // layer's seven and the output head (which may share token_embd's data,
+  // never a layer's).
   std::vector<const WeightView*> DecodeMatrices() const;
 
  private:

@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -365,13 +364,9 @@ absl::Status RunBench() {
   // layout the products read (the decode copy with --pack_decode).
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
   double weights = 0;
-  {
-    absl::flat_hash_set<const void*> seen;
-    for (const WeightView* w : model.model->DecodeMatrices()) {
-      if (!seen.insert(w->data).second) continue;
-      const uint64_t copy = backend->DecodeCopyBytes(*w);
-      weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
-    }
+  for (const WeightView* w : model.model->DecodeMatrices()) {
+    const uint64_t copy = backend->DecodeCopyBytes(*w);
+    weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
   }
   const double bandwidth = ReadBandwidth();
   auto predicted_tps = [&](int64_t entries) {

@@ -8,7 +8,6 @@
 #include <iostream>
 #include <sstream>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -110,9 +109,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
 
 uint64_t DecodeCopyGrowth(const LlamaModel& model, const Backend& backend) {
   uint64_t total = 0;
-  absl::flat_hash_set<const void*> seen;
   for (const WeightView* w : model.DecodeMatrices()) {
-    if (!seen.insert(w->data).second) continue;
     const uint64_t copy = backend.DecodeCopyBytes(*w), rows = static_cast<uint64_t>(w->rows) * w->row_bytes;
     if (copy > rows) total += copy - rows;
   }

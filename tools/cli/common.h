@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 // What decoding `model` adds to the resident set through `backend`'s decode
 // copy of the weight matrices: the copy takes the place of the file's pages
 // (LlamaForward gives them back as it copies), so only what the copy's
-// layout adds (each matrix counted once).
+// layout adds.
 uint64_t DecodeCopyGrowth(const LlamaModel& model, const Backend& backend);
 
 // --temp, --top_k, --top_p, --seed, validated.
