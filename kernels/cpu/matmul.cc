@@ -31,8 +31,9 @@
 // OS allow it.
 //
 // ISA: AVX-512 F/BW/VNNI kernels (vpdpbusd for 32-blocks, vpmaddubsw +
-// vpdpwssd for K-quants) when compiled with them (-march=native here); a
-// portable scalar path with the same packed data otherwise, or when a test
+// vpdpwssd for K-quants) when compiled with them (-march=native here); else
+// AVX2 kernels on the same packed data (vpmaddubsw + vpmaddwd; "AVX2
+// micro-kernels" below); a portable scalar path otherwise, or when a test
 // asks for it with SetMatMulImplForTesting.
 #include "kernels/cpu/matmul.h"
 
@@ -84,6 +85,18 @@ std::atomic<int> g_impl{static_cast<int>(MatMulImpl::kAuto)};
 bool UseSimd() {
   return SNAPFILL_MATMUL_AVX512 && g_impl.load(std::memory_order_relaxed) !=
                                        static_cast<int>(MatMulImpl::kGeneric);
+}
+
+// Kernels of the packed path (token blocks) and of float weights.
+enum class PackedIsa { kScalar, kAvx2, kAvx512 };
+// Tokens per AVX2 micro-kernel call: 4 rows × 2 tokens keeps the 8
+// accumulators, 4 weight vectors and the operands in the 16 ymm registers.
+constexpr int kAvx2Tokens = 2;
+PackedIsa PickPackedIsa() {
+  const int impl = g_impl.load(std::memory_order_relaxed);
+  if (impl == static_cast<int>(MatMulImpl::kGeneric)) return PackedIsa::kScalar;
+  if (SNAPFILL_MATMUL_AVX512 && impl != static_cast<int>(MatMulImpl::kAvx2)) return PackedIsa::kAvx512;
+  return SNAPFILL_GEMV_AVX2 ? PackedIsa::kAvx2 : PackedIsa::kScalar;
 }
 
 // The AMX tile paths (matmul_amx.cc, matmul_amx_bf16.cc) for token blocks;
@@ -152,6 +165,44 @@ float QuantBlock8(const float* x, int8_t* q, int* sum) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(qi[h]));
     }
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qi[0], qi[1]));
+    return d;
+  }
+#elif SNAPFILL_GEMV_AVX2
+  if (g_impl.load(std::memory_order_relaxed) != static_cast<int>(MatMulImpl::kGeneric)) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+    __m256 vmax = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256 half = _mm256_set1_ps(0.5f);
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) {
+      // roundf as in the AVX-512 branch: truncate, step away from zero when
+      // the dropped part is >= 0.5.
+      const __m256 p = _mm256_mul_ps(v[i], vid);
+      __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(p, t)), half, _CMP_GE_OQ);
+      const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(p, sign));  // ±1
+      t = _mm256_add_ps(t, _mm256_and_ps(up, one));
+      qi[i] = _mm256_cvttps_epi32(t);
+    }
+    // |q| <= 127: the saturating packs are exact; the permute undoes their
+    // lane interleave.
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+    *sum = _mm_cvtsi128_si32(s4);
     return d;
   }
 #endif
@@ -835,7 +886,7 @@ void QuantizeGemvX(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlT
 
 void Gemv(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type, int64_t n,
           size_t w_row_bytes, float* y, int64_t y_stride) {
-  const int64_t nb = k / 32;
+  [[maybe_unused]] const int64_t nb = k / 32;
   GemvX& gx = CallerGemvX();
   QuantizeGemvX(x, m, k, x_stride, type, gx);
   const GemvFn fn = type == GgmlType::kQ4_1   ? PickGemvM<GgmlType::kQ4_1>(m)
@@ -948,6 +999,131 @@ void DecodeGroups(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb, int
   }
 }
 #endif  // SNAPFILL_MATMUL_AVX512
+
+// ---------------------------------------------------------------------------
+// AVX2 micro-kernels of the packed path (token blocks on CPUs without
+// AVX-512, e.g. AMD Zen under hypervisors that hide it; MatMulImpl::kAvx2
+// forces them where AVX-512 is there, for tests and benchmarks). Same packed
+// data and formulas as Tile32 / TileK, 32 elements (one block) per step:
+//   Q4_0 / Q4_1: vpmaddubsw(u8 w 0..15, s8 x) → int16 pairs (|pair| <= 2·15·127),
+//                vpmaddwd with 1 → 8 int32 lanes, f32 FMA with the lane scale.
+//   Q8_0: X is packed as u8 = q + 128, which vpmaddubsw would saturate on; the
+//         kernel flips it back to s8 and multiplies |w| by x with w's sign
+//         (|pair| <= 2·127·127), so the +128 correction (the aux terms) is
+//         not needed and is skipped: one f32 term fewer per block, the same
+//         exact integer block dots.
+//   Q4_K / Q6_K: vpmaddubsw then vpmaddwd with the int16 scales, int32 per
+//         super-block, as TileK.
+inline __m256i MaddPairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+template <int RM, int RN, bool kXUnsigned>
+void Tile32Avx2(const TileArgs& a) {
+  const PackDims& pd = *a.pd;
+  __m256 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t s = 0; s < pd.kp; s += 32) {
+    __m256i w[RM];
+    __m256 ws[RM];
+    for (int r = 0; r < RM; ++r) {
+      w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.wq + r * pd.kp + s));
+      ws[r] = _mm256_broadcast_ss(a.ws + r * pd.scale_len + s / 4);
+    }
+    for (int t = 0; t < RN; ++t) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * pd.kp + s));
+      if constexpr (kXUnsigned) xv = _mm256_xor_si256(xv, flip);
+      const __m256 xs = _mm256_broadcast_ss(a.xs + t * a.x_s_stride + s / 4);
+      for (int r = 0; r < RM; ++r) {
+        __m256i isum;
+        if constexpr (kXUnsigned) {
+          isum = MaddPairs(_mm256_maddubs_epi16(_mm256_sign_epi8(w[r], w[r]), _mm256_sign_epi8(xv, w[r])));
+        } else {
+          isum = MaddPairs(_mm256_maddubs_epi16(w[r], xv));
+        }
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ws[r], xs), acc[r][t]);
+      }
+    }
+  }
+  if constexpr (!kXUnsigned) {
+    for (int64_t c = 0; c < pd.aux_len; c += 8) {
+      for (int r = 0; r < RM; ++r) {
+        const __m256 wa = _mm256_loadu_ps(a.waux + r * pd.aux_len + c);
+        for (int t = 0; t < RN; ++t) {
+          acc[r][t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) a.y[t * a.y_stride + r] = HSum256(acc[r][t]);
+}
+
+template <int RM, int RN>
+void TileKAvx2(const TileArgs& a) {
+  const PackDims& pd = *a.pd;
+  __m256 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < pd.nsb; ++b) {
+    __m256i iacc[RM][RN];
+    for (int r = 0; r < RM; ++r)
+      for (int t = 0; t < RN; ++t) iacc[r][t] = _mm256_setzero_si256();
+    for (int64_t s = b * kQK_K; s < (b + 1) * kQK_K; s += 32) {
+      __m256i w[RM], sc[RM];
+      for (int r = 0; r < RM; ++r) {
+        w[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.wq + r * pd.kp + s));
+        sc[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.wsc + r * pd.scale_len + s / 2));
+      }
+      for (int t = 0; t < RN; ++t) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * pd.kp + s));
+        for (int r = 0; r < RM; ++r) {
+          iacc[r][t] = _mm256_add_epi32(iacc[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(w[r], xv), sc[r]));
+        }
+      }
+    }
+    for (int r = 0; r < RM; ++r) {
+      const float wd = a.wd[r * pd.nsb + b];
+      for (int t = 0; t < RN; ++t) {
+        const __m256 f = _mm256_set1_ps(wd * a.xs[t * a.x_s_stride + b]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][t]), f, acc[r][t]);
+      }
+    }
+  }
+  for (int64_t c = 0; c < pd.aux_len; c += 8) {
+    for (int r = 0; r < RM; ++r) {
+      const __m256 wa = _mm256_loadu_ps(a.waux + r * pd.aux_len + c);
+      for (int t = 0; t < RN; ++t) {
+        acc[r][t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) a.y[t * a.y_stride + r] = HSum256(acc[r][t]);
+}
+
+using TileAvx2Fn = void (*)(const TileArgs&);
+
+template <bool kXUnsigned>
+TileAvx2Fn Pick32Avx2(int rm, int rn) {
+  static constexpr TileAvx2Fn kTable[4][2] = {
+      {Tile32Avx2<1, 1, kXUnsigned>, Tile32Avx2<1, 2, kXUnsigned>},
+      {Tile32Avx2<2, 1, kXUnsigned>, Tile32Avx2<2, 2, kXUnsigned>},
+      {Tile32Avx2<3, 1, kXUnsigned>, Tile32Avx2<3, 2, kXUnsigned>},
+      {Tile32Avx2<4, 1, kXUnsigned>, Tile32Avx2<4, 2, kXUnsigned>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
+
+TileAvx2Fn PickKAvx2(int rm, int rn) {
+  static constexpr TileAvx2Fn kTable[4][2] = {
+      {TileKAvx2<1, 1>, TileKAvx2<1, 2>},
+      {TileKAvx2<2, 1>, TileKAvx2<2, 2>},
+      {TileKAvx2<3, 1>, TileKAvx2<3, 2>},
+      {TileKAvx2<4, 1>, TileKAvx2<4, 2>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
 #endif  // SNAPFILL_GEMV_AVX2
 
 // Per-thread scratch (OpenMP worker threads persist across calls).
@@ -996,7 +1172,7 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
   }
   const TypeInfo ti = Info(type);
   const PackDims pd = Dims(type, k);
-  const bool simd = UseSimd();
+  const PackedIsa isa = PickPackedIsa();
   XPack& xp = CallerXPack();
   xp.s_stride = ti.family == Family::kBlock32 ? pd.scale_len : pd.nsb;
   if (xp.q.size() < static_cast<size_t>(m * pd.kp)) xp.q.resize(m * pd.kp);
@@ -1034,7 +1210,7 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
         for (int64_t r = 0; r < rows; ++r) PackWRow(type, w + (j0 + r) * w_row_bytes, k, pd, &wp, r);
         packed_nblock = nbi;
       }
-      const int max_rn = ti.family == Family::kBlock32 ? 4 : 2;
+      const int max_rn = ti.family == Family::kSuper256 ? 2 : isa == PackedIsa::kAvx2 ? kAvx2Tokens : 4;
       for (int64_t t0 = 0; t0 < toks; t0 += max_rn) {
         const int rn = static_cast<int>(std::min<int64_t>(max_rn, toks - t0));
         const int64_t ti0 = i0 + t0;
@@ -1055,7 +1231,7 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
           a.k = k;
           a.x_s_stride = xp.s_stride;
 #if SNAPFILL_MATMUL_AVX512
-          if (simd) {
+          if (isa == PackedIsa::kAvx512) {
             if (ti.family == Family::kSuper256) {
               PickK(rm, rn)(a);
             } else if (ti.x_unsigned) {
@@ -1066,7 +1242,18 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
             continue;
           }
 #endif
-          (void)simd;
+#if SNAPFILL_GEMV_AVX2
+          if (isa == PackedIsa::kAvx2) {
+            if (ti.family == Family::kSuper256) {
+              PickKAvx2(rm, rn)(a);
+            } else if (ti.x_unsigned) {
+              Pick32Avx2<true>(rm, rn)(a);
+            } else {
+              Pick32Avx2<false>(rm, rn)(a);
+            }
+            continue;
+          }
+#endif
           GenericTile(a, rm, rn, ti.family, ti.x_unsigned);
         }
       }
@@ -1086,6 +1273,10 @@ void ConvertRow(GgmlType type, const uint8_t* src, float* dst, int64_t k) {
 #if SNAPFILL_MATMUL_AVX512
       for (; i + 16 <= k; i += 16) {
         _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+      }
+#elif SNAPFILL_GEMV_AVX2
+      for (; i + 8 <= k; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
       }
 #endif
       for (; i < k; ++i) dst[i] = Fp16ToFp32(h[i]);
@@ -1132,9 +1323,43 @@ TileF32Fn PickF32(int rm, int rn) {
 }
 #endif
 
+#if SNAPFILL_GEMV_AVX2
+template <int RM, int RN>
+void TileF32Avx2(const float* w, int64_t w_stride, const float* x, int64_t x_stride, int64_t k, float* y,
+                 int64_t y_stride) {
+  __m256 acc[RM][RN];
+  for (int r = 0; r < RM; ++r)
+    for (int t = 0; t < RN; ++t) acc[r][t] = _mm256_setzero_ps();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t s = 0; s < k; s += 8) {
+    // All lanes below k - s (vmaskmovps reads nothing past the mask).
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, k - s))), lane);
+    __m256 wv[RM];
+    for (int r = 0; r < RM; ++r) wv[r] = _mm256_maskload_ps(w + r * w_stride + s, mask);
+    for (int t = 0; t < RN; ++t) {
+      const __m256 xv = _mm256_maskload_ps(x + t * x_stride + s, mask);
+      for (int r = 0; r < RM; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < RN; ++t)
+    for (int r = 0; r < RM; ++r) y[t * y_stride + r] = HSum256(acc[r][t]);
+}
+
+using TileF32Avx2Fn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+TileF32Avx2Fn PickF32Avx2(int rm, int rn) {
+  static constexpr TileF32Avx2Fn kTable[4][2] = {
+      {TileF32Avx2<1, 1>, TileF32Avx2<1, 2>},
+      {TileF32Avx2<2, 1>, TileF32Avx2<2, 2>},
+      {TileF32Avx2<3, 1>, TileF32Avx2<3, 2>},
+      {TileF32Avx2<4, 1>, TileF32Avx2<4, 2>},
+  };
+  return kTable[rm - 1][rn - 1];
+}
+#endif
+
 void MatMulFloat(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
                  GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
-  const bool simd = UseSimd();
+  const PackedIsa isa = PickPackedIsa();
   const int threads = omp_get_max_threads();
   const Split sp = MakeSplit(m, n, threads);
   const int64_t num_units = sp.num_n * sp.num_m;
@@ -1162,19 +1387,25 @@ void MatMulFloat(const float* x, int64_t m, int64_t k, int64_t x_stride, const u
         wf = wbuf.data();
         w_stride = k;
       }
-      for (int64_t t0 = 0; t0 < toks; t0 += 4) {
-        const int rn = static_cast<int>(std::min<int64_t>(4, toks - t0));
+      const int max_rn = isa == PackedIsa::kAvx2 ? kAvx2Tokens : 4;
+      for (int64_t t0 = 0; t0 < toks; t0 += max_rn) {
+        const int rn = static_cast<int>(std::min<int64_t>(max_rn, toks - t0));
         const float* xt = x + (i0 + t0) * x_stride;
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const int rm = static_cast<int>(std::min<int64_t>(4, rows - r0));
           float* yt = y + (i0 + t0) * y_stride + j0 + r0;
 #if SNAPFILL_MATMUL_AVX512
-          if (simd) {
+          if (isa == PackedIsa::kAvx512) {
             PickF32(rm, rn)(wf + r0 * w_stride, w_stride, xt, x_stride, k, yt, y_stride);
             continue;
           }
 #endif
-          (void)simd;
+#if SNAPFILL_GEMV_AVX2
+          if (isa == PackedIsa::kAvx2) {
+            PickF32Avx2(rm, rn)(wf + r0 * w_stride, w_stride, xt, x_stride, k, yt, y_stride);
+            continue;
+          }
+#endif
           for (int t = 0; t < rn; ++t) {
             for (int r = 0; r < rm; ++r) {
               float acc = 0.0f;
@@ -1198,6 +1429,7 @@ void SetMatMulImplForTesting(MatMulImpl impl) {
 }
 
 bool MatMulHasSimd() { return SNAPFILL_MATMUL_AVX512; }
+bool MatMulHasAvx2() { return SNAPFILL_GEMV_AVX2; }
 
 bool MatMulHasAmx() { return internal::AmxAvailable(); }
 

@@ -48,15 +48,21 @@ void QuantizeRowQ8_K(const float* x, void* y, int64_t k);
 
 // Which implementation MatMul and the quantizers use. kAuto: the fastest
 // available (AMX-BF16, else AMX-INT8, tiles for m >= 16 with Q4_0/Q4_1/Q8_0 weights when the
-// CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI), else the
-// portable path); kNoAmx: as kAuto without AMX; kGeneric forces the portable
-// path; kAmxInt8 as kAuto with AMX-INT8 where AMX-BF16 would be used.
-// Process-wide; for tests and benchmarks only.
-enum class MatMulImpl { kAuto, kGeneric, kNoAmx, kAmxInt8 };
+// CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI, else
+// AVX2), else the portable path); kNoAmx: as kAuto without AMX; kGeneric
+// forces the portable path; kAmxInt8 as kAuto with AMX-INT8 where AMX-BF16
+// would be used; kAvx2: token blocks (and float weights) on the AVX2 kernels
+// even where AVX-512 is compiled in (falls back to the portable path where
+// AVX2 is not). Process-wide; for tests and benchmarks only.
+enum class MatMulImpl { kAuto, kGeneric, kNoAmx, kAmxInt8, kAvx2 };
 void SetMatMulImplForTesting(MatMulImpl impl);
 
 // Returns true if SIMD kernels were compiled in (kAuto then uses them).
 bool MatMulHasSimd();
+
+// Returns true if the AVX2 kernels of token blocks were compiled in
+// (MatMulImpl::kAvx2 then uses them; kAuto does where AVX-512 is not).
+bool MatMulHasAvx2();
 
 // Returns true if kAuto uses the AMX-INT8 tile path: the CPU has AMX-TILE and
 // AMX-INT8, the OS granted the tile state (asked once per process), and the

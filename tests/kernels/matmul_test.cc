@@ -104,7 +104,7 @@ struct Case {
 std::string CaseName(const Case& c) {
   std::ostringstream os;
   os << GetTypeTraits(c.type).name << "_m" << c.m << "_n" << c.n << "_k" << c.k
-     << (c.impl == cpu::MatMulImpl::kGeneric ? "_Generic" : "_Auto");
+     << (c.impl == cpu::MatMulImpl::kGeneric ? "_Generic" : c.impl == cpu::MatMulImpl::kAvx2 ? "_Avx2" : "_Auto");
   if (c.x_pad || c.y_pad || c.w_pad) os << "_strided";
   return os.str();
 }
@@ -214,6 +214,18 @@ std::vector<Case> AllCases() {
     const int64_t k = IsKQuant(t) ? 512 : 96;
     cases.push_back({t, 3, 17, k, cpu::MatMulImpl::kGeneric});
     cases.push_back({t, 17, 5, IsKQuant(t) ? 256 : 576, cpu::MatMulImpl::kGeneric});
+  }
+  // The AVX2 kernels of token blocks and float weights (kAuto's where the
+  // CPU has no AVX-512; forced here so that AVX-512 machines test them too):
+  // odd token and row counts (tails of the 4 × 2 micro-kernel), several
+  // blocks, a k that is no multiple of 64 (the packed rows' zero tail), strides.
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF32, GgmlType::kF16,
+                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    const bool kq = IsKQuant(t);
+    cases.push_back({t, 17, 5, kq ? 256 : 576, cpu::MatMulImpl::kAvx2});
+    cases.push_back({t, 37, 19, kq ? 512 : 96, cpu::MatMulImpl::kAvx2});
+    cases.push_back({t, 64, 192, kq ? 1536 : 1536, cpu::MatMulImpl::kAvx2});
+    cases.push_back({t, 19, 17, kq ? 512 : 160, cpu::MatMulImpl::kAvx2, 7, 3, 4});
   }
   // Non-contiguous x / y / weight rows.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32,
