@@ -1,8 +1,9 @@
 // The AMX-INT8 tile path of cpu::MatMul beside the AVX-512 VNNI path, on
 // SmolLM2-135M's prefill shapes, plus the tile unit's instruction peak.
 //   BM_MatMul_Prefill/impl/type/m/k/n: Y[m, n] = X[m, k] · W[n, k]ᵀ with
-//     impl 0 = kAuto (AMX-BF16 where available), 1 = kNoAmx (VNNI),
-//     2 = kAmxInt8 (the AMX-INT8 path). Shapes:
+//     impl 0 = kAuto (AMX-BF16 where available), 1 = kNoAmx (AVX-512 VNNI,
+//     or AVX2 without AVX-512), 2 = kAmxInt8 (the AMX-INT8 path), 3 = kAvx2
+//     (the AVX2 kernels). The label names the path that ran. Shapes:
 //     q/o 576->576, k/v 576->192, FFN up/gate 576->1536, FFN down 1536->576;
 //     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
@@ -13,7 +14,11 @@
 //     elements per A row), all threads.
 //   BM_VectorPeak/kind: the other instructions' peaks, 12 independent zmm
 //     accumulators per thread: 0 = vfmadd231ps (fp32, 32 FLOP each), 1 =
-//     vpdpbusd (int8, 128 OP), 2 = vdpbf16ps (bf16, 64 FLOP).
+//     vpdpbusd (int8, 128 OP), 2 = vdpbf16ps (bf16, 64 FLOP); and in ymm
+//     (AVX2): 3 = vfmadd231ps (16 FLOP), 4 = vpmaddubsw (32 u8·s8 products
+//     summed in pairs, 64 OP), 5 = vpmaddubsw + vpmaddwd (the AVX2 int8 dot
+//     of the AVX2 kernels: 32 products summed to 8 int32 lanes, 64 OP per
+//     pair of instructions).
 //   BM_Sgemm_OpenBlas/m/k/n: cblas_sgemm at the same shapes (f32 weights),
 //     where OpenBLAS was found at configure time. This machine may set
 //     OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE for old OpenBLAS builds; main()
@@ -60,13 +65,18 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   const int64_t impl = state.range(0);
   const auto type = static_cast<GgmlType>(state.range(1));
   const int64_t m = state.range(2), k = state.range(3), n = state.range(4);
-  if (impl != 1 && !cpu::MatMulHasAmx()) {
+  if (impl == 2 && !cpu::MatMulHasAmx()) {
     state.SkipWithError("AMX unavailable on this CPU/OS (or SNAPFILL_AMX=0)");
     return;
   }
-  cpu::SetMatMulImplForTesting(impl == 0 ? cpu::MatMulImpl::kAuto
+  if (impl == 3 && !cpu::MatMulHasAvx2()) {
+    state.SkipWithError("the AVX2 kernels are not compiled in");
+    return;
+  }
+  cpu::SetMatMulImplForTesting(impl == 0   ? cpu::MatMulImpl::kAuto
                                : impl == 1 ? cpu::MatMulImpl::kNoAmx
-                                           : cpu::MatMulImpl::kAmxInt8);
+                               : impl == 2 ? cpu::MatMulImpl::kAmxInt8
+                                           : cpu::MatMulImpl::kAvx2);
   const auto w = RandomWeights(type, n, k);
   const std::vector<float> x = bench::RandomActivations(m * k);
   std::vector<float> y(m * n);
@@ -82,7 +92,13 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
-  const char* path = impl == 1 ? "vnni " : impl == 2 || !cpu::MatMulHasAmxBf16() ? "amx-int8 " : "amx-bf16 ";
+  const char* simd = cpu::MatMulHasSimd() ? "avx512-vnni " : cpu::MatMulHasAvx2() ? "avx2 " : "generic ";
+  const char* path = impl == 3                      ? "avx2 "
+                     : impl == 1                    ? simd
+                     : impl == 2                    ? "amx-int8 "
+                     : !cpu::MatMulHasAmx()         ? simd
+                     : !cpu::MatMulHasAmxBf16()     ? "amx-int8 "
+                                                    : "amx-bf16 ";
   state.SetLabel(std::string(path) + GetTypeTraits(type).name);
 }
 
@@ -91,12 +107,12 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
   const int64_t shapes[][2] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}};
   for (int64_t m : {512, 2048}) {
     for (const auto& s : shapes) {
-      for (int64_t impl : {0, 2, 1}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
+      for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
     }
   }
   // The other two tile-path types on the largest product.
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
-    for (int64_t impl : {0, 2, 1}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});
+    for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -248,12 +264,69 @@ __attribute__((target("avx512f,avx512vnni,avx512bf16"))) float PeakLoop(int64_t 
 }
 #undef SNAPFILL_PEAK_TARGET
 
+// The AVX2 instructions, in ymm, through the same 12-chain loop.
+#define SNAPFILL_PEAK2_TARGET __attribute__((target("avx2,fma"), always_inline))
+struct Fma256Op {
+  using T = __m256;
+  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_ps(0.001f * i); }
+  SNAPFILL_PEAK2_TARGET static T Step(T a) {
+    return _mm256_fmadd_ps(a, _mm256_set1_ps(0.999f), _mm256_set1_ps(0.0001f));
+  }
+};
+struct Maddubs256Op {  // the chain feeds each result back as the u8 operand
+  using T = __m256i;
+  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_epi8(static_cast<char>(i)); }
+  SNAPFILL_PEAK2_TARGET static T Step(T a) { return _mm256_maddubs_epi16(a, _mm256_set1_epi8(-2)); }
+};
+struct Dot256Op {  // vpmaddubsw then vpmaddwd: the AVX2 kernels' block dot
+  using T = __m256i;
+  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_epi8(static_cast<char>(i)); }
+  SNAPFILL_PEAK2_TARGET static T Step(T a) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_set1_epi8(-2)), _mm256_set1_epi16(1));
+  }
+};
+
+template <class Op>
+__attribute__((target("avx2,fma"))) float PeakLoop256(int64_t iters) {
+  using T = typename Op::T;
+  T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4),
+    a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9),
+    a10 = Op::Init(10), a11 = Op::Init(11);
+  for (int64_t it = 0; it < iters; ++it) {
+    a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);
+    a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);
+    a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);
+  }
+  const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+  float sink = 0;
+  for (const T& v : all) {
+    float lane0;
+    std::memcpy(&lane0, &v, sizeof(lane0));
+    sink += lane0;
+  }
+  return sink;
+}
+#undef SNAPFILL_PEAK2_TARGET
+
+float RunPeakLoop(int kind, int64_t iters) {
+  switch (kind) {
+    case 0: return PeakLoop<FmaOp>(iters);
+    case 1: return PeakLoop<VnniOp>(iters);
+    case 2: return PeakLoop<Bf16Op>(iters);
+    case 3: return PeakLoop256<Fma256Op>(iters);
+    case 4: return PeakLoop256<Maddubs256Op>(iters);
+    default: return PeakLoop256<Dot256Op>(iters);
+  }
+}
+
 void BM_VectorPeak(benchmark::State& state) {
   const int kind = static_cast<int>(state.range(0));
-  const char* names[] = {"fp32 vfmadd231ps", "int8 vpdpbusd", "bf16 vdpbf16ps"};
+  const char* names[] = {"fp32 vfmadd231ps zmm", "int8 vpdpbusd zmm", "bf16 vdpbf16ps zmm",
+                         "fp32 vfmadd231ps ymm", "int8 vpmaddubsw ymm", "int8 vpmaddubsw+vpmaddwd ymm"};
   const bool supported = kind == 0   ? __builtin_cpu_supports("avx512f")
                          : kind == 1 ? __builtin_cpu_supports("avx512vnni")
-                                     : __builtin_cpu_supports("avx512bf16");
+                         : kind == 2 ? __builtin_cpu_supports("avx512bf16")
+                                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (!supported) {
     state.SkipWithError((std::string(names[kind]) + " unavailable on this CPU").c_str());
     return;
@@ -263,17 +336,16 @@ void BM_VectorPeak(benchmark::State& state) {
   for (auto _ : state) {
     float sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += kind == 0 ? PeakLoop<FmaOp>(kIters) : kind == 1 ? PeakLoop<VnniOp>(kIters)
-                                                          : PeakLoop<Bf16Op>(kIters);
+    sink += RunPeakLoop(kind, kIters);
     benchmark::DoNotOptimize(sink);
   }
-  const double ops_per_instr = kind == 0 ? 32 : kind == 1 ? 128 : 64;
+  const double ops_per_instr = kind == 0 ? 32 : kind == 1 ? 128 : kind == 3 ? 16 : 64;  // per Step
   state.counters["GOP/s"] = benchmark::Counter(12.0 * kIters * threads * ops_per_instr * 1e-9,
                                                benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
   state.SetLabel(names[kind]);
 }
-BENCHMARK(BM_VectorPeak)->ArgName("kind")->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VectorPeak)->ArgName("kind")->DenseRange(0, 5)->Unit(benchmark::kMillisecond)->UseRealTime();
 #endif
 
 #if SNAPFILL_HAVE_OPENBLAS

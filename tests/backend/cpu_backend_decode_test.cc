@@ -132,13 +132,18 @@ TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
   // And through PrepareDecodeCopy, with no batch in between.
   const auto third = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 7, 0.03f);
   std::copy(third.begin(), third.end(), w.begin());
+  // (Where the CPU has no decode layout, e.g. AVX2 only, there is no copy to
+  // prepare and nothing is reported; the products must still be right.)
+  const bool copies = b->DecodeCopyBytes(View(w, t, n, k)) > 0;
   size_t reported = 0;
-  ASSERT_TRUE(b->PrepareDecodeCopy(View(w, t, n, k), [&](const void* data, size_t bytes) {
-    EXPECT_GE(static_cast<const uint8_t*>(data), w.data());
-    EXPECT_LE(static_cast<const uint8_t*>(data) + bytes, w.data() + w.size());
-    reported += bytes;
-  }));
-  EXPECT_EQ(reported, w.size()) << "every copied byte is reported once";
+  ASSERT_EQ(b->PrepareDecodeCopy(View(w, t, n, k),
+                                 [&](const void* data, size_t bytes) {
+                                   EXPECT_GE(static_cast<const uint8_t*>(data), w.data());
+                                   EXPECT_LE(static_cast<const uint8_t*>(data) + bytes, w.data() + w.size());
+                                   reported += bytes;
+                                 }),
+            copies);
+  EXPECT_EQ(reported, copies ? w.size() : 0u) << "every copied byte is reported once";
   ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
   ExpectGgml(x, w, t, n, k, y);
 }
