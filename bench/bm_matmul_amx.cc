@@ -1,9 +1,10 @@
-// The AMX-INT8 tile path of cpu::MatMul beside the AVX-512 VNNI path, on
-// SmolLM2-135M's prefill shapes, plus the tile unit's instruction peak.
+// cpu::MatMul's token-block paths (AMX-BF16, AMX-INT8, AVX-512 VNNI, AVX2) on
+// SmolLM2-135M's prefill shapes, plus the instruction peaks they are held to.
 //   BM_MatMul_Prefill/impl/type/m/k/n: Y[m, n] = X[m, k] · W[n, k]ᵀ with
 //     impl 0 = kAuto (AMX-BF16 where available), 1 = kNoAmx (AVX-512 VNNI,
 //     or AVX2 without AVX-512), 2 = kAmxInt8 (the AMX-INT8 path), 3 = kAvx2
-//     (the AVX2 kernels). The label names the path that ran. Shapes:
+//     (the AVX2 kernels), 4 = kGeneric (the portable scalar tiles, only on
+//     the largest product). The label names the path that ran. Shapes:
 //     q/o 576->576, k/v 576->192, FFN up/gate 576->1536, FFN down 1536->576;
 //     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
@@ -76,7 +77,8 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   cpu::SetMatMulImplForTesting(impl == 0   ? cpu::MatMulImpl::kAuto
                                : impl == 1 ? cpu::MatMulImpl::kNoAmx
                                : impl == 2 ? cpu::MatMulImpl::kAmxInt8
-                                           : cpu::MatMulImpl::kAvx2);
+                               : impl == 3 ? cpu::MatMulImpl::kAvx2
+                                           : cpu::MatMulImpl::kGeneric);
   const auto w = RandomWeights(type, n, k);
   const std::vector<float> x = bench::RandomActivations(m * k);
   std::vector<float> y(m * n);
@@ -93,7 +95,8 @@ void BM_MatMul_Prefill(benchmark::State& state) {
       benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
   const char* simd = cpu::MatMulHasSimd() ? "avx512-vnni " : cpu::MatMulHasAvx2() ? "avx2 " : "generic ";
-  const char* path = impl == 3                      ? "avx2 "
+  const char* path = impl == 4                      ? "generic "
+                     : impl == 3                    ? "avx2 "
                      : impl == 1                    ? simd
                      : impl == 2                    ? "amx-int8 "
                      : !cpu::MatMulHasAmx()         ? simd
@@ -110,6 +113,7 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
       for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
     }
   }
+  b->Args({4, static_cast<int64_t>(GgmlType::kQ4_1), 512, 576, 1536});
   // The other two tile-path types on the largest product.
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
     for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});

@@ -1154,6 +1154,148 @@ Split MakeSplit(int64_t m, int64_t n, int threads) {
   return s;
 }
 
+#if SNAPFILL_GEMV_AVX2
+// ---------------------------------------------------------------------------
+// AVX2 token blocks with Q4_0 / Q4_1 weights: 8 weight rows interleaved.
+//
+// Tile32Avx2 spends 5 vector ops per (row, token, block) (vpmaddubsw,
+// vpmaddwd, convert, scale product, FMA) and a horizontal sum per output.
+// Here a unit's weight rows are unpacked in groups of 8 with the rows in the
+// vector lanes: for block b, vector j (j = 0..7) holds elements 4j..4j+3 of
+// each of the 8 rows (lane r = row r), so one vpmaddubsw against the token's
+// 4 activation bytes broadcast gives 2 int16 partial sums per row. The 8
+// vectors of a block are added in int16 (|sum| <= 8 · 2 · 15 · 127 = 30,480,
+// no saturation), turned into int32 by one vpmaddwd, and scaled by the 8
+// rows' dw times the token's dx with one FMA; the aux term (Q4_1 mw·sx,
+// Q4_0 dw·(-8·dx·Σq)) is one more FMA. About 2.4 vector ops per 32 products,
+// no horizontal sums; the outputs of a group are 8 consecutive floats of Y.
+// Same data and formulas as the packed path (exact integer block dots, f32
+// accumulation over blocks), so the result equals
+// ref::MatMulQuantizedActivations up to summation order.
+struct WPack8 {
+  std::vector<uint8_t> q;   // [group][block][8 vectors][8 rows][4] u8 0..15
+  std::vector<float> d;     // [group][block][8] dw
+  std::vector<float> aux;   // [group][block][8] waux
+};
+
+WPack8& ThreadWPack8() {
+  static thread_local WPack8 wp;
+  return wp;
+}
+
+// Unpacks weight rows [j0, j0 + rows) into groups of 8 (absent rows zero).
+void PackW8(GgmlType type, const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t rows, int64_t nb, WPack8* wp) {
+  const int64_t groups = (rows + 7) / 8;
+  const size_t qn = static_cast<size_t>(groups * nb * 256), fn = static_cast<size_t>(groups * nb * 8);
+  if (wp->q.size() < qn) wp->q.resize(qn);
+  if (wp->d.size() < fn) wp->d.resize(fn);
+  if (wp->aux.size() < fn) wp->aux.resize(fn);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int r = 0; r < 8; ++r) {
+      const int64_t row = g * 8 + r;
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* qd = wp->q.data() + (g * nb + b) * 256 + 4 * r;
+        float* dd = wp->d.data() + (g * nb + b) * 8 + r;
+        float* ad = wp->aux.data() + (g * nb + b) * 8 + r;
+        if (row >= rows) {
+          for (int j = 0; j < 8; ++j) std::memset(qd + 32 * j, 0, 4);
+          *dd = *ad = 0.0f;
+          continue;
+        }
+        const uint8_t* src = w + (j0 + row) * w_row_bytes;
+        const uint8_t* qs;
+        if (type == GgmlType::kQ4_1) {
+          const auto* blk = reinterpret_cast<const BlockQ4_1*>(src) + b;
+          *dd = Fp16ToFp32(blk->d);
+          *ad = Fp16ToFp32(blk->m);
+          qs = blk->qs;
+        } else {
+          const auto* blk = reinterpret_cast<const BlockQ4_0*>(src) + b;
+          *dd = *ad = Fp16ToFp32(blk->d);
+          qs = blk->qs;
+        }
+        // Elements 0..15 are the low nibbles, 16..31 the high ones.
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+        const __m128i mask = _mm_set1_epi8(0x0F);
+        alignas(32) uint8_t e[32];
+        _mm_store_si128(reinterpret_cast<__m128i*>(e), _mm_and_si128(raw, mask));
+        _mm_store_si128(reinterpret_cast<__m128i*>(e + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+        for (int j = 0; j < 8; ++j) std::memcpy(qd + 32 * j, e + 4 * j, 4);
+      }
+    }
+  }
+}
+
+struct Tile8Args {
+  const uint8_t* wq;    // group 0's block 0
+  const float* wd;
+  const float* waux;
+  int64_t w_group_stride;  // blocks (nb) per group
+  const uint8_t* xq;    // token 0's packed row
+  const float* xs;      // lane scales (8 per block; lane 0 read)
+  const float* xaux;
+  int64_t kp, x_s_stride, aux_len, nb;
+  float* y;             // Y[token 0, row 0 of group 0]
+  int64_t y_stride;
+  int rows;             // valid rows from row 0 (all groups)
+};
+
+template <int RG, int RN>
+void Tile8Avx2(const Tile8Args& a) {
+  __m256 acc[RG][RN];
+  for (int g = 0; g < RG; ++g)
+    for (int t = 0; t < RN; ++t) acc[g][t] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i s[RG][RN];
+    for (int g = 0; g < RG; ++g)
+      for (int t = 0; t < RN; ++t) s[g][t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i xb[RN];
+      for (int t = 0; t < RN; ++t) {
+        int32_t v;
+        std::memcpy(&v, a.xq + t * a.kp + 32 * b + 4 * j, 4);
+        xb[t] = _mm256_set1_epi32(v);
+      }
+      for (int g = 0; g < RG; ++g) {
+        const __m256i wv = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(a.wq + (g * a.w_group_stride + b) * 256 + 32 * j));
+        for (int t = 0; t < RN; ++t) s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(wv, xb[t]));
+      }
+    }
+    for (int g = 0; g < RG; ++g) {
+      const __m256 dv = _mm256_loadu_ps(a.wd + (g * a.w_group_stride + b) * 8);
+      const __m256 av = _mm256_loadu_ps(a.waux + (g * a.w_group_stride + b) * 8);
+      for (int t = 0; t < RN; ++t) {
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], ones));
+        const __m256 scale = _mm256_mul_ps(dv, _mm256_broadcast_ss(a.xs + t * a.x_s_stride + 8 * b));
+        acc[g][t] = _mm256_fmadd_ps(isum, scale, acc[g][t]);
+        acc[g][t] = _mm256_fmadd_ps(av, _mm256_broadcast_ss(a.xaux + t * a.aux_len + b), acc[g][t]);
+      }
+    }
+  }
+  for (int g = 0; g < RG; ++g) {
+    const int valid = std::clamp(a.rows - 8 * g, 0, 8);
+    for (int t = 0; t < RN; ++t) {
+      float* dst = a.y + t * a.y_stride + 8 * g;
+      if (valid == 8) {
+        _mm256_storeu_ps(dst, acc[g][t]);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, acc[g][t]);
+        for (int r = 0; r < valid; ++r) dst[r] = tmp[r];
+      }
+    }
+  }
+}
+
+using Tile8Fn = void (*)(const Tile8Args&);
+Tile8Fn PickTile8(int rg, int rn) {
+  static constexpr Tile8Fn kTable[2][2] = {{Tile8Avx2<1, 1>, Tile8Avx2<1, 2>}, {Tile8Avx2<2, 1>, Tile8Avx2<2, 2>}};
+  return kTable[rg - 1][rn - 1];
+}
+#endif  // SNAPFILL_GEMV_AVX2
+
 void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
                      GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
 #if SNAPFILL_GEMV_AVX2
@@ -1180,7 +1322,14 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
   if (xp.aux.size() < static_cast<size_t>(m * pd.aux_len)) xp.aux.resize(m * pd.aux_len);
 
   const int threads = omp_get_max_threads();
-  const Split sp = MakeSplit(m, n, threads);
+  // AVX2 with Q4 weights: rows interleaved 8 at a time (Tile8Avx2).
+  const bool interleaved = SNAPFILL_GEMV_AVX2 && isa == PackedIsa::kAvx2 &&
+                           (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1);
+  Split sp = MakeSplit(m, n, threads);
+  if (interleaved) {
+    sp.nb = RoundUp(sp.nb, 8);
+    sp.num_n = (n + sp.nb - 1) / sp.nb;
+  }
   const int64_t num_units = sp.num_n * sp.num_m;
 
 #pragma omp parallel num_threads(threads)
@@ -1197,6 +1346,41 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
       const int64_t nbi = u / sp.num_m, mbi = u % sp.num_m;
       const int64_t j0 = nbi * sp.nb, rows = std::min(sp.nb, n - j0);
       const int64_t i0 = mbi * sp.mb, toks = std::min(sp.mb, m - i0);
+#if SNAPFILL_GEMV_AVX2
+      if (interleaved) {
+        WPack8& w8 = ThreadWPack8();
+        const int64_t nb = k / 32;
+        if (packed_nblock != nbi) {
+          PackW8(type, w, w_row_bytes, j0, rows, nb, &w8);
+          packed_nblock = nbi;
+        }
+        const int64_t groups = (rows + 7) / 8;
+        for (int64_t t0 = 0; t0 < toks; t0 += 2) {
+          const int rn = static_cast<int>(std::min<int64_t>(2, toks - t0));
+          const int64_t ti0 = i0 + t0;
+          for (int64_t g0 = 0; g0 < groups; g0 += 2) {
+            const int rg = static_cast<int>(std::min<int64_t>(2, groups - g0));
+            Tile8Args a;
+            a.wq = w8.q.data() + g0 * nb * 256;
+            a.wd = w8.d.data() + g0 * nb * 8;
+            a.waux = w8.aux.data() + g0 * nb * 8;
+            a.w_group_stride = nb;
+            a.xq = xp.q.data() + ti0 * pd.kp;
+            a.xs = xp.s.data() + ti0 * xp.s_stride;
+            a.xaux = xp.aux.data() + ti0 * pd.aux_len;
+            a.kp = pd.kp;
+            a.x_s_stride = xp.s_stride;
+            a.aux_len = pd.aux_len;
+            a.nb = nb;
+            a.y = y + ti0 * y_stride + j0 + 8 * g0;
+            a.y_stride = y_stride;
+            a.rows = static_cast<int>(rows - 8 * g0);
+            PickTile8(rg, rn)(a);
+          }
+        }
+        continue;
+      }
+#endif
       if (packed_nblock != nbi) {
         const size_t r_cap = static_cast<size_t>(sp.nb);
         if (wp.q.size() < r_cap * pd.kp) wp.q.resize(r_cap * pd.kp);
