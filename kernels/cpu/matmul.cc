@@ -82,7 +82,7 @@ namespace {
 
 std::atomic<int> g_impl{static_cast<int>(MatMulImpl::kAuto)};
 
-bool UseSimd() {
+[[maybe_unused]] bool UseSimd() {
   return SNAPFILL_MATMUL_AVX512 && g_impl.load(std::memory_order_relaxed) !=
                                        static_cast<int>(MatMulImpl::kGeneric);
 }
@@ -1000,6 +1000,80 @@ void DecodeGroups(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb, int
 }
 #endif  // SNAPFILL_MATMUL_AVX512
 
+inline __m256i MaddPairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
+
+// The decode layout on AVX2 (no AVX-512): each 16-row record is read as two
+// halves of 8 rows (lane r = row 8h + r). Q4: per half, the 4 quant vectors
+// give 8 vpmaddubsw (low nibbles against elements 4t.., high against
+// 16+4t..) summed in int16 (|sum| <= 8 · 2 · 15 · 127 = 30,480), then one
+// vpmaddwd to int32. Q8_0: |w| against x with w's sign, each vpmaddubsw
+// widened to int32 at once (a pair reaches 2 · 128 · 127). The integer block
+// dots are exact, and the scales apply in the same order as DecodeGroups, so
+// the result is the AVX-512 kernel's bit for bit.
+template <GgmlType kType>
+void DecodeGroupsAvx2(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb, int64_t n, const GemvX& x,
+                      float* y) {
+  constexpr int64_t kRec = DecodeRecordBytes(kType);
+  constexpr int64_t kQuant = DecodeQuantBytes(kType);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* p = packed + g * nb * kRec;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc2[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; ++b, p += kRec) {
+#pragma GCC unroll 9
+      for (int64_t o = 0; o < kRec; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + 8 * kRec + o), _MM_HINT_T0);
+      const uint8_t* xb = reinterpret_cast<const uint8_t*>(x.q.data() + 32 * b);
+      __m256i xv[8];
+      for (int t = 0; t < 8; ++t) {
+        int32_t v;
+        std::memcpy(&v, xb + 4 * t, 4);
+        xv[t] = _mm256_set1_epi32(v);
+      }
+      const __m256 dx = _mm256_set1_ps(x.d[b]);
+      const __m256 xaux = _mm256_set1_ps(x.aux[b]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i isum;
+        if constexpr (kType == GgmlType::kQ8_0) {
+          isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+          for (int t = 0; t < 8; ++t) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t + 32 * h));
+            isum = _mm256_add_epi32(
+                isum, MaddPairs(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv[t], wv))));
+          }
+        } else {
+          __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+          for (int t = 0; t < 4; ++t) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * t + 32 * h));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(wv, low4), xv[t]));
+            s16 = _mm256_add_epi16(s16,
+                                   _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(wv, 4), low4), xv[4 + t]));
+          }
+          isum = _mm256_madd_epi16(s16, ones);
+        }
+        const __m256 d =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQuant + 16 * h)));
+        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), acc[h]);
+        if constexpr (kType == GgmlType::kQ4_1) {
+          const __m256 mw =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQuant + 32 + 16 * h)));
+          acc2[h] = _mm256_fmadd_ps(mw, xaux, acc2[h]);
+        } else if constexpr (kType == GgmlType::kQ4_0) {
+          acc2[h] = _mm256_fmadd_ps(d, xaux, acc2[h]);
+        }
+      }
+    }
+    const int64_t rows = std::min<int64_t>(kDecodeGroupRows, n - g * kDecodeGroupRows);
+    alignas(32) float out[16];
+    _mm256_store_ps(out, _mm256_add_ps(acc[0], acc2[0]));
+    _mm256_store_ps(out + 8, _mm256_add_ps(acc[1], acc2[1]));
+    std::memcpy(y + g * kDecodeGroupRows, out, rows * sizeof(float));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // AVX2 micro-kernels of the packed path (token blocks on CPUs without
 // AVX-512, e.g. AMD Zen under hypervisors that hide it; MatMulImpl::kAvx2
@@ -1014,8 +1088,6 @@ void DecodeGroups(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb, int
 //         exact integer block dots.
 //   Q4_K / Q6_K: vpmaddubsw then vpmaddwd with the int16 scales, int32 per
 //         super-block, as TileK.
-inline __m256i MaddPairs(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
-
 template <int RM, int RN, bool kXUnsigned>
 void Tile32Avx2(const TileArgs& a) {
   const PackDims& pd = *a.pd;
@@ -1625,6 +1697,10 @@ void SetMatMulImplForTesting(MatMulImpl impl) {
 bool MatMulHasSimd() { return SNAPFILL_MATMUL_AVX512; }
 bool MatMulHasAvx2() { return SNAPFILL_GEMV_AVX2; }
 
+bool MatMulHasDecodeLayout() {
+  return SNAPFILL_GEMV_AVX2 && g_impl.load(std::memory_order_relaxed) != static_cast<int>(MatMulImpl::kGeneric);
+}
+
 bool MatMulHasAmx() { return internal::AmxAvailable(); }
 
 bool MatMulHasAmxBf16() { return internal::AmxBf16Available(); }
@@ -1646,7 +1722,7 @@ void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
 }
 
 size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k) {
-  if (!SNAPFILL_MATMUL_AVX512 || !UseSimd() || DecodeRecordBytes(type) == 0 || n <= 0 || k <= 0 || k % 32 != 0) {
+  if (!MatMulHasDecodeLayout() || DecodeRecordBytes(type) == 0 || n <= 0 || k <= 0 || k % 32 != 0) {
     return 0;
   }
   const int64_t groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
@@ -1677,13 +1753,21 @@ void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_
 }
 
 void MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y) {
-#if SNAPFILL_MATMUL_AVX512
+#if SNAPFILL_GEMV_AVX2
   if (n <= 0) return;
   GemvX& gx = CallerGemvX();
   QuantizeGemvX(x, 1, k, k, type, gx);
-  const auto fn = type == GgmlType::kQ4_1   ? DecodeGroups<GgmlType::kQ4_1>
-                  : type == GgmlType::kQ4_0 ? DecodeGroups<GgmlType::kQ4_0>
-                                            : DecodeGroups<GgmlType::kQ8_0>;
+  using GroupsFn = void (*)(const uint8_t*, int64_t, int64_t, int64_t, int64_t, const GemvX&, float*);
+  GroupsFn fn = type == GgmlType::kQ4_1   ? DecodeGroupsAvx2<GgmlType::kQ4_1>
+                : type == GgmlType::kQ4_0 ? DecodeGroupsAvx2<GgmlType::kQ4_0>
+                                          : DecodeGroupsAvx2<GgmlType::kQ8_0>;
+#if SNAPFILL_MATMUL_AVX512
+  if (PickPackedIsa() == PackedIsa::kAvx512) {
+    fn = type == GgmlType::kQ4_1   ? DecodeGroups<GgmlType::kQ4_1>
+         : type == GgmlType::kQ4_0 ? DecodeGroups<GgmlType::kQ4_0>
+                                   : DecodeGroups<GgmlType::kQ8_0>;
+  }
+#endif
   const auto* p = static_cast<const uint8_t*>(packed);
   const int64_t nb = k / 32, groups = (n + kDecodeGroupRows - 1) / kDecodeGroupRows;
   // Contiguous spans of groups per thread (schedule(static)), so each thread

@@ -64,6 +64,11 @@ bool MatMulHasSimd();
 // (MatMulImpl::kAvx2 then uses them; kAuto does where AVX-512 is not).
 bool MatMulHasAvx2();
 
+// Returns true if the decode layout (PackForDecode, MatMulDecodePacked) has a
+// kernel here: AVX-512 VNNI, or AVX2 (which kAvx2 also forces), and the
+// implementation is not kGeneric; DecodePackedBytes is 0 otherwise.
+bool MatMulHasDecodeLayout();
+
 // Returns true if kAuto uses the AMX-INT8 tile path: the CPU has AMX-TILE and
 // AMX-INT8, the OS granted the tile state (asked once per process), and the
 // environment variable SNAPFILL_AMX is not "0".
@@ -85,8 +90,7 @@ bool MatMulHasAmxBf16();
 // dots, f32 sums; only the f32 summation order differs).
 //
 // The packed size in bytes, or 0 when the packed path does not handle the
-// matrix here (another type, k not a multiple of 32, no AVX-512 VNNI kernel
-// compiled in, or SetMatMulImplForTesting(kGeneric)).
+// matrix here (another type, k not a multiple of 32, or !MatMulHasDecodeLayout()).
 size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k);
 // out: DecodePackedBytes(type, n, k) bytes (call only when that is not 0).
 void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out);

@@ -43,7 +43,7 @@ class MatMulDecodeTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     if (cpu::DecodePackedBytes(GetParam().type, GetParam().n, GetParam().k) == 0) {
-      GTEST_SKIP() << "no AVX-512 VNNI decode kernel in this build";
+      GTEST_SKIP() << "no decode-layout kernel in this build (AVX-512 VNNI or AVX2)";
     }
   }
 };
@@ -118,6 +118,23 @@ TEST_P(MatMulDecodeTest, OneThreadEqualsTwo) {
   EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), c.n * sizeof(float)));
 }
 
+// The AVX2 kernel of the layout (kAuto's where the CPU has no AVX-512) gives
+// the AVX-512 kernel's results bit for bit: the same exact integer block
+// dots, the scales applied in the same order.
+TEST_P(MatMulDecodeTest, Avx2KernelEqualsTheDefaultBitForBit) {
+  const Case c = GetParam();
+  const size_t row_bytes = RowBytes(c.type, c.k);
+  const auto w = testing::QuantizedWeights(c.type, c.n, c.k, row_bytes, 11, 0.02f);
+  const auto x = testing::HiddenStates(1, c.k, c.k, 13);
+  const auto packed = Pack(c, w, row_bytes);
+  std::vector<float> y1(c.n), y2(c.n);
+  cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y1.data());
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAvx2);
+  cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y2.data());
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), c.n * sizeof(float)));
+}
+
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
@@ -143,7 +160,7 @@ TEST(MatMulDecodePackedBytes, CoversOnlyItsTypesAndWholeBlocks) {
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kF32, 16, 64), 0u);
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ8_0, 16, 48), 0u);
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ8_0, 0, 64), 0u);
-  if (cpu::MatMulHasSimd()) {
+  if (cpu::MatMulHasDecodeLayout()) {
     EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_1, 17, 64), 2u * 2u * 320u);
     cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kGeneric);
     EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_1, 17, 64), 0u);
