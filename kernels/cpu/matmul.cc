@@ -1078,18 +1078,18 @@ void DecodeGroupsAvx2(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb,
 // AVX2 micro-kernels of the packed path (token blocks on CPUs without
 // AVX-512, e.g. AMD Zen under hypervisors that hide it; MatMulImpl::kAvx2
 // forces them where AVX-512 is there, for tests and benchmarks). Same packed
-// data and formulas as Tile32 / TileK, 32 elements (one block) per step:
-//   Q4_0 / Q4_1: vpmaddubsw(u8 w 0..15, s8 x) → int16 pairs (|pair| <= 2·15·127),
-//                vpmaddwd with 1 → 8 int32 lanes, f32 FMA with the lane scale.
+// data and formulas as Tile32 / TileK, 32 elements (one block) per step.
+// (Q4_0 / Q4_1 go to Tile8Avx2 below, which interleaves weight rows.)
 //   Q8_0: X is packed as u8 = q + 128, which vpmaddubsw would saturate on; the
 //         kernel flips it back to s8 and multiplies |w| by x with w's sign
-//         (|pair| <= 2·127·127), so the +128 correction (the aux terms) is
-//         not needed and is skipped: one f32 term fewer per block, the same
-//         exact integer block dots.
+//         (|pair| <= 2·127·127), vpmaddwd with 1 → 8 int32 lanes, f32 FMA with
+//         the lane scale; the +128 correction (the aux terms) is not needed
+//         and is skipped: one f32 term fewer per block, the same exact integer
+//         block dots.
 //   Q4_K / Q6_K: vpmaddubsw then vpmaddwd with the int16 scales, int32 per
 //         super-block, as TileK.
-template <int RM, int RN, bool kXUnsigned>
-void Tile32Avx2(const TileArgs& a) {
+template <int RM, int RN>
+void TileQ8Avx2(const TileArgs& a) {
   const PackDims& pd = *a.pd;
   __m256 acc[RM][RN];
   for (int r = 0; r < RM; ++r)
@@ -1103,27 +1103,13 @@ void Tile32Avx2(const TileArgs& a) {
       ws[r] = _mm256_broadcast_ss(a.ws + r * pd.scale_len + s / 4);
     }
     for (int t = 0; t < RN; ++t) {
-      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * pd.kp + s));
-      if constexpr (kXUnsigned) xv = _mm256_xor_si256(xv, flip);
+      const __m256i xv =
+          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + t * pd.kp + s)), flip);
       const __m256 xs = _mm256_broadcast_ss(a.xs + t * a.x_s_stride + s / 4);
       for (int r = 0; r < RM; ++r) {
-        __m256i isum;
-        if constexpr (kXUnsigned) {
-          isum = MaddPairs(_mm256_maddubs_epi16(_mm256_sign_epi8(w[r], w[r]), _mm256_sign_epi8(xv, w[r])));
-        } else {
-          isum = MaddPairs(_mm256_maddubs_epi16(w[r], xv));
-        }
+        const __m256i isum =
+            MaddPairs(_mm256_maddubs_epi16(_mm256_sign_epi8(w[r], w[r]), _mm256_sign_epi8(xv, w[r])));
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ws[r], xs), acc[r][t]);
-      }
-    }
-  }
-  if constexpr (!kXUnsigned) {
-    for (int64_t c = 0; c < pd.aux_len; c += 8) {
-      for (int r = 0; r < RM; ++r) {
-        const __m256 wa = _mm256_loadu_ps(a.waux + r * pd.aux_len + c);
-        for (int t = 0; t < RN; ++t) {
-          acc[r][t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
-        }
       }
     }
   }
@@ -1176,13 +1162,12 @@ void TileKAvx2(const TileArgs& a) {
 
 using TileAvx2Fn = void (*)(const TileArgs&);
 
-template <bool kXUnsigned>
-TileAvx2Fn Pick32Avx2(int rm, int rn) {
+TileAvx2Fn PickQ8Avx2(int rm, int rn) {
   static constexpr TileAvx2Fn kTable[4][2] = {
-      {Tile32Avx2<1, 1, kXUnsigned>, Tile32Avx2<1, 2, kXUnsigned>},
-      {Tile32Avx2<2, 1, kXUnsigned>, Tile32Avx2<2, 2, kXUnsigned>},
-      {Tile32Avx2<3, 1, kXUnsigned>, Tile32Avx2<3, 2, kXUnsigned>},
-      {Tile32Avx2<4, 1, kXUnsigned>, Tile32Avx2<4, 2, kXUnsigned>},
+      {TileQ8Avx2<1, 1>, TileQ8Avx2<1, 2>},
+      {TileQ8Avx2<2, 1>, TileQ8Avx2<2, 2>},
+      {TileQ8Avx2<3, 1>, TileQ8Avx2<3, 2>},
+      {TileQ8Avx2<4, 1>, TileQ8Avx2<4, 2>},
   };
   return kTable[rm - 1][rn - 1];
 }
@@ -1230,8 +1215,9 @@ Split MakeSplit(int64_t m, int64_t n, int threads) {
 // ---------------------------------------------------------------------------
 // AVX2 token blocks with Q4_0 / Q4_1 weights: 8 weight rows interleaved.
 //
-// Tile32Avx2 spends 5 vector ops per (row, token, block) (vpmaddubsw,
-// vpmaddwd, convert, scale product, FMA) and a horizontal sum per output.
+// A row-major kernel (as TileQ8Avx2) spends 5 vector ops per (row, token,
+// block) (vpmaddubsw, vpmaddwd, convert, scale product, FMA) and a horizontal
+// sum per output.
 // Here a unit's weight rows are unpacked in groups of 8 with the rows in the
 // vector lanes: for block b, vector j (j = 0..7) holds elements 4j..4j+3 of
 // each of the 8 rows (lane r = row r), so one vpmaddubsw against the token's
@@ -1510,13 +1496,8 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
 #endif
 #if SNAPFILL_GEMV_AVX2
           if (isa == PackedIsa::kAvx2) {
-            if (ti.family == Family::kSuper256) {
-              PickKAvx2(rm, rn)(a);
-            } else if (ti.x_unsigned) {
-              Pick32Avx2<true>(rm, rn)(a);
-            } else {
-              Pick32Avx2<false>(rm, rn)(a);
-            }
+            // (Q4_0 / Q4_1 took the interleaved path above; Q8_0 is left.)
+            (ti.family == Family::kSuper256 ? PickKAvx2 : PickQ8Avx2)(rm, rn)(a);
             continue;
           }
 #endif

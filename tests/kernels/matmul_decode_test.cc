@@ -102,37 +102,34 @@ TEST_P(MatMulDecodeTest, MatchesTheTwinAndGgmlArithmetic) {
   for (int64_t j = c.n; j < c.n + 16; ++j) EXPECT_EQ(y[j], kSentinel) << "wrote past n at " << j;
 }
 
-TEST_P(MatMulDecodeTest, OneThreadEqualsTwo) {
-  const Case c = GetParam();
+// Runs `first`, then `second`, on one packed matrix and token; true if the
+// two results are the same bits.
+template <class F, class G>
+bool SameBits(const Case& c, uint64_t seed, F first, G second) {
   const size_t row_bytes = RowBytes(c.type, c.k);
-  const auto w = testing::QuantizedWeights(c.type, c.n, c.k, row_bytes, 5, 0.02f);
-  const auto x = testing::HiddenStates(1, c.k, c.k, 9);
+  const auto w = testing::QuantizedWeights(c.type, c.n, c.k, row_bytes, seed, 0.02f);
+  const auto x = testing::HiddenStates(1, c.k, c.k, seed + 4);
   const auto packed = Pack(c, w, row_bytes);
   std::vector<float> y1(c.n), y2(c.n);
-  const int before = omp_get_max_threads();
-  omp_set_num_threads(1);
+  first();
   cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y1.data());
-  omp_set_num_threads(2);
+  second();
   cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y2.data());
+  return std::memcmp(y1.data(), y2.data(), c.n * sizeof(float)) == 0;
+}
+
+TEST_P(MatMulDecodeTest, OneThreadEqualsTwo) {
+  const int before = omp_get_max_threads();
+  EXPECT_TRUE(SameBits(GetParam(), 5, [] { omp_set_num_threads(1); }, [] { omp_set_num_threads(2); }));
   omp_set_num_threads(before);
-  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), c.n * sizeof(float)));
 }
 
 // The AVX2 kernel of the layout (kAuto's where the CPU has no AVX-512) gives
 // the AVX-512 kernel's results bit for bit: the same exact integer block
 // dots, the scales applied in the same order.
 TEST_P(MatMulDecodeTest, Avx2KernelEqualsTheDefaultBitForBit) {
-  const Case c = GetParam();
-  const size_t row_bytes = RowBytes(c.type, c.k);
-  const auto w = testing::QuantizedWeights(c.type, c.n, c.k, row_bytes, 11, 0.02f);
-  const auto x = testing::HiddenStates(1, c.k, c.k, 13);
-  const auto packed = Pack(c, w, row_bytes);
-  std::vector<float> y1(c.n), y2(c.n);
-  cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y1.data());
-  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAvx2);
-  cpu::MatMulDecodePacked(x.data(), c.k, packed.data(), c.type, c.n, y2.data());
+  EXPECT_TRUE(SameBits(GetParam(), 11, [] {}, [] { cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAvx2); }));
   cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
-  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), c.n * sizeof(float)));
 }
 
 std::vector<Case> AllCases() {
