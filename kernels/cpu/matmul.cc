@@ -168,7 +168,7 @@ float QuantBlock8(const float* x, int8_t* q, int* sum) {
     return d;
   }
 #elif SNAPFILL_GEMV_AVX2
-  if (g_impl.load(std::memory_order_relaxed) != static_cast<int>(MatMulImpl::kGeneric)) {
+  if (PickPackedIsa() == PackedIsa::kAvx2) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4];
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
@@ -368,6 +368,37 @@ void PackXRow(GgmlType type, const float* x, int64_t k, const PackDims& pd, uint
   }
 }
 
+// Block b of a Q4_0 / Q4_1 weight row: its 32 quants as u8 0..15 in element
+// order into q32 (elements 0..15 are the low nibbles, 16..31 the high ones),
+// the packed path's aux term into *waux (Q4_0: dw, for its -8 offset; Q4_1:
+// m); returns dw.
+float UnpackQ4Block(GgmlType type, const uint8_t* row, int64_t b, uint8_t* q32, float* waux) {
+  const uint8_t* qs;
+  float dw;
+  if (type == GgmlType::kQ4_1) {
+    const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + b;
+    dw = Fp16ToFp32(blk->d);
+    *waux = Fp16ToFp32(blk->m);
+    qs = blk->qs;
+  } else {
+    const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+    dw = *waux = Fp16ToFp32(blk->d);
+    qs = blk->qs;
+  }
+#if SNAPFILL_MATMUL_AVX512 || SNAPFILL_GEMV_AVX2
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q32), _mm_and_si128(v, mask));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q32 + 16), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+#else
+  for (int j = 0; j < 16; ++j) {
+    q32[j] = qs[j] & 0xF;
+    q32[j + 16] = qs[j] >> 4;
+  }
+#endif
+  return dw;
+}
+
 // Unpacks weight row `src` of `type` into packed row r of `wp`.
 void PackWRow(GgmlType type, const uint8_t* src, int64_t k, const PackDims& pd, WPack* wp, int64_t r) {
   uint8_t* q = wp->q.data() + r * pd.kp;
@@ -425,44 +456,15 @@ void PackWRow(GgmlType type, const uint8_t* src, int64_t k, const PackDims& pd, 
   for (int64_t b = 0; b < k / 32; ++b) {
     uint8_t* qb = q + 32 * b;
     float dw;
-    const uint8_t* nibbles = nullptr;
-    switch (type) {
-      case GgmlType::kQ4_0: {
-        const auto* blk = reinterpret_cast<const BlockQ4_0*>(src) + b;
-        dw = Fp16ToFp32(blk->d);
-        nibbles = blk->qs;
-        aux[b] = dw;
-        break;
-      }
-      case GgmlType::kQ4_1: {
-        const auto* blk = reinterpret_cast<const BlockQ4_1*>(src) + b;
-        dw = Fp16ToFp32(blk->d);
-        nibbles = blk->qs;
-        aux[b] = Fp16ToFp32(blk->m);
-        break;
-      }
-      default: {  // Q8_0
-        const auto* blk = reinterpret_cast<const BlockQ8_0*>(src) + b;
-        dw = Fp16ToFp32(blk->d);
-        std::memcpy(qb, blk->qs, 32);
-        int sum = 0;
-        for (int j = 0; j < 32; ++j) sum += blk->qs[j];
-        aux[b] = dw * static_cast<float>(sum);
-        break;
-      }
-    }
-    if (nibbles != nullptr) {
-#if SNAPFILL_MATMUL_AVX512
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles));
-      const __m128i mask = _mm_set1_epi8(0x0F);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm_and_si128(v, mask));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
-#else
-      for (int j = 0; j < 16; ++j) {
-        qb[j] = nibbles[j] & 0xF;
-        qb[j + 16] = nibbles[j] >> 4;
-      }
-#endif
+    if (type == GgmlType::kQ8_0) {
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(src) + b;
+      dw = Fp16ToFp32(blk->d);
+      std::memcpy(qb, blk->qs, 32);
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) sum += blk->qs[j];
+      aux[b] = dw * static_cast<float>(sum);
+    } else {
+      dw = UnpackQ4Block(type, src, b, qb, &aux[b]);
     }
     for (int l = 0; l < 8; ++l) s[8 * b + l] = dw;
   }
@@ -1016,7 +1018,6 @@ void DecodeGroupsAvx2(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb,
   constexpr int64_t kRec = DecodeRecordBytes(kType);
   constexpr int64_t kQuant = DecodeQuantBytes(kType);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* p = packed + g * nb * kRec;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -1052,7 +1053,7 @@ void DecodeGroupsAvx2(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb,
             s16 = _mm256_add_epi16(s16,
                                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(wv, 4), low4), xv[4 + t]));
           }
-          isum = _mm256_madd_epi16(s16, ones);
+          isum = MaddPairs(s16);
         }
         const __m256 d =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kQuant + 16 * h)));
@@ -1260,24 +1261,8 @@ void PackW8(GgmlType type, const uint8_t* w, size_t w_row_bytes, int64_t j0, int
           *dd = *ad = 0.0f;
           continue;
         }
-        const uint8_t* src = w + (j0 + row) * w_row_bytes;
-        const uint8_t* qs;
-        if (type == GgmlType::kQ4_1) {
-          const auto* blk = reinterpret_cast<const BlockQ4_1*>(src) + b;
-          *dd = Fp16ToFp32(blk->d);
-          *ad = Fp16ToFp32(blk->m);
-          qs = blk->qs;
-        } else {
-          const auto* blk = reinterpret_cast<const BlockQ4_0*>(src) + b;
-          *dd = *ad = Fp16ToFp32(blk->d);
-          qs = blk->qs;
-        }
-        // Elements 0..15 are the low nibbles, 16..31 the high ones.
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-        const __m128i mask = _mm_set1_epi8(0x0F);
-        alignas(32) uint8_t e[32];
-        _mm_store_si128(reinterpret_cast<__m128i*>(e), _mm_and_si128(raw, mask));
-        _mm_store_si128(reinterpret_cast<__m128i*>(e + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+        alignas(16) uint8_t e[32];
+        *dd = UnpackQ4Block(type, w + (j0 + row) * w_row_bytes, b, e, ad);
         for (int j = 0; j < 8; ++j) std::memcpy(qd + 32 * j, e + 4 * j, 4);
       }
     }
@@ -1287,8 +1272,7 @@ void PackW8(GgmlType type, const uint8_t* w, size_t w_row_bytes, int64_t j0, int
 struct Tile8Args {
   const uint8_t* wq;    // group 0's block 0
   const float* wd;
-  const float* waux;
-  int64_t w_group_stride;  // blocks (nb) per group
+  const float* waux;     // (groups are nb blocks apart)
   const uint8_t* xq;    // token 0's packed row
   const float* xs;      // lane scales (8 per block; lane 0 read)
   const float* xaux;
@@ -1303,6 +1287,8 @@ void Tile8Avx2(const Tile8Args& a) {
   __m256 acc[RG][RN];
   for (int g = 0; g < RG; ++g)
     for (int t = 0; t < RN; ++t) acc[g][t] = _mm256_setzero_ps();
+  // (The constant held here, not MaddPairs: with the helper gcc 12 schedules
+  // this kernel differently, 5-40% slower at the prefill shapes, measured.)
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < a.nb; ++b) {
     __m256i s[RG][RN];
@@ -1321,13 +1307,13 @@ void Tile8Avx2(const Tile8Args& a) {
       }
       for (int g = 0; g < RG; ++g) {
         const __m256i wv = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(a.wq + (g * a.w_group_stride + b) * 256 + 32 * j));
+            reinterpret_cast<const __m256i*>(a.wq + (g * a.nb + b) * 256 + 32 * j));
         for (int t = 0; t < RN; ++t) s[g][t] = _mm256_add_epi16(s[g][t], _mm256_maddubs_epi16(wv, xb[t]));
       }
     }
     for (int g = 0; g < RG; ++g) {
-      const __m256 dv = _mm256_loadu_ps(a.wd + (g * a.w_group_stride + b) * 8);
-      const __m256 av = _mm256_loadu_ps(a.waux + (g * a.w_group_stride + b) * 8);
+      const __m256 dv = _mm256_loadu_ps(a.wd + (g * a.nb + b) * 8);
+      const __m256 av = _mm256_loadu_ps(a.waux + (g * a.nb + b) * 8);
       for (int t = 0; t < RN; ++t) {
         const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[g][t], ones));
         const __m256 scale = _mm256_mul_ps(dv, _mm256_broadcast_ss(a.xs + t * a.x_s_stride + 8 * b));
@@ -1432,7 +1418,6 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
             a.wq = w8.q.data() + g0 * nb * 256;
             a.wd = w8.d.data() + g0 * nb * 8;
             a.waux = w8.aux.data() + g0 * nb * 8;
-            a.w_group_stride = nb;
             a.xq = xp.q.data() + ti0 * pd.kp;
             a.xs = xp.s.data() + ti0 * xp.s_stride;
             a.xaux = xp.aux.data() + ti0 * pd.aux_len;
