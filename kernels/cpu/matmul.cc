@@ -142,7 +142,9 @@ inline float HMax(__m512 v) {
 
 // One 32-element Q8_0/Q8_1 block: q = roundf(x / d), d = amax / 127.
 // Returns the f32 d (before fp16 rounding); *sum = Σq.
-float QuantBlock8(const float* x, int8_t* q, int* sum) {
+// (Inlined: at 2048 × 576 → 192 on AVX2 a third of the product's perf samples
+// fell in this function as a call; inlined, that product is about 5% faster.)
+inline __attribute__((always_inline)) float QuantBlock8(const float* x, int8_t* q, int* sum) {
 #if SNAPFILL_MATMUL_AVX512
   if (UseSimd()) {
     const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
