@@ -40,9 +40,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul_amx.h"
@@ -76,6 +78,7 @@
 #else
 #define SNAPFILL_GEMV_AVX2 0
 #endif
+static_assert(!SNAPFILL_MATMUL_AVX512 || SNAPFILL_GEMV_AVX2, "AVX-512 builds also have the AVX2 kernels");
 
 namespace snapfill::cpu {
 namespace {
@@ -531,44 +534,6 @@ void GenericTile(const TileArgs& a, int rm, int rn, Family family, bool x_unsign
 }
 
 #if SNAPFILL_MATMUL_AVX512
-// Block32 micro-kernel, RM rows × RN tokens, 64 elements (2 blocks) per step:
-// vpdpbusd gives 16 int32 lanes of 4 products each; lanes 0-7 belong to one
-// 32-block and 8-15 to the next, so a per-lane f32 scale (ws·xs) applies.
-template <int RM, int RN, bool kXUnsigned>
-void Tile32(const TileArgs& a) {
-  const PackDims& pd = *a.pd;
-  __m512 acc[RM][RN];
-  for (int r = 0; r < RM; ++r)
-    for (int t = 0; t < RN; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < pd.kp; s += 64) {
-    __m512i w[RM];
-    __m512 ws[RM];
-    for (int r = 0; r < RM; ++r) {
-      w[r] = _mm512_loadu_si512(a.wq + r * pd.kp + s);
-      ws[r] = _mm512_loadu_ps(a.ws + r * pd.scale_len + s / 4);
-    }
-    for (int t = 0; t < RN; ++t) {
-      const __m512i xv = _mm512_loadu_si512(a.xq + t * pd.kp + s);
-      const __m512 xs = _mm512_loadu_ps(a.xs + t * a.x_s_stride + s / 4);
-      for (int r = 0; r < RM; ++r) {
-        const __m512i isum = kXUnsigned ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), xv, w[r])
-                                        : _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xv);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws[r], xs), acc[r][t]);
-      }
-    }
-  }
-  for (int64_t c = 0; c < pd.aux_len; c += 16) {
-    for (int r = 0; r < RM; ++r) {
-      const __m512 wa = _mm512_loadu_ps(a.waux + r * pd.aux_len + c);
-      for (int t = 0; t < RN; ++t) {
-        acc[r][t] = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a.xaux + t * pd.aux_len + c), acc[r][t]);
-      }
-    }
-  }
-  for (int t = 0; t < RN; ++t)
-    for (int r = 0; r < RM; ++r) a.y[t * a.y_stride + r] = HSum(acc[r][t]);
-}
-
 // Super256 micro-kernel: per 64 elements vpmaddubsw (u8 q × s8 x, pairs to
 // int16, no saturation: 2·63·127 < 2^15) then vpdpwssd with the int16 scales;
 // the int32 lanes of one super-block (|lane| <= 8·16002·128 < 2^24, exact in
@@ -617,17 +582,6 @@ void TileK(const TileArgs& a) {
 }
 
 using TileFn = void (*)(const TileArgs&);
-
-template <bool kXUnsigned>
-TileFn Pick32(int rm, int rn) {
-  static constexpr TileFn kTable[4][4] = {
-      {Tile32<1, 1, kXUnsigned>, Tile32<1, 2, kXUnsigned>, Tile32<1, 3, kXUnsigned>, Tile32<1, 4, kXUnsigned>},
-      {Tile32<2, 1, kXUnsigned>, Tile32<2, 2, kXUnsigned>, Tile32<2, 3, kXUnsigned>, Tile32<2, 4, kXUnsigned>},
-      {Tile32<3, 1, kXUnsigned>, Tile32<3, 2, kXUnsigned>, Tile32<3, 3, kXUnsigned>, Tile32<3, 4, kXUnsigned>},
-      {Tile32<4, 1, kXUnsigned>, Tile32<4, 2, kXUnsigned>, Tile32<4, 3, kXUnsigned>, Tile32<4, 4, kXUnsigned>},
-  };
-  return kTable[rm - 1][rn - 1];
-}
 
 TileFn PickK(int rm, int rn) {
   static constexpr TileFn kTable[4][2] = {
@@ -1081,7 +1035,7 @@ void DecodeGroupsAvx2(const uint8_t* packed, int64_t g0, int64_t g1, int64_t nb,
 // AVX2 micro-kernels of the packed path (token blocks on CPUs without
 // AVX-512, e.g. AMD Zen under hypervisors that hide it; MatMulImpl::kAvx2
 // forces them where AVX-512 is there, for tests and benchmarks). Same packed
-// data and formulas as Tile32 / TileK, 32 elements (one block) per step.
+// data and formulas as the AVX-512 kernels (Tile16Avx512 / TileK), 32 elements (one block) per step.
 // (Q4_0 / Q4_1 go to Tile8Avx2 below, which interleaves weight rows.)
 //   Q8_0: X is packed as u8 = q + 128, which vpmaddubsw would saturate on; the
 //         kernel flips it back to s8 and multiplies |w| by x with w's sign
@@ -1233,45 +1187,60 @@ Split MakeSplit(int64_t m, int64_t n, int threads) {
 // Same data and formulas as the packed path (exact integer block dots, f32
 // accumulation over blocks), so the result equals
 // ref::MatMulQuantizedActivations up to summation order.
-struct WPack8 {
-  std::vector<uint8_t> q;   // [group][block][8 vectors][8 rows][4] u8 0..15
-  std::vector<float> d;     // [group][block][8] dw
-  std::vector<float> aux;   // [group][block][8] waux
+// The weight rows of a unit, unpacked for the row-interleaved kernels: R rows
+// per group (8 for Tile8Avx2, 16 for Tile16Avx512), lane r = row r.
+struct WPackLanes {
+  std::vector<uint8_t> q;   // [group][block][8 vectors][R rows][4] quants (u8 0..15; Q8_0: s8)
+  std::vector<float> d;     // [group][block][R] dw
+  std::vector<float> aux;   // [group][block][R] waux (Q4_0: dw; Q4_1: m; Q8_0: dw·Σq)
 };
 
-WPack8& ThreadWPack8() {
-  static thread_local WPack8 wp;
+WPackLanes& ThreadWPackLanes() {
+  static thread_local WPackLanes wp;
   return wp;
 }
 
-// Unpacks weight rows [j0, j0 + rows) into groups of 8 (absent rows zero).
-void PackW8(GgmlType type, const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t rows, int64_t nb, WPack8* wp) {
-  const int64_t groups = (rows + 7) / 8;
-  const size_t qn = static_cast<size_t>(groups * nb * 256), fn = static_cast<size_t>(groups * nb * 8);
+// Unpacks weight rows [j0, j0 + rows) of a Q4_0 / Q4_1 / Q8_0 matrix into
+// groups of R (absent rows zero).
+template <int R>
+void PackWLanes(GgmlType type, const uint8_t* w, size_t w_row_bytes, int64_t j0, int64_t rows, int64_t nb,
+                WPackLanes* wp) {
+  const int64_t groups = (rows + R - 1) / R;
+  const size_t qn = static_cast<size_t>(groups * nb * 32 * R), fn = static_cast<size_t>(groups * nb * R);
   if (wp->q.size() < qn) wp->q.resize(qn);
   if (wp->d.size() < fn) wp->d.resize(fn);
   if (wp->aux.size() < fn) wp->aux.resize(fn);
   for (int64_t g = 0; g < groups; ++g) {
-    for (int r = 0; r < 8; ++r) {
-      const int64_t row = g * 8 + r;
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = g * R + r;
+      const uint8_t* src = w + (j0 + row) * w_row_bytes;
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* qd = wp->q.data() + (g * nb + b) * 256 + 4 * r;
-        float* dd = wp->d.data() + (g * nb + b) * 8 + r;
-        float* ad = wp->aux.data() + (g * nb + b) * 8 + r;
+        uint8_t* qd = wp->q.data() + (g * nb + b) * 32 * R + 4 * r;
+        float* dd = wp->d.data() + (g * nb + b) * R + r;
+        float* ad = wp->aux.data() + (g * nb + b) * R + r;
         if (row >= rows) {
-          for (int j = 0; j < 8; ++j) std::memset(qd + 32 * j, 0, 4);
+          for (int j = 0; j < 8; ++j) std::memset(qd + 4 * R * j, 0, 4);
           *dd = *ad = 0.0f;
           continue;
         }
         alignas(16) uint8_t e[32];
-        *dd = UnpackQ4Block(type, w + (j0 + row) * w_row_bytes, b, e, ad);
-        for (int j = 0; j < 8; ++j) std::memcpy(qd + 32 * j, e + 4 * j, 4);
+        if (type == GgmlType::kQ8_0) {
+          const auto* blk = reinterpret_cast<const BlockQ8_0*>(src) + b;
+          *dd = Fp16ToFp32(blk->d);
+          std::memcpy(e, blk->qs, 32);
+          int sum = 0;
+          for (int j = 0; j < 32; ++j) sum += blk->qs[j];
+          *ad = *dd * static_cast<float>(sum);
+        } else {
+          *dd = UnpackQ4Block(type, src, b, e, ad);
+        }
+        for (int j = 0; j < 8; ++j) std::memcpy(qd + 4 * R * j, e + 4 * j, 4);
       }
     }
   }
 }
 
-struct Tile8Args {
+struct LaneTileArgs {
   const uint8_t* wq;    // group 0's block 0
   const float* wd;
   const float* waux;     // (groups are nb blocks apart)
@@ -1285,7 +1254,7 @@ struct Tile8Args {
 };
 
 template <int RG, int RN>
-void Tile8Avx2(const Tile8Args& a) {
+void Tile8Avx2(const LaneTileArgs& a) {
   __m256 acc[RG][RN];
   for (int g = 0; g < RG; ++g)
     for (int t = 0; t < RN; ++t) acc[g][t] = _mm256_setzero_ps();
@@ -1343,14 +1312,99 @@ void Tile8Avx2(const Tile8Args& a) {
 // registers (measured at 512 × 576 → 1536: 1 × 3 tokens 247 GOP/s, 2 × 2 272,
 // 2 × 3 263, 3 × 1 200, 3 × 2 285, 4 × 2 226).
 constexpr int kTile8Groups = 3, kTile8Tokens = 2;
-using Tile8Fn = void (*)(const Tile8Args&);
-Tile8Fn PickTile8(int rg, int rn) {
-  static constexpr Tile8Fn kTable[3][2] = {{Tile8Avx2<1, 1>, Tile8Avx2<1, 2>},
+using LaneTileFn = void (*)(const LaneTileArgs&);
+LaneTileFn PickTile8(int rg, int rn) {
+  static constexpr LaneTileFn kTable[3][2] = {{Tile8Avx2<1, 1>, Tile8Avx2<1, 2>},
                                            {Tile8Avx2<2, 1>, Tile8Avx2<2, 2>},
                                            {Tile8Avx2<3, 1>, Tile8Avx2<3, 2>}};
   return kTable[rg - 1][rn - 1];
 }
 #endif  // SNAPFILL_GEMV_AVX2
+
+#if SNAPFILL_MATMUL_AVX512
+// ---------------------------------------------------------------------------
+// AVX-512 VNNI token blocks with Q4_0 / Q4_1 / Q8_0 weights: 16 weight rows
+// interleaved, Tile8Avx2's scheme at twice the width with vpdpbusd.
+//
+// A row-major kernel spends 4 vector ops per (row, token, 64 elements)
+// (vpdpbusd, convert, scale product, FMA) and a horizontal sum per output:
+// vpdpbusd is a quarter of the work. Here, for block b, vector j (j = 0..7)
+// holds elements 4j..4j+3 of each of the 16 rows (lane r = row r), and one
+// vpdpbusd against the token's 4 activation bytes broadcast adds 4 products
+// to every row's int32 lane; the 8 of a block give the exact block dots
+// (|lane| <= 32 · 255 · 128 < 2^24, exact in f32), then one convert, one
+// scale product (the 16 rows' dw times the token's dx) and two FMAs (the dot
+// and the aux term) per 16 rows: 8 vpdpbusd in 12 vector ops, no horizontal
+// sums, the outputs of a group 16 consecutive floats of Y.
+//   Q4_0 / Q4_1: w = q (u8 0..15) is vpdpbusd's unsigned operand, x (s8) the
+//         signed one; aux as the packed path (Q4_1 mw·sx, Q4_0 dw·(-8·dx·Σq)).
+//   Q8_0: x is packed as u8 = q + 128 and is the unsigned operand, w (s8) the
+//         signed one; aux (dw·Σqw)·(-128·dx) takes the offset back out.
+// Same data and formulas as the packed path, so the result equals
+// ref::MatMulQuantizedActivations up to f32 summation order.
+template <int RG, int RN, bool kXUnsigned>
+void Tile16Avx512(const LaneTileArgs& a) {
+  __m512 acc[RG][RN];
+  for (int g = 0; g < RG; ++g)
+    for (int t = 0; t < RN; ++t) acc[g][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m512i s[RG][RN];
+    for (int g = 0; g < RG; ++g)
+      for (int t = 0; t < RN; ++t) s[g][t] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i xb[RN];
+      for (int t = 0; t < RN; ++t) {
+        int32_t v;
+        std::memcpy(&v, a.xq + t * a.kp + 32 * b + 4 * j, 4);
+        xb[t] = _mm512_set1_epi32(v);
+      }
+      for (int g = 0; g < RG; ++g) {
+        const __m512i wv = _mm512_loadu_si512(a.wq + (g * a.nb + b) * 512 + 64 * j);
+        for (int t = 0; t < RN; ++t) {
+          s[g][t] = kXUnsigned ? _mm512_dpbusd_epi32(s[g][t], xb[t], wv) : _mm512_dpbusd_epi32(s[g][t], wv, xb[t]);
+        }
+      }
+    }
+    for (int g = 0; g < RG; ++g) {
+      const __m512 dv = _mm512_loadu_ps(a.wd + (g * a.nb + b) * 16);
+      const __m512 av = _mm512_loadu_ps(a.waux + (g * a.nb + b) * 16);
+      for (int t = 0; t < RN; ++t) {
+        const __m512 scale = _mm512_mul_ps(dv, _mm512_set1_ps(a.xs[t * a.x_s_stride + 8 * b]));
+        acc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[g][t]), scale, acc[g][t]);
+        acc[g][t] = _mm512_fmadd_ps(av, _mm512_set1_ps(a.xaux[t * a.aux_len + b]), acc[g][t]);
+      }
+    }
+  }
+  for (int g = 0; g < RG; ++g) {
+    const int valid = std::clamp(a.rows - 16 * g, 0, 16);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    for (int t = 0; t < RN; ++t) _mm512_mask_storeu_ps(a.y + t * a.y_stride + 16 * g, mask, acc[g][t]);
+  }
+}
+
+#ifndef SNAPFILL_TILE16_GROUPS
+#define SNAPFILL_TILE16_GROUPS 2
+#define SNAPFILL_TILE16_TOKENS 6
+#endif
+// Groups of 16 rows × tokens per call (SNAPFILL_TILE16_* override them for
+// the register-tile sweep in docs/BENCHMARKS.md).
+constexpr int kTile16Groups = SNAPFILL_TILE16_GROUPS, kTile16Tokens = SNAPFILL_TILE16_TOKENS;
+static_assert(kTile16Groups >= 1 && kTile16Groups <= 4 && kTile16Tokens >= 1 && kTile16Tokens <= 6);
+
+template <bool kXUnsigned, int RG, int... RN>
+constexpr std::array<LaneTileFn, sizeof...(RN)> Tile16Row(std::integer_sequence<int, RN...>) {
+  return {Tile16Avx512<RG, RN + 1, kXUnsigned>...};
+}
+
+template <bool kXUnsigned>
+LaneTileFn PickTile16(int rg, int rn) {
+  using Tokens = std::make_integer_sequence<int, kTile16Tokens>;
+  static constexpr std::array<std::array<LaneTileFn, kTile16Tokens>, 4> kTable = {
+      Tile16Row<kXUnsigned, 1>(Tokens{}), Tile16Row<kXUnsigned, 2>(Tokens{}),
+      Tile16Row<kXUnsigned, 3>(Tokens{}), Tile16Row<kXUnsigned, 4>(Tokens{})};
+  return kTable[rg - 1][rn - 1];
+}
+#endif  // SNAPFILL_MATMUL_AVX512
 
 void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w,
                      GgmlType type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
@@ -1378,12 +1432,22 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
   if (xp.aux.size() < static_cast<size_t>(m * pd.aux_len)) xp.aux.resize(m * pd.aux_len);
 
   const int threads = omp_get_max_threads();
-  // AVX2 with Q4 weights: rows interleaved 8 at a time (Tile8Avx2).
-  const bool interleaved = SNAPFILL_GEMV_AVX2 && isa == PackedIsa::kAvx2 &&
-                           (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1);
+  // Token blocks with rows interleaved in the vector lanes: 16 at a time on
+  // AVX-512 VNNI (Tile16Avx512: Q4_0 / Q4_1 / Q8_0), 8 on AVX2 (Tile8Avx2:
+  // Q4_0 / Q4_1); 0 for the row-major packed path.
+  const bool q4 = type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1;
+  int lanes = 0, lane_groups = 1, lane_tokens = 1;
+#if SNAPFILL_MATMUL_AVX512
+  if (isa == PackedIsa::kAvx512 && ti.family == Family::kBlock32) {
+    lanes = 16, lane_groups = kTile16Groups, lane_tokens = kTile16Tokens;
+  }
+#endif
+#if SNAPFILL_GEMV_AVX2
+  if (isa == PackedIsa::kAvx2 && q4) lanes = 8, lane_groups = kTile8Groups, lane_tokens = kTile8Tokens;
+#endif
   Split sp = MakeSplit(m, n, threads);
-  if (interleaved) {
-    sp.nb = RoundUp(sp.nb, 8 * kTile8Groups);
+  if (lanes > 0) {
+    sp.nb = RoundUp(sp.nb, lanes * lane_groups);
     sp.num_n = (n + sp.nb - 1) / sp.nb;
   }
   const int64_t num_units = sp.num_n * sp.num_m;
@@ -1403,23 +1467,23 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
       const int64_t j0 = nbi * sp.nb, rows = std::min(sp.nb, n - j0);
       const int64_t i0 = mbi * sp.mb, toks = std::min(sp.mb, m - i0);
 #if SNAPFILL_GEMV_AVX2
-      if (interleaved) {
-        WPack8& w8 = ThreadWPack8();
+      if (lanes > 0) {
+        WPackLanes& wl = ThreadWPackLanes();
         const int64_t nb = k / 32;
         if (packed_nblock != nbi) {
-          PackW8(type, w, w_row_bytes, j0, rows, nb, &w8);
+          (lanes == 16 ? PackWLanes<16> : PackWLanes<8>)(type, w, w_row_bytes, j0, rows, nb, &wl);
           packed_nblock = nbi;
         }
-        const int64_t groups = (rows + 7) / 8;
-        for (int64_t t0 = 0; t0 < toks; t0 += kTile8Tokens) {
-          const int rn = static_cast<int>(std::min<int64_t>(kTile8Tokens, toks - t0));
+        const int64_t groups = (rows + lanes - 1) / lanes;
+        for (int64_t t0 = 0; t0 < toks; t0 += lane_tokens) {
+          const int rn = static_cast<int>(std::min<int64_t>(lane_tokens, toks - t0));
           const int64_t ti0 = i0 + t0;
-          for (int64_t g0 = 0; g0 < groups; g0 += kTile8Groups) {
-            const int rg = static_cast<int>(std::min<int64_t>(kTile8Groups, groups - g0));
-            Tile8Args a;
-            a.wq = w8.q.data() + g0 * nb * 256;
-            a.wd = w8.d.data() + g0 * nb * 8;
-            a.waux = w8.aux.data() + g0 * nb * 8;
+          for (int64_t g0 = 0; g0 < groups; g0 += lane_groups) {
+            const int rg = static_cast<int>(std::min<int64_t>(lane_groups, groups - g0));
+            LaneTileArgs a;
+            a.wq = wl.q.data() + g0 * nb * 32 * lanes;
+            a.wd = wl.d.data() + g0 * nb * lanes;
+            a.waux = wl.aux.data() + g0 * nb * lanes;
             a.xq = xp.q.data() + ti0 * pd.kp;
             a.xs = xp.s.data() + ti0 * xp.s_stride;
             a.xaux = xp.aux.data() + ti0 * pd.aux_len;
@@ -1427,9 +1491,15 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
             a.x_s_stride = xp.s_stride;
             a.aux_len = pd.aux_len;
             a.nb = nb;
-            a.y = y + ti0 * y_stride + j0 + 8 * g0;
+            a.y = y + ti0 * y_stride + j0 + lanes * g0;
             a.y_stride = y_stride;
-            a.rows = static_cast<int>(rows - 8 * g0);
+            a.rows = static_cast<int>(rows - lanes * g0);
+#if SNAPFILL_MATMUL_AVX512
+            if (lanes == 16) {
+              (ti.x_unsigned ? PickTile16<true> : PickTile16<false>)(rg, rn)(a);
+              continue;
+            }
+#endif
             PickTile8(rg, rn)(a);
           }
         }
@@ -1471,13 +1541,8 @@ void MatMulQuantized(const float* x, int64_t m, int64_t k, int64_t x_stride, con
           a.x_s_stride = xp.s_stride;
 #if SNAPFILL_MATMUL_AVX512
           if (isa == PackedIsa::kAvx512) {
-            if (ti.family == Family::kSuper256) {
-              PickK(rm, rn)(a);
-            } else if (ti.x_unsigned) {
-              Pick32<true>(rm, rn)(a);
-            } else {
-              Pick32<false>(rm, rn)(a);
-            }
+            // (Q4_0 / Q4_1 / Q8_0 took the interleaved path above.)
+            PickK(rm, rn)(a);
             continue;
           }
 #endif
