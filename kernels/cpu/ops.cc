@@ -918,6 +918,111 @@ SNAPFILL_ATTN_AMX_TARGET void AmxAttentionRows(const AmxAttnArgs& a, int64_t key
   }
 }
 
+// The same pass on the vector units, for CPUs with AVX512-BF16 and no AMX:
+// vdpbf16ps (16 f32 lanes, each += the products of one pair of bf16) on the
+// tile operands above. S = Q·Kᵀ: a K tile row p is dims (2p, 2p+1) of 16 keys,
+// so with the lanes as keys each row's S is 32 vdpbf16ps per 16 keys, against
+// the row's query pair p broadcast. O += P·V: a V tile row p is keys (2p,
+// 2p+1) of 16 dims, so with the lanes as dims each row's O is 4 × 16
+// vdpbf16ps per 32 keys, against its probability pair p broadcast. O stays
+// in L1 (16 rows × 64 f32) and is rescaled there when a row's max moves.
+// Same operands, masks, lazily updated max and exp as AmxAttentionRows;
+// only the f32 summation order of the products differs.
+#define SNAPFILL_ATTN_BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512vl,avx512dq")))
+
+// Rows of S at a time in Q·Kᵀ (2 accumulators each: keys 0-15, 16-31), rows
+// of O in P·V (4 accumulators each: dims 0-63).
+constexpr int kBf16ScoreRows = 8, kBf16PvRows = 4;
+
+SNAPFILL_ATTN_BF16_TARGET void Avx512Bf16AttentionRows(const AmxAttnArgs& a, int64_t key_end, float min_limit) {
+  alignas(64) float st[16 * 32];
+  alignas(64) uint16_t pb[16 * 32];
+  alignas(64) float ob[16 * 64];
+  std::fill(ob, ob + 16 * 64, 0.0f);
+  __m512 lim[16], sum[16];
+  float mu[16];
+  for (int r = 0; r < 16; ++r) {
+    lim[r] = _mm512_set1_ps(a.limit[r]);
+    sum[r] = _mm512_setzero_ps();
+  }
+  const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  auto mask = [&](float* row, int r, int64_t key0) {  // -inf past the row's limit
+    const __m512 keys = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(key0)));
+    const __mmask16 past = _mm512_cmp_ps_mask(lim[r], keys, _CMP_LT_OQ);
+    _mm512_storeu_ps(row, _mm512_mask_mov_ps(_mm512_loadu_ps(row), past, _mm512_set1_ps(kNegInf)));
+  };
+  const auto* q32 = reinterpret_cast<const int32_t*>(a.qb);  // row r, dims pair p at [32 r + p]
+  const auto* p32 = reinterpret_cast<const int32_t*>(pb);    // row r, keys pair p at [16 r + p]
+  const int64_t nkb32 = (key_end + 31) / 32;
+  for (int64_t kb = 0; kb < nkb32; ++kb) {
+    const uint8_t* kt = a.kt + 2 * kb * 2048;  // 64 dims pairs × 64 bytes, keys 0-15 then 16-31
+    for (int r0 = 0; r0 < 16; r0 += kBf16ScoreRows) {
+      __m512 acc[kBf16ScoreRows][2];
+      for (int r = 0; r < kBf16ScoreRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      for (int p = 0; p < 32; ++p) {
+        const __m512bh k0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kt + 64 * p));
+        const __m512bh k1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kt + 2048 + 64 * p));
+        for (int r = 0; r < kBf16ScoreRows; ++r) {
+          const __m512bh qp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(q32[32 * (r0 + r) + p]));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], k0, qp);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], k1, qp);
+        }
+      }
+      for (int r = 0; r < kBf16ScoreRows; ++r) {
+        _mm512_store_ps(st + 32 * (r0 + r), acc[r][0]);
+        _mm512_store_ps(st + 32 * (r0 + r) + 16, acc[r][1]);
+      }
+    }
+    const bool masked = static_cast<float>(kb * 32 + 31) > min_limit;
+    for (int r = 0; r < 16; ++r) {
+      float* row = st + 32 * r;
+      if (masked) {
+        mask(row, r, kb * 32);
+        mask(row + 16, r, kb * 32 + 16);
+      }
+      const __m512 hi = _mm512_max_ps(_mm512_load_ps(row), _mm512_load_ps(row + 16));
+      if (kb == 0) {
+        mu[r] = _mm512_reduce_max_ps(hi);  // every row sees key 0; O and the sums are still zero
+      } else if (_mm512_cmp_ps_mask(hi, _mm512_set1_ps(mu[r] + kAmxMaxSlack), _CMP_GT_OQ) != 0) {
+        const float bm = _mm512_reduce_max_ps(hi);  // the exact max only when it is needed
+        const __m512 f = _mm512_set1_ps(std::exp(mu[r] - bm));
+        sum[r] = _mm512_mul_ps(sum[r], f);
+        for (int c = 0; c < 4; ++c) {
+          _mm512_store_ps(ob + 64 * r + 16 * c, _mm512_mul_ps(_mm512_load_ps(ob + 64 * r + 16 * c), f));
+        }
+        mu[r] = bm;
+      }
+      const __m512 m = _mm512_set1_ps(mu[r]);
+      const __m512 p0 = ExpForBf16(_mm512_sub_ps(_mm512_load_ps(row), m));
+      const __m512 p1 = ExpForBf16(_mm512_sub_ps(_mm512_load_ps(row + 16), m));
+      sum[r] = _mm512_add_ps(sum[r], _mm512_add_ps(p0, p1));
+      _mm512_store_si512(pb + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    const uint8_t* vt = a.vt + kb * 4096;  // 4 dims tiles × 16 key pairs × 64 bytes
+    for (int r0 = 0; r0 < 16; r0 += kBf16PvRows) {
+      __m512 o[kBf16PvRows][4];
+      for (int r = 0; r < kBf16PvRows; ++r)
+        for (int c = 0; c < 4; ++c) o[r][c] = _mm512_load_ps(ob + 64 * (r0 + r) + 16 * c);
+      for (int p = 0; p < 16; ++p) {
+        __m512bh vv[4];
+        for (int c = 0; c < 4; ++c) vv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vt + 1024 * c + 64 * p));
+        for (int r = 0; r < kBf16PvRows; ++r) {
+          const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(p32[16 * (r0 + r) + p]));
+          for (int c = 0; c < 4; ++c) o[r][c] = _mm512_dpbf16_ps(o[r][c], vv[c], pp);
+        }
+      }
+      for (int r = 0; r < kBf16PvRows; ++r)
+        for (int c = 0; c < 4; ++c) _mm512_store_ps(ob + 64 * (r0 + r) + 16 * c, o[r][c]);
+    }
+  }
+  for (int r = 0; r < 16; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[r]));
+    for (int c = 0; c < 4; ++c) {
+      _mm512_storeu_ps(a.out_rows + 64 * r + 16 * c, _mm512_mul_ps(_mm512_load_ps(ob + 64 * r + 16 * c), inv));
+    }
+  }
+}
+
 // Per-call tile operands (grown, never shrunk; one set per calling thread).
 struct AmxAttnScratch {
   std::vector<uint8_t> kt, vt;
@@ -927,10 +1032,13 @@ AmxAttnScratch& CallerAttnScratch() {
   return s;
 }
 
-SNAPFILL_ATTN_AMX_TARGET void AttentionAmx(const float* q, int64_t q_stride, const float* k, const float* v,
-                                          int64_t kv_head_stride, int64_t kv_key_stride, float* out,
-                                          int64_t out_stride, int64_t num_q, int64_t num_keys, int64_t num_heads,
-                                          int64_t num_kv_heads, float scale) {
+// kAmx: the rows on the tile unit (AmxAttentionRows); else on AVX512-BF16
+// (Avx512Bf16AttentionRows, which touches no tile state).
+template <bool kAmx>
+SNAPFILL_ATTN_AMX_TARGET void AttentionBf16Tiles(const float* q, int64_t q_stride, const float* k, const float* v,
+                                                int64_t kv_head_stride, int64_t kv_key_stride, float* out,
+                                                int64_t out_stride, int64_t num_q, int64_t num_keys,
+                                                int64_t num_heads, int64_t num_kv_heads, float scale) {
   constexpr int64_t d = kAmxHeadDim;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t nkb16 = (num_keys + 31) / 32 * 2;  // whole 32-key blocks
@@ -961,7 +1069,7 @@ SNAPFILL_ATTN_AMX_TARGET void AttentionAmx(const float* q, int64_t q_stride, con
     const int64_t mp = RoundUp(group * bq, 16);
     std::vector<uint16_t> qb(mp * d);
     std::vector<float> limit(mp), orows(mp * d);
-    internal::ConfigureBf16Tiles();
+    if constexpr (kAmx) internal::ConfigureBf16Tiles();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_items; ++item) {
       const int64_t qblk = num_qb - 1 - item / num_kv_heads;  // later blocks see more keys: first
@@ -996,14 +1104,18 @@ SNAPFILL_ATTN_AMX_TARGET void AttentionAmx(const float* q, int64_t q_stride, con
         a.qb = qb.data() + r0 * d;
         a.limit = limit.data() + r0;
         a.out_rows = orows.data() + r0 * d;
-        AmxAttentionRows(a, static_cast<int64_t>(hi) + 1, lo);
+        if constexpr (kAmx) {
+          AmxAttentionRows(a, static_cast<int64_t>(hi) + 1, lo);
+        } else {
+          Avx512Bf16AttentionRows(a, static_cast<int64_t>(hi) + 1, lo);
+        }
       }
       for (int64_t r = 0; r < m; ++r) {
         const int64_t gi = r / nq, qi = r % nq;
         std::copy(orows.data() + r * d, orows.data() + (r + 1) * d, out + (q0 + qi) * out_stride + (g0 + gi) * d);
       }
     }
-    internal::ReleaseBf16Tiles();
+    if constexpr (kAmx) internal::ReleaseBf16Tiles();
   }
 }
 #else
@@ -1029,6 +1141,18 @@ bool AttentionHasAmx() {
 #endif
 }
 
+bool AttentionHasAvx512Bf16() {
+#if SNAPFILL_ATTN_AMX
+  static const bool cpu_has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const int impl = g_attention_impl.load(std::memory_order_relaxed);
+  return cpu_has && (impl == static_cast<int>(AttentionImpl::kAvx512Bf16) ||
+                     (impl == static_cast<int>(AttentionImpl::kAuto) && !internal::AmxBf16Available()));
+#else
+  return false;
+#endif
+}
+
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
@@ -1036,8 +1160,14 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
 #if SNAPFILL_ATTN_AMX
   if (num_q > 1 && head_dim == kAmxHeadDim && AttentionHasAmx()) {
     assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0 && num_keys >= num_q);
-    AttentionAmx(q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys, num_heads,
-                 num_kv_heads, scale);
+    AttentionBf16Tiles<true>(q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys,
+                             num_heads, num_kv_heads, scale);
+    return;
+  }
+  if (num_q > 1 && head_dim == kAmxHeadDim && AttentionHasAvx512Bf16()) {
+    assert(num_kv_heads > 0 && num_heads % num_kv_heads == 0 && num_keys >= num_q);
+    AttentionBf16Tiles<false>(q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys,
+                              num_heads, num_kv_heads, scale);
     return;
   }
 #endif

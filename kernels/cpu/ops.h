@@ -41,10 +41,11 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 // scale multiplies q·k (usually 1/sqrt(head_dim)). Accumulation in f32.
 // Work: OpenMP over (KV head × query block); each item runs the whole group
 // of query heads of its KV head against 64-key tiles of K and V.
-// With num_q > 1, head_dim 64 and AMX-BF16 (AttentionHasAmx()), both products
-// run on the tiles with bf16 operands (q·scale, k, v and the probabilities;
-// f32 sums): ref::AttentionBf16's arithmetic, within about 2^-8 of the f32
-// result. One query (decode) always runs in f32.
+// With num_q > 1 and head_dim 64, both products take bf16 operands (q·scale,
+// k, v and the probabilities; f32 sums): on AMX-BF16 tiles where the CPU has
+// them (AttentionHasAmx()), else with AVX512-BF16 vdpbf16ps where it has that
+// (AttentionHasAvx512Bf16()): ref::AttentionBf16's arithmetic, within about
+// 2^-8 of the f32 result. Otherwise, and for one query (decode), f32.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
@@ -57,14 +58,21 @@ void AttentionF32(const float* q, int64_t q_stride, const float* k, const float*
                   int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                   int64_t head_dim, float scale);
 
-// Which Attention implementation runs. kAuto: AMX-BF16 for chunks where available;
-// kF32: always f32. Process-wide; for tests and benchmarks only.
-enum class AttentionImpl { kAuto, kF32 };
+// Which Attention implementation runs. kAuto: AMX-BF16 for chunks where
+// available, else AVX512-BF16 where available, else f32; kF32: always f32;
+// kAvx512Bf16: the AVX512-BF16 kernel where the CPU has it (so AMX machines
+// test it too), else f32. Process-wide; for tests and benchmarks only.
+enum class AttentionImpl { kAuto, kF32, kAvx512Bf16 };
 void SetAttentionImplForTesting(AttentionImpl impl);
 
 // True if Attention of a chunk (num_q > 1, head_dim 64) runs on AMX-BF16
 // tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.
 bool AttentionHasAmx();
+
+// True if Attention of a chunk (num_q > 1, head_dim 64) runs on the
+// AVX512-BF16 kernel: the CPU has AVX512-BF16 and either the impl is
+// kAvx512Bf16, or it is kAuto and AMX-BF16 is not there.
+bool AttentionHasAvx512Bf16();
 
 // SnapKV observation-window votes. q holds the last `num_q` (= window)
 // queries of the sequence ([num_q, num_heads, head_dim], token stride

@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <omp.h>
@@ -228,9 +229,9 @@ std::vector<AttnCase> SweepCases() {
   return cases;
 }
 
-// The f32 path's bounds above do not hold for the AMX-BF16 path (bf16
+// The f32 path's bounds above do not hold for the bf16 paths (bf16
 // operands): every test here runs the f32 path unless it says otherwise
-// (UseAmxAttention below), whatever the CPU.
+// (AttentionBf16Test below), whatever the CPU.
 class F32AttentionEnvironment : public ::testing::Environment {
  public:
   void SetUp() override { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32); }
@@ -285,20 +286,26 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()
                            return CaseName(info.param);
                          });
 
-// ---- The AMX-BF16 path (chunks, head_dim 64, where the CPU has AMX-BF16).
+// ---- The bf16 paths (chunks, head_dim 64): AMX-BF16 tiles where the CPU
+// has them, and the AVX512-BF16 kernel (kAuto's choice without AMX; forced
+// on AMX machines so that they test it too). Same operands and tolerances.
 
-struct UseAmxAttention {
-  UseAmxAttention() { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kAuto); }
-  ~UseAmxAttention() { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32); }
-};
+enum class Bf16Kernel { kAmx, kAvx512Bf16 };
 
-class AttentionAmxTest : public ::testing::TestWithParam<AttnCase> {
+class AttentionBf16Test : public ::testing::TestWithParam<std::tuple<Bf16Kernel, AttnCase>> {
  protected:
   void SetUp() override {
-    guard_ = std::make_unique<UseAmxAttention>();
-    if (!cpu::AttentionHasAmx()) GTEST_SKIP() << "AMX-BF16 unavailable (CPU, OS, or SNAPFILL_AMX=0/int8)";
+    if (Kernel() == Bf16Kernel::kAmx) {
+      cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kAuto);
+      if (!cpu::AttentionHasAmx()) GTEST_SKIP() << "AMX-BF16 unavailable (CPU, OS, or SNAPFILL_AMX=0/int8)";
+    } else {
+      cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kAvx512Bf16);
+      if (!cpu::AttentionHasAvx512Bf16()) GTEST_SKIP() << "the CPU has no AVX512-BF16";
+    }
   }
-  std::unique_ptr<UseAmxAttention> guard_;
+  void TearDown() override { cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32); }
+  static Bf16Kernel Kernel() { return std::get<0>(GetParam()); }
+  static const AttnCase& Case() { return std::get<1>(GetParam()); }
 };
 
 // Against ref::AttentionBf16 (the same bf16 roundings, double sums): the
@@ -310,8 +317,8 @@ class AttentionAmxTest : public ::testing::TestWithParam<AttnCase> {
 // more (a score of 10 off by 2^-8 of itself changes its weight by 4%):
 // normalized mean square error at most 1e-3, where a wrong key, mask or
 // scale gives errors of order 1.
-TEST_P(AttentionAmxTest, MatchesBf16Reference) {
-  const AttnData a = MakeData(GetParam(), 31);
+TEST_P(AttentionBf16Test, MatchesBf16Reference) {
+  const AttnData a = MakeData(Case(), 31);
   const AttnCase& c = a.c;
   const std::vector<float> got = RunCpuAttention(a);
   std::vector<float> want(c.num_q * a.out_stride), abs_out(c.num_q * a.out_stride);
@@ -343,8 +350,8 @@ TEST_P(AttentionAmxTest, MatchesBf16Reference) {
 // over the same key blocks from key 0), so a chunk's attention equals that
 // of its two halves run one after the other, bit for bit: what chunked
 // prefill relies on.
-TEST_P(AttentionAmxTest, HalvesOfAChunkGiveTheSameRows) {
-  const AttnData a = MakeData(GetParam(), 32);
+TEST_P(AttentionBf16Test, HalvesOfAChunkGiveTheSameRows) {
+  const AttnData a = MakeData(Case(), 32);
   const AttnCase& c = a.c;
   if (c.num_q < 4) GTEST_SKIP() << "a half of one query would run the f32 decode path";
   const std::vector<float> all = RunCpuAttention(a);
@@ -360,7 +367,7 @@ TEST_P(AttentionAmxTest, HalvesOfAChunkGiveTheSameRows) {
   }
 }
 
-TEST_P(AttentionAmxTest, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(GetParam(), 33)); }
+TEST_P(AttentionBf16Test, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(Case(), 33)); }
 
 std::vector<AttnCase> AmxCases() {
   return {
@@ -374,9 +381,12 @@ std::vector<AttnCase> AmxCases() {
   };
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionAmxTest, ::testing::ValuesIn(AmxCases()),
-                         [](const ::testing::TestParamInfo<AttnCase>& info) {
-                           return CaseName(info.param);
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBf16Test,
+                         ::testing::Combine(::testing::Values(Bf16Kernel::kAmx, Bf16Kernel::kAvx512Bf16),
+                                            ::testing::ValuesIn(AmxCases())),
+                         [](const ::testing::TestParamInfo<std::tuple<Bf16Kernel, AttnCase>>& info) {
+                           return std::string(std::get<0>(info.param) == Bf16Kernel::kAmx ? "Amx_" : "Avx512Bf16_") +
+                                  CaseName(std::get<1>(info.param));
                          });
 
 // With identical keys the softmax is uniform over the visible keys, so query

@@ -14,9 +14,14 @@
 // configurations differ from each other by up to 0.54. So kLogitTol = 0.75
 // is the noise floor of Q8-activation engines on this model, not slack for
 // bugs: a real bug (wrong RoPE mode, scale, mask) moves logits by 3-5.
-// The mean difference over a top-10 is held tighter (kMeanTol). A top-1 may
-// differ only where llama.cpp's own gap between the two tokens is below
-// kTieGap.
+// The mean difference over a top-10 is held tighter (kMeanTol), after the
+// top-10's common offset is taken out: the softmax, and so every sampled
+// token, is the same for logits that differ by one constant, and what the
+// arithmetic moves is partly such an offset (the 8-token prompt with bf16
+// attention: all ten logits 0.42-0.66 below llama.cpp's, 0.05 apart from
+// their mean offset; with f32 attention 0.01-0.39 below, 0.12 apart).
+// The offset itself stays bounded by kLogitTol. A top-1 may differ only
+// where llama.cpp's own gap between the two tokens is below kTieGap.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -170,18 +175,20 @@ TEST_F(ModelLlamaTest, Top10LogitsMatchLlamaCpp) {
     // the configuration whose arithmetic snapfill follows.
     const auto& top10 = c.at("top10_kv_f32_no_fa");
     const std::string name = c.at("name").get<std::string>();
-    double sum = 0;
     std::map<int32_t, double> ref_logit;
+    double offset = 0;
     for (const auto& e : top10) {
       const int32_t id = e[0].get<int32_t>();
       const double want = e[1].get<double>();
       ref_logit[id] = want;
       const double d = std::fabs(last[id] - want);
       worst = std::max(worst, d);
-      sum += d;
+      offset += (last[id] - want) / top10.size();
       EXPECT_LE(d, kLogitTol) << name << " token " << id << ": " << last[id] << " vs " << want;
     }
-    EXPECT_LE(sum / top10.size(), kMeanTol) << name;
+    double centered = 0;
+    for (const auto& [id, want] : ref_logit) centered += std::fabs(last[id] - want - offset) / top10.size();
+    EXPECT_LE(centered, kMeanTol) << name << " (common offset " << offset << ")";
     const int32_t want_top = top10[0][0].get<int32_t>();
     const int32_t got_top = Argmax(last, vocab);
     if (got_top != want_top) {
