@@ -74,6 +74,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual int num_threads() const = 0;
+  // Returns which kernels this backend runs on this machine, in words (the
+  // CPU backend: the x86-64 level picked at run time and the paths of the
+  // products and the attention), for `snapfill info` and the benchmarks.
+  virtual std::string kernels() const { return ""; }
 
   // y[m, w.rows] = x[m, w.cols] · Wᵀ.
   virtual absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w,

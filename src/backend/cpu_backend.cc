@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/base/sys_stats.h"
+#include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
@@ -44,6 +45,22 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode)
       : num_threads_(num_threads), exact_(exact), profile_(profile), pack_decode_(pack_decode && !exact) {}
+
+  std::string kernels() const override {
+    if (exact_) return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), ", exact (f32 activations)");
+    const char* products = cpu::MatMulHasAmxBf16() ? "amx-bf16"
+                           : cpu::MatMulHasAmx()   ? "amx-int8"
+                           : cpu::MatMulHasSimd()  ? "avx512-vnni"
+                           : cpu::MatMulHasAvx2()  ? "avx2"
+                                                   : "portable";
+    const char* attention = cpu::AttentionHasAmx()        ? "amx-bf16"
+                            : cpu::AttentionHasAvx512Bf16() ? "avx512-bf16"
+                                                            : "f32";
+    return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), " (of ",
+                        cpu::CpuLevelName(cpu::MaxCpuLevel()), "): products ", products, ", prefill attention ",
+                        attention, ", decode layout ",
+                        pack_decode_ && cpu::MatMulHasDecodeLayout() ? "yes" : "no");
+  }
 
   uint64_t DecodeCopyBytes(const WeightView& w) const override {
     return pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;

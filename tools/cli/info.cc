@@ -53,6 +53,9 @@ absl::Status RunInfo() {
   std::printf("KV per token:    %s (f32), full %lld-token context: %s\n",
               HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
               HumanBytes(kv_per_token * c.context_length).c_str());
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2 caps the level)\n",
+              backend->kernels().c_str(), backend->num_threads());
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
     std::printf("tokenizer:       %s (pre-tokenizer %s), %d tokens\n",

@@ -1,0 +1,64 @@
+#include "kernels/cpu/cpu_variants.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+namespace snapfill::cpu {
+namespace {
+
+CpuLevel Detect() {
+#if SNAPFILL_CPU_HAS_VARIANTS
+  __builtin_cpu_init();
+  // (libgcc's checks include the OS's consent to save the ymm / zmm state.)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2") &&
+                    __builtin_cpu_supports("popcnt");
+  if (!avx2) return CpuLevel::kGeneric;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vnni");
+  return avx512 ? CpuLevel::kAvx512 : CpuLevel::kAvx2;
+#else
+  return CpuLevel::kGeneric;
+#endif
+}
+
+CpuLevel Choose() {
+  const CpuLevel max = MaxCpuLevel();
+  const char* env = std::getenv("SNAPFILL_CPU");
+  if (env == nullptr || *env == '\0') return max;
+  for (CpuLevel l : {CpuLevel::kGeneric, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
+    if (std::strcmp(env, CpuLevelName(l)) != 0) continue;
+    if (static_cast<int>(l) <= static_cast<int>(max)) return l;
+    std::fprintf(stderr, "snapfill: SNAPFILL_CPU=%s is above what this CPU supports (%s); using %s\n", env,
+                 CpuLevelName(max), CpuLevelName(max));
+    return max;
+  }
+  std::fprintf(stderr, "snapfill: SNAPFILL_CPU=%s is not one of generic, avx2, avx512; using %s\n", env,
+               CpuLevelName(max));
+  return max;
+}
+
+}  // namespace
+
+CpuLevel MaxCpuLevel() {
+  static const CpuLevel level = Detect();
+  return level;
+}
+
+CpuLevel ActiveCpuLevel() {
+  static const CpuLevel level = Choose();
+  return level;
+}
+
+const char* CpuLevelName(CpuLevel level) {
+  switch (level) {
+    case CpuLevel::kAvx512: return "avx512";
+    case CpuLevel::kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
+
+}  // namespace snapfill::cpu
