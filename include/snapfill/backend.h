@@ -82,6 +82,24 @@ class Backend {
   // y[m, w.rows] = x[m, w.cols] · Wᵀ.
   virtual absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w,
                               float* y, int64_t y_stride) = 0;
+  // One of the products of MatMulShared: y[m, w->rows] = x · Wᵀ.
+  struct SharedOut {
+    const WeightView* w;
+    float* y;
+    int64_t y_stride;
+  };
+  // The products of one x with `count` weights of the same cols (Q, K and V;
+  // gate and up): the same results as MatMul on each, in order; a backend
+  // may share work between them (the CPU backend quantizes x once when the
+  // weights have one type).
+  virtual absl::Status MatMulShared(const float* x, int64_t m, int64_t x_stride, const SharedOut* outs,
+                                    int count) {
+    for (int c = 0; c < count; ++c) {
+      absl::Status s = MatMul(x, m, x_stride, *outs[c].w, outs[c].y, outs[c].y_stride);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   // out[i, :] = dequantized row ids[i] of `table` (embedding lookup).
   virtual absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                                int64_t out_stride) = 0;

@@ -77,6 +77,11 @@ void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
   SNAPFILL_CPU_DISPATCH(MatMul, x, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride);
 }
 
+void MatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType w_type, const MatMulOut* outs,
+                  int count) {
+  SNAPFILL_CPU_DISPATCH(MatMulShared, x, m, k, x_stride, w_type, outs, count);
+}
+
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {
   SNAPFILL_CPU_DISPATCH(DequantizeRow, type, src, dst, k);
 }

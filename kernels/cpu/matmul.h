@@ -33,6 +33,21 @@ bool MatMulSupports(GgmlType type);
 void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w,
             GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
+// One weight of MatMulShared: y[m, n] = x · Wᵀ.
+struct MatMulOut {
+  const void* w;       // n rows of k elements, row j at w + j * w_row_bytes
+  int64_t n;
+  size_t w_row_bytes;
+  float* y;            // [m, n], row stride y_stride floats
+  int64_t y_stride;
+};
+
+// Y_c = X · W_cᵀ for `count` weights of one type (Q, K and V; gate and up):
+// bit for bit `count` calls of MatMul, with X quantized once for all and
+// one parallel region instead of `count`.
+void MatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType w_type, const MatMulOut* outs,
+                  int count);
+
 // dst[0..k) = the k elements of one row of `type` at `src` (embedding lookup).
 // Bit-identical to ref::DequantizeRow (same f32 formulas, fmaf where ggml
 // writes a*b + c).

@@ -94,9 +94,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return num_threads_; }
 
-  absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
-                      int64_t y_stride) override {
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+  static absl::Status CheckMatMul(int64_t x_stride, int64_t m, const WeightView& w, int64_t y_stride) {
     if (!cpu::MatMulSupports(w.type)) {
       return absl::UnimplementedError(
           absl::StrCat("matmul: weight type ", GetTypeTraits(w.type).name ? GetTypeTraits(w.type).name : "?",
@@ -108,6 +106,35 @@ class CpuBackend final : public Backend {
                                                      " n=", w.rows, " x_stride=", x_stride,
                                                      " y_stride=", y_stride));
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status MatMulShared(const float* x, int64_t m, int64_t x_stride, const SharedOut* outs,
+                            int count) override {
+    // One type on the batch path: X quantized once (cpu::MatMulShared), the
+    // same results as one MatMul each. Otherwise (decode, exact mode, mixed
+    // types), one MatMul each.
+    bool shared = m > 1 && !exact_ && count > 1 && count <= 8;
+    for (int c = 0; c < count && shared; ++c) {
+      SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, *outs[c].w, outs[c].y_stride));
+      shared = outs[c].w->type == outs[0].w->type && outs[c].w->cols == outs[0].w->cols;
+    }
+    if (!shared) return Backend::MatMulShared(x, m, x_stride, outs, count);
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    ++epoch_;  // a batch (see MatMul)
+    cpu::MatMulOut co[8];
+    for (int c = 0; c < count; ++c) {
+      const WeightView& w = *outs[c].w;
+      co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride};
+    }
+    cpu::MatMulShared(x, m, outs[0].w->cols, x_stride, outs[0].w->type, co, count);
+    return absl::OkStatus();
+  }
+
+  absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                      int64_t y_stride) override {
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     if (m == 0) return absl::OkStatus();
     // A batch: decoding may start over after it (perhaps with another model
     // where this one was), so decode copies are checked again.

@@ -177,17 +177,17 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     // Attention block. Layers run in order because each reads the residual
     // stream the previous one wrote.
     SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.attn_norm, xn_.data(), dim, n, dim, c.rms_eps));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wq, q_.data(), q_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wk, k_.data(), kv_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.wv, v_.data(), kv_dim));
+    const Backend::SharedOut qkv[3] = {{&w.wq, q_.data(), q_dim}, {&w.wk, k_.data(), kv_dim},
+                                       {&w.wv, v_.data(), kv_dim}};
+    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn_.data(), n, dim, qkv, 3));
     SNAPFILL_RETURN_IF_ERROR(attend(l, q_.data(), q_dim, k_.data(), v_.data(), kv_dim, n, attn_.data()));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data(), n, q_dim, w.wo, xn_.data(), dim));
     AddInPlace(x_.data(), xn_.data(), n, dim);
 
     // Feed-forward block (SwiGLU).
     SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.ffn_norm, xn_.data(), dim, n, dim, c.rms_eps));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.w_gate, gate_.data(), c.ffn_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(xn_.data(), n, dim, w.w_up, up_.data(), c.ffn_dim));
+    const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
+    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn_.data(), n, dim, gate_up, 2));
     SNAPFILL_RETURN_IF_ERROR(b.SwiGlu(gate_.data(), up_.data(), gate_.data(), n * c.ffn_dim));
     SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), n, c.ffn_dim, w.w_down, xn_.data(), dim));
     AddInPlace(x_.data(), xn_.data(), n, dim);

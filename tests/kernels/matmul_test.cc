@@ -16,6 +16,7 @@
 //  - Float weights: |Y - Yref| <= (k + 16) · 2^-24 · Σ|w||x| (f32 FMA chains).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -274,6 +275,43 @@ TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
       const auto x = HiddenStates(m, k, k, 6);
       EXPECT_TRUE(testing::MatMulSameOnOneAndTwoThreads(x.data(), m, k, w.data(), t, n, row_bytes))
           << GetTypeTraits(t).name << " m=" << m;
+    }
+  }
+}
+
+// MatMulShared quantizes X once for several weights; every output must be
+// what a MatMul call of its own gives, bit for bit (the same units, the same
+// operations), on every path: small m, the packed paths, float weights,
+// padded strides, an empty product among them.
+TEST(MatMulSharedTest, EqualsOneMatMulEachBitForBit) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+    const int64_t k = IsKQuant(t) ? 512 : 576;
+    const int64_t ns[] = {192, 17, 0, 576};
+    for (int64_t m : {1, 3, 17, 64}) {
+      const int64_t x_stride = k + 5;
+      const auto x = HiddenStates(m, k, x_stride, 41 + m);
+      std::vector<std::vector<uint8_t>> ws;
+      std::vector<std::vector<float>> shared, alone;
+      std::vector<cpu::MatMulOut> outs;
+      const size_t row_bytes = RowBytes(t, k) + 4;
+      for (int c = 0; c < 4; ++c) {
+        const int64_t n = ns[c], y_stride = n + 3;
+        ws.push_back(MakeWeights(t, std::max<int64_t>(n, 1), k, row_bytes, 50 + c));
+        shared.emplace_back(m * y_stride, -7.0f);
+        alone.emplace_back(m * y_stride, -7.0f);
+      }
+      for (int c = 0; c < 4; ++c) {
+        outs.push_back({ws[c].data(), ns[c], row_bytes, shared[c].data(), ns[c] + 3});
+        cpu::MatMul(x.data(), m, k, x_stride, ws[c].data(), t, ns[c], row_bytes, alone[c].data(), ns[c] + 3);
+      }
+      cpu::MatMulShared(x.data(), m, k, x_stride, t, outs.data(), 4);
+      for (int c = 0; c < 4; ++c) {
+        for (size_t i = 0; i < shared[c].size(); ++i) {
+          ASSERT_EQ(std::memcmp(&shared[c][i], &alone[c][i], sizeof(float)), 0)
+              << GetTypeTraits(t).name << " m=" << m << " weight " << c << " element " << i << ": "
+              << shared[c][i] << " vs " << alone[c][i];
+        }
+      }
     }
   }
 }
