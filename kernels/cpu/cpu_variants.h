@@ -1,7 +1,8 @@
 // Runtime dispatch of the CPU kernels across x86-64 levels.
 //
 // matmul.cc and ops.cc compile their kernels (matmul_variant.inc,
-// ops_variant.inc) once per level, each copy in its own namespace
+// ops_variant.inc) once per level (cpu_variants_foreach.inc), each copy in
+// its own namespace
 // (cpu::generic, cpu::avx2, cpu::avx512) under its own `#pragma GCC target`,
 // and the public functions of matmul.h / ops.h forward every call to the
 // copy of the level chosen when the process first asks: the highest the CPU

@@ -36,29 +36,9 @@ namespace snapfill::cpu::internal {
 std::atomic<int> g_attention_impl{static_cast<int>(AttentionImpl::kAuto)};
 }  // namespace snapfill::cpu::internal
 
-#define SNAPFILL_CPU_VARIANT generic
-#define SNAPFILL_CPU_LEVEL 0
-#include "kernels/cpu/ops_variant.inc"
-#undef SNAPFILL_CPU_VARIANT
-#undef SNAPFILL_CPU_LEVEL
-
-#if SNAPFILL_CPU_HAS_VARIANTS
-SNAPFILL_CPU_BEGIN_AVX2
-#define SNAPFILL_CPU_VARIANT avx2
-#define SNAPFILL_CPU_LEVEL 1
-#include "kernels/cpu/ops_variant.inc"
-#undef SNAPFILL_CPU_VARIANT
-#undef SNAPFILL_CPU_LEVEL
-SNAPFILL_CPU_END
-
-SNAPFILL_CPU_BEGIN_AVX512
-#define SNAPFILL_CPU_VARIANT avx512
-#define SNAPFILL_CPU_LEVEL 2
-#include "kernels/cpu/ops_variant.inc"
-#undef SNAPFILL_CPU_VARIANT
-#undef SNAPFILL_CPU_LEVEL
-SNAPFILL_CPU_END
-#endif
+#define SNAPFILL_CPU_VARIANT_BODY "kernels/cpu/ops_variant.inc"
+#include "kernels/cpu/cpu_variants_foreach.inc"
+#undef SNAPFILL_CPU_VARIANT_BODY
 
 namespace snapfill::cpu {
 
