@@ -32,7 +32,9 @@ absl::Status DecodeLoop(LlamaForward& forward, KvCache& kv, int32_t next_pos,
     result.tokens.push_back(token);
     if (on_token && !on_token(token)) break;
     if (i + 1 == options.max_new_tokens) break;
+    const double before = decode.Seconds();
     SNAPFILL_RETURN_IF_ERROR(forward.Forward(&token, 1, &next_pos, kv, 1, logits.data()));
+    if (i == 0) result.first_step_seconds = decode.Seconds() - before;
     ++next_pos;
   }
   if (!result.tokens.empty()) result.decode_seconds = decode.Seconds();

@@ -27,6 +27,9 @@ struct GenerateResult {
   double prefill_seconds = 0;   // prompt through the model, to its logits
   double ttft_seconds = 0;      // from start to the first generated token
   double decode_seconds = 0;    // the remaining tokens
+  // Of decode_seconds, the first one-token step: it also makes the decode copy
+  // of the weights (once per process), so the steady rate leaves it out.
+  double first_step_seconds = 0;
   bool stopped_at_eog = false;
 };
 

@@ -193,6 +193,7 @@ struct RunReport {
   int64_t input_tokens = 0, steps = 0, peak_attention_length = 0, decode_tokens = 0;
   int64_t cache_entries = 0;
   double mean_memory = 0, prefill_seconds = 0, ttft_seconds = 0, decode_seconds = 0;
+  double first_step_seconds = 0;
   uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
   std::vector<std::pair<std::string, double>> profile;
 };
@@ -201,11 +202,11 @@ std::string RunReportJson(const RunReport& r) {
   std::string s = absl::StrFormat(
       "{\"input_tokens\":%d,\"steps\":%d,\"mean_memory\":%.3f,\"peak_attention_length\":%d,"
       "\"prefill_seconds\":%.6f,\"ttft_seconds\":%.6f,\"decode_tokens\":%d,"
-      "\"decode_seconds\":%.6f,\"cache_entries\":%d,\"peak_rss_bytes\":%d,"
-      "\"predicted_peak_bytes\":%d,\"profile\":{",
+      "\"decode_seconds\":%.6f,\"first_step_seconds\":%.6f,\"cache_entries\":%d,"
+      "\"peak_rss_bytes\":%d,\"predicted_peak_bytes\":%d,\"profile\":{",
       r.input_tokens, r.steps, r.mean_memory, r.peak_attention_length, r.prefill_seconds,
-      r.ttft_seconds, r.decode_tokens, r.decode_seconds, r.cache_entries, r.peak_rss_bytes,
-      r.predicted_peak_bytes);
+      r.ttft_seconds, r.decode_tokens, r.decode_seconds, r.first_step_seconds, r.cache_entries,
+      r.peak_rss_bytes, r.predicted_peak_bytes);
   for (size_t i = 0; i < r.profile.size(); ++i) {
     absl::StrAppendFormat(&s, "%s\"%s\":%.6f", i ? "," : "", r.profile[i].first,
                           r.profile[i].second);
@@ -444,6 +445,7 @@ absl::Status RunRun() {
     rr.ttft_seconds = first_token_at;
     rr.decode_tokens = static_cast<int64_t>(r.tokens.size());
     rr.decode_seconds = r.decode_seconds;
+    rr.first_step_seconds = r.first_step_seconds;
     rr.cache_entries = kv->max_size();
     rr.peak_rss_bytes = PeakRssBytes();
     rr.predicted_peak_bytes = p.peak.total();
