@@ -51,8 +51,8 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, float scale);
 
-// Attention always in f32 (the path Attention takes without AMX-BF16): for
-// exact references.
+// Attention always in f32 (the path Attention takes without AMX-BF16 or
+// AVX512-BF16, and for one query): for exact references.
 void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
                   int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                   int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
