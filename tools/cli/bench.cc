@@ -63,6 +63,15 @@ double SteadyDecodeRate(const nlohmann::json& j) {
   return tokens > 2 && seconds > 0 ? (tokens - 2) / seconds : 0.0;
 }
 
+// Adds a run's steady decode rate and first step to m (a run with too few
+// tokens to have a steady rate adds neither).
+void AddDecode(const nlohmann::json& j, Measured& m) {
+  if (const double tps = SteadyDecodeRate(j); tps > 0) {
+    m.decode_tps.push_back(tps);
+    m.first_step.push_back(j.value("first_step_seconds", 0.0));
+  }
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -304,8 +313,7 @@ absl::Status RunBench() {
       const Json& j = result.first;
       m.ttft.push_back(j.value("ttft_seconds", 0.0));
       m.prefill.push_back(j.value("prefill_seconds", 0.0));
-      m.decode_tps.push_back(SteadyDecodeRate(j));
-      m.first_step.push_back(j.value("first_step_seconds", 0.0));
+      AddDecode(j, m);
       m.mean_memory = j.value("mean_memory", 0.0);
       m.steps = j.value("steps", int64_t{0});
       m.cache_entries = j.value("cache_entries", int64_t{0});
@@ -345,8 +353,7 @@ absl::Status RunBench() {
       SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
       const Json& j = result.first;
       full.ttft.push_back(j.value("ttft_seconds", 0.0));
-      full.decode_tps.push_back(SteadyDecodeRate(j));
-      full.first_step.push_back(j.value("first_step_seconds", 0.0));
+      AddDecode(j, full);
       full.cache_entries = j.value("cache_entries", int64_t{0});
       full.input_tokens = j.value("input_tokens", int64_t{0});
       full.peak_rss = std::max(full.peak_rss, result.second);
@@ -431,22 +438,20 @@ absl::Status RunBench() {
                 m.attention_share, (long long)m.chunk);
   }
   if (full_tokens > 0) {
-    std::printf("\ndecode (%lld tokens, median of %d, after the first step, which took %.1f ms as it "
-                "also made the decode copy of the weights; prediction = read bandwidth %.1f GB/s / "
-                "bytes per step: weights %s + KV)\n",
-                (long long)absl::GetFlag(FLAGS_n), reps, Median(full.first_step) * 1e3, bandwidth / 1e9,
+    std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
+                "decode copy of the weights; prediction = read bandwidth %.1f GB/s / bytes per step: "
+                "weights %s + KV)\n",
+                (long long)absl::GetFlag(FLAGS_n), reps, bandwidth / 1e9,
                 HumanBytes(static_cast<uint64_t>(weights)).c_str());
-    std::printf("%-26s %10s %10s %12s %12s\n", "cache", "entries", "KV bytes", "tokens/s",
-                "predicted");
-    auto line = [&](const std::string& name, int64_t entries, double tps) {
-      std::printf("%-26s %10lld %10s %12.1f %12.1f\n", name.c_str(), (long long)entries,
-                  HumanBytes(static_cast<uint64_t>(entries * entry_bytes)).c_str(), tps,
-                  predicted_tps(entries));
+    std::printf("%-26s %10s %10s %12s %12s %15s\n", "cache", "entries", "KV bytes", "tokens/s",
+                "predicted", "first step ms");
+    auto line = [&](const std::string& name, const Measured& m) {
+      std::printf("%-26s %10lld %10s %12.1f %12.1f %15.1f\n", name.c_str(), (long long)m.cache_entries,
+                  HumanBytes(static_cast<uint64_t>(m.cache_entries * entry_bytes)).c_str(),
+                  Median(m.decode_tps), predicted_tps(m.cache_entries), Median(m.first_step) * 1e3);
     };
-    for (const Measured& m : rows) {
-      line("compressed (" + m.config.label + ")", m.cache_entries, Median(m.decode_tps));
-    }
-    line(full.config.label, full.cache_entries, Median(full.decode_tps));
+    for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
+    line(full.config.label, full);
     Json f;
     f["tokens"] = full.input_tokens;
     f["cache_entries"] = full.cache_entries;
