@@ -35,8 +35,10 @@ std::atomic<int> g_matmul_impl{static_cast<int>(MatMulImpl::kAuto)};
 }  // namespace snapfill::cpu::internal
 
 #define SNAPFILL_CPU_VARIANT_BODY "kernels/cpu/matmul_variant.inc"
+#define SNAPFILL_CPU_WANT_AVXVNNI
 #include "kernels/cpu/cpu_variants_foreach.inc"
 #undef SNAPFILL_CPU_VARIANT_BODY
+#undef SNAPFILL_CPU_WANT_AVXVNNI
 
 namespace snapfill::cpu {
 
@@ -48,6 +50,7 @@ void SetMatMulImplForTesting(MatMulImpl impl) {
 
 bool MatMulHasSimd() { SNAPFILL_CPU_DISPATCH(MatMulHasSimd); }
 bool MatMulHasAvx2() { SNAPFILL_CPU_DISPATCH(MatMulHasAvx2); }
+bool MatMulHasAvxVnni() { SNAPFILL_CPU_DISPATCH(MatMulHasAvxVnni); }
 bool MatMulHasDecodeLayout() { SNAPFILL_CPU_DISPATCH(MatMulHasDecodeLayout); }
 bool MatMulHasAmx() { SNAPFILL_CPU_DISPATCH(MatMulHasAmx); }
 bool MatMulHasAmxBf16() { SNAPFILL_CPU_DISPATCH(MatMulHasAmxBf16); }

@@ -79,6 +79,10 @@ bool MatMulHasSimd();
 // (MatMulImpl::kAvx2 then uses them; kAuto does where AVX-512 is not).
 bool MatMulHasAvx2();
 
+// Returns true if those AVX2 kernels (token blocks and the decode layout) use
+// AVX-VNNI's 256-bit vpdpbusd / vpdpwssd (the avxvnni level's copy).
+bool MatMulHasAvxVnni();
+
 // Returns true if the decode layout (PackForDecode, MatMulDecodePacked) has a
 // kernel here: AVX-512 VNNI, or AVX2 (which kAvx2 also forces), and the
 // implementation is not kGeneric; DecodePackedBytes is 0 otherwise.

@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
     const char* products = cpu::MatMulHasAmxBf16() ? "amx-bf16"
                            : cpu::MatMulHasAmx()   ? "amx-int8"
                            : cpu::MatMulHasSimd()  ? "avx512-vnni"
+                           : cpu::MatMulHasAvxVnni() ? "avx-vnni"
                            : cpu::MatMulHasAvx2()  ? "avx2"
                                                    : "portable";
     const char* attention = cpu::AttentionHasAmx()        ? "amx-bf16"

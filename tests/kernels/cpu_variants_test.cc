@@ -1,8 +1,9 @@
 // The runtime dispatch of the CPU kernels (kernels/cpu/cpu_variants.h): the
 // active level is the CPU's, capped by SNAPFILL_CPU, and the public functions
 // do reach that level's copy. ctest runs this suite and the other kernel
-// suites once more with SNAPFILL_CPU=generic and =avx2 (tests/CMakeLists.txt),
-// so every copy the dispatcher can pick is tested on one machine.
+// suites once more with SNAPFILL_CPU=generic, =avx2 and (where the CPU has
+// AVX-VNNI) =avxvnni (tests/CMakeLists.txt), so every copy the dispatcher
+// can pick is tested on one machine.
 #include "kernels/cpu/cpu_variants.h"
 
 #include <cstdlib>
@@ -20,18 +21,34 @@ CpuLevel Expected() {
   const char* env = std::getenv("SNAPFILL_CPU");
   const CpuLevel max = MaxCpuLevel();
   if (env == nullptr) return max;
-  for (CpuLevel l : {CpuLevel::kGeneric, CpuLevel::kAvx2, CpuLevel::kAvx512}) {
-    if (std::strcmp(env, CpuLevelName(l)) == 0) {
-      return static_cast<int>(l) < static_cast<int>(max) ? l : max;
-    }
+  for (CpuLevel l : {CpuLevel::kGeneric, CpuLevel::kAvx2, CpuLevel::kAvxVnni, CpuLevel::kAvx512}) {
+    if (std::strcmp(env, CpuLevelName(l)) == 0) return CpuSupports(l) ? l : max;
   }
   return max;
+}
+
+TEST(CpuVariantsTest, LevelsTheCpuSupports) {
+  // Every x86-64 runs the portable copy; the maximum is supported, and no
+  // level above it in the order of preference is.
+  EXPECT_TRUE(CpuSupports(CpuLevel::kGeneric));
+  const CpuLevel max = MaxCpuLevel();
+  EXPECT_TRUE(CpuSupports(max));
+  for (CpuLevel l : {CpuLevel::kAvx2, CpuLevel::kAvxVnni, CpuLevel::kAvx512}) {
+    if (static_cast<int>(l) > static_cast<int>(max)) {
+      EXPECT_FALSE(CpuSupports(l)) << CpuLevelName(l);
+    }
+  }
+  // AVX-VNNI and AVX-512 both build on AVX2.
+  if (CpuSupports(CpuLevel::kAvxVnni) || CpuSupports(CpuLevel::kAvx512)) {
+    EXPECT_TRUE(CpuSupports(CpuLevel::kAvx2));
+  }
 }
 
 TEST(CpuVariantsTest, EnvironmentCapsTheLevel) {
   EXPECT_EQ(ActiveCpuLevel(), Expected()) << "SNAPFILL_CPU=" << (std::getenv("SNAPFILL_CPU") ?: "(unset)")
                                           << ", CPU supports " << CpuLevelName(MaxCpuLevel());
   EXPECT_LE(static_cast<int>(ActiveCpuLevel()), static_cast<int>(MaxCpuLevel()));
+  EXPECT_TRUE(CpuSupports(ActiveCpuLevel()));
 }
 
 TEST(CpuVariantsTest, CallsReachTheActiveLevelsCopy) {
@@ -39,6 +56,7 @@ TEST(CpuVariantsTest, CallsReachTheActiveLevelsCopy) {
   // What each copy reports of itself (compiled in, not asked of the CPU).
   EXPECT_EQ(MatMulHasSimd(), level == CpuLevel::kAvx512);
   EXPECT_EQ(MatMulHasAvx2(), level != CpuLevel::kGeneric);
+  EXPECT_EQ(MatMulHasAvxVnni(), level == CpuLevel::kAvxVnni);
   EXPECT_EQ(MatMulHasDecodeLayout(), level != CpuLevel::kGeneric);
   if (level != CpuLevel::kAvx512) {
     EXPECT_FALSE(MatMulHasAmx());
@@ -50,6 +68,7 @@ TEST(CpuVariantsTest, CallsReachTheActiveLevelsCopy) {
 TEST(CpuVariantsTest, LevelNames) {
   EXPECT_STREQ(CpuLevelName(CpuLevel::kGeneric), "generic");
   EXPECT_STREQ(CpuLevelName(CpuLevel::kAvx2), "avx2");
+  EXPECT_STREQ(CpuLevelName(CpuLevel::kAvxVnni), "avxvnni");
   EXPECT_STREQ(CpuLevelName(CpuLevel::kAvx512), "avx512");
 }
 

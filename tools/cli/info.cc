@@ -54,7 +54,7 @@ absl::Status RunInfo() {
               HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
               HumanBytes(kv_per_token * c.context_length).c_str());
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
-  std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2 caps the level)\n",
+  std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks another the CPU runs)\n",
               backend->kernels().c_str(), backend->num_threads());
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
