@@ -36,6 +36,12 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
     EXPECT_GT(s["ttft_median"].get<double>(), 0);
     EXPECT_GT(s["peak_rss_bytes"].get<double>(), 1 << 20);
     EXPECT_GT(s["decode_tokens_per_second"].get<double>(), 0);
+    // Each run's decode is followed by its own bandwidth probe, and its
+    // prediction and share come from those.
+    ASSERT_EQ(s["read_bandwidth_bytes_per_second"].size(), 2u) << labels[i];
+    for (const auto& bw : s["read_bandwidth_bytes_per_second"]) EXPECT_GT(bw.get<double>(), 1e8);
+    EXPECT_GT(s["decode_predicted_tokens_per_second"].get<double>(), 0);
+    EXPECT_GT(s["decode_share_of_prediction"].get<double>(), 0);
     const double share = s["attention_share"].get<double>();
     EXPECT_GT(share, 0);
     EXPECT_LT(share, 1);
@@ -59,6 +65,8 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
   // The full cache holds the first 512 tokens (plus the question and the
   // generated tokens), far more than the compressed one.
   EXPECT_GE(j["full_cache"]["cache_entries"].get<int64_t>(), 512);
+  EXPECT_EQ(j["full_cache"]["read_bandwidth_bytes_per_second"].size(), 2u);
+  EXPECT_GT(j["full_cache"]["decode_share_of_prediction"].get<double>(), 0);
   EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
             j["schedules"][0]["cache_entries"].get<int64_t>());
 }

@@ -49,6 +49,7 @@ struct Measured {
   Config config;
   std::vector<double> ttft, prefill, decode_tps;
   std::vector<double> first_step;  // seconds of the first decode step (it makes the decode copy)
+  std::vector<double> bandwidth;   // read bandwidth probed right after each run with a decode rate
   double mean_memory = 0, attention_share = 0;
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
   uint64_t peak_rss = 0, predicted_peak = 0;
@@ -63,12 +64,18 @@ double SteadyDecodeRate(const nlohmann::json& j) {
   return tokens > 2 && seconds > 0 ? (tokens - 2) / seconds : 0.0;
 }
 
-// Adds a run's steady decode rate and first step to m (a run with too few
-// tokens to have a steady rate adds neither).
+double ReadBandwidth();
+
+// Adds a run's steady decode rate and first step to m, and the memory read
+// bandwidth probed now, just after the run (its decode was the run's last
+// phase), for that run's bytes prediction: this VM's bandwidth moves by half
+// from one minute to the next, so one probe for all runs says little about
+// any. A run with too few tokens to have a steady rate adds none of them.
 void AddDecode(const nlohmann::json& j, Measured& m) {
   if (const double tps = SteadyDecodeRate(j); tps > 0) {
     m.decode_tps.push_back(tps);
     m.first_step.push_back(j.value("first_step_seconds", 0.0));
+    m.bandwidth.push_back(ReadBandwidth());
   }
 }
 
@@ -383,17 +390,24 @@ absl::Status RunBench() {
     const uint64_t copy = backend->DecodeCopyBytes(*w);
     weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
   }
-  const double bandwidth = ReadBandwidth();
-  auto predicted_tps = [&](int64_t entries) {
-    return bandwidth / (weights + entries * entry_bytes);
+  // Per run: its probed bandwidth over the bytes of a step; the medians of
+  // the runs' predictions and of their decode rate / prediction shares.
+  auto step_bytes = [&](int64_t entries) { return weights + entries * entry_bytes; };
+  auto predicted_tps = [&](const Measured& m) { return Median(m.bandwidth) / step_bytes(m.cache_entries); };
+  auto share = [&](const Measured& m) {
+    std::vector<double> v;
+    for (size_t i = 0; i < m.decode_tps.size() && i < m.bandwidth.size(); ++i) {
+      if (m.bandwidth[i] > 0) v.push_back(m.decode_tps[i] * step_bytes(m.cache_entries) / m.bandwidth[i]);
+    }
+    return Median(v);
   };
+  std::vector<double> all_bandwidth;
 
   const double m_max = absl::GetFlag(FLAGS_memory);
   Json out;
   out["input"] = absl::GetFlag(FLAGS_input);
   out["memory"] = m_max;
   out["repetitions"] = reps;
-  out["read_bandwidth_bytes_per_second"] = bandwidth;
   std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
               "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
   for (const Measured& m : rows) {
@@ -427,7 +441,10 @@ absl::Status RunBench() {
     r["predicted_peak_bytes"] = m.predicted_peak;
     r["decode_tokens_per_second"] = Median(m.decode_tps);
     r["cache_entries"] = m.cache_entries;
-    r["decode_predicted_tokens_per_second"] = predicted_tps(m.cache_entries);
+    r["decode_predicted_tokens_per_second"] = predicted_tps(m);
+    r["decode_share_of_prediction"] = share(m);
+    r["read_bandwidth_bytes_per_second"] = m.bandwidth;
+    all_bandwidth.insert(all_bandwidth.end(), m.bandwidth.begin(), m.bandwidth.end());
     out["schedules"].push_back(r);
   }
   for (const Measured& m : rows) {
@@ -439,16 +456,17 @@ absl::Status RunBench() {
   }
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
-                "decode copy of the weights; prediction = read bandwidth %.1f GB/s / bytes per step: "
-                "weights %s + KV)\n",
-                (long long)absl::GetFlag(FLAGS_n), reps, bandwidth / 1e9,
-                HumanBytes(static_cast<uint64_t>(weights)).c_str());
-    std::printf("%-26s %10s %10s %12s %12s %15s\n", "cache", "entries", "KV bytes", "tokens/s",
-                "predicted", "first step ms");
+                "decode copy of the weights; prediction = read bandwidth probed right after each run / "
+                "bytes per step: weights %s + KV; share = each run's rate / its prediction)\n",
+                (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str());
+    std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s\n", "cache", "entries", "KV bytes", "tokens/s",
+                "GB/s", "predicted", "share", "first step ms");
     auto line = [&](const std::string& name, const Measured& m) {
-      std::printf("%-26s %10lld %10s %12.1f %12.1f %15.1f\n", name.c_str(), (long long)m.cache_entries,
+      std::printf("%-26s %10lld %10s %10.1f %10.1f %10.1f %6.0f%% %14.1f\n", name.c_str(),
+                  (long long)m.cache_entries,
                   HumanBytes(static_cast<uint64_t>(m.cache_entries * entry_bytes)).c_str(),
-                  Median(m.decode_tps), predicted_tps(m.cache_entries), Median(m.first_step) * 1e3);
+                  Median(m.decode_tps), Median(m.bandwidth) / 1e9, predicted_tps(m), 100 * share(m),
+                  Median(m.first_step) * 1e3);
     };
     for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
     line(full.config.label, full);
@@ -456,10 +474,14 @@ absl::Status RunBench() {
     f["tokens"] = full.input_tokens;
     f["cache_entries"] = full.cache_entries;
     f["decode_tokens_per_second"] = Median(full.decode_tps);
-    f["decode_predicted_tokens_per_second"] = predicted_tps(full.cache_entries);
+    f["decode_predicted_tokens_per_second"] = predicted_tps(full);
+    f["decode_share_of_prediction"] = share(full);
+    f["read_bandwidth_bytes_per_second"] = full.bandwidth;
+    all_bandwidth.insert(all_bandwidth.end(), full.bandwidth.begin(), full.bandwidth.end());
     f["peak_rss_bytes"] = full.peak_rss;
     out["full_cache"] = f;
   }
+  out["read_bandwidth_bytes_per_second"] = Median(all_bandwidth);
   if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
     SNAPFILL_RETURN_IF_ERROR(WriteFileAtomically(json, out.dump(1) + "\n", true));
   }
