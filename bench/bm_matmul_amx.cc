@@ -7,6 +7,8 @@
 //     the largest product). The label names the path that ran. Shapes:
 //     q/o 576->576, k/v 576->192, FFN up/gate 576->1536, FFN down 1536->576;
 //     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call.
+//   BM_MatMulShared_Prefill/impl/outs/m: Q, K and V (outs 0) or gate and
+//     up (outs 1) in one cpu::MatMulShared, as the model runs them.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
 //     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
 //     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
@@ -123,6 +125,52 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_MatMul_Prefill)->Apply(PrefillShapes);
+
+// The products as the model runs them at prefill: Q, K and V (576 -> 576,
+// 192, 192) and gate and up (576 -> 1536, 1536) share one quantized X and
+// one parallel region (cpu::MatMulShared); o (576 -> 576) and down (1536 ->
+// 576) are BM_MatMul_Prefill's. GOP/s counts all outputs. impl as above
+// (0 auto, 1 no AMX, 3 the AVX2 kernels).
+void BM_MatMulShared_Prefill(benchmark::State& state) {
+  const int64_t impl = state.range(0), which = state.range(1), m = state.range(2);
+  if (impl == 3 && !cpu::MatMulHasAvx2()) {
+    state.SkipWithError("the AVX2 kernels are not compiled in");
+    return;
+  }
+  cpu::SetMatMulImplForTesting(impl == 0 ? cpu::MatMulImpl::kAuto
+                               : impl == 1 ? cpu::MatMulImpl::kNoAmx
+                                           : cpu::MatMulImpl::kAvx2);
+  const int64_t k = 576;
+  const std::vector<int64_t> ns = which == 0 ? std::vector<int64_t>{576, 192, 192} : std::vector<int64_t>{1536, 1536};
+  const GgmlType type = GgmlType::kQ4_1;
+  const size_t row_bytes = RowBytes(type, k);
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<std::vector<float>> ys;
+  std::vector<cpu::MatMulOut> outs;
+  int64_t total_n = 0;
+  for (int64_t n : ns) {
+    ws.push_back(RandomWeights(type, n, k));
+    ys.emplace_back(m * n);
+    total_n += n;
+  }
+  for (size_t i = 0; i < ns.size(); ++i) outs.push_back({ws[i].data(), ns[i], row_bytes, ys[i].data(), ns[i]});
+  const std::vector<float> x = bench::RandomActivations(m * k);
+  for (int i = 0; i < 2; ++i) cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), static_cast<int64_t>(outs.size()));
+  for (auto _ : state) {
+    cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), static_cast<int64_t>(outs.size()));
+    benchmark::ClobberMemory();
+  }
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * total_n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+  state.SetLabel(which == 0 ? "q,k,v Q4_1" : "gate,up Q4_1");
+}
+BENCHMARK(BM_MatMulShared_Prefill)
+    ->ArgNames({"impl", "outs", "m"})
+    ->ArgsProduct({{0, 1, 3}, {0, 1}, {512, 2048}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 #if SNAPFILL_BM_AMX
 struct alignas(64) PeakConfig {
