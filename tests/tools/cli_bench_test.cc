@@ -39,6 +39,7 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
     // Each run's decode is followed by its own bandwidth probe, and its
     // prediction and share come from those.
     ASSERT_EQ(s["read_bandwidth_bytes_per_second"].size(), 2u) << labels[i];
+    ASSERT_EQ(s["decode_tokens_per_second_runs"].size(), 2u) << labels[i];
     for (const auto& bw : s["read_bandwidth_bytes_per_second"]) EXPECT_GT(bw.get<double>(), 1e8);
     EXPECT_GT(s["decode_predicted_tokens_per_second"].get<double>(), 0);
     EXPECT_GT(s["decode_share_of_prediction"].get<double>(), 0);

@@ -440,6 +440,7 @@ absl::Status RunBench() {
     r["peak_rss_bytes"] = m.peak_rss;
     r["predicted_peak_bytes"] = m.predicted_peak;
     r["decode_tokens_per_second"] = Median(m.decode_tps);
+    r["decode_tokens_per_second_runs"] = m.decode_tps;
     r["cache_entries"] = m.cache_entries;
     r["decode_predicted_tokens_per_second"] = predicted_tps(m);
     r["decode_share_of_prediction"] = share(m);
@@ -474,6 +475,7 @@ absl::Status RunBench() {
     f["tokens"] = full.input_tokens;
     f["cache_entries"] = full.cache_entries;
     f["decode_tokens_per_second"] = Median(full.decode_tps);
+    f["decode_tokens_per_second_runs"] = full.decode_tps;
     f["decode_predicted_tokens_per_second"] = predicted_tps(full);
     f["decode_share_of_prediction"] = share(full);
     f["read_bandwidth_bytes_per_second"] = full.bandwidth;
