@@ -72,6 +72,24 @@ TEST(Fp16Test, MatchesF16C) {
     ASSERT_EQ(Fp32ToFp16(f), hw) << "bits=" << bits;
   }
 }
+
+// The AVX2 and higher copies of the CPU kernels convert with F16C in place
+// of these functions (matmul_variant.inc), so the two must agree exactly:
+// every half both ways, and every tie (the float halfway between two
+// neighbouring halves, where round-to-nearest-even decides).
+TEST(Fp16Test, EveryHalfAndEveryTieMatchesF16C) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = Fp16ToFp32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    const float hw = _cvtsh_ss(static_cast<uint16_t>(h));
+    ASSERT_EQ(std::memcmp(&f, &hw, sizeof(f)), 0) << "h=" << h;  // bits: ±0 differ
+    if ((h & 0x7FFF) >= 0x7BFF) continue;  // the next half up is inf / NaN
+    const float up = Fp16ToFp32(static_cast<uint16_t>(h + 1));
+    const float tie = f + (up - f) / 2;  // exact: one more bit than f16 has
+    ASSERT_EQ(Fp32ToFp16(tie), _cvtss_sh(tie, 0)) << "h=" << h;
+    ASSERT_EQ(Fp32ToFp16(tie), (h & 1) ? h + 1 : h) << "h=" << h;  // to even
+  }
+}
 #endif
 
 TEST(Bf16Test, KnownValues) {
