@@ -141,7 +141,8 @@ void BM_MatMulShared_Prefill(benchmark::State& state) {
                                : impl == 1 ? cpu::MatMulImpl::kNoAmx
                                            : cpu::MatMulImpl::kAvx2);
   const int64_t k = 576;
-  const std::vector<int64_t> ns = which == 0 ? std::vector<int64_t>{576, 192, 192} : std::vector<int64_t>{1536, 1536};
+  const std::vector<int64_t> ns =
+      which == 0 ? std::vector<int64_t>{576, 192, 192} : std::vector<int64_t>{1536, 1536};
   const GgmlType type = GgmlType::kQ4_1;
   const size_t row_bytes = RowBytes(type, k);
   std::vector<std::vector<uint8_t>> ws;
