@@ -297,26 +297,31 @@ struct Bf16Op {
 // 12 independent accumulator chains in named registers (an array was kept
 // on the stack), so the loop runs at the units' throughput, not at the
 // instruction's latency; without fast-math the chains cannot be folded.
-template <class Op>
-__attribute__((target("avx512f,avx512vnni,avx512bf16"))) float PeakLoop(int64_t iters) {
-  using T = typename Op::T;
-  T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4),
-    a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9),
-    a10 = Op::Init(10), a11 = Op::Init(11);
-  for (int64_t it = 0; it < iters; ++it) {
-    a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);
-    a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);
-    a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);
+// Defined once per instruction set (the function's target must include its
+// Op's); the sink is lane 0 of each chain (_mm512_reduce_* trips a gcc 12
+// warning here).
+#define SNAPFILL_PEAK_LOOP(NAME, ISA)                                                          \
+  template <class Op>                                                                          \
+  __attribute__((target(ISA))) float NAME(int64_t iters) {                                     \
+    using T = typename Op::T;                                                                  \
+    T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4), \
+      a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9), \
+      a10 = Op::Init(10), a11 = Op::Init(11);                                                  \
+    for (int64_t it = 0; it < iters; ++it) {                                                   \
+      a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);              \
+      a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);              \
+      a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);          \
+    }                                                                                          \
+    const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                      \
+    float sink = 0;                                                                            \
+    for (const T& v : all) {                                                                   \
+      float lane0;                                                                             \
+      std::memcpy(&lane0, &v, sizeof(lane0));                                                  \
+      sink += lane0;                                                                           \
+    }                                                                                          \
+    return sink;                                                                               \
   }
-  const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
-  float sink = 0;  // (_mm512_reduce_* trips a gcc 12 warning here)
-  for (const T& v : all) {
-    alignas(64) float lanes[16];
-    std::memcpy(lanes, &v, sizeof(lanes));
-    sink += lanes[0];
-  }
-  return sink;
-}
+SNAPFILL_PEAK_LOOP(PeakLoop, "avx512f,avx512vnni,avx512bf16")
 #undef SNAPFILL_PEAK_TARGET
 
 // The AVX2 instructions, in ymm, through the same 12-chain loop.
@@ -341,29 +346,10 @@ struct Dot256Op {  // vpmaddubsw then vpmaddwd: the AVX2 kernels' block dot
   }
 };
 
-template <class Op>
-__attribute__((target("avx2,fma"))) float PeakLoop256(int64_t iters) {
-  using T = typename Op::T;
-  T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4),
-    a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9),
-    a10 = Op::Init(10), a11 = Op::Init(11);
-  for (int64_t it = 0; it < iters; ++it) {
-    a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);
-    a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);
-    a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);
-  }
-  const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
-  float sink = 0;
-  for (const T& v : all) {
-    float lane0;
-    std::memcpy(&lane0, &v, sizeof(lane0));
-    sink += lane0;
-  }
-  return sink;
-}
+SNAPFILL_PEAK_LOOP(PeakLoop256, "avx2,fma")
 #undef SNAPFILL_PEAK2_TARGET
 
-// AVX-VNNI (VEX) in ymm: its own target, since the loop above has none.
+// AVX-VNNI (VEX) in ymm, with a loop of its own target.
 struct Vnni256Op {
   using T = __m256i;
   __attribute__((target("avx2,avxvnni"), always_inline)) static T Init(int i) { return _mm256_set1_epi32(i); }
@@ -371,26 +357,8 @@ struct Vnni256Op {
     return _mm256_dpbusd_avx_epi32(a, _mm256_set1_epi8(3), _mm256_set1_epi8(-2));
   }
 };
-template <class Op>
-__attribute__((target("avx2,avxvnni"))) float PeakLoopVnni256(int64_t iters) {
-  using T = typename Op::T;
-  T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4),
-    a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9),
-    a10 = Op::Init(10), a11 = Op::Init(11);
-  for (int64_t it = 0; it < iters; ++it) {
-    a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);
-    a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);
-    a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);
-  }
-  const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
-  float sink = 0;
-  for (const T& v : all) {
-    float lane0;
-    std::memcpy(&lane0, &v, sizeof(lane0));
-    sink += lane0;
-  }
-  return sink;
-}
+SNAPFILL_PEAK_LOOP(PeakLoopVnni256, "avx2,avxvnni")
+#undef SNAPFILL_PEAK_LOOP
 
 float RunPeakLoop(int kind, int64_t iters) {
   switch (kind) {
