@@ -156,9 +156,10 @@ void BM_MatMulShared_Prefill(benchmark::State& state) {
   }
   for (size_t i = 0; i < ns.size(); ++i) outs.push_back({ws[i].data(), ns[i], row_bytes, ys[i].data(), ns[i]});
   const std::vector<float> x = bench::RandomActivations(m * k);
-  for (int i = 0; i < 2; ++i) cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), static_cast<int64_t>(outs.size()));
+  const int64_t count = static_cast<int64_t>(outs.size());
+  for (int i = 0; i < 2; ++i) cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), count);
   for (auto _ : state) {
-    cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), static_cast<int64_t>(outs.size()));
+    cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), count);
     benchmark::ClobberMemory();
   }
   cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
