@@ -60,7 +60,7 @@ const char* CpuLevelName(CpuLevel level);
     case ::snapfill::cpu::CpuLevel::kAvx2: return avx2::fn(__VA_ARGS__);     \
     default: return generic::fn(__VA_ARGS__);                           \
   }
-// The ISA of each level's copy (kept in step with MaxCpuLevel()).
+// The ISA of each level's copy (kept in step with CpuSupports()).
 #define SNAPFILL_CPU_BEGIN_AVX2 \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt\")")
 #define SNAPFILL_CPU_BEGIN_AVXVNNI \
