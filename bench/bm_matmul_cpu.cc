@@ -70,13 +70,15 @@ BENCHMARK(BM_MatMul_Cpu)->Apply(Shapes);
 // (92 MiB in all, far beyond L2), so the weights stream from L3 or DRAM as in
 // a real decode, not from a hot L2 as in BM_MatMul_Cpu. items = tokens.
 //   packed: 0 = the GGUF rows (cpu::MatMul), 1 = the decode layout
-//           (cpu::MatMulDecodePacked, what the backend uses by default)
+//           (cpu::MatMulDecodePacked, one product per call), 2 = the
+//           decode layout as the backend runs it: q/k/v and gate/up each
+//           in one cpu::MatMulDecodePackedShared (one parallel region)
 //   copies: the 30 layers repeated (each copy its own weights): 1 = the
 //           model; 2 = twice its footprint, which no longer fits this VM's
 //           share of L3, as in a real decode whose KV streams through too
 // bytes_per_second counts the bytes each path reads.
 void BM_DecodeStep_Cpu(benchmark::State& state) {
-  const bool packed = state.range(0) != 0;
+  const bool packed = state.range(0) != 0, shared = state.range(0) == 2;
   const int copies = static_cast<int>(state.range(1));
   struct Product {
     int64_t k, n;
@@ -113,7 +115,22 @@ void BM_DecodeStep_Cpu(benchmark::State& state) {
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& v : x) v = nd(rng);
+  // With `shared`, runs of products of one k that the model runs together:
+  // per layer q/k/v (3), o (1), gate/up (2), down (1); then the head.
+  std::vector<int> runs;
+  for (int layer = 0; layer < 30 * copies; ++layer) runs.insert(runs.end(), {3, 1, 2, 1});
+  runs.push_back(1);
   auto step = [&] {
+    if (shared) {
+      size_t i = 0;
+      for (int run : runs) {
+        cpu::DecodeOut outs[3];
+        for (int c = 0; c < run; ++c) outs[c] = {products[i + c].p.data(), products[i + c].n, y.data() + 2048 * c};
+        cpu::MatMulDecodePackedShared(x.data(), products[i].k, products[i].type, outs, run);
+        i += run;
+      }
+      return;
+    }
     for (const auto& p : products) {
       if (packed) {
         cpu::MatMulDecodePacked(x.data(), p.k, p.p.data(), p.type, p.n, y.data());
@@ -135,7 +152,7 @@ void BM_DecodeStep_Cpu(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeStep_Cpu)
     ->ArgNames({"packed", "copies"})
-    ->ArgsProduct({{0, 1}, {1, 2}})
+    ->ArgsProduct({{0, 1, 2}, {1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

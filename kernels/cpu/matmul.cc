@@ -85,4 +85,8 @@ void MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType 
   SNAPFILL_CPU_DISPATCH(MatMulDecodePacked, x, k, packed, type, n, y);
 }
 
+void MatMulDecodePackedShared(const float* x, int64_t k, GgmlType type, const DecodeOut* outs, int count) {
+  SNAPFILL_CPU_DISPATCH(MatMulDecodePackedShared, x, k, type, outs, count);
+}
+
 }  // namespace snapfill::cpu

@@ -115,6 +115,19 @@ size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k);
 void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out);
 // y[0, n) = x[0, k) · Wᵀ for one token; `packed` from PackForDecode.
 void MatMulDecodePacked(const float* x, int64_t k, const void* packed, GgmlType type, int64_t n, float* y);
+// One weight of MatMulDecodePackedShared: y[0, n) = x · Wᵀ, W packed by
+// PackForDecode.
+struct DecodeOut {
+  const void* packed;
+  int64_t n;
+  float* y;
+};
+// y_c = x · W_cᵀ for `count` packed weights of one type and k (Q, K and V;
+// gate and up): bit for bit `count` calls of MatMulDecodePacked, with x
+// quantized once for all and one parallel region instead of `count`, the
+// threads' spans running across the matrices without a barrier between
+// them.
+void MatMulDecodePackedShared(const float* x, int64_t k, GgmlType type, const DecodeOut* outs, int count);
 
 }  // namespace snapfill::cpu
 

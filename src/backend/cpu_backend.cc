@@ -113,8 +113,10 @@ class CpuBackend final : public Backend {
   absl::Status MatMulShared(const float* x, int64_t m, int64_t x_stride, const SharedOut* outs,
                             int count) override {
     // One type on the batch path: X quantized once (cpu::MatMulShared), the
-    // same results as one MatMul each. Otherwise (decode, exact mode, mixed
-    // types), one MatMul each.
+    // same results as one MatMul each. One token over decode copies of one
+    // type: cpu::MatMulDecodePackedShared, the same. Otherwise (exact mode,
+    // mixed types, no copies), one MatMul each.
+    if (m == 1 && pack_decode_ && count > 1 && count <= 8) return DecodeShared(x, x_stride, outs, count);
     bool shared = m > 1 && !exact_ && count > 1 && count <= 8;
     for (int c = 0; c < count && shared; ++c) {
       SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, *outs[c].w, outs[c].y_stride));
@@ -129,6 +131,37 @@ class CpuBackend final : public Backend {
       co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride};
     }
     cpu::MatMulShared(x, m, outs[0].w->cols, x_stride, outs[0].w->type, co, count);
+    return absl::OkStatus();
+  }
+
+  // One token times `count` weights (pack_decode_): those with decode copies,
+  // of one type and k, in one cpu::MatMulDecodePackedShared; otherwise each
+  // as MatMul would (its copy, else the GGUF rows). DecodePacked runs once
+  // per weight, as in `count` MatMul calls.
+  absl::Status DecodeShared(const float* x, int64_t x_stride, const SharedOut* outs, int count) {
+    for (int c = 0; c < count; ++c) {
+      SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, 1, *outs[c].w, outs[c].y_stride));
+    }
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    cpu::DecodeOut co[8];
+    bool shared = true;
+    for (int c = 0; c < count; ++c) {
+      const WeightView& w = *outs[c].w;
+      co[c] = {DecodePacked(w), w.rows, outs[c].y};
+      shared = shared && co[c].packed != nullptr && w.type == outs[0].w->type && w.cols == outs[0].w->cols;
+    }
+    if (shared) {
+      cpu::MatMulDecodePackedShared(x, outs[0].w->cols, outs[0].w->type, co, count);
+      return absl::OkStatus();
+    }
+    for (int c = 0; c < count; ++c) {
+      const WeightView& w = *outs[c].w;
+      if (co[c].packed != nullptr) {
+        cpu::MatMulDecodePacked(x, w.cols, co[c].packed, w.type, w.rows, outs[c].y);
+      } else {
+        cpu::MatMul(x, 1, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride);
+      }
+    }
     return absl::OkStatus();
   }
 

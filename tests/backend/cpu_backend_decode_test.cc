@@ -66,6 +66,39 @@ TEST(CpuBackendDecodeCopy, OneTokenProductsMatchGgmlWithAndWithoutTheCopy) {
   }
 }
 
+// MatMulShared with one token (Q, K and V in decode): the products over the
+// copies in one region (all copies there), each over its copy or its rows
+// (a weight of another type, one with no copy, or no copies), all give ggml's arithmetic,
+// on every call from the first (no copies yet) on.
+TEST(CpuBackendDecodeCopy, OneTokenSharedProductsMatchGgml) {
+  const int64_t k = 768;  // Q4_K (no copy) needs whole 256-blocks
+  const auto x = testing::HiddenStates(1, k, k, 9);
+  struct W {
+    GgmlType type;
+    int64_t n;
+    std::vector<uint8_t> data;
+  };
+  for (GgmlType second : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K}) {
+    std::vector<W> ws = {{GgmlType::kQ4_1, 576, {}}, {second, 192, {}}, {GgmlType::kQ4_1, 200, {}}};
+    for (size_t c = 0; c < ws.size(); ++c) {
+      ws[c].data = testing::QuantizedWeights(ws[c].type, ws[c].n, k, RowBytes(ws[c].type, k), 50 + c, 0.02f);
+    }
+    for (bool pack : {true, false}) {
+      auto b = MakeBackend(pack);
+      std::vector<WeightView> views;
+      for (const W& w : ws) views.push_back(View(w.data, w.type, w.n, k));
+      std::vector<std::vector<float>> y;
+      std::vector<Backend::SharedOut> outs;
+      for (const W& w : ws) y.emplace_back(w.n);
+      for (size_t c = 0; c < ws.size(); ++c) outs.push_back({&views[c], y[c].data(), ws[c].n});
+      for (int rep = 0; rep < 3; ++rep) {
+        ASSERT_TRUE(b->MatMulShared(x.data(), 1, k, outs.data(), static_cast<int>(outs.size())).ok());
+        for (size_t c = 0; c < ws.size(); ++c) ExpectGgml(x, ws[c].data, ws[c].type, ws[c].n, k, y[c]);
+      }
+    }
+  }
+}
+
 TEST(CpuBackendDecodeCopy, PrepareCopiesInSlicesAndReportsEachOnce) {
   const GgmlType t = GgmlType::kQ8_0;
   const int64_t n = 2500, k = 64;  // three slices of up to 1024 rows

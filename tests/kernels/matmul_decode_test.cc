@@ -152,6 +152,51 @@ std::vector<Case> AllCases() {
 INSTANTIATE_TEST_SUITE_P(Cpu, MatMulDecodeTest, ::testing::ValuesIn(AllCases()),
                          [](const auto& info) { return CaseName(info.param); });
 
+// MatMulDecodePackedShared: several packed weights of one type times one
+// token, each thread's span of groups running from one matrix into the next.
+// Every output equals MatMulDecodePacked's for that weight alone, bit for
+// bit, on 1 and 2 threads; nothing past any n is written. The shapes: Q, K
+// and V of the default model, then one partial group between two others
+// (spans that start and end inside a matrix), then products too small for
+// two threads.
+TEST(MatMulDecodePackedSharedTest, EqualsOneProductEachBitForBit) {
+  const int before = omp_get_max_threads();
+  const float kSentinel = -12345.0f;
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+    for (const std::vector<int64_t>& ns : {std::vector<int64_t>{576, 192, 192}, std::vector<int64_t>{203, 5, 1536},
+                                           std::vector<int64_t>{16, 17}}) {
+      const int64_t k = ns.size() == 2 ? 64 : 576;
+      if (cpu::DecodePackedBytes(t, ns[0], k) == 0) GTEST_SKIP() << "no decode-layout kernel in this build";
+      const auto x = testing::HiddenStates(1, k, k, 31 + k);
+      std::vector<std::vector<uint8_t>> packed;
+      std::vector<std::vector<float>> alone;
+      for (size_t c = 0; c < ns.size(); ++c) {
+        const Case one{t, ns[c], k};
+        packed.push_back(Pack(one, testing::QuantizedWeights(t, ns[c], k, RowBytes(t, k), 40 + c, 0.02f),
+                              RowBytes(t, k)));
+        alone.emplace_back(ns[c]);
+        cpu::MatMulDecodePacked(x.data(), k, packed[c].data(), t, ns[c], alone[c].data());
+      }
+      for (int threads : {1, 2}) {
+        omp_set_num_threads(threads);
+        std::vector<std::vector<float>> y;
+        std::vector<cpu::DecodeOut> outs;
+        for (size_t c = 0; c < ns.size(); ++c) y.emplace_back(ns[c] + 16, kSentinel);
+        for (size_t c = 0; c < ns.size(); ++c) outs.push_back({packed[c].data(), ns[c], y[c].data()});
+        cpu::MatMulDecodePackedShared(x.data(), k, t, outs.data(), static_cast<int>(outs.size()));
+        for (size_t c = 0; c < ns.size(); ++c) {
+          EXPECT_EQ(std::memcmp(y[c].data(), alone[c].data(), ns[c] * sizeof(float)), 0)
+              << GetTypeTraits(t).name << " product " << c << " of n " << ns[c] << ", " << threads << " threads";
+          for (int64_t j = ns[c]; j < ns[c] + 16; ++j) {
+            ASSERT_EQ(y[c][j], kSentinel) << "product " << c << " wrote past n at " << j;
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(before);
+}
+
 TEST(MatMulDecodePackedBytes, CoversOnlyItsTypesAndWholeBlocks) {
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_K, 16, 256), 0u);
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kF32, 16, 64), 0u);
