@@ -1,7 +1,8 @@
 // snapfill bench on the tiny model: every configuration runs, in its own
 // process, the requested number of times; the JSON holds what the table
 // shows, each schedule is compared with the FM run of its own chunk (added
-// where missing), eq. 4 gives FM exactly 1, and bad flags are refused.
+// where missing; none without fm in the list), eq. 4 gives FM exactly 1, and
+// bad flags are refused.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -70,6 +71,22 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
   EXPECT_GT(j["full_cache"]["decode_share_of_prediction"].get<double>(), 0);
   EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
             j["schedules"][0]["cache_entries"].get<int64_t>());
+}
+
+// A list without fm runs no FM: the table shows "-" for the ratios (not a
+// 0.00x that reads as a measurement), says why, and the JSON has no baseline.
+TEST_F(CliTest, BenchWithoutFmComparesNothing) {
+  const std::string json = dir_ + "/bench_imdc.json";
+  Result r = Run("bench --model " + tiny_ + " --input " + text_ +
+                 " --schedules imdc --memory 128 --chunk 128 --window 8 --repetitions 1 --full_tokens 0"
+                 " -n 4 --threads 1 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no FM run to compare with"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0.00x"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadAll(json));
+  ASSERT_EQ(j["schedules"].size(), 1u);
+  EXPECT_EQ(j["schedules"][0]["schedule"], "imdc");
+  EXPECT_EQ(j["schedules"][0]["baseline"], "");
 }
 
 TEST_F(CliTest, BenchRefusesBadFlags) {

@@ -419,9 +419,13 @@ absl::Status RunBench() {
       eq4 = PredictedSpeedup(base->attention_share, m_max, m.mean_memory, m.chunk);
       peak_vs_fm = base->peak_rss > 0 ? static_cast<double>(m.peak_rss) / base->peak_rss : 0;
     }
-    std::printf("%-16s %8lld %7lld %8.1f %9.2f %8.2fx %8.2fx %10s %7.2fx %10s %9.1f\n",
-                m.config.label.c_str(), (long long)m.input_tokens, (long long)m.chunk,
-                m.mean_memory, ttft, speedup, eq4, HumanBytes(m.peak_rss).c_str(), peak_vs_fm,
+    // Without an FM run to compare with, the ratio columns say so ("-").
+    auto ratio = [&](double v, int width) {
+      return base != nullptr ? absl::StrFormat("%*.2fx", width - 1, v) : absl::StrFormat("%*s", width, "-");
+    };
+    std::printf("%-16s %8lld %7lld %8.1f %9.2f %9s %9s %10s %8s %10s %9.1f\n", m.config.label.c_str(),
+                (long long)m.input_tokens, (long long)m.chunk, m.mean_memory, ttft, ratio(speedup, 9).c_str(),
+                ratio(eq4, 9).c_str(), HumanBytes(m.peak_rss).c_str(), ratio(peak_vs_fm, 8).c_str(),
                 HumanBytes(m.predicted_peak).c_str(), Median(m.decode_tps));
     Json r;
     r["schedule"] = m.config.label;
@@ -447,6 +451,9 @@ absl::Status RunBench() {
     r["read_bandwidth_bytes_per_second"] = m.bandwidth;
     all_bandwidth.insert(all_bandwidth.end(), m.bandwidth.begin(), m.bandwidth.end());
     out["schedules"].push_back(r);
+  }
+  if (std::none_of(rows.begin(), rows.end(), is_fm)) {
+    std::printf("no FM run to compare with (--schedules has no fm entry): vs FM and eq. 4 need one\n");
   }
   for (const Measured& m : rows) {
     if (!is_fm(m)) continue;

@@ -92,7 +92,8 @@ ABSL_FLAG(std::string, out_dir, "plots", "plot: folder to write the PNGs into");
 
 ABSL_FLAG(std::string, schedules, "fm,im:linear,im:sqrt,im:square,im:square_sqrt,im:adaptive,imdc",
           "bench: the schedules to compare, schedule[:growth][@chunk] separated by commas; each "
-          "is compared with the FM run of its chunk (added as fm@CHUNK where missing)");
+          "is compared with the FM run of its chunk (added as fm@CHUNK where the list has fm at "
+          "another chunk; a list without fm runs no comparison)");
 ABSL_FLAG(int64_t, imdc_chunk, 0,
           "bench: the chunk for imdc (IMDC's last chunks shrink; it needs a chunk above about "
           "(memory - first memory) / 2); 0 = --chunk");
