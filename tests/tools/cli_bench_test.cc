@@ -13,17 +13,27 @@
 namespace snapfill {
 namespace {
 
-using testing::CliTest;
 using testing::Result;
 
-TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
-  const std::string json = dir_ + "/bench.json";
-  Result r = Run("bench --model " + tiny_ + " --input " + text_ +
-                 " --schedules fm,im:sqrt,imdc --memory 128 --chunk 64 --imdc_chunk 128"
-                 " --window 8 --repetitions 2 --full_tokens 512 -n 8 --threads 1 --json " + json);
+class BenchCliTest : public testing::CliTest {
+ protected:
+  // snapfill bench on the tiny model and text with `flags` (window 8, one
+  // thread); its JSON, parsed, in *j.
+  Result Bench(const std::string& flags, nlohmann::json* j) {
+    const std::string json = dir_ + "/bench.json";
+    Result r = Run("bench --model " + tiny_ + " --input " + text_ + " --window 8 --threads 1 " + flags +
+                   " --json " + json);
+    if (r.exit_code == 0) *j = nlohmann::json::parse(testing::ReadAll(json));
+    return r;
+  }
+};
+
+TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
+  nlohmann::json j;
+  Result r = Bench("--schedules fm,im:sqrt,imdc --memory 128 --chunk 64 --imdc_chunk 128"
+                   " --repetitions 2 --full_tokens 512 -n 8", &j);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("eq. 4 uses r ="), std::string::npos) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(testing::ReadAll(json));
   // IMDC runs at chunk 128, which no FM entry has: an FM run at 128 is added
   // before it as its baseline.
   ASSERT_EQ(j["schedules"].size(), 4u);
@@ -75,21 +85,18 @@ TEST_F(CliTest, BenchRunsEveryScheduleAndWritesJson) {
 
 // A list without fm runs no FM: the table shows "-" for the ratios (not a
 // 0.00x that reads as a measurement), says why, and the JSON has no baseline.
-TEST_F(CliTest, BenchWithoutFmComparesNothing) {
-  const std::string json = dir_ + "/bench_imdc.json";
-  Result r = Run("bench --model " + tiny_ + " --input " + text_ +
-                 " --schedules imdc --memory 128 --chunk 128 --window 8 --repetitions 1 --full_tokens 0"
-                 " -n 4 --threads 1 --json " + json);
+TEST_F(BenchCliTest, BenchWithoutFmComparesNothing) {
+  nlohmann::json j;
+  Result r = Bench("--schedules imdc --memory 128 --chunk 128 --repetitions 1 --full_tokens 0 -n 4", &j);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("no FM run to compare with"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("0.00x"), std::string::npos) << r.out;
-  const nlohmann::json j = nlohmann::json::parse(testing::ReadAll(json));
   ASSERT_EQ(j["schedules"].size(), 1u);
   EXPECT_EQ(j["schedules"][0]["schedule"], "imdc");
   EXPECT_EQ(j["schedules"][0]["baseline"], "");
 }
 
-TEST_F(CliTest, BenchRefusesBadFlags) {
+TEST_F(BenchCliTest, BenchRefusesBadFlags) {
   const std::string base = "bench --model " + tiny_ + " --input " + text_;
   EXPECT_FAILS_WITH(Run(base + " --schedules fm,im:bogus"), 2, "im:bogus");
   EXPECT_FAILS_WITH(Run(base + " --schedules xyz"), 2, "xyz");
