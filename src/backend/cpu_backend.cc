@@ -155,14 +155,19 @@ class CpuBackend final : public Backend {
       return absl::OkStatus();
     }
     for (int c = 0; c < count; ++c) {
-      const WeightView& w = *outs[c].w;
-      if (co[c].packed != nullptr) {
-        cpu::MatMulDecodePacked(x, w.cols, co[c].packed, w.type, w.rows, outs[c].y);
-      } else {
-        cpu::MatMul(x, 1, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride);
-      }
+      OneToken(x, x_stride, *outs[c].w, static_cast<const uint8_t*>(co[c].packed), outs[c].y, outs[c].y_stride);
     }
     return absl::OkStatus();
+  }
+
+  // One token times w: over its decode copy `packed`, else the GGUF rows.
+  static void OneToken(const float* x, int64_t x_stride, const WeightView& w, const uint8_t* packed, float* y,
+                       int64_t y_stride) {
+    if (packed != nullptr) {
+      cpu::MatMulDecodePacked(x, w.cols, packed, w.type, w.rows, y);
+    } else {
+      cpu::MatMul(x, 1, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
+    }
   }
 
   absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
@@ -189,10 +194,8 @@ class CpuBackend final : public Backend {
       return absl::OkStatus();
     }
     if (m == 1 && pack_decode_) {
-      if (const uint8_t* packed = DecodePacked(w); packed != nullptr) {
-        cpu::MatMulDecodePacked(x, w.cols, packed, w.type, w.rows, y);
-        return absl::OkStatus();
-      }
+      OneToken(x, x_stride, w, DecodePacked(w), y, y_stride);
+      return absl::OkStatus();
     }
     cpu::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
     return absl::OkStatus();
