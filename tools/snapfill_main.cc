@@ -7,8 +7,11 @@
 //
 // Flags live in tools/cli/; the library takes plain structs. Exit codes:
 // 0 OK, 2 bad usage (InvalidArgument from validation), 1 anything else.
+#include <unistd.h>
+
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -64,7 +67,25 @@ std::string FlagName(const std::string& a) {
   return a.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
+// libgomp, left to its defaults, spins 300,000 rounds in every wait before
+// it sleeps. While another process wants the cores too (two jobs at once on a
+// 2-core machine), those spins burn the time slices that the thread everyone
+// waits for needs: two 2-thread prefills at once ran at 23% of one alone
+// each, instead of about half. 1,000 rounds gave 44% each there and cost
+// nothing alone (prefill and decode, measured; docs/BENCHMARKS.md sitting
+// 14). libgomp reads its settings when it loads, before main, so unless the
+// user chose (GOMP_SPINCOUNT or OMP_WAIT_POLICY), this sets GOMP_SPINCOUNT
+// and runs the program again; if that fails it takes the setting back and
+// goes on with the defaults (`snapfill info` says which).
+void SpinBrieflyInOpenMpWaits(char** argv) {
+  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  unsetenv("GOMP_SPINCOUNT");
+}
+
 int Main(int argc, char** argv) {
+  SpinBrieflyInOpenMpWaits(argv);
   absl::SetProgramUsageMessage("snapfill <command> [flags]; run `snapfill --help`");
   if (argc < 2) {
     PrintUsage(stderr);

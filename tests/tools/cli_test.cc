@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -83,6 +84,31 @@ TEST_F(CliTest, UnknownTensorType) {
   Result r = Run("info --model " + dir_ + "/type.gguf");
   EXPECT_FAILS_WITH(r, 1, "99");
   EXPECT_NE(r.err.find("UNIMPLEMENTED"), std::string::npos) << r.err;
+}
+
+// OpenMP threads spin only briefly before they sleep (GOMP_SPINCOUNT=1000,
+// set before libgomp loads: snapfill runs itself again with it), unless the
+// user chose a wait setting, which is left as it is. `info` reports what
+// libgomp read.
+TEST_F(CliTest, OpenMpWaitsSpinBrieflyUnlessTheUserChose) {
+  const char* keep_spin = std::getenv("GOMP_SPINCOUNT");
+  const char* keep_policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved_spin = keep_spin ? keep_spin : "", saved_policy = keep_policy ? keep_policy : "";
+  unsetenv("GOMP_SPINCOUNT");
+  unsetenv("OMP_WAIT_POLICY");
+  Result r = Run("info --model " + tiny_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("OpenMP waits:    spin GOMP_SPINCOUNT=1000 rounds"), std::string::npos) << r.out;
+  setenv("GOMP_SPINCOUNT", "20000", 1);
+  r = Run("info --model " + tiny_);
+  EXPECT_NE(r.out.find("GOMP_SPINCOUNT=20000"), std::string::npos) << r.out;
+  unsetenv("GOMP_SPINCOUNT");
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  r = Run("info --model " + tiny_);
+  EXPECT_NE(r.out.find("OpenMP waits:    OMP_WAIT_POLICY=passive"), std::string::npos) << r.out;
+  unsetenv("OMP_WAIT_POLICY");
+  if (keep_spin != nullptr) setenv("GOMP_SPINCOUNT", saved_spin.c_str(), 1);
+  if (keep_policy != nullptr) setenv("OMP_WAIT_POLICY", saved_policy.c_str(), 1);
 }
 
 TEST_F(CliTest, MissingTokenizer) {

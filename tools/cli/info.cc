@@ -1,9 +1,11 @@
 // snapfill info: what a model file holds.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "snapfill/status.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -56,6 +58,13 @@ absl::Status RunInfo() {
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
   std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks another the CPU runs)\n",
               backend->kernels().c_str(), backend->num_threads());
+  // What libgomp read when the program started (tools/snapfill_main.cc).
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const std::string waits = policy != nullptr ? absl::StrCat("OMP_WAIT_POLICY=", policy)
+                            : spin != nullptr   ? absl::StrCat("spin GOMP_SPINCOUNT=", spin, " rounds, then sleep")
+                                                : "libgomp's default (spin 300,000 rounds, then sleep)";
+  std::printf("OpenMP waits:    %s\n", waits.c_str());
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
     std::printf("tokenizer:       %s (pre-tokenizer %s), %d tokens\n",
