@@ -16,6 +16,7 @@
 
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/quant_blocks.h"
 
 namespace snapfill {
 namespace {
@@ -115,6 +116,44 @@ void BM_DecodeAttention_Cpu(benchmark::State& state) {
   state.counters["threads"] = omp_get_max_threads();
 }
 BENCHMARK(BM_DecodeAttention_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same step over fp16 K and V (cpu::AttentionDecodeF16, the decode copy
+// of the cache): half the bytes; bytes/s counts the fp16 bytes read.
+void BM_DecodeAttentionF16_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t num_keys = state.range(0);
+  const int64_t layers = m.num_layers;
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const int64_t kv_elems = m.num_kv_heads * num_keys * m.head_dim;
+  const std::vector<float> q = Random(q_stride, 1);
+  std::vector<std::vector<uint16_t>> k, v;
+  auto half = [](const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToFp16(x[i]);
+    return h;
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    k.push_back(half(Random(kv_elems, 10 + l)));
+    v.push_back(half(Random(kv_elems, 100 + l)));
+  }
+  std::vector<float> out(q_stride);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      cpu::AttentionDecodeF16(q.data(), k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim, out.data(),
+                              num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+    }
+  };
+  run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * layers * 2 * kv_elems * static_cast<int64_t>(sizeof(uint16_t)));
+  state.counters["threads"] = omp_get_max_threads();
+}
+BENCHMARK(BM_DecodeAttentionF16_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_WindowScores_Cpu(benchmark::State& state) {
   const ModelShape m = kSmolLM2_135M;

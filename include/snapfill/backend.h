@@ -57,6 +57,13 @@ struct BackendOptions {
   // (PrepareDecodeCopy) and gives the model file's pages back as they are
   // copied, so the copy takes their place in memory.
   bool pack_decode_weights = true;
+  // Decode attention reads an IEEE fp16 copy of the KV cache (the layout
+  // llama.cpp's default f16 cache has) instead of the f32 entries: half the
+  // bytes a decode step streams for attention, the products and sums still
+  // in f32. The copy is made when decoding starts (LlamaForward asks with
+  // KvCache::SyncHalf) and grows with each decoded token; it costs half the
+  // f32 cache's bytes beside it. Off with exact_matmul.
+  bool half_decode_kv = true;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at
@@ -64,6 +71,9 @@ struct BackendOptions {
 struct KvView {
   const float* k = nullptr;
   const float* v = nullptr;
+  // The same entries as fp16 (the decode copy, same strides), or null.
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
   int64_t head_stride = 0;
   int64_t key_stride = 0;
   int64_t num_keys = 0;
@@ -126,6 +136,13 @@ class Backend {
                                     float* votes, int64_t votes_stride, int64_t num_q,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                     float scale) = 0;
+  // Whether one-query Attention (decode) wants the KV's fp16 copy
+  // (BackendOptions::half_decode_kv): the caller then passes a KvView with
+  // k16 / v16 set, which Attention reads instead of k / v.
+  virtual bool HalfDecodeKv() const { return false; }
+  // y[i] = x[i] as IEEE fp16, rounded to nearest even (the decode copy of
+  // the KV cache). The base class converts element by element.
+  virtual void ToHalf(const float* x, uint16_t* y, int64_t n);
   // Bytes the backend keeps for `w` once a single token has been multiplied
   // by it (BackendOptions::pack_decode_weights); 0 if none.
   virtual uint64_t DecodeCopyBytes(const WeightView& w) const { return 0; }

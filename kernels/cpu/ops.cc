@@ -30,6 +30,7 @@
 #include "kernels/cpu/amx_tiles.h"
 #endif
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/quant_blocks.h"
 
 namespace snapfill::cpu::internal {
 // AttentionImpl, for every level's copy.
@@ -57,6 +58,8 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
                         freq_scale, neox);
 }
 
+void ToFp16(const float* x, uint16_t* y, int64_t n) { SNAPFILL_CPU_DISPATCH(ToFp16, x, y, n); }
+
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   SNAPFILL_CPU_DISPATCH(SwiGlu, gate, up, out, n);
 }
@@ -73,6 +76,13 @@ void AttentionF32(const float* q, int64_t q_stride, const float* k, const float*
                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) {
   SNAPFILL_CPU_DISPATCH(AttentionF32, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q,
                         num_keys, num_heads, num_kv_heads, head_dim, scale);
+}
+
+void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_head_stride,
+                        int64_t kv_key_stride, float* out, int64_t num_keys, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t head_dim, float scale) {
+  SNAPFILL_CPU_DISPATCH(AttentionDecodeF16, q, k, v, kv_head_stride, kv_key_stride, out, num_keys, num_heads,
+                        num_kv_heads, head_dim, scale);
 }
 
 bool AttentionHasAmx() { SNAPFILL_CPU_DISPATCH(AttentionHasAmx); }

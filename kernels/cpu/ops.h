@@ -26,6 +26,10 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
           const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox);
 
+// y[i] = x[i] as IEEE fp16, rounded to nearest even (F16C where the level
+// has it; twin: Fp32ToFp16 of kernels/quant_blocks.h, bit for bit).
+void ToFp16(const float* x, uint16_t* y, int64_t n);
+
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 
@@ -50,6 +54,15 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, float scale);
+
+// One query (decode) over K and V stored as IEEE fp16 (the decode copy of
+// the KV cache: half the bytes each step streams), same layout and
+// visibility as Attention with num_q = 1 (all num_keys keys visible); q,
+// out f32 ([num_heads, head_dim]), products and sums in f32 (each element
+// converted exactly). Twin: ref::Attention over the fp16 values.
+void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_head_stride,
+                        int64_t kv_key_stride, float* out, int64_t num_keys, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t head_dim, float scale);
 
 // Attention always in f32 (the path Attention takes without AMX-BF16 or
 // AVX512-BF16, and for one query): for exact references.

@@ -43,8 +43,15 @@ constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm", 
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode)
-      : num_threads_(num_threads), exact_(exact), profile_(profile), pack_decode_(pack_decode && !exact) {}
+  CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode, bool half_kv)
+      : num_threads_(num_threads),
+        exact_(exact),
+        profile_(profile),
+        pack_decode_(pack_decode && !exact),
+        half_kv_(half_kv && !exact) {}
+
+  bool HalfDecodeKv() const override { return half_kv_; }
+  void ToHalf(const float* x, uint16_t* y, int64_t n) override { cpu::ToFp16(x, y, n); }
 
   std::string kernels() const override {
     if (exact_) return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), ", exact (f32 activations)");
@@ -60,7 +67,8 @@ class CpuBackend final : public Backend {
     return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), " (of ",
                         cpu::CpuLevelName(cpu::MaxCpuLevel()), "): products ", products, ", prefill attention ",
                         attention, ", decode layout ",
-                        pack_decode_ && cpu::MatMulHasDecodeLayout() ? "yes" : "no");
+                        pack_decode_ && cpu::MatMulHasDecodeLayout() ? "yes" : "no",
+                        ", decode KV ", half_kv_ ? "fp16" : "f32");
   }
 
   uint64_t DecodeCopyBytes(const WeightView& w) const override {
@@ -264,6 +272,11 @@ class CpuBackend final : public Backend {
         out_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError("attention: stride smaller than a row");
     }
+    if (num_q == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
+      cpu::AttentionDecodeF16(q, kv.k16, kv.v16, kv.head_stride, kv.key_stride, out, kv.num_keys, num_heads,
+                              num_kv_heads, head_dim, scale);
+      return absl::OkStatus();
+    }
     // The exact backend keeps attention in f32 too (no bf16 tiles).
     (exact_ ? cpu::AttentionF32 : cpu::Attention)(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
                                                   out_stride, num_q, kv.num_keys, num_heads, num_kv_heads,
@@ -374,6 +387,7 @@ class CpuBackend final : public Backend {
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
   bool pack_decode_;
+  bool half_kv_;
   // exact_matmul: weight matrices dequantized to f32, by their data.
   std::unordered_map<const void*, std::vector<float>> dequantized_;
   // pack_decode_weights: matrices in the decode layout, by their data.
@@ -382,6 +396,10 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
                                                        const BackendOptions& options) {
@@ -395,7 +413,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
   return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile,
-                                                 options.pack_decode_weights));
+                                                 options.pack_decode_weights, options.half_decode_kv));
 }
 
 }  // namespace snapfill

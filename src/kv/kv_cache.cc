@@ -5,10 +5,12 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/quant_blocks.h"
 
 namespace snapfill {
 
-KvCache::KvCache(const KvCacheShape& shape) : shape_(shape), sizes_(shape.num_layers, 0) {}
+KvCache::KvCache(const KvCacheShape& shape)
+    : shape_(shape), sizes_(shape.num_layers, 0), half_sizes_(shape.num_layers, 0) {}
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
@@ -43,6 +45,43 @@ KvView KvCache::View(int64_t layer, int64_t num_keys) const {
   return view;
 }
 
+absl::Status KvCache::SyncHalf(int64_t layer, const HalfFn& convert) {
+  if (k16_.size() == 0) {
+    if (!k16_.Allocate(k_.size()) || !v16_.Allocate(v_.size())) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache's fp16 copy of ",
+                                                       k_.size() * 4 / (1 << 20), " MiB"));
+    }
+  }
+  const int64_t d = shape_.head_dim;
+  const int64_t first = half_sizes_[layer], n = sizes_[layer] - first;
+  if (n <= 0) return absl::OkStatus();
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const int64_t off = Offset(layer, h) + first * d;
+    const float* ks = k_.data() + off;
+    const float* vs = v_.data() + off;
+    uint16_t* kd = k16_.data() + off;
+    uint16_t* vd = v16_.data() + off;
+    if (convert) {
+      convert(ks, kd, n * d);
+      convert(vs, vd, n * d);
+      continue;
+    }
+    for (int64_t i = 0; i < n * d; ++i) {
+      kd[i] = Fp32ToFp16(ks[i]);
+      vd[i] = Fp32ToFp16(vs[i]);
+    }
+  }
+  half_sizes_[layer] = sizes_[layer];
+  return absl::OkStatus();
+}
+
+KvView KvCache::HalfView(int64_t layer, int64_t num_keys) const {
+  KvView view = View(layer, num_keys);
+  view.k16 = k16_.data() + Offset(layer, 0);
+  view.v16 = v16_.data() + Offset(layer, 0);
+  return view;
+}
+
 absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
                              int64_t stride, const int32_t* positions) {
   const int64_t start = sizes_[layer];
@@ -52,8 +91,9 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
   }
   const int64_t d = shape_.head_dim;
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
-    float* kd = k(layer, h) + start * d;
-    float* vd = v(layer, h) + start * d;
+    // (Past the entries the fp16 copy holds: no need to drop it.)
+    float* kd = k_.data() + Offset(layer, h) + start * d;
+    float* vd = v_.data() + Offset(layer, h) + start * d;
     int32_t* pd = pos(layer, h) + start;
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(kd + t * d, k_rows + t * stride + h * d, d * sizeof(float));
@@ -90,6 +130,9 @@ int64_t KvCache::max_size() const {
   return m;
 }
 
-void KvCache::Clear() { std::fill(sizes_.begin(), sizes_.end(), 0); }
+void KvCache::Clear() {
+  std::fill(sizes_.begin(), sizes_.end(), 0);
+  std::fill(half_sizes_.begin(), half_sizes_.end(), 0);
+}
 
 }  // namespace snapfill

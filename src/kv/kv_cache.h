@@ -11,7 +11,9 @@
 #ifndef SNAPFILL_KV_KV_CACHE_H_
 #define SNAPFILL_KV_KV_CACHE_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,21 +38,32 @@ class KvCache {
   const KvCacheShape& shape() const { return shape_; }
   int64_t capacity() const { return shape_.capacity; }
   int64_t size(int64_t layer) const { return sizes_[layer]; }
-  void set_size(int64_t layer, int64_t n) { sizes_[layer] = n; }
+  void set_size(int64_t layer, int64_t n) {
+    sizes_[layer] = n;
+    half_sizes_[layer] = std::min(half_sizes_[layer], n);
+  }
   // The largest size over layers (layers may hold different counts).
   int64_t max_size() const;
   // Bytes allocated for keys, values and positions (resident only once written).
   uint64_t bytes() const {
     return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float) +
-           pos_.size() * sizeof(int32_t);
+           pos_.size() * sizeof(int32_t) + (k16_.size() + v16_.size()) * sizeof(uint16_t);
   }
 
   int32_t* pos(int64_t layer, int64_t head) { return pos_.data() + Offset(layer, head) / shape_.head_dim; }
   const int32_t* pos(int64_t layer, int64_t head) const {
     return pos_.data() + Offset(layer, head) / shape_.head_dim;
   }
-  float* k(int64_t layer, int64_t head) { return k_.data() + Offset(layer, head); }
-  float* v(int64_t layer, int64_t head) { return v_.data() + Offset(layer, head); }
+  // (Writable access may change entries: the layer's fp16 copy is made
+  // again from scratch at its next SyncHalf.)
+  float* k(int64_t layer, int64_t head) {
+    half_sizes_[layer] = 0;
+    return k_.data() + Offset(layer, head);
+  }
+  float* v(int64_t layer, int64_t head) {
+    half_sizes_[layer] = 0;
+    return v_.data() + Offset(layer, head);
+  }
   const float* k(int64_t layer, int64_t head) const { return k_.data() + Offset(layer, head); }
   const float* v(int64_t layer, int64_t head) const { return v_.data() + Offset(layer, head); }
   int64_t head_stride() const { return shape_.capacity * shape_.head_dim; }
@@ -58,6 +71,22 @@ class KvCache {
 
   // A view of layer `layer`'s first `num_keys` entries.
   KvView View(int64_t layer, int64_t num_keys) const;
+
+  // The fp16 copy of the entries that decode attention reads
+  // (BackendOptions::half_decode_kv): [num_layers, num_kv_heads, capacity,
+  // head_dim] like k_ and v_, allocated at the first call and resident
+  // only where written. SyncHalf(layer) converts the entries the copy does
+  // not hold yet (round to nearest even; all of them the first time, the
+  // appended ones after). Entries reached through writable k() / v() or
+  // cut by set_size() are copied again. `convert` turns n floats into fp16
+  // (Backend::ToHalf); empty: the portable Fp32ToFp16. ResourceExhausted if
+  // the copy cannot be allocated.
+  using HalfFn = std::function<void(const float* x, uint16_t* y, int64_t n)>;
+  absl::Status SyncHalf(int64_t layer, const HalfFn& convert = {});
+  // View() with k16 / v16 set; num_keys <= the entries SyncHalf copied.
+  KvView HalfView(int64_t layer, int64_t num_keys) const;
+  // Entries of `layer` the fp16 copy holds.
+  int64_t half_size(int64_t layer) const { return half_sizes_[layer]; }
 
   // Writes n tokens' K and V (token-major [n, num_kv_heads, head_dim] with
   // token stride `stride` floats) and their positions at entries
@@ -82,6 +111,9 @@ class KvCache {
   PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
   PagedArray<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
   std::vector<int64_t> sizes_;  // [num_layers]
+  // The fp16 copy (SyncHalf) and the valid prefix of each layer in it.
+  PagedArray<uint16_t> k16_, v16_;
+  std::vector<int64_t> half_sizes_;  // [num_layers]
 };
 
 }  // namespace snapfill

@@ -29,6 +29,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/quant_blocks.h"
 #include "kernels/ref/ops_ref.h"
 
 namespace snapfill {
@@ -285,6 +286,103 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
                            return CaseName(info.param);
                          });
+
+// ---- Decode over the fp16 copy of the cache (cpu::AttentionDecodeF16).
+// The last query of each case, alone, over K and V rounded to fp16. Every
+// fp16 value is exact in f32 and each element is converted as it is loaded,
+// so the kernel runs the f32 decode path's operations on the same values:
+// equal bit for bit to cpu::Attention over the rounded floats, and within
+// the f32 bound of ref::Attention (the twin) over them.
+struct HalfDecode {
+  AttnData rounded;                  // one query; K and V rounded to fp16
+  std::vector<uint16_t> k16, v16;    // the same values as fp16 (index 1 = data start)
+};
+
+HalfDecode MakeHalfDecode(const AttnCase& c0, uint32_t seed) {
+  AttnData a = MakeData(c0, seed);
+  AttnCase c = c0;
+  // The last query, alone (it sees every key).
+  std::vector<float> q(1 + a.q_stride);
+  std::copy(a.q.begin() + 1 + (c.num_q - 1) * a.q_stride, a.q.begin() + 1 + c.num_q * a.q_stride, q.begin() + 1);
+  a.q = q;
+  c.num_q = 1;
+  a.c = c;
+  HalfDecode h;
+  h.k16.resize(a.k.size());
+  h.v16.resize(a.v.size());
+  for (size_t i = 0; i < a.k.size(); ++i) {
+    h.k16[i] = Fp32ToFp16(a.k[i]);
+    a.k[i] = Fp16ToFp32(h.k16[i]);
+    h.v16[i] = Fp32ToFp16(a.v[i]);
+    a.v[i] = Fp16ToFp32(h.v16[i]);
+  }
+  h.rounded = a;
+  return h;
+}
+
+std::vector<float> RunHalfDecode(const HalfDecode& h) {
+  const AttnData& a = h.rounded;
+  const AttnCase& c = a.c;
+  std::vector<float> out(c.num_heads * c.head_dim, 12345.0f);
+  cpu::AttentionDecodeF16(a.Q(), h.k16.data() + 1, h.v16.data() + 1, a.kv_head_stride, a.kv_key_stride,
+                          out.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+  return out;
+}
+
+class AttentionDecodeF16Test : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionDecodeF16Test, MatchesRefOverTheHalfValues) {
+  const HalfDecode h = MakeHalfDecode(GetParam(), 41);
+  EXPECT_TRUE(Report(RunHalfDecode(h), RunRefAttention(h.rounded), AttentionBound(h.rounded)));
+}
+
+TEST_P(AttentionDecodeF16Test, EqualsF32DecodeOfTheRoundedValuesBitForBit) {
+  const HalfDecode h = MakeHalfDecode(GetParam(), 42);
+  const std::vector<float> half = RunHalfDecode(h);
+  const std::vector<float> f32 = RunCpuAttention(h.rounded);
+  ASSERT_EQ(half.size(), f32.size());
+  for (size_t i = 0; i < half.size(); ++i) ASSERT_EQ(half[i], f32[i]) << "element " << i;
+}
+
+TEST_P(AttentionDecodeF16Test, OneAndTwoThreadsAgreeBitForBit) {
+  const HalfDecode h = MakeHalfDecode(GetParam(), 43);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const std::vector<float> one = RunHalfDecode(h);
+  omp_set_num_threads(2);
+  const std::vector<float> two = RunHalfDecode(h);
+  omp_set_num_threads(saved);
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDecodeF16Test, ::testing::ValuesIn(SweepCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param);
+                         });
+
+// cpu::ToFp16 against its twin Fp32ToFp16, bit for bit: normals, the ties
+// between two halves, subnormals, values that round to infinity, zeros and
+// infinities, at lengths that leave a scalar tail.
+TEST(ToFp16, MatchesPortableConversionBitForBit) {
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 1e-8f, -3e-5f,
+                          6.1e-5f, 5.96e-8f, 2.98e-8f, std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity()};
+  for (int i = 0; i < 2048; ++i) {
+    const uint16_t h = static_cast<uint16_t>(i * 31 + 7);
+    if ((h & 0x7C00) == 0x7C00) continue;  // inf / NaN
+    // A tie: halfway between h and the next half up.
+    x.push_back(0.5f * (Fp16ToFp32(h) + Fp16ToFp32(static_cast<uint16_t>(h + 1))));
+  }
+  std::mt19937 rng(44);
+  std::normal_distribution<float> dist(0.0f, 30.0f);
+  for (int i = 0; i < 3001; ++i) x.push_back(dist(rng) * std::exp2(static_cast<float>(i % 40 - 20)));
+  for (int64_t n : {int64_t{0}, int64_t{7}, int64_t{17}, static_cast<int64_t>(x.size())}) {
+    std::vector<uint16_t> y(n + 1, 0xBEEF);
+    cpu::ToFp16(x.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], Fp32ToFp16(x[i])) << "x = " << x[i];
+    EXPECT_EQ(y[n], 0xBEEF) << "wrote past n";
+  }
+}
 
 // ---- The bf16 paths (chunks, head_dim 64): AMX-BF16 tiles where the CPU
 // has them, and the AVX512-BF16 kernel (kAuto's choice without AMX; forced

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/quant_blocks.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -62,6 +63,81 @@ TEST(KvCacheTest, CloneIsDeep) {
   (*cache)->k(0, 0)[0] = 9;
   EXPECT_EQ(copy->k(0, 0)[0], 1);
   EXPECT_EQ(copy->size(0), 1);
+}
+
+// The fp16 copy decode attention reads: every entry at the first sync, only
+// the appended ones after, each value rounded as Fp32ToFp16 rounds it.
+TEST(KvCacheTest, SyncHalfCopiesAllEntriesThenOnlyTheAppendedOnes) {
+  const int64_t d = 4, heads = 2;
+  auto cache = KvCache::Create({/*num_layers=*/2, heads, d, /*capacity=*/8});
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  std::vector<float> k(3 * heads * d), v(3 * heads * d);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = 0.1f * static_cast<float>(i) + 1e-4f;  // not exact in fp16
+    v[i] = -0.37f * static_cast<float>(i);
+  }
+  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 3, heads * d, nullptr));
+  int64_t converted = 0;
+  auto count = [&](const float* x, uint16_t* y, int64_t n) {
+    converted += n;
+    for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+  };
+  EXPECT_EQ(kv.half_size(1), 0);
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(1, count));
+  EXPECT_EQ(kv.half_size(1), 3);
+  EXPECT_EQ(converted, 2 * 3 * heads * d);  // K and V of 3 entries, both heads
+  const KvView view = kv.HalfView(1, 3);
+  ASSERT_NE(view.k16, nullptr);
+  ASSERT_NE(view.v16, nullptr);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t t = 0; t < d; ++t) {
+        const int64_t at = h * view.head_stride + j * view.key_stride + t;
+        EXPECT_EQ(view.k16[at], Fp32ToFp16(view.k[at]));
+        EXPECT_EQ(view.v16[at], Fp32ToFp16(view.v[at]));
+        EXPECT_EQ(view.k[at], k[j * heads * d + h * d + t]);
+      }
+    }
+  }
+  // One more token: only its entries are converted.
+  converted = 0;
+  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 1, heads * d, nullptr));
+  EXPECT_EQ(kv.half_size(1), 3);
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(1, count));
+  EXPECT_EQ(converted, 2 * heads * d);
+  EXPECT_EQ(kv.half_size(1), 4);
+  EXPECT_EQ(kv.HalfView(1, 4).k16[3 * d], Fp32ToFp16(k[0]));
+  // Nothing new: nothing converted; the other layer has no copy yet.
+  converted = 0;
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(1, count));
+  EXPECT_EQ(converted, 0);
+  EXPECT_EQ(kv.half_size(0), 0);
+  EXPECT_GT(kv.bytes(), uint64_t{2 * 2 * heads * 8 * d * sizeof(float)});  // the copy counts
+}
+
+// Entries reached through writable k() / v(), or cut by set_size(), are
+// copied again; the default converter is the portable one.
+TEST(KvCacheTest, WritesThroughKOrVAndShrinkingDropTheHalfCopy) {
+  auto cache = KvCache::Create({1, 1, 2, 4});
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  std::vector<float> rows = {1, 2, 3, 4, 5, 6};
+  SNAPFILL_ASSERT_OK(kv.Append(0, rows.data(), rows.data(), 3, 2, nullptr));
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0));
+  EXPECT_EQ(kv.half_size(0), 3);
+  kv.k(0, 0)[0] = 7.5f;
+  EXPECT_EQ(kv.half_size(0), 0);
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0));
+  EXPECT_EQ(kv.HalfView(0, 3).k16[0], Fp32ToFp16(7.5f));
+  kv.set_size(0, 2);
+  EXPECT_EQ(kv.half_size(0), 2);
+  kv.v(0, 0)[1] = -1.0f;
+  EXPECT_EQ(kv.half_size(0), 0);
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0));
+  EXPECT_EQ(kv.HalfView(0, 2).v16[1], Fp32ToFp16(-1.0f));
+  kv.Clear();
+  EXPECT_EQ(kv.half_size(0), 0);
 }
 
 TEST(KvCacheTest, BadShapesAreRefused) {

@@ -97,6 +97,49 @@ TEST_P(ForwardInvariantTest, PrefillThenDecodeEqualsLongerPrefill) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// Decoding over the fp16 copy of the cache (BackendOptions::half_decode_kv,
+// the default) against the f32 entries: the copy holds every entry of every
+// layer, the logits differ (the copy is read) but only by fp16 rounding of
+// K and V, and the f32 backend makes no copy.
+TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
+  TinyLlamaOptions opts;
+  opts.f16_matrices = GetParam();
+  opts.num_layers = 3;
+  Tiny t = MakeTiny(opts);
+  BackendOptions f32_opts;
+  f32_opts.half_decode_kv = false;
+  auto f32_backend = CreateBackend(Device::kCpu, f32_opts);
+  SNAPFILL_ASSERT_OK(f32_backend);
+  ASSERT_TRUE(t.backend->HalfDecodeKv());
+  ASSERT_FALSE((*f32_backend)->HalfDecodeKv());
+  const int64_t vocab = t.model->config().vocab_size;
+  const int n = 40;
+  std::vector<int32_t> ids = Tokens(n + 2, vocab);
+  std::vector<int32_t> pos = Positions(0, n + 2);
+  std::vector<float> logits[2];
+  int64_t half_sizes[2] = {};
+  for (int half = 0; half < 2; ++half) {
+    Backend* b = half ? t.backend.get() : f32_backend->get();
+    auto fwd = LlamaForward::Create(*t.model, b, 64);
+    SNAPFILL_ASSERT_OK(fwd);
+    auto kv = (*fwd)->NewKvCache(64);
+    SNAPFILL_ASSERT_OK(kv);
+    logits[half].resize(vocab);
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 0, nullptr));
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n, 1, pos.data() + n, **kv, 0, nullptr));
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n + 1, 1, pos.data() + n + 1, **kv, 1, logits[half].data()));
+    for (int64_t l = 0; l < t.model->config().num_layers; ++l) {
+      EXPECT_EQ((*kv)->half_size(l), half ? n + 2 : 0) << "layer " << l;
+    }
+    half_sizes[half] = (*kv)->half_size(0);
+  }
+  EXPECT_EQ(half_sizes[1], n + 2);
+  ExpectLogitsNear(logits[0].data(), logits[1].data(), vocab, 2e-3);
+  double diff = 0;
+  for (int64_t i = 0; i < vocab; ++i) diff = std::max(diff, std::fabs(double(logits[0][i] - logits[1][i])));
+  EXPECT_GT(diff, 0.0) << "the fp16 copy was not read";
+}
+
 TEST_P(ForwardInvariantTest, SplitBatchesEqualOneBatch) {
   TinyLlamaOptions opts;
   opts.f16_matrices = GetParam();

@@ -300,6 +300,7 @@ absl::Status RunBench() {
       absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens)),
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
       absl::StrCat("--pack_decode=", absl::GetFlag(FLAGS_pack_decode) ? "true" : "false"),
+      absl::StrCat("--decode_kv_f16=", absl::GetFlag(FLAGS_decode_kv_f16) ? "true" : "false"),
       absl::StrCat("-n=", absl::GetFlag(FLAGS_n)),
       "--question=" + (absl::GetFlag(FLAGS_question).empty() ? std::string("What is this text about?")
                                                             : absl::GetFlag(FLAGS_question)),
@@ -381,10 +382,13 @@ absl::Status RunBench() {
 
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
   const LlamaConfig& mc = model.model->config();
-  const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * sizeof(float);
   // The bytes of weights a decode step reads: each matrix once, in the
-  // layout the products read (the decode copy with --pack_decode).
+  // layout the products read (the decode copy with --pack_decode); and of
+  // each cache entry, in the width attention reads (fp16 with
+  // --decode_kv_f16).
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim *
+                             (backend->HalfDecodeKv() ? sizeof(uint16_t) : sizeof(float));
   double weights = 0;
   for (const WeightView* w : model.model->DecodeMatrices()) {
     const uint64_t copy = backend->DecodeCopyBytes(*w);
@@ -408,6 +412,8 @@ absl::Status RunBench() {
   out["input"] = absl::GetFlag(FLAGS_input);
   out["memory"] = m_max;
   out["repetitions"] = reps;
+  out["decode_kv"] = backend->HalfDecodeKv() ? "f16" : "f32";
+  out["decode_bytes_per_kv_entry"] = entry_bytes;
   std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
               "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
   for (const Measured& m : rows) {
@@ -465,8 +471,9 @@ absl::Status RunBench() {
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
                 "decode copy of the weights; prediction = read bandwidth probed right after each run / "
-                "bytes per step: weights %s + KV; share = each run's rate / its prediction)\n",
-                (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str());
+                "bytes per step: weights %s + KV in %s; share = each run's rate / its prediction)\n",
+                (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str(),
+                backend->HalfDecodeKv() ? "fp16" : "f32");
     std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s\n", "cache", "entries", "KV bytes", "tokens/s",
                 "GB/s", "predicted", "share", "first step ms");
     auto line = [&](const std::string& name, const Measured& m) {

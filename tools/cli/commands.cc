@@ -9,7 +9,7 @@ const std::vector<Command>& Commands() {
        "IMDC schedule), then answer --question or continue the text.",
        {"input", "question", "model", "schedule", "growth", "memory", "chunk", "first_memory",
         "window", "pool_kernel", "pooling", "pruner", "sinks", "original_positions", "n",
-        "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "pack_decode",
+        "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "pack_decode", "decode_kv_f16",
         "telemetry", "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume",
         "force", "max_tokens", "report", "ignore_eos", "timing", "profile", "verbosity"},
        &RunRun},
@@ -25,7 +25,7 @@ const std::vector<Command>& Commands() {
       {"generate",
        "Generate text from a prompt, or from a saved cache (--cache), streaming it to stdout.",
        {"model", "prompt", "prompt_file", "cache", "n", "temp", "top_k", "top_p", "seed",
-        "chat_template", "system", "threads", "pack_decode", "batch", "timing", "profile", "verbosity"},
+        "chat_template", "system", "threads", "pack_decode", "decode_kv_f16", "batch", "timing", "profile", "verbosity"},
        &RunGenerate},
       {"info", "Print a model's architecture, tensor types, sizes and context.",
        {"model", "verbosity"},
@@ -43,7 +43,7 @@ const std::vector<Command>& Commands() {
        {"input", "lengths", "depths", "seeds", "baseline", "json", "png", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
         "pruner", "sinks", "original_positions", "chat_template", "system", "threads",
-        "pack_decode", "batch", "progress", "verbosity"},
+        "pack_decode", "decode_kv_f16", "batch", "progress", "verbosity"},
        &RunNeedle},
       {"plot",
        "PNG figures with gnuplot: memory and chunk per step, memory origin and retention per "
@@ -56,7 +56,7 @@ const std::vector<Command>& Commands() {
        "repetitions), the measured speed-ups beside the IMDC paper's eq. 4, and decoding from "
        "the compressed cache against a full cache; a table, --json and a --png chart.",
        {"input", "max_tokens", "schedules", "memory", "chunk", "imdc_chunk", "window", "pruner",
-        "repetitions", "full_tokens", "n", "question", "model", "threads", "pack_decode", "json", "png"},
+        "repetitions", "full_tokens", "n", "question", "model", "threads", "pack_decode", "decode_kv_f16", "json", "png"},
        &RunBench},
   };
   return kCommands;

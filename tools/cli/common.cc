@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   opts.num_threads = absl::GetFlag(FLAGS_threads);
   opts.profile = absl::GetFlag(FLAGS_profile);
   opts.pack_decode_weights = absl::GetFlag(FLAGS_pack_decode);
+  opts.half_decode_kv = absl::GetFlag(FLAGS_decode_kv_f16);
   if (opts.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--threads=", opts.num_threads,
                                                    " must be >= 0"));

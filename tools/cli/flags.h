@@ -12,6 +12,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(bool, pack_decode);
+ABSL_DECLARE_FLAG(bool, decode_kv_f16);
 // Prompt and sampling.
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, prompt_file);

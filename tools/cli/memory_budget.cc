@@ -51,7 +51,7 @@ std::string PeakPrediction::Format() const {
 
 PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
                            const PrefillFootprint& fp, uint64_t process_bytes,
-                           uint64_t decode_copy_bytes) {
+                           uint64_t decode_copy_bytes, bool half_decode_kv) {
   PeakPrediction p;
   p.process = process_bytes;
   p.weights = weight_bytes;
@@ -68,6 +68,10 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   // adds one-token activations, the logits, and the decode copy's growth.
   p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float) +
             decode_copy_bytes;
+  if (half_decode_kv) {
+    p.after += static_cast<uint64_t>(fp.memory_capacity) * c.num_layers * c.num_kv_heads * c.head_dim * 2 *
+               sizeof(uint16_t);
+  }
   return p;
 }
 

@@ -12,7 +12,10 @@
 //     in place, so only one-token activations, the logits, and what the
 //     backend's decode copy of the weights adds (BackendOptions::
 //     pack_decode_weights: the copy replaces the file's pages, so only its
-//     layout's padding; 0 when off or for a command that does not decode).
+//     layout's padding; 0 when off or for a command that does not decode),
+//     and the cache's fp16 copy that decode attention reads (BackendOptions::
+//     half_decode_kv: 2 bytes per K and V element of the memory's capacity,
+//     half its f32 bytes; only for a command that decodes).
 // The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
 // rest is exact arithmetic on the allocations.
 #ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
@@ -46,7 +49,7 @@ struct PeakPrediction {
 // `process_bytes`: the resident set now.
 PeakPrediction PredictPeak(const LlamaConfig& model, uint64_t weight_bytes,
                            const PrefillFootprint& footprint, uint64_t process_bytes,
-                           uint64_t decode_copy_bytes = 0);
+                           uint64_t decode_copy_bytes = 0, bool half_decode_kv = false);
 
 }  // namespace snapfill::cli
 

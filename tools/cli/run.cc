@@ -42,6 +42,7 @@ struct Prepared {
   PeakPrediction peak;
   std::string sizes_note;  // how --max_memory chose the sizes
   uint64_t decode_copy_bytes = 0;  // what the backend's decode copy adds (run only)
+  bool half_decode_kv = false;     // the cache's fp16 copy for decode attention (run only)
 };
 
 // Whether the user gave --flag. This Abseil (20220623) keeps
@@ -78,7 +79,7 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
       continue;
     }
     const PeakPrediction peak = PredictPeak(mc, p.model.model->weight_bytes(), *fp,
-                                            process_bytes, p.decode_copy_bytes);
+                                            process_bytes, p.decode_copy_bytes, p.half_decode_kv);
     smallest = peak;
     any = true;
     if (peak.total() <= budget) {
@@ -135,7 +136,10 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
-  if (with_question) p.decode_copy_bytes = DecodeCopyGrowth(*p.model.model, *p.backend);
+  if (with_question) {
+    p.decode_copy_bytes = DecodeCopyGrowth(*p.model.model, *p.backend);
+    p.half_decode_kv = p.backend->HalfDecodeKv();
+  }
   Stopwatch tok;
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
   SNAPFILL_ASSIGN_OR_RETURN(
@@ -170,7 +174,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   SNAPFILL_ASSIGN_OR_RETURN(
       PrefillFootprint fp, PrefillEngine::Footprint(p.model.model->config(), p.config, total));
   p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
-                       p.decode_copy_bytes);
+                       p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
   return p;
