@@ -62,8 +62,11 @@ struct BackendOptions {
   // bytes a decode step streams for attention, the products and sums still
   // in f32. The copy is made when decoding starts (LlamaForward asks with
   // KvCache::SyncHalf) and grows with each decoded token; it costs half the
-  // f32 cache's bytes beside it. Off with exact_matmul.
-  bool half_decode_kv = true;
+  // f32 cache's bytes beside it. Off with exact_matmul. Off by default: over
+  // a compressed cache (1,155 entries of SmolLM2-135M, 35% of a step's
+  // bytes) it gained 2-10% decode for 25 MiB more peak memory; over a full
+  // 8K cache (80% of the bytes) 25% (docs/BENCHMARKS.md, sitting 15).
+  bool half_decode_kv = false;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at

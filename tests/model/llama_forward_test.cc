@@ -97,21 +97,22 @@ TEST_P(ForwardInvariantTest, PrefillThenDecodeEqualsLongerPrefill) {
   EXPECT_GT(diff, 1e-3);
 }
 
-// Decoding over the fp16 copy of the cache (BackendOptions::half_decode_kv,
-// the default) against the f32 entries: the copy holds every entry of every
-// layer, the logits differ (the copy is read) but only by fp16 rounding of
-// K and V, and the f32 backend makes no copy.
+// Decoding over the fp16 copy of the cache (BackendOptions::half_decode_kv)
+// against the f32 entries (the default): the copy holds every entry of
+// every layer, the logits differ (the copy is read) but only by fp16
+// rounding of K and V, and the f32 backend makes no copy.
 TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
   TinyLlamaOptions opts;
   opts.f16_matrices = GetParam();
   opts.num_layers = 3;
   Tiny t = MakeTiny(opts);
-  BackendOptions f32_opts;
-  f32_opts.half_decode_kv = false;
-  auto f32_backend = CreateBackend(Device::kCpu, f32_opts);
-  SNAPFILL_ASSERT_OK(f32_backend);
-  ASSERT_TRUE(t.backend->HalfDecodeKv());
-  ASSERT_FALSE((*f32_backend)->HalfDecodeKv());
+  BackendOptions half_opts;
+  half_opts.half_decode_kv = true;
+  auto half_backend = CreateBackend(Device::kCpu, half_opts);
+  SNAPFILL_ASSERT_OK(half_backend);
+  Backend* f32_backend = t.backend.get();
+  ASSERT_TRUE((*half_backend)->HalfDecodeKv());
+  ASSERT_FALSE(f32_backend->HalfDecodeKv());
   const int64_t vocab = t.model->config().vocab_size;
   const int n = 40;
   std::vector<int32_t> ids = Tokens(n + 2, vocab);
@@ -119,7 +120,7 @@ TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
   std::vector<float> logits[2];
   int64_t half_sizes[2] = {};
   for (int half = 0; half < 2; ++half) {
-    Backend* b = half ? t.backend.get() : f32_backend->get();
+    Backend* b = half ? half_backend->get() : f32_backend;
     auto fwd = LlamaForward::Create(*t.model, b, 64);
     SNAPFILL_ASSERT_OK(fwd);
     auto kv = (*fwd)->NewKvCache(64);
