@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -86,24 +87,43 @@ BENCHMARK(BM_Attention_Cpu)
 // the KV streams from memory as in a real decode instead of sitting in L2
 // (BM_Attention_Cpu/q:1 reuses one buffer). keys = 1155 is what IMDC with
 // memory 1024 leaves of a 64K-token input; bytes/s counts K and V once.
-void BM_DecodeAttention_Cpu(benchmark::State& state) {
+// E = uint16_t: the same step over fp16 K and V (cpu::AttentionDecodeF16,
+// the decode copy of the cache), bytes/s counting the fp16 bytes read.
+template <typename E>
+void DecodeAttentionStep(benchmark::State& state) {
   const ModelShape m = kSmolLM2_135M;
   const int64_t num_keys = state.range(0);
   const int64_t layers = m.num_layers;
   const int64_t q_stride = m.num_heads * m.head_dim;
   const int64_t kv_elems = m.num_kv_heads * num_keys * m.head_dim;
   const std::vector<float> q = Random(q_stride, 1);
-  std::vector<std::vector<float>> k, v;
+  auto as_e = [](std::vector<float> x) {
+    std::vector<E> e(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      if constexpr (std::is_same_v<E, float>) {
+        e[i] = x[i];
+      } else {
+        e[i] = Fp32ToFp16(x[i]);
+      }
+    }
+    return e;
+  };
+  std::vector<std::vector<E>> k, v;
   for (int64_t l = 0; l < layers; ++l) {
-    k.push_back(Random(kv_elems, 10 + l));
-    v.push_back(Random(kv_elems, 100 + l));
+    k.push_back(as_e(Random(kv_elems, 10 + l)));
+    v.push_back(as_e(Random(kv_elems, 100 + l)));
   }
   std::vector<float> out(q_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   auto run = [&] {
     for (int64_t l = 0; l < layers; ++l) {
-      cpu::Attention(q.data(), q_stride, k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim,
-                     out.data(), q_stride, 1, num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+      if constexpr (std::is_same_v<E, float>) {
+        cpu::Attention(q.data(), q_stride, k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim,
+                       out.data(), q_stride, 1, num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+      } else {
+        cpu::AttentionDecodeF16(q.data(), k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim,
+                                out.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+      }
     }
   };
   run();
@@ -112,47 +132,12 @@ void BM_DecodeAttention_Cpu(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * layers * 2 * kv_elems * static_cast<int64_t>(sizeof(float)));
+  state.SetBytesProcessed(state.iterations() * layers * 2 * kv_elems * static_cast<int64_t>(sizeof(E)));
   state.counters["threads"] = omp_get_max_threads();
 }
+void BM_DecodeAttention_Cpu(benchmark::State& state) { DecodeAttentionStep<float>(state); }
+void BM_DecodeAttentionF16_Cpu(benchmark::State& state) { DecodeAttentionStep<uint16_t>(state); }
 BENCHMARK(BM_DecodeAttention_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-// The same step over fp16 K and V (cpu::AttentionDecodeF16, the decode copy
-// of the cache): half the bytes; bytes/s counts the fp16 bytes read.
-void BM_DecodeAttentionF16_Cpu(benchmark::State& state) {
-  const ModelShape m = kSmolLM2_135M;
-  const int64_t num_keys = state.range(0);
-  const int64_t layers = m.num_layers;
-  const int64_t q_stride = m.num_heads * m.head_dim;
-  const int64_t kv_elems = m.num_kv_heads * num_keys * m.head_dim;
-  const std::vector<float> q = Random(q_stride, 1);
-  std::vector<std::vector<uint16_t>> k, v;
-  auto half = [](const std::vector<float>& x) {
-    std::vector<uint16_t> h(x.size());
-    for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToFp16(x[i]);
-    return h;
-  };
-  for (int64_t l = 0; l < layers; ++l) {
-    k.push_back(half(Random(kv_elems, 10 + l)));
-    v.push_back(half(Random(kv_elems, 100 + l)));
-  }
-  std::vector<float> out(q_stride);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-  auto run = [&] {
-    for (int64_t l = 0; l < layers; ++l) {
-      cpu::AttentionDecodeF16(q.data(), k[l].data(), v[l].data(), num_keys * m.head_dim, m.head_dim, out.data(),
-                              num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
-    }
-  };
-  run();
-  for (auto _ : state) {
-    run();
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * layers * 2 * kv_elems * static_cast<int64_t>(sizeof(uint16_t)));
-  state.counters["threads"] = omp_get_max_threads();
-}
 BENCHMARK(BM_DecodeAttentionF16_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_WindowScores_Cpu(benchmark::State& state) {

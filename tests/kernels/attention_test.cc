@@ -269,15 +269,19 @@ TEST_P(AttentionTest, DecodeMatchesLastPrefillRow) {
 
 // Every output is computed by the same operations whatever the thread count
 // (the decode path merges its key ranges in range order).
-void ExpectOneAndTwoThreadsAgree(const AttnData& a) {
+template <typename Run>
+void ExpectOneAndTwoThreadsAgreeOn(const Run& run) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
-  const std::vector<float> one = RunCpuAttention(a);
+  const std::vector<float> one = run();
   omp_set_num_threads(2);
-  const std::vector<float> two = RunCpuAttention(a);
+  const std::vector<float> two = run();
   omp_set_num_threads(saved);
   ASSERT_EQ(one.size(), two.size());
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
+}
+void ExpectOneAndTwoThreadsAgree(const AttnData& a) {
+  ExpectOneAndTwoThreadsAgreeOn([&] { return RunCpuAttention(a); });
 }
 
 TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(GetParam(), 23)); }
@@ -346,13 +350,7 @@ TEST_P(AttentionDecodeF16Test, EqualsF32DecodeOfTheRoundedValuesBitForBit) {
 
 TEST_P(AttentionDecodeF16Test, OneAndTwoThreadsAgreeBitForBit) {
   const HalfDecode h = MakeHalfDecode(GetParam(), 43);
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<float> one = RunHalfDecode(h);
-  omp_set_num_threads(2);
-  const std::vector<float> two = RunHalfDecode(h);
-  omp_set_num_threads(saved);
-  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], two[i]) << "element " << i;
+  ExpectOneAndTwoThreadsAgreeOn([&] { return RunHalfDecode(h); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDecodeF16Test, ::testing::ValuesIn(SweepCases()),
