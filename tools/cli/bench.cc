@@ -387,8 +387,9 @@ absl::Status RunBench() {
   // each cache entry, in the width attention reads (fp16 with
   // --decode_kv_f16).
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  const bool half_kv = backend->HalfDecodeKv();
   const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim *
-                             (backend->HalfDecodeKv() ? sizeof(uint16_t) : sizeof(float));
+                             (half_kv ? sizeof(uint16_t) : sizeof(float));
   double weights = 0;
   for (const WeightView* w : model.model->DecodeMatrices()) {
     const uint64_t copy = backend->DecodeCopyBytes(*w);
@@ -412,7 +413,7 @@ absl::Status RunBench() {
   out["input"] = absl::GetFlag(FLAGS_input);
   out["memory"] = m_max;
   out["repetitions"] = reps;
-  out["decode_kv"] = backend->HalfDecodeKv() ? "f16" : "f32";
+  out["decode_kv"] = half_kv ? "f16" : "f32";
   out["decode_bytes_per_kv_entry"] = entry_bytes;
   std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
               "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
@@ -473,7 +474,7 @@ absl::Status RunBench() {
                 "decode copy of the weights; prediction = read bandwidth probed right after each run / "
                 "bytes per step: weights %s + KV in %s; share = each run's rate / its prediction)\n",
                 (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str(),
-                backend->HalfDecodeKv() ? "fp16" : "f32");
+                half_kv ? "fp16" : "f32");
     std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s\n", "cache", "entries", "KV bytes", "tokens/s",
                 "GB/s", "predicted", "share", "first step ms");
     auto line = [&](const std::string& name, const Measured& m) {
