@@ -61,11 +61,13 @@ struct BackendOptions {
   // llama.cpp's default f16 cache has) instead of the f32 entries: half the
   // bytes a decode step streams for attention, the products and sums still
   // in f32. The copy is made when decoding starts (LlamaForward asks with
-  // KvCache::SyncHalf) and grows with each decoded token; it costs half the
-  // f32 cache's bytes beside it. Off with exact_matmul. Off by default: over
-  // a compressed cache (1,155 entries of SmolLM2-135M, 35% of a step's
-  // bytes) it gained 2-10% decode for 25 MiB more peak memory; over a full
-  // 8K cache (80% of the bytes) 25% (docs/BENCHMARKS.md, sitting 15).
+  // KvCache::SyncHalf) and grows with each decoded token; it replaces the
+  // f32 entries (their pages go back to the system; a later batch widens
+  // them back, rounded to fp16), so decoding holds 2 bytes per element
+  // instead of 4. Off with exact_matmul. Off here (the library computes
+  // in f32 unless asked); the CLI's --decode_kv_f16 turns it on by default:
+  // 5-15% faster decode over a compressed cache of 1,155 entries, 25% over
+  // a full 8K cache (docs/BENCHMARKS.md, sittings 15 and 16).
   bool half_decode_kv = false;
 };
 

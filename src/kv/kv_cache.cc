@@ -4,13 +4,18 @@
 #include <cstring>
 #include <new>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/quant_blocks.h"
 
 namespace snapfill {
 
 KvCache::KvCache(const KvCacheShape& shape)
-    : shape_(shape), sizes_(shape.num_layers, 0), half_sizes_(shape.num_layers, 0) {}
+    : shape_(shape),
+      sizes_(shape.num_layers, 0),
+      half_sizes_(shape.num_layers, 0),
+      released_(shape.num_layers, 0) {}
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
@@ -36,16 +41,32 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
 }
 
 KvView KvCache::View(int64_t layer, int64_t num_keys) const {
+  RestoreF32(layer);
+  return ViewNoRestore(layer, num_keys);
+}
+
+KvView KvCache::ViewNoRestore(int64_t layer, int64_t num_keys) const {
   KvView view;
-  view.k = k(layer, 0);
-  view.v = v(layer, 0);
+  view.k = k_.data() + Offset(layer, 0);
+  view.v = v_.data() + Offset(layer, 0);
   view.head_stride = head_stride();
   view.key_stride = key_stride();
   view.num_keys = num_keys;
   return view;
 }
 
-absl::Status KvCache::SyncHalf(int64_t layer, const HalfFn& convert) {
+namespace {
+
+// Whether any of n fp16 values is infinite or NaN (exponent bits all set).
+bool AnyNotFinite(const uint16_t* h, int64_t n) {
+  uint16_t all = 0;
+  for (int64_t i = 0; i < n; ++i) all |= static_cast<uint16_t>(((h[i] & 0x7C00) == 0x7C00) ? 1 : 0);
+  return all != 0;
+}
+
+}  // namespace
+
+absl::Status KvCache::SyncHalf(int64_t layer, const HalfFn& convert, bool release_f32) {
   if (k16_.size() == 0) {
     if (!k16_.Allocate(k_.size()) || !v16_.Allocate(v_.size())) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache's fp16 copy of ",
@@ -54,29 +75,68 @@ absl::Status KvCache::SyncHalf(int64_t layer, const HalfFn& convert) {
   }
   const int64_t d = shape_.head_dim;
   const int64_t first = half_sizes_[layer], n = sizes_[layer] - first;
-  if (n <= 0) return absl::OkStatus();
-  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
-    const int64_t off = Offset(layer, h) + first * d;
-    const float* ks = k_.data() + off;
-    const float* vs = v_.data() + off;
-    uint16_t* kd = k16_.data() + off;
-    uint16_t* vd = v16_.data() + off;
-    if (convert) {
-      convert(ks, kd, n * d);
-      convert(vs, vd, n * d);
-      continue;
+  if (n > 0) {
+    // (From f32 entries: none of [first, size) is released, as released_ <= first.)
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const int64_t off = Offset(layer, h) + first * d;
+      const float* ks = k_.data() + off;
+      const float* vs = v_.data() + off;
+      uint16_t* kd = k16_.data() + off;
+      uint16_t* vd = v16_.data() + off;
+      if (convert) {
+        convert(ks, kd, n * d);
+        convert(vs, vd, n * d);
+      } else {
+        for (int64_t i = 0; i < n * d; ++i) {
+          kd[i] = Fp32ToFp16(ks[i]);
+          vd[i] = Fp32ToFp16(vs[i]);
+        }
+      }
+      if (AnyNotFinite(kd, n * d) || AnyNotFinite(vd, n * d)) half_overflow_ = true;
     }
-    for (int64_t i = 0; i < n * d; ++i) {
-      kd[i] = Fp32ToFp16(ks[i]);
-      vd[i] = Fp32ToFp16(vs[i]);
-    }
+    half_sizes_[layer] = sizes_[layer];
   }
-  half_sizes_[layer] = sizes_[layer];
+  // Entries decode appends go back in batches: each madvise costs the
+  // other threads a TLB-shootdown interrupt (one call per page each step
+  // cost 6% of decode's speed).
+  constexpr int64_t kReleaseBatch = 256;
+  const int64_t pending = half_sizes_[layer] - released_[layer];
+  if (!release_f32 || half_overflow_ || pending == 0 || (released_[layer] > 0 && pending < kReleaseBatch)) {
+    return absl::OkStatus();
+  }
+  // Hand back the whole pages of [0, half_size) past the page that held the
+  // last released entry (those before it went back already).
+  const int64_t page = static_cast<int64_t>(sysconf(_SC_PAGESIZE)) / static_cast<int64_t>(sizeof(float));
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const int64_t base = Offset(layer, h);
+    const int64_t done = base + released_[layer] * d;
+    const int64_t from = std::max(base, done - done % page);  // k_ and v_ are page aligned
+    const int64_t count = base + half_sizes_[layer] * d - from;
+    k_.Release(static_cast<size_t>(from), static_cast<size_t>(count));
+    v_.Release(static_cast<size_t>(from), static_cast<size_t>(count));
+  }
+  released_[layer] = half_sizes_[layer];
   return absl::OkStatus();
 }
 
+void KvCache::WidenReleased(int64_t layer) const {
+  const int64_t count = released_[layer] * shape_.head_dim;
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    const int64_t off = Offset(layer, h);
+    float* kd = k_.data() + off;
+    float* vd = v_.data() + off;
+    const uint16_t* ks = k16_.data() + off;
+    const uint16_t* vs = v16_.data() + off;
+    for (int64_t i = 0; i < count; ++i) {
+      kd[i] = Fp16ToFp32(ks[i]);
+      vd[i] = Fp16ToFp32(vs[i]);
+    }
+  }
+  released_[layer] = 0;
+}
+
 KvView KvCache::HalfView(int64_t layer, int64_t num_keys) const {
-  KvView view = View(layer, num_keys);
+  KvView view = ViewNoRestore(layer, num_keys);
   view.k16 = k16_.data() + Offset(layer, 0);
   view.v16 = v16_.data() + Offset(layer, 0);
   return view;
@@ -133,6 +193,8 @@ int64_t KvCache::max_size() const {
 void KvCache::Clear() {
   std::fill(sizes_.begin(), sizes_.end(), 0);
   std::fill(half_sizes_.begin(), half_sizes_.end(), 0);
+  std::fill(released_.begin(), released_.end(), 0);
+  half_overflow_ = false;
 }
 
 }  // namespace snapfill

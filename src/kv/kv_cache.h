@@ -41,6 +41,7 @@ class KvCache {
   void set_size(int64_t layer, int64_t n) {
     sizes_[layer] = n;
     half_sizes_[layer] = std::min(half_sizes_[layer], n);
+    released_[layer] = std::min(released_[layer], n);
   }
   // The largest size over layers (layers may hold different counts).
   int64_t max_size() const;
@@ -54,22 +55,33 @@ class KvCache {
   const int32_t* pos(int64_t layer, int64_t head) const {
     return pos_.data() + Offset(layer, head) / shape_.head_dim;
   }
-  // (Writable access may change entries: the layer's fp16 copy is made
-  // again from scratch at its next SyncHalf.)
+  // The f32 entries. Entries whose f32 pages SyncHalf released are first
+  // widened back from the fp16 copy (RestoreF32). (Writable access may
+  // change entries: the layer's fp16 copy is made again from scratch at
+  // its next SyncHalf.)
   float* k(int64_t layer, int64_t head) {
+    RestoreF32(layer);
     half_sizes_[layer] = 0;
     return k_.data() + Offset(layer, head);
   }
   float* v(int64_t layer, int64_t head) {
+    RestoreF32(layer);
     half_sizes_[layer] = 0;
     return v_.data() + Offset(layer, head);
   }
-  const float* k(int64_t layer, int64_t head) const { return k_.data() + Offset(layer, head); }
-  const float* v(int64_t layer, int64_t head) const { return v_.data() + Offset(layer, head); }
+  const float* k(int64_t layer, int64_t head) const {
+    RestoreF32(layer);
+    return k_.data() + Offset(layer, head);
+  }
+  const float* v(int64_t layer, int64_t head) const {
+    RestoreF32(layer);
+    return v_.data() + Offset(layer, head);
+  }
   int64_t head_stride() const { return shape_.capacity * shape_.head_dim; }
   int64_t key_stride() const { return shape_.head_dim; }
 
-  // A view of layer `layer`'s first `num_keys` entries.
+  // A view of layer `layer`'s first `num_keys` entries (f32: restores
+  // released entries first, like k()).
   KvView View(int64_t layer, int64_t num_keys) const;
 
   // The fp16 copy of the entries that decode attention reads
@@ -81,12 +93,29 @@ class KvCache {
   // cut by set_size() are copied again. `convert` turns n floats into fp16
   // (Backend::ToHalf); empty: the portable Fp32ToFp16. ResourceExhausted if
   // the copy cannot be allocated.
+  // release_f32: the copy replaces the f32 entries it holds: their whole
+  // pages go back to the operating system (so decoding over the copy holds
+  // 2 bytes per element instead of 4, not 6), and any later f32 access
+  // widens them back from the copy (RestoreF32: the values rounded to
+  // fp16, as llama.cpp's default cache holds them).
+  // An element too large for fp16 (|x| >= 65520, or not finite) sets
+  // half_overflow(): the copy is not fit to read, nothing more is released,
+  // and decode must read the f32 entries.
   using HalfFn = std::function<void(const float* x, uint16_t* y, int64_t n)>;
-  absl::Status SyncHalf(int64_t layer, const HalfFn& convert = {});
+  absl::Status SyncHalf(int64_t layer, const HalfFn& convert = {}, bool release_f32 = false);
   // View() with k16 / v16 set; num_keys <= the entries SyncHalf copied.
+  // Leaves the f32 entries as they are (released or not).
   KvView HalfView(int64_t layer, int64_t num_keys) const;
   // Entries of `layer` the fp16 copy holds.
   int64_t half_size(int64_t layer) const { return half_sizes_[layer]; }
+  // Entries of `layer` whose f32 pages were released (0 once restored).
+  int64_t f32_released(int64_t layer) const { return released_[layer]; }
+  bool half_overflow() const { return half_overflow_; }
+  // Widens the released entries of `layer` back from the fp16 copy (exact:
+  // every fp16 value is an f32). Const: the entries' values do not change.
+  void RestoreF32(int64_t layer) const {
+    if (released_[layer] > 0) WidenReleased(layer);
+  }
 
   // Writes n tokens' K and V (token-major [n, num_kv_heads, head_dim] with
   // token stride `stride` floats) and their positions at entries
@@ -101,19 +130,26 @@ class KvCache {
 
  private:
   explicit KvCache(const KvCacheShape& shape);
+  void WidenReleased(int64_t layer) const;
+  KvView ViewNoRestore(int64_t layer, int64_t num_keys) const;
   int64_t Offset(int64_t layer, int64_t head) const {
     return (layer * shape_.num_kv_heads + head) * shape_.capacity * shape_.head_dim;
   }
   KvCacheShape shape_;
   // Paged: an entry costs resident memory once written, so a memory that
   // grows step by step (IM, IMDC) holds only what it has used so far.
-  PagedArray<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
-  PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  // (mutable: RestoreF32 refills released pages with the same values.)
+  mutable PagedArray<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  mutable PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
   PagedArray<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
   std::vector<int64_t> sizes_;  // [num_layers]
   // The fp16 copy (SyncHalf) and the valid prefix of each layer in it.
   PagedArray<uint16_t> k16_, v16_;
   std::vector<int64_t> half_sizes_;  // [num_layers]
+  // Per layer: entries [0, released_) hold no f32 (SyncHalf release_f32);
+  // always <= half_sizes_.
+  mutable std::vector<int64_t> released_;  // [num_layers]
+  bool half_overflow_ = false;
 };
 
 }  // namespace snapfill

@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/quant_blocks.h"
+#include "src/base/sys_stats.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -138,6 +139,114 @@ TEST(KvCacheTest, WritesThroughKOrVAndShrinkingDropTheHalfCopy) {
   EXPECT_EQ(kv.HalfView(0, 2).v16[1], Fp32ToFp16(-1.0f));
   kv.Clear();
   EXPECT_EQ(kv.half_size(0), 0);
+}
+
+// Decode's fp16 entries replace the f32 ones (release_f32): the f32 pages
+// go back to the system, the copy holds every value, and any f32 access
+// widens the values back, rounded to fp16.
+TEST(KvCacheTest, ReleasedF32EntriesComeBackRoundedOnAccess) {
+  constexpr int64_t kMiB = 1 << 20;
+  const int64_t d = 64, heads = 2, n = 16384;  // layer 1: 16 MiB of f32 K and V
+  auto cache = KvCache::Create({/*num_layers=*/2, heads, d, n});
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  const int64_t row = heads * d;
+  std::vector<float> k(1024 * row), v(1024 * row);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = 0.001f * static_cast<float>(i % 5000) + 1e-5f;  // not exact in fp16
+    v[i] = -0.0037f * static_cast<float>(i % 3001);
+  }
+  for (int64_t t = 0; t < n; t += 1024) SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 1024, row, nullptr));
+  const uint64_t before = CurrentRssBytes();
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(1, {}, /*release_f32=*/true));
+  const uint64_t released = CurrentRssBytes();
+  EXPECT_EQ(kv.half_size(1), n);
+  EXPECT_EQ(kv.f32_released(1), n);
+  EXPECT_EQ(kv.f32_released(0), 0);
+  EXPECT_FALSE(kv.half_overflow());
+  // 16 MiB of f32 out, 8 MiB of fp16 in.
+  EXPECT_LT(released + 6 * kMiB, before) << "the f32 pages were not given back";
+  const KvView half = kv.HalfView(1, n);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j : {int64_t{0}, int64_t{777}, n - 1}) {
+      for (int64_t t = 0; t < d; ++t) {
+        const int64_t at = h * half.head_stride + j * half.key_stride + t;
+        const int64_t src = (j % 1024) * row + h * d + t;
+        EXPECT_EQ(half.k16[at], Fp32ToFp16(k[src]));
+        EXPECT_EQ(half.v16[at], Fp32ToFp16(v[src]));
+      }
+    }
+  }
+  // Read access widens the layer back: fp16-rounded values, not zeros.
+  const KvCache& ro = kv;
+  const float* k1 = ro.k(1, 1);
+  EXPECT_EQ(kv.f32_released(1), 0);
+  EXPECT_EQ(kv.half_size(1), n);  // the copy still holds them
+  for (int64_t j : {int64_t{0}, int64_t{5000}, n - 1}) {
+    for (int64_t t = 0; t < d; ++t) {
+      const float want = k[(j % 1024) * row + d + t];
+      EXPECT_EQ(k1[j * d + t], Fp16ToFp32(Fp32ToFp16(want)));
+      EXPECT_NE(k1[j * d + t], want) << "still the f32 value: nothing was released";
+    }
+  }
+  EXPECT_EQ(kv.View(1, n).v[3 * d + 1], Fp16ToFp32(Fp32ToFp16(v[3 * row + 1])));
+  EXPECT_GT(CurrentRssBytes(), released + 6 * kMiB) << "widening back makes the f32 pages resident";
+}
+
+// Entries appended while decoding go back in batches of 256 (each release
+// interrupts the other threads); until then their f32 values stay exact.
+TEST(KvCacheTest, AppendedEntriesAreReleasedInBatches) {
+  const int64_t d = 64;
+  auto cache = KvCache::Create({1, 1, d, 1024});
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  std::vector<float> rows(300 * d);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = 1.0f + 1e-4f * static_cast<float>(i % 97);
+  SNAPFILL_ASSERT_OK(kv.Append(0, rows.data(), rows.data(), 100, d, nullptr));
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
+  EXPECT_EQ(kv.f32_released(0), 100);
+  for (int i = 0; i < 255; ++i) {
+    SNAPFILL_ASSERT_OK(kv.Append(0, rows.data() + (100 + i) * d, rows.data(), 1, d, nullptr));
+    SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
+  }
+  EXPECT_EQ(kv.half_size(0), 355);
+  EXPECT_EQ(kv.f32_released(0), 100);  // 255 pending
+  SNAPFILL_ASSERT_OK(kv.Append(0, rows.data(), rows.data(), 1, d, nullptr));
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
+  EXPECT_EQ(kv.f32_released(0), 356);
+  // Shrinking below the released entries keeps the count within size.
+  kv.set_size(0, 50);
+  EXPECT_EQ(kv.f32_released(0), 50);
+  EXPECT_EQ(kv.half_size(0), 50);
+  const float* k = static_cast<const KvCache&>(kv).k(0, 0);
+  EXPECT_EQ(k[49 * d + 5], Fp16ToFp32(Fp32ToFp16(rows[49 * d + 5])));
+  EXPECT_EQ(kv.f32_released(0), 0);
+  kv.Clear();
+  EXPECT_EQ(kv.f32_released(0), 0);
+}
+
+// A value fp16 cannot hold: the copy is not fit to read, nothing is
+// released, and the f32 entries stay exact. Clear starts afresh.
+TEST(KvCacheTest, ValuesTooLargeForFp16KeepTheF32Entries) {
+  auto cache = KvCache::Create({2, 1, 4, 8});
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  std::vector<float> rows = {1.0f, 70000.0f, 3.0f, 4.0f};
+  SNAPFILL_ASSERT_OK(kv.Append(0, rows.data(), rows.data(), 1, 4, nullptr));
+  SNAPFILL_ASSERT_OK(kv.Append(1, rows.data(), rows.data(), 1, 4, nullptr));
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
+  EXPECT_TRUE(kv.half_overflow());
+  EXPECT_EQ(kv.f32_released(0), 0);
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(1, {}, true));
+  EXPECT_EQ(kv.f32_released(1), 0);
+  EXPECT_EQ(static_cast<const KvCache&>(kv).k(0, 0)[1], 70000.0f);
+  kv.Clear();
+  EXPECT_FALSE(kv.half_overflow());
+  std::vector<float> small = {1.0f, 2.0f, 3.0f, 4.0f};
+  SNAPFILL_ASSERT_OK(kv.Append(0, small.data(), small.data(), 1, 4, nullptr));
+  SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
+  EXPECT_FALSE(kv.half_overflow());
+  EXPECT_EQ(kv.f32_released(0), 1);
 }
 
 TEST(KvCacheTest, BadShapesAreRefused) {

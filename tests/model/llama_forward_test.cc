@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/quant_blocks.h"
 #include "src/model/tiny_llama.h"
 #include "snapfill/status.h"
 #include "tests/testing/status_matchers.h"
@@ -139,6 +140,50 @@ TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
   double diff = 0;
   for (int64_t i = 0; i < vocab; ++i) diff = std::max(diff, std::fabs(double(logits[0][i] - logits[1][i])));
   EXPECT_GT(diff, 0.0) << "the fp16 copy was not read";
+}
+
+// The fp16 entries replace the f32 ones while decoding (every layer's f32
+// pages released at the first decode step); a batch after that widens
+// them back, and its logits stay near those of the same tokens over f32
+// entries (they would not if the released entries read as zeros).
+TEST_P(ForwardInvariantTest, BatchAfterHalfDecodeReadsTheEntriesWidenedBack) {
+  TinyLlamaOptions opts;
+  opts.f16_matrices = GetParam();
+  opts.num_layers = 3;
+  Tiny t = MakeTiny(opts);
+  BackendOptions half_opts;
+  half_opts.half_decode_kv = true;
+  auto half_backend = CreateBackend(Device::kCpu, half_opts);
+  SNAPFILL_ASSERT_OK(half_backend);
+  const int64_t vocab = t.model->config().vocab_size;
+  const int64_t layers = t.model->config().num_layers;
+  const int n = 40;
+  std::vector<int32_t> ids = Tokens(n + 5, vocab);
+  std::vector<int32_t> pos = Positions(0, n + 5);
+  std::vector<float> logits[2];
+  std::vector<float> first_key[2];
+  for (int half = 0; half < 2; ++half) {
+    Backend* b = half ? half_backend->get() : t.backend.get();
+    auto fwd = LlamaForward::Create(*t.model, b, 64);
+    SNAPFILL_ASSERT_OK(fwd);
+    auto kv = (*fwd)->NewKvCache(64);
+    SNAPFILL_ASSERT_OK(kv);
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 0, nullptr));
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n, 1, pos.data() + n, **kv, 0, nullptr));
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n + 1, 1, pos.data() + n + 1, **kv, 0, nullptr));
+    for (int64_t l = 0; l < layers; ++l) {
+      EXPECT_EQ((*kv)->f32_released(l), half ? n + 1 : 0) << "layer " << l;  // the last one pending
+    }
+    logits[half].resize(3 * vocab);
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data() + n + 2, 3, pos.data() + n + 2, **kv, 3, logits[half].data()));
+    for (int64_t l = 0; l < layers; ++l) EXPECT_EQ((*kv)->f32_released(l), 0) << "layer " << l;
+    const float* k0 = static_cast<const KvCache&>(**kv).k(1, 0);
+    first_key[half].assign(k0, k0 + t.model->config().head_dim);
+  }
+  for (int r = 0; r < 3; ++r) ExpectLogitsNear(logits[0].data() + r * vocab, logits[1].data() + r * vocab, vocab, 2e-3);
+  for (size_t i = 0; i < first_key[0].size(); ++i) {
+    EXPECT_EQ(first_key[1][i], Fp16ToFp32(Fp32ToFp16(first_key[0][i]))) << "dim " << i;
+  }
 }
 
 TEST_P(ForwardInvariantTest, SplitBatchesEqualOneBatch) {

@@ -75,10 +75,10 @@ INSTANTIATE_TEST_SUITE_P(
                       "prefill --schedule imdc --memory 1024 --chunk 1024",
                       "prefill --schedule im --growth adaptive --memory 2048 --chunk 512",
                       "run -n 16 --question Why? --schedule imdc --memory 512 --chunk 2048",
+                      // Decode reads fp16 entries that replace the f32
+                      // ones (the default), or the f32 entries.
                       "run -n 16 --question Why? --pruner full --chunk 1024",
-                      // The fp16 copy decode attention reads: half the full
-                      // cache's f32 bytes more, in the prediction too.
-                      "run -n 16 --question Why? --pruner full --chunk 1024 --decode_kv_f16"));
+                      "run -n 16 --question Why? --pruner full --chunk 1024 --decode_kv_f16=false"));
 
 // IMDC keeps memory + chunk constant (m̂ + c̄), so at equal memory and
 // chunk its peak must be below FM's (m_max + c): the buffers are paged and

@@ -69,8 +69,9 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   p.after = LlamaForward::ScratchBytes(c, 1) + static_cast<uint64_t>(c.vocab_size) * sizeof(float) +
             decode_copy_bytes;
   if (half_decode_kv) {
-    p.after += static_cast<uint64_t>(fp.memory_capacity) * c.num_layers * c.num_kv_heads * c.head_dim * 2 *
-               sizeof(uint16_t);
+    // The fp16 entries replace the f32 ones layer by layer (KvCache::
+    // SyncHalf with release_f32): at most one layer holds both.
+    p.after += static_cast<uint64_t>(fp.memory_capacity) * c.num_kv_heads * c.head_dim * 2 * sizeof(uint16_t);
   }
   return p;
 }

@@ -13,9 +13,10 @@
 //     backend's decode copy of the weights adds (BackendOptions::
 //     pack_decode_weights: the copy replaces the file's pages, so only its
 //     layout's padding; 0 when off or for a command that does not decode),
-//     and the cache's fp16 copy that decode attention reads (BackendOptions::
-//     half_decode_kv: 2 bytes per K and V element of the memory's capacity,
-//     half its f32 bytes; only for a command that decodes).
+//     and the cache's fp16 entries that decode attention reads (BackendOptions::
+//     half_decode_kv: they replace the f32 entries layer by layer, so one
+//     layer's fp16 bytes of the memory's capacity; only for a command that
+//     decodes).
 // The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
 // rest is exact arithmetic on the allocations.
 #ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
