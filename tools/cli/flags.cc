@@ -12,8 +12,8 @@ ABSL_FLAG(bool, pack_decode, true,
           "the place of the model file's pages in memory)");
 ABSL_FLAG(bool, decode_kv_f16, true,
           "Decode: attention reads the KV cache in fp16, as llama.cpp's default f16 cache holds "
-          "it: half the attention's bytes per step (a full 8K cache: 25% faster decode, a "
-          "compressed one 5-15%). The fp16 entries replace the f32 ones when decoding starts, so "
+          "it: half the attention's bytes per step (a full 8K cache: 25-50% faster decode, a "
+          "compressed one 10-20%). The fp16 entries replace the f32 ones when decoding starts, so "
           "decoding holds less memory, not more; a later batch widens them back (their values "
           "rounded to fp16). false: decode reads the f32 entries");
 
