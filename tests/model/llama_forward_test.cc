@@ -98,21 +98,32 @@ TEST_P(ForwardInvariantTest, PrefillThenDecodeEqualsLongerPrefill) {
   EXPECT_GT(diff, 1e-3);
 }
 
+// The tiny model with 3 layers, and a CPU backend whose decode reads the
+// fp16 KV entries (BackendOptions::half_decode_kv); null if it fails.
+Tiny ThreeLayerTiny(bool f16_matrices) {
+  TinyLlamaOptions opts;
+  opts.f16_matrices = f16_matrices;
+  opts.num_layers = 3;
+  return MakeTiny(opts);
+}
+std::unique_ptr<Backend> HalfKvBackend() {
+  BackendOptions opts;
+  opts.half_decode_kv = true;
+  auto b = CreateBackend(Device::kCpu, opts);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
 // Decoding over the fp16 copy of the cache (BackendOptions::half_decode_kv)
 // against the f32 entries (the default): the copy holds every entry of
 // every layer, the logits differ (the copy is read) but only by fp16
 // rounding of K and V, and the f32 backend makes no copy.
 TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
-  TinyLlamaOptions opts;
-  opts.f16_matrices = GetParam();
-  opts.num_layers = 3;
-  Tiny t = MakeTiny(opts);
-  BackendOptions half_opts;
-  half_opts.half_decode_kv = true;
-  auto half_backend = CreateBackend(Device::kCpu, half_opts);
-  SNAPFILL_ASSERT_OK(half_backend);
+  Tiny t = ThreeLayerTiny(GetParam());
+  std::unique_ptr<Backend> half_backend = HalfKvBackend();
+  ASSERT_NE(half_backend, nullptr);
   Backend* f32_backend = t.backend.get();
-  ASSERT_TRUE((*half_backend)->HalfDecodeKv());
+  ASSERT_TRUE(half_backend->HalfDecodeKv());
   ASSERT_FALSE(f32_backend->HalfDecodeKv());
   const int64_t vocab = t.model->config().vocab_size;
   const int n = 40;
@@ -121,7 +132,7 @@ TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
   std::vector<float> logits[2];
   int64_t half_sizes[2] = {};
   for (int half = 0; half < 2; ++half) {
-    Backend* b = half ? half_backend->get() : f32_backend;
+    Backend* b = half ? half_backend.get() : f32_backend;
     auto fwd = LlamaForward::Create(*t.model, b, 64);
     SNAPFILL_ASSERT_OK(fwd);
     auto kv = (*fwd)->NewKvCache(64);
@@ -147,14 +158,9 @@ TEST_P(ForwardInvariantTest, DecodeOverHalfCacheIsNearTheF32Decode) {
 // them back, and its logits stay near those of the same tokens over f32
 // entries (they would not if the released entries read as zeros).
 TEST_P(ForwardInvariantTest, BatchAfterHalfDecodeReadsTheEntriesWidenedBack) {
-  TinyLlamaOptions opts;
-  opts.f16_matrices = GetParam();
-  opts.num_layers = 3;
-  Tiny t = MakeTiny(opts);
-  BackendOptions half_opts;
-  half_opts.half_decode_kv = true;
-  auto half_backend = CreateBackend(Device::kCpu, half_opts);
-  SNAPFILL_ASSERT_OK(half_backend);
+  Tiny t = ThreeLayerTiny(GetParam());
+  std::unique_ptr<Backend> half_backend = HalfKvBackend();
+  ASSERT_NE(half_backend, nullptr);
   const int64_t vocab = t.model->config().vocab_size;
   const int64_t layers = t.model->config().num_layers;
   const int n = 40;
@@ -163,7 +169,7 @@ TEST_P(ForwardInvariantTest, BatchAfterHalfDecodeReadsTheEntriesWidenedBack) {
   std::vector<float> logits[2];
   std::vector<float> first_key[2];
   for (int half = 0; half < 2; ++half) {
-    Backend* b = half ? half_backend->get() : t.backend.get();
+    Backend* b = half ? half_backend.get() : t.backend.get();
     auto fwd = LlamaForward::Create(*t.model, b, 64);
     SNAPFILL_ASSERT_OK(fwd);
     auto kv = (*fwd)->NewKvCache(64);
