@@ -66,7 +66,7 @@ struct BackendOptions {
   // them back, rounded to fp16), so decoding holds 2 bytes per element
   // instead of 4. Off with exact_matmul. Off here (the library computes
   // in f32 unless asked); the CLI's --decode_kv_f16 turns it on by default:
-  // 10-20% faster decode over a compressed cache of 1,155 entries, 25-50%
+  // about 10% faster decode over a compressed cache of 1,155 entries, 25-50%
   // over a full 8K cache (docs/BENCHMARKS.md, sittings 15 and 16).
   bool half_decode_kv = false;
 };

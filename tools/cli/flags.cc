@@ -13,7 +13,7 @@ ABSL_FLAG(bool, pack_decode, true,
 ABSL_FLAG(bool, decode_kv_f16, true,
           "Decode: attention reads the KV cache in fp16, as llama.cpp's default f16 cache holds "
           "it: half the attention's bytes per step (a full 8K cache: 25-50% faster decode, a "
-          "compressed one 10-20%). The fp16 entries replace the f32 ones when decoding starts, so "
+          "compressed one about 10%). The fp16 entries replace the f32 ones when decoding starts, so "
           "decoding holds less memory, not more; a later batch widens them back (their values "
           "rounded to fp16). false: decode reads the f32 entries");
 

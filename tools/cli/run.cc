@@ -42,7 +42,7 @@ struct Prepared {
   PeakPrediction peak;
   std::string sizes_note;  // how --max_memory chose the sizes
   uint64_t decode_copy_bytes = 0;  // what the backend's decode copy adds (run only)
-  bool half_decode_kv = false;     // the cache's fp16 copy for decode attention (run only)
+  bool half_decode_kv = false;     // decode reads fp16 KV entries that replace the f32 ones (run only)
 };
 
 // Whether the user gave --flag. This Abseil (20220623) keeps
