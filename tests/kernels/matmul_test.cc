@@ -243,6 +243,10 @@ std::vector<Case> AllCases() {
   cases.push_back({GgmlType::kQ8_0, 3, 2048, 576});
   cases.push_back({GgmlType::kQ4_K, 9, 576, 1536});
   cases.push_back({GgmlType::kQ6_K, 9, 1536, 512});
+  // AVX-512's Q4_0 / Q4_1 path passes the tokens in blocks of about 256 KiB
+  // of X (168 tokens at k = 1536): two blocks, the second partial.
+  cases.push_back({GgmlType::kQ4_1, 200, 40, 1536});
+  cases.push_back({GgmlType::kQ4_0, 200, 40, 1536});
   // Decode (m <= 3: Q4_0 / Q4_1 / Q8_0 read their blocks in place instead of
   // unpacking): m = 2 (the m = 1 and 3 cases are above), strided operands, a
   // row count that is no multiple of the 16-row chunks, and the real decode
