@@ -247,6 +247,9 @@ std::vector<Case> AllCases() {
   // of X (168 tokens at k = 1536): two blocks, the second partial.
   cases.push_back({GgmlType::kQ4_1, 200, 40, 1536});
   cases.push_back({GgmlType::kQ4_0, 200, 40, 1536});
+  // ... and splits a wide matrix into units of at most 1 MiB of records
+  // (192 rows at k = 8192): three units, the last partial.
+  cases.push_back({GgmlType::kQ4_1, 5, 450, 8192});
   // Decode (m <= 3: Q4_0 / Q4_1 / Q8_0 read their blocks in place instead of
   // unpacking): m = 2 (the m = 1 and 3 cases are above), strided operands, a
   // row count that is no multiple of the 16-row chunks, and the real decode
