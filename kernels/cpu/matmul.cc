@@ -72,6 +72,9 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {
   SNAPFILL_CPU_DISPATCH(DequantizeRow, type, src, dst, k);
 }
 
+void QuantizeActivationsForTesting(GgmlType w_type, const float* x, int64_t k, uint8_t* q, float* s, float* aux) {
+  SNAPFILL_CPU_DISPATCH(QuantizeActivationsForTesting, w_type, x, k, q, s, aux);
+}
 void QuantizeRowQ8_0(const float* x, void* y, int64_t k) { SNAPFILL_CPU_DISPATCH(QuantizeRowQ8_0, x, y, k); }
 void QuantizeRowQ8_1(const float* x, void* y, int64_t k) { SNAPFILL_CPU_DISPATCH(QuantizeRowQ8_1, x, y, k); }
 void QuantizeRowQ8_K(const float* x, void* y, int64_t k) { SNAPFILL_CPU_DISPATCH(QuantizeRowQ8_K, x, y, k); }

@@ -61,6 +61,14 @@ void QuantizeRowQ8_0(const float* x, void* y, int64_t k);
 void QuantizeRowQ8_1(const float* x, void* y, int64_t k);
 void QuantizeRowQ8_K(const float* x, void* y, int64_t k);
 
+// The token-block products' own activation quantizer (the one MatMul runs
+// for m > 1 with Q4_0 / Q4_1 / Q8_0 weights), for the same comparison: one
+// row x[k] (k a multiple of 32) into q[k] (ggml's int8 quants; u8 + 128 for
+// Q8_0 weights), s[k / 32] (each block's d rounded to fp16, as floats) and
+// aux[k / 32] (what the weight's offset term multiplies: -8 Σq · d for Q4_0,
+// fp16(Σq · d) for Q4_1 (ggml's Q8_1 s), -128 d for Q8_0).
+void QuantizeActivationsForTesting(GgmlType w_type, const float* x, int64_t k, uint8_t* q, float* s, float* aux);
+
 // Which implementation MatMul and the quantizers use. kAuto: the fastest
 // available (AMX-BF16, else AMX-INT8, tiles for m >= 16 with Q4_0/Q4_1/Q8_0 weights when the
 // CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI, else

@@ -361,6 +361,42 @@ TEST_P(ActivationQuantImplTest, CpuMatchesRefBitwise) {
   }
 }
 
+// The products' quantizer (16 blocks at a time on AVX-512, in spans of 64
+// blocks): k = 2080 is a whole span and one more block, 1536 whole groups of
+// 16, 576 a group and a rest, 96 fewer than 16 blocks. The rows hold exact
+// ties of x / d (which roundf takes away from zero).
+TEST_P(ActivationQuantImplTest, ProductQuantizerMatchesRefBitwise) {
+  for (const int64_t k : {int64_t{2080}, int64_t{1536}, int64_t{576}, int64_t{96}}) {
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "k " << k << " seed " << seed);
+      const std::vector<float> x = ActivationTestRow(k, seed);
+      std::vector<BlockQ8_1> r(k / 32);
+      ref::QuantizeRowQ8_1(x.data(), r.data(), k);
+      for (const GgmlType w_type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+        SCOPED_TRACE(GetTypeTraits(w_type).name);
+        std::vector<uint8_t> q(k);
+        std::vector<float> s(k / 32), aux(k / 32);
+        cpu::QuantizeActivationsForTesting(w_type, x.data(), k, q.data(), s.data(), aux.data());
+        for (int64_t b = 0; b < k / 32; ++b) {
+          int sum = 0;
+          for (int j = 0; j < 32; ++j) {
+            const int8_t want = r[b].qs[j];
+            sum += want;
+            const uint8_t got = w_type == GgmlType::kQ8_0 ? q[32 * b + j] ^ 0x80 : q[32 * b + j];
+            ASSERT_EQ(static_cast<int8_t>(got), want) << "block " << b << " element " << j;
+          }
+          const float dx = Fp16ToFp32(r[b].d);
+          ASSERT_EQ(s[b], dx) << "block " << b;
+          const float want_aux = w_type == GgmlType::kQ4_0   ? dx * static_cast<float>(-8 * sum)
+                                 : w_type == GgmlType::kQ4_1 ? Fp16ToFp32(r[b].s)
+                                                             : -128.0f * dx;
+          ASSERT_EQ(aux[b], want_aux) << "block " << b;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, ActivationQuantImplTest,
                          ::testing::Values(cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kGeneric),
                          [](const auto& info) {
