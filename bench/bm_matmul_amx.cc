@@ -86,9 +86,26 @@ void BM_MatMul_Prefill(benchmark::State& state) {
   const std::vector<float> x = bench::RandomActivations(m * k);
   std::vector<float> y(m * n);
   const size_t row_bytes = RowBytes(type, k);
-  for (int i = 0; i < 2; ++i) cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+  // copy: the weight comes with its decode-layout copy, as the CPU backend
+  // passes it once the copy exists (cpu::MatMulOut::packed).
+  const bool copy = state.range(5) != 0;
+  std::vector<uint8_t> packed(copy ? cpu::DecodePackedBytes(type, n, k) : 0);
+  if (copy && packed.empty()) {
+    state.SkipWithError("no decode layout for this type here");
+    return;
+  }
+  if (copy) cpu::PackForDecode(w.data(), type, n, k, row_bytes, packed.data());
+  const cpu::MatMulOut out{w.data(), n, row_bytes, y.data(), n, copy ? packed.data() : nullptr};
+  auto product = [&] {
+    if (copy) {
+      cpu::MatMulShared(x.data(), m, k, k, type, &out, 1);
+    } else {
+      cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    }
+  };
+  for (int i = 0; i < 2; ++i) product();
   for (auto _ : state) {
-    cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    product();
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -110,17 +127,19 @@ void BM_MatMul_Prefill(benchmark::State& state) {
 }
 
 void PrefillShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "type", "m", "k", "n"});
+  b->ArgNames({"impl", "type", "m", "k", "n", "copy"});
   const int64_t shapes[][2] = {{576, 576}, {576, 192}, {576, 1536}, {1536, 576}};
+  const auto q4_1 = static_cast<int64_t>(GgmlType::kQ4_1);
   for (int64_t m : {512, 2048}) {
     for (const auto& s : shapes) {
-      for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(GgmlType::kQ4_1), m, s[0], s[1]});
+      for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, q4_1, m, s[0], s[1], 0});
+      b->Args({1, q4_1, m, s[0], s[1], 1});
     }
   }
-  b->Args({4, static_cast<int64_t>(GgmlType::kQ4_1), 512, 576, 1536});
+  b->Args({4, q4_1, 512, 576, 1536, 0});
   // The other two tile-path types on the largest product.
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
-    for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536});
+    for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536, 0});
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
@@ -154,7 +173,20 @@ void BM_MatMulShared_Prefill(benchmark::State& state) {
     ys.emplace_back(m * n);
     total_n += n;
   }
-  for (size_t i = 0; i < ns.size(); ++i) outs.push_back({ws[i].data(), ns[i], row_bytes, ys[i].data(), ns[i]});
+  // copy: each weight with its decode-layout copy (as BM_MatMul_Prefill).
+  const bool copy = state.range(3) != 0;
+  std::vector<std::vector<uint8_t>> packed(ns.size());
+  for (size_t i = 0; i < ns.size(); ++i) {
+    if (copy) {
+      packed[i].resize(cpu::DecodePackedBytes(type, ns[i], k));
+      if (packed[i].empty()) {
+        state.SkipWithError("no decode layout for this type here");
+        return;
+      }
+      cpu::PackForDecode(ws[i].data(), type, ns[i], k, row_bytes, packed[i].data());
+    }
+    outs.push_back({ws[i].data(), ns[i], row_bytes, ys[i].data(), ns[i], copy ? packed[i].data() : nullptr});
+  }
   const std::vector<float> x = bench::RandomActivations(m * k);
   const int64_t count = static_cast<int64_t>(outs.size());
   for (int i = 0; i < 2; ++i) cpu::MatMulShared(x.data(), m, k, k, type, outs.data(), count);
@@ -169,8 +201,9 @@ void BM_MatMulShared_Prefill(benchmark::State& state) {
   state.SetLabel(which == 0 ? "q,k,v Q4_1" : "gate,up Q4_1");
 }
 BENCHMARK(BM_MatMulShared_Prefill)
-    ->ArgNames({"impl", "outs", "m"})
-    ->ArgsProduct({{0, 1, 3}, {0, 1}, {512, 2048}})
+    ->ArgNames({"impl", "outs", "m", "copy"})
+    ->ArgsProduct({{0, 1, 3}, {0, 1}, {512, 2048}, {0}})
+    ->ArgsProduct({{1}, {0, 1}, {512, 2048}, {1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

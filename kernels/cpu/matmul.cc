@@ -57,6 +57,7 @@ bool MatMulHasAvxVnni() { SNAPFILL_CPU_DISPATCH(MatMulHasAvxVnni); }
 bool MatMulHasDecodeLayout() { SNAPFILL_CPU_DISPATCH(MatMulHasDecodeLayout); }
 bool MatMulHasAmx() { SNAPFILL_CPU_DISPATCH(MatMulHasAmx); }
 bool MatMulHasAmxBf16() { SNAPFILL_CPU_DISPATCH(MatMulHasAmxBf16); }
+bool MatMulReadsDecodeLayout(GgmlType type) { SNAPFILL_CPU_DISPATCH(MatMulReadsDecodeLayout, type); }
 
 void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type, int64_t n,
             size_t w_row_bytes, float* y, int64_t y_stride) {

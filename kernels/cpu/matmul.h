@@ -40,6 +40,10 @@ struct MatMulOut {
   size_t w_row_bytes;
   float* y;            // [m, n], row stride y_stride floats
   int64_t y_stride;
+  // Optional: the same matrix in the decode layout (PackForDecode), which
+  // the AVX-512 Q4_0 / Q4_1 token-block kernels read instead of packing the
+  // rows on every call; the result is the same bit for bit. nullptr: none.
+  const void* packed = nullptr;
 };
 
 // Y_c = X · W_cᵀ for `count` weights of one type (Q, K and V; gate and up):
@@ -119,6 +123,11 @@ bool MatMulHasAmxBf16();
 // The packed size in bytes, or 0 when the packed path does not handle the
 // matrix here (another type, k not a multiple of 32, or !MatMulHasDecodeLayout()).
 size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k);
+// Returns true if the token-block products (m > 3) of a `type` matrix read
+// its decode-layout copy when MatMulOut::packed gives one (AVX-512 VNNI with
+// Q4_0 / Q4_1, where AMX does not take the token blocks); elsewhere they read
+// the GGUF rows and ignore the copy.
+bool MatMulReadsDecodeLayout(GgmlType type);
 // out: DecodePackedBytes(type, n, k) bytes (call only when that is not 0).
 void PackForDecode(const void* w, GgmlType type, int64_t n, int64_t k, size_t w_row_bytes, void* out);
 // y[0, n) = x[0, k) · Wᵀ for one token; `packed` from PackForDecode.

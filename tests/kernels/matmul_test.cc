@@ -323,5 +323,74 @@ TEST(MatMulSharedTest, EqualsOneMatMulEachBitForBit) {
   }
 }
 
+// Weights given with their decode-layout copies (MatMulOut::packed): the
+// AVX-512 Q4 kernels read the copies instead of packing the rows, and with
+// enough tokens split the tokens between the threads instead of the rows.
+// Every output must still be what MatMul gives from the GGUF rows, bit for
+// bit: tokens below and above the split's threshold (64 a thread), a
+// remainder of tokens that fills no whole tile, contiguous X (quantized as
+// one run) and padded X, a row count that fills no whole 16-row group, an
+// empty product among them.
+TEST(MatMulSharedTest, DecodeLayoutCopiesGiveTheSameProducts) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+    const int64_t k = 576;
+    const int64_t ns[] = {200, 0, 576};
+    for (int64_t m : {2, 40, 127, 128, 301}) {
+      for (int64_t x_stride : {k, k + 5}) {
+        const auto x = HiddenStates(m, k, x_stride, 7 + m);
+        std::vector<std::vector<uint8_t>> ws, copies;
+        std::vector<std::vector<float>> given, alone;
+        std::vector<cpu::MatMulOut> outs;
+        const size_t row_bytes = RowBytes(t, k);
+        for (int c = 0; c < 3; ++c) {
+          const int64_t n = ns[c];
+          ws.push_back(MakeWeights(t, std::max<int64_t>(n, 1), k, row_bytes, 90 + c));
+          copies.emplace_back(std::max<size_t>(cpu::DecodePackedBytes(t, n, k), 1));
+          if (n > 0 && cpu::DecodePackedBytes(t, n, k) > 0) {
+            cpu::PackForDecode(ws[c].data(), t, n, k, row_bytes, copies[c].data());
+          }
+          given.emplace_back(m * n, -7.0f);
+          alone.emplace_back(m * n, -7.0f);
+          cpu::MatMul(x.data(), m, k, x_stride, ws[c].data(), t, n, row_bytes, alone[c].data(), n);
+        }
+        for (int c = 0; c < 3; ++c) {
+          const bool has = cpu::DecodePackedBytes(t, ns[c], k) > 0;
+          outs.push_back({ws[c].data(), ns[c], row_bytes, given[c].data(), ns[c], has ? copies[c].data() : nullptr});
+        }
+        cpu::MatMulShared(x.data(), m, k, x_stride, t, outs.data(), 3);
+        for (int c = 0; c < 3; ++c) {
+          for (size_t i = 0; i < given[c].size(); ++i) {
+            ASSERT_EQ(std::memcmp(&given[c][i], &alone[c][i], sizeof(float)), 0)
+                << GetTypeTraits(t).name << " m=" << m << " x_stride=" << x_stride << " weight " << c
+                << " element " << i << ": " << given[c][i] << " vs " << alone[c][i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The same kernels do read the copy where they take it: scribbling over the
+// copy changes the product (AVX-512 Q4 on the token-block path only; the
+// other paths read the GGUF rows, and there the product must not change).
+TEST(MatMulSharedTest, DecodeLayoutCopyIsReadWhereTaken) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t k = 576, n = 64, m = 300;
+  const size_t row_bytes = RowBytes(t, k);
+  if (cpu::DecodePackedBytes(t, n, k) == 0) GTEST_SKIP() << "no decode layout at this level";
+  const auto w = MakeWeights(t, n, k, row_bytes, 3);
+  const auto x = HiddenStates(m, k, k, 4);
+  std::vector<uint8_t> copy(cpu::DecodePackedBytes(t, n, k));
+  cpu::PackForDecode(w.data(), t, n, k, row_bytes, copy.data());
+  for (size_t i = 0; i < copy.size(); i += 7) copy[i] ^= 0x5A;
+  std::vector<float> given(m * n), alone(m * n);
+  const cpu::MatMulOut out{w.data(), n, row_bytes, given.data(), n, copy.data()};
+  cpu::MatMulShared(x.data(), m, k, k, t, &out, 1);
+  cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, alone.data(), n);
+  const bool differs = std::memcmp(given.data(), alone.data(), given.size() * sizeof(float)) != 0;
+  EXPECT_EQ(differs, cpu::MatMulReadsDecodeLayout(t)) << "MatMulReadsDecodeLayout says the copy is "
+                                                      << (cpu::MatMulReadsDecodeLayout(t) ? "" : "not ") << "read";
+}
+
 }  // namespace
 }  // namespace snapfill
