@@ -159,6 +159,15 @@ class Backend {
                                  const std::function<void(const void*, size_t)>& copied) {
     return false;
   }
+  // Whether batch products (more than one token) of `w` read the copy that
+  // PrepareDecodeCopy made or found, instead of w's own bytes (the CPU's
+  // AVX-512 Q4_0 / Q4_1 kernels, which then skip repacking the rows on every
+  // call). They do so without reading w's bytes again, so the caller of
+  // PrepareDecodeCopy vouches for them until it calls PrepareDecodeCopy
+  // again (another model at the same address would otherwise be multiplied
+  // with the old copy). LlamaForward asks for those copies before its first
+  // batch, so w's pages go back then.
+  virtual bool BatchReadsDecodeCopy(const WeightView& w) const { return false; }
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
   // With BackendOptions::profile: a table of seconds and calls per op kind

@@ -80,6 +80,10 @@ class CpuBackend final : public Backend {
     return pack_decode_ && DecodePacked(w, /*now=*/true, copied) != nullptr;
   }
 
+  bool BatchReadsDecodeCopy(const WeightView& w) const override {
+    return pack_decode_ && cpu::MatMulReadsDecodeLayout(w.type) && cpu::DecodePackedBytes(w.type, w.rows, w.cols) > 0;
+  }
+
   std::string ProfileReport() const override {
     if (!profile_) return "";
     double total = 0;
@@ -136,7 +140,7 @@ class CpuBackend final : public Backend {
     cpu::MatMulOut co[8];
     for (int c = 0; c < count; ++c) {
       const WeightView& w = *outs[c].w;
-      co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride};
+      co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride, BatchCopy(w)};
     }
     cpu::MatMulShared(x, m, outs[0].w->cols, x_stride, outs[0].w->type, co, count);
     return absl::OkStatus();
@@ -203,6 +207,11 @@ class CpuBackend final : public Backend {
     }
     if (m == 1 && pack_decode_) {
       OneToken(x, x_stride, w, DecodePacked(w), y, y_stride);
+      return absl::OkStatus();
+    }
+    if (const uint8_t* copy = BatchCopy(w); copy != nullptr) {
+      const cpu::MatMulOut out{w.data, w.rows, w.row_bytes, y, y_stride, copy};
+      cpu::MatMulShared(x, m, w.cols, x_stride, w.type, &out, 1);  // the same as MatMul
       return absl::OkStatus();
     }
     cpu::MatMul(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
@@ -311,6 +320,9 @@ class CpuBackend final : public Backend {
   struct Packed {
     std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, std::free};
     bool seen = false;
+    // Made or matched by PrepareDecodeCopy (its caller vouches for w's
+    // bytes until it asks again): batch products may read it.
+    bool confirmed = false;
     int64_t checked_epoch = -1;  // epoch_ when the samples last matched
     GgmlType type = GgmlType::kF32;
     int64_t rows = 0, cols = 0;
@@ -323,6 +335,20 @@ class CpuBackend final : public Backend {
     const size_t bytes = w.rows * w.row_bytes;
     const size_t at[3] = {0, bytes / 2, bytes - 64};
     for (int i = 0; i < 3; ++i) std::memcpy(out[i], p + std::min(at[i], bytes - 64), 64);
+  }
+
+  // For a batch product of w: its decode-layout copy where the batch kernels
+  // read one (BatchReadsDecodeCopy) and the last PrepareDecodeCopy of w made
+  // or confirmed it; nullptr otherwise. Never makes a copy, and never reads
+  // w's bytes: their pages may have been given back, and a sample would map
+  // its neighbours again with it (the kernel's fault-around).
+  const uint8_t* BatchCopy(const WeightView& w) const {
+    if (!BatchReadsDecodeCopy(w)) return nullptr;
+    const auto it = packed_.find(w.data);
+    if (it == packed_.end() || it->second.data == nullptr || !it->second.confirmed) return nullptr;
+    const Packed& p = it->second;
+    if (p.type != w.type || p.rows != w.rows || p.cols != w.cols || p.row_bytes != w.row_bytes) return nullptr;
+    return p.data.get();
   }
 
   // The decode-layout copy of w, made at its second one-token product (a
@@ -350,11 +376,13 @@ class CpuBackend final : public Backend {
     }
     p.checked_epoch = epoch_;
     if (same && p.data != nullptr) {
+      if (now) p.confirmed = true;
       if (copied) copied(w.data, w.rows * w.row_bytes);
       return p.data.get();
     }
     if (!same) {  // first sight, or other bytes at this address: remember them
       p.data.reset();
+      p.confirmed = false;
       p.seen = true;
       p.type = w.type;
       p.rows = w.rows;
@@ -378,6 +406,7 @@ class CpuBackend final : public Backend {
                          p.data.get() + r0 / kDecodeGroupRows * group_bytes);
       if (copied) copied(src + r0 * w.row_bytes, rows * w.row_bytes);
     }
+    p.confirmed = now;
     return p.data.get();
   }
 

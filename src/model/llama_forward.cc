@@ -89,6 +89,16 @@ void LlamaForward::PrepareDecode() {
   }
 }
 
+void LlamaForward::PrepareBatch() {
+  batch_prepared_ = true;
+  for (const WeightView* w : model_.DecodeMatrices()) {
+    if (!backend_->BatchReadsDecodeCopy(*w)) continue;
+    backend_->PrepareDecodeCopy(*w, [this](const void* data, size_t bytes) {
+      model_.gguf().ReleasePages(data, bytes);
+    });
+  }
+}
+
 absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32_t* pos,
                                    KvCache& kv, int64_t num_logits, float* logits) {
   if (n <= 0) return absl::InvalidArgumentError("forward: no tokens");
@@ -97,7 +107,6 @@ absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32
                                                    " logits asked for ", n, " tokens"));
   }
   if (n == 1 && !decode_prepared_) PrepareDecode();
-  if (n > 1) decode_prepared_ = false;
   const int64_t vocab = model_.config().vocab_size;
   for (int64_t start = 0; start < n; start += max_tokens_) {
     const int64_t len = std::min(max_tokens_, n - start);
@@ -180,6 +189,10 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   Backend& b = *backend_;
+  if (n > 1) {
+    if (!batch_prepared_) PrepareBatch();
+    decode_prepared_ = false;  // the batch may map the file's pages again
+  }
   ReleaseRowsFrom(n);
 
   SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));

@@ -84,6 +84,12 @@ class LlamaForward {
   // them again from the page cache.
   void PrepareDecode();
   bool decode_prepared_ = false;
+  // Before the first batch: the copies that batch products read as well
+  // (Backend::BatchReadsDecodeCopy), made the same way, so prefill reads
+  // them instead of the file's pages, which go back then. Once per forward
+  // object; the backend checks each copy against its matrix at every batch.
+  void PrepareBatch();
+  bool batch_prepared_ = false;
 
   const LlamaModel& model_;
   Backend* backend_;

@@ -3,7 +3,9 @@
 // over the GGUF rows; the copy's size is reported; and a matrix whose bytes
 // change at the same address (another model mapped where one was) is not
 // served from the stale copy.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -179,6 +181,57 @@ TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
   EXPECT_EQ(reported, copies ? w.size() : 0u) << "every copied byte is reported once";
   ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
   ExpectGgml(x, w, t, n, k, y);
+}
+
+// Batch products (m > 3) over the copies PrepareDecodeCopy made
+// (BatchReadsDecodeCopy: AVX-512 with Q4_0 / Q4_1): the same results as over
+// the rows, bit for bit, alone and shared; the copy stands for the bytes
+// until PrepareDecodeCopy is asked again, which then packs the new bytes.
+TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t n = 80, k = 576, m = 200;
+  const size_t row_bytes = RowBytes(t, k);
+  std::vector<uint8_t> w = testing::QuantizedWeights(t, n, k, row_bytes, 31, 0.02f);
+  const auto w2 = testing::QuantizedWeights(t, n, k, row_bytes, 32, 0.02f);
+  const auto x = testing::HiddenStates(m, k, k, 33);
+  auto rows_product = [&](const std::vector<uint8_t>& bytes, const std::vector<uint8_t>& other) {
+    std::vector<float> y(2 * m * n);
+    cpu::MatMul(x.data(), m, k, k, bytes.data(), t, n, row_bytes, y.data(), n);
+    cpu::MatMul(x.data(), m, k, k, other.data(), t, n, row_bytes, y.data() + m * n, n);
+    return y;
+  };
+  auto b = MakeBackend(true);
+  const bool reads = b->BatchReadsDecodeCopy(View(w, t, n, k));
+  EXPECT_EQ(reads, cpu::MatMulReadsDecodeLayout(t) && cpu::DecodePackedBytes(t, n, k) > 0);
+  EXPECT_FALSE(b->BatchReadsDecodeCopy(View(w, GgmlType::kQ8_0, n, k)));
+  EXPECT_FALSE(MakeBackend(false)->BatchReadsDecodeCopy(View(w, t, n, k)));
+  // Y = X·Wᵀ alone and X·W2ᵀ shared with it, through the backend.
+  auto backend_product = [&] {
+    std::vector<float> y(2 * m * n);
+    const WeightView v = View(w, t, n, k), v2 = View(w2, t, n, k);
+    EXPECT_TRUE(b->MatMul(x.data(), m, k, v, y.data(), n).ok());
+    std::vector<float> shared(2 * m * n);
+    const Backend::SharedOut outs[2] = {{&v, shared.data(), n}, {&v2, shared.data() + m * n, n}};
+    EXPECT_TRUE(b->MatMulShared(x.data(), m, k, outs, 2).ok());
+    EXPECT_EQ(std::memcmp(shared.data(), y.data(), m * n * sizeof(float)), 0) << "alone and shared differ";
+    std::copy(shared.begin() + m * n, shared.end(), y.begin() + m * n);
+    return y;
+  };
+  const auto expected = rows_product(w, w2);
+  ASSERT_EQ(backend_product(), expected);  // no copies yet: the rows
+  const std::vector<uint8_t>* both[] = {&w, &w2};
+  for (const std::vector<uint8_t>* bytes : both) {
+    ASSERT_EQ(b->PrepareDecodeCopy(View(*bytes, t, n, k), nullptr), cpu::DecodePackedBytes(t, n, k) > 0);
+  }
+  ASSERT_EQ(backend_product(), expected);  // the copies where they are read
+  // Other bytes at w's address, not prepared again: the copy still stands
+  // for them where batches read it.
+  const std::vector<uint8_t> old = w;
+  const auto w3 = testing::QuantizedWeights(t, n, k, row_bytes, 34, 0.05f);
+  std::copy(w3.begin(), w3.end(), w.begin());
+  ASSERT_EQ(backend_product(), reads ? rows_product(old, w2) : rows_product(w, w2));
+  ASSERT_EQ(b->PrepareDecodeCopy(View(w, t, n, k), nullptr), cpu::DecodePackedBytes(t, n, k) > 0);
+  ASSERT_EQ(backend_product(), rows_product(w, w2));  // packed again
 }
 
 }  // namespace

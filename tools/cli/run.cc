@@ -471,10 +471,13 @@ absl::Status RunPrefill() {
   SNAPFILL_ASSIGN_OR_RETURN(Prepared p, Prepare(/*with_question=*/false));
   if (absl::GetFlag(FLAGS_verbosity) >= 1 || dry_run) PrintPlan(p);
   if (dry_run) return absl::OkStatus();
-  double seconds = 0;
-  SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &seconds));
+  // Hashed before the prefill, which gives back the file's pages of the
+  // matrices it reads from decode-layout copies: hashing the file after it
+  // would map them all again beside the copies.
   PromptCache cache;
   cache.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  double seconds = 0;
+  SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &seconds));
   cache.config = ConfigJson(p.config, p.model.path, static_cast<int64_t>(p.tokens.size()));
   cache.input_tokens = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->TakeDecoderCache());
