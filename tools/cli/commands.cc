@@ -18,7 +18,7 @@ const std::vector<Command>& Commands() {
        "--cache.",
        {"input", "out", "force", "model", "schedule", "growth", "memory", "chunk",
         "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
-        "original_positions", "chat_template", "system", "threads", "telemetry", "progress",
+        "original_positions", "chat_template", "system", "threads", "pack_decode", "telemetry", "progress",
         "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume", "max_tokens",
         "timing", "profile", "verbosity"},
        &RunPrefill},
@@ -35,7 +35,7 @@ const std::vector<Command>& Commands() {
        "memory and chunk before it (--pruner full: the full-attention baseline).",
        {"input", "max_tokens", "json", "model", "schedule", "growth", "memory", "chunk",
         "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
-        "original_positions", "threads", "telemetry", "progress", "verbosity"},
+        "original_positions", "threads", "pack_decode", "telemetry", "progress", "verbosity"},
        &RunPpl},
       {"needle",
        "Needle-in-a-haystack grid: input length x needle depth, a random key per trial, "

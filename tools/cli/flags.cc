@@ -7,9 +7,11 @@ ABSL_FLAG(std::string, model, "",
           "models/SmolLM2-135M-Instruct.Q4_1.gguf");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(bool, pack_decode, true,
-          "Decode: rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token "
-          "products stream at memory speed, when decoding starts (faster decode; the copy takes "
-          "the place of the model file's pages in memory)");
+          "Rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token products "
+          "stream at memory speed, when decoding starts (faster decode; the copy takes the place "
+          "of the model file's pages in memory). With AVX-512 the Q4_0/Q4_1 copies are made "
+          "before the first batch instead, and prefill's products read them rather than "
+          "repacking the rows on every call. false: every product reads the file's rows");
 ABSL_FLAG(bool, decode_kv_f16, true,
           "Decode: attention reads the KV cache in fp16, as llama.cpp's default f16 cache holds "
           "it: half the attention's bytes per step (a full 8K cache: 25-50% faster decode, a "
