@@ -6,9 +6,13 @@
 //     (the AVX2 kernels), 4 = kGeneric (the portable scalar tiles, only on
 //     the largest product). The label names the path that ran. Shapes:
 //     q/o 576->576, k/v 576->192, FFN up/gate 576->1536, FFN down 1536->576;
-//     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call.
-//   BM_MatMulShared_Prefill/impl/outs/m: Q, K and V (outs 0) or gate and
-//     up (outs 1) in one cpu::MatMulShared, as the model runs them.
+//     m = 512 and 2048 tokens. Counter GFLOP/s = 2·m·n·k per call. copy 1
+//     (impl 1, Q4_1): the weight is passed with its decode-layout copy
+//     (cpu::MatMulOut::packed), as the CPU backend passes it once the copy
+//     exists; copy 0: cpu::MatMul on the GGUF rows alone.
+//   BM_MatMulShared_Prefill/impl/outs/m/copy: Q, K and V (outs 0) or gate
+//     and up (outs 1) in one cpu::MatMulShared, as the model runs them
+//     (copy as above).
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
 //     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
 //     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
