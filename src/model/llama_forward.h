@@ -87,7 +87,8 @@ class LlamaForward {
   // Before the first batch: the copies that batch products read as well
   // (Backend::BatchReadsDecodeCopy), made the same way, so prefill reads
   // them instead of the file's pages, which go back then. Once per forward
-  // object; the backend checks each copy against its matrix at every batch.
+  // object (Backend::BatchReadsDecodeCopy: the backend reads those copies
+  // without checking the matrices' bytes again).
   void PrepareBatch();
   bool batch_prepared_ = false;
 
