@@ -228,12 +228,16 @@ class CpuBackend final : public Backend {
             absl::StrCat("token id ", ids[i], " is outside the vocabulary of ", table.rows));
       }
     }
-#pragma omp parallel for schedule(static) if (n > 16)
-    for (int64_t i = 0; i < n; ++i) {
-      cpu::DequantizeRow(table.type,
-                         static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes,
+    auto row = [&](int64_t i) {
+      cpu::DequantizeRow(table.type, static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes,
                          out + i * out_stride, table.cols);
+    };
+    if (n <= 16) {  // (outside OpenMP: a region with a false if clause still builds a team)
+      for (int64_t i = 0; i < n; ++i) row(i);
+      return absl::OkStatus();
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) row(i);
     return absl::OkStatus();
   }
 

@@ -21,11 +21,27 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
 }
 
 int32_t Argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = i;
+  if (n <= 0) return 0;
+  // The largest value, 16 running maxima at a time (the compiler vectorizes
+  // this; a scan that compares against logits[best] does not, and took about
+  // 20 µs of each decode step over 49,152 logits), then the first index that
+  // holds it. Every lane starts at logits[0] and takes a value only if it is
+  // larger, so a NaN never wins unless it is logits[0], when nothing can be
+  // larger: the same index as the plain scan.
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  for (float& l : lane) l = logits[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = logits[i + l] > lane[l] ? logits[i + l] : lane[l];
   }
-  return static_cast<int32_t>(best);
+  float best = logits[0];
+  for (float l : lane) best = l > best ? l : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (int64_t j = 0; j < n; ++j) {
+    if (logits[j] == best) return static_cast<int32_t>(j);
+  }
+  return 0;  // logits[0] is NaN
 }
 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }

@@ -13,7 +13,11 @@ namespace {
 // x[r, :] += y[r, :] for rows × dim.
 void AddInPlace(float* x, const float* y, int64_t rows, int64_t dim) {
   const int64_t n = rows * dim;
-#pragma omp parallel for schedule(static) if (n > 65536)
+  if (n <= 65536) {  // (outside OpenMP: a region with a false if clause still builds a team)
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 

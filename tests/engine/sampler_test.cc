@@ -17,6 +17,44 @@ TEST(SamplerTest, GreedyIsArgmaxFirstOnTies) {
   EXPECT_EQ(Argmax(logits.data(), logits.size()), 1);
 }
 
+// Argmax against the plain scan (first index of the largest; a NaN never
+// wins except at index 0): lengths around the 16 lanes, values drawn from a
+// few levels so that ties fall in different lanes and across the tail, with
+// NaN, infinities and signed zeros among them.
+TEST(SamplerTest, ArgmaxIsThePlainScan) {
+  auto scan = [](const std::vector<float>& v) {
+    int32_t best = 0;
+    for (size_t i = 1; i < v.size(); ++i) {
+      if (v[i] > v[best]) best = static_cast<int32_t>(i);
+    }
+    return best;
+  };
+  const float levels[] = {-1.0f, 0.0f, -0.0f, 2.5f, 7.0f, -INFINITY, INFINITY, NAN};
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  int checked = 0;
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 32, 33, 100, 49152}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      // Trials draw from the first 3..8 levels: some without NaN or inf.
+      const int num_levels = 3 + trial % 6;
+      std::vector<float> v(n);
+      for (float& x : v) x = levels[next() % num_levels];
+      if (trial % 5 == 0) v[next() % n] = 9.0f;  // one clear winner somewhere
+      ASSERT_EQ(Argmax(v.data(), n), scan(v)) << "n " << n << " trial " << trial;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 400);
+  const std::vector<float> nan_first = {NAN, 1.0f, 2.0f};
+  EXPECT_EQ(Argmax(nan_first.data(), 3), 0);
+  const std::vector<float> late = {0.0f, 1.0f, 1.0f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f,
+                                   0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 3.0f, 3.0f};
+  EXPECT_EQ(Argmax(late.data(), late.size()), 17);  // in the tail past the lanes, first of two
+}
+
 TEST(SamplerTest, TopKOneIsGreedyAtAnyTemperature) {
   std::vector<float> logits = {0.1f, 0.2f, 5.0f, 0.3f};
   Sampler s({/*temperature=*/2.0f, /*top_k=*/1, /*top_p=*/1.0f, /*seed=*/7});
