@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +108,42 @@ TEST_F(CliTest, OpenMpWaitsSpinBrieflyUnlessTheUserChose) {
   r = Run("info --model " + tiny_);
   EXPECT_NE(r.out.find("OpenMP waits:    OMP_WAIT_POLICY=passive"), std::string::npos) << r.out;
   unsetenv("OMP_WAIT_POLICY");
+  if (keep_spin != nullptr) setenv("GOMP_SPINCOUNT", saved_spin.c_str(), 1);
+  if (keep_policy != nullptr) setenv("OMP_WAIT_POLICY", saved_policy.c_str(), 1);
+}
+
+// With OMP_PROC_BIND set, libgomp binds the first thread to one CPU as the
+// program loads; the run again (above) must not inherit that one CPU: `info`
+// reports as many threads as without the setting. (Before, 1 on 2 cores.)
+// OMP_PLACES naming one CPU gives one thread, as the user asked.
+TEST_F(CliTest, ThreadBindingKeepsEveryCpuOfThePlaces) {
+  const char* keep_bind = std::getenv("OMP_PROC_BIND");
+  const char* keep_spin = std::getenv("GOMP_SPINCOUNT");
+  const char* keep_policy = std::getenv("OMP_WAIT_POLICY");
+  const std::string saved_bind = keep_bind ? keep_bind : "", saved_spin = keep_spin ? keep_spin : "",
+                    saved_policy = keep_policy ? keep_policy : "";
+  unsetenv("GOMP_SPINCOUNT");  // (so that snapfill runs itself again: ctest sets a wait policy)
+  unsetenv("OMP_WAIT_POLICY");
+  auto threads = [this] {
+    Result r = Run("info --model " + tiny_);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.out.find(" threads (");
+    size_t from = at;
+    while (from > 0 && std::isdigit(static_cast<unsigned char>(r.out[from - 1]))) --from;
+    return at == std::string::npos ? -1 : std::atoi(r.out.substr(from, at - from).c_str());
+  };
+  unsetenv("OMP_PROC_BIND");
+  const int unbound = threads();
+  ASSERT_GE(unbound, 1);
+  for (const char* bind : {"true", "spread", "close"}) {
+    setenv("OMP_PROC_BIND", bind, 1);
+    EXPECT_EQ(threads(), unbound) << "OMP_PROC_BIND=" << bind;
+  }
+  setenv("OMP_PLACES", "{0}", 1);
+  EXPECT_EQ(threads(), 1) << "OMP_PLACES={0}";
+  unsetenv("OMP_PLACES");
+  unsetenv("OMP_PROC_BIND");
+  if (keep_bind != nullptr) setenv("OMP_PROC_BIND", saved_bind.c_str(), 1);
   if (keep_spin != nullptr) setenv("GOMP_SPINCOUNT", saved_spin.c_str(), 1);
   if (keep_policy != nullptr) setenv("OMP_WAIT_POLICY", saved_policy.c_str(), 1);
 }
