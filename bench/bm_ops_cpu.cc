@@ -31,6 +31,10 @@ struct ModelShape {
   int64_t num_layers;
 };
 constexpr ModelShape kSmolLM2_135M = {9, 3, 64, 576, 1536, 30};
+// Other Llama-family shapes for the decode attention: 8 query heads per KV
+// head (TinyLlama-1.1B), and head_dim 128 (Llama-3-8B).
+constexpr ModelShape kTinyLlama_1_1B = {32, 4, 64, 2048, 5632, 22};
+constexpr ModelShape kLlama3_8B = {32, 8, 128, 4096, 14336, 32};
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -90,8 +94,7 @@ BENCHMARK(BM_Attention_Cpu)
 // E = uint16_t: the same step over fp16 K and V (cpu::AttentionDecodeF16,
 // the decode copy of the cache), bytes/s counting the fp16 bytes read.
 template <typename E>
-void DecodeAttentionStep(benchmark::State& state) {
-  const ModelShape m = kSmolLM2_135M;
+void DecodeAttentionStep(benchmark::State& state, const ModelShape& m = kSmolLM2_135M) {
   const int64_t num_keys = state.range(0);
   const int64_t layers = m.num_layers;
   const int64_t q_stride = m.num_heads * m.head_dim;
@@ -139,6 +142,17 @@ void BM_DecodeAttention_Cpu(benchmark::State& state) { DecodeAttentionStep<float
 void BM_DecodeAttentionF16_Cpu(benchmark::State& state) { DecodeAttentionStep<uint16_t>(state); }
 BENCHMARK(BM_DecodeAttention_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeAttentionF16_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
+// The same step for other shapes (model: 1 = TinyLlama-1.1B, 2 = Llama-3-8B),
+// fp16 K and V as decode reads them by default.
+void BM_DecodeAttentionF16Shapes_Cpu(benchmark::State& state) {
+  DecodeAttentionStep<uint16_t>(state, state.range(1) == 1 ? kTinyLlama_1_1B : kLlama3_8B);
+}
+BENCHMARK(BM_DecodeAttentionF16Shapes_Cpu)
+    ->ArgNames({"keys", "model"})
+    ->Args({1155, 1})
+    ->Args({1155, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_WindowScores_Cpu(benchmark::State& state) {
   const ModelShape m = kSmolLM2_135M;
