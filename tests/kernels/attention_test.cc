@@ -230,6 +230,10 @@ std::vector<AttnCase> SweepCases() {
   // Two query heads per KV head at head_dim 64 (the values of a group's heads
   // in one pass, as for 1, 3 and 4 above).
   cases.push_back({1, 700, 8, 4, 64});
+  // More query heads per KV head than run together at once (in chunks): 8
+  // (TinyLlama's 32 on 4) and 5 (a chunk and a remainder at either width).
+  cases.push_back({1, 900, 32, 4, 64});
+  cases.push_back({1, 600, 10, 2, 64});
   return cases;
 }
 
