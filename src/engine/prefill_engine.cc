@@ -222,12 +222,15 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     telemetry_.origin.assign(mc.num_layers, std::vector<int64_t>(step_ + 1, 0));
     const bool last = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
     auto attend = [this](int64_t layer, float* q, int64_t q_stride, float* k, float* v,
-                         int64_t kv_stride, int64_t n, float* out) {
-      return AttendAndCompress(layer, q, q_stride, k, v, kv_stride, n, out);
+                         int64_t kv_stride, int64_t n, int64_t out_rows, float* out) {
+      return AttendAndCompress(layer, q, q_stride, k, v, kv_stride, n, out_rows, out);
     };
+    // The final hidden states of every row when they are scored, else only
+    // of the input's last token (its logits), after the last chunk.
+    const int64_t logits_rows = last ? 1 : 0;
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
-        tokens.data() + step.start_token, step.chunk_tokens, attend, last ? 1 : 0,
-        last_logits_.data()));
+        tokens.data() + step.start_token, step.chunk_tokens, attend, logits_rows, last_logits_.data(),
+        config_.score_tokens ? step.chunk_tokens : logits_rows));
     if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens, step));
     retention_ = telemetry_.retention;
     steps_done_ = step_ + 1;
@@ -242,7 +245,8 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
 }
 
 absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k,
-                                              float* v, int64_t kv_stride, int64_t n, float* out) {
+                                              float* v, int64_t kv_stride, int64_t n, int64_t out_rows,
+                                              float* out) {
   const LlamaConfig& c = model_.config();
   const int64_t d = c.head_dim;
   const int64_t m = memory_->size(layer);
@@ -283,7 +287,10 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, n, c.num_heads, d, q_stride, qpos, c.rope_dim,
                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
 
-  // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk).
+  // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk),
+  //    for the last out_rows queries: those whose outputs are read (the
+  //    last layer's are not, but for the logits). Query i of them sees the
+  //    keys up to num - out_rows + i, as row n - out_rows + i of the chunk.
   KvView view;
   view.k = cand_k_rot_.data();
   view.v = cand_v_.data();
@@ -291,8 +298,11 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   view.key_stride = d;
   view.num_keys = num;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q, q_stride, view, out, q_stride, n, c.num_heads,
-                                               c.num_kv_heads, d, scale));
+  if (out_rows > 0) {
+    const int64_t skip = n - out_rows;
+    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride,
+                                                 q_stride, out_rows, c.num_heads, c.num_kv_heads, d, scale));
+  }
 
   // 4. Compress right away: this layer's chunk KV is not needed any more.
   SelectionInput in;

@@ -160,8 +160,11 @@ class PrefillEngine {
 
  private:
   PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config);
+  // The chunk loop's attention step (LlamaForward::AttendFn): attention
+  // output of the chunk's last out_rows rows, and the layer's memory
+  // compressed from memory ∪ chunk.
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
-                                 int64_t kv_stride, int64_t n, float* out);
+                                 int64_t kv_stride, int64_t n, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);

@@ -133,7 +133,7 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
   Backend& b = *backend_;
   // Plain causal attention over the cache: rotate, append, attend.
   auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
-                    int64_t n, float* out) -> absl::Status {
+                    int64_t n, int64_t /*out_rows: n here*/, float* out) -> absl::Status {
     SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope_dim,
                                     c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
     SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope_dim,
@@ -154,12 +154,12 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     return b.Attention(q, q_stride, kv.View(l, kv.size(l)), out, q_stride, n, c.num_heads,
                        c.num_kv_heads, c.head_dim, scale);
   };
-  return RunLayers(tokens, n, attend, num_logits, logits);
+  return RunLayers(tokens, n, attend, num_logits, logits, /*hidden_rows=*/n);
 }
 
 absl::Status LlamaForward::ForwardWithAttention(const int32_t* tokens, int64_t n,
                                                 const AttendFn& attend, int64_t num_logits,
-                                                float* logits) {
+                                                float* logits, int64_t hidden_rows) {
   if (n <= 0 || n > max_tokens_) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", n, " tokens, batch holds ",
                                                    max_tokens_));
@@ -168,7 +168,12 @@ absl::Status LlamaForward::ForwardWithAttention(const int32_t* tokens, int64_t n
     return absl::InvalidArgumentError(absl::StrCat("forward: ", num_logits,
                                                    " logits asked for ", n, " tokens"));
   }
-  return RunLayers(tokens, n, attend, num_logits, logits);
+  if (hidden_rows < num_logits || hidden_rows > n) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: final hidden states of ", hidden_rows,
+                                                   " rows asked for ", n, " tokens and ",
+                                                   num_logits, " logits"));
+  }
+  return RunLayers(tokens, n, attend, num_logits, logits, hidden_rows);
 }
 
 absl::Status LlamaForward::BatchLogits(int64_t first, int64_t rows, float* logits) {
@@ -176,6 +181,11 @@ absl::Status LlamaForward::BatchLogits(int64_t first, int64_t rows, float* logit
     return absl::InvalidArgumentError(absl::StrCat("forward: logits of rows [", first, ", ",
                                                    first + rows, ") asked for a batch of ",
                                                    last_batch_));
+  }
+  if (first < hidden_first_) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: logits of row ", first,
+                                                   ", but the batch kept the final hidden states of rows [",
+                                                   hidden_first_, ", ", last_batch_, ") only"));
   }
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.model_dim;
@@ -187,7 +197,7 @@ absl::Status LlamaForward::BatchLogits(int64_t first, int64_t rows, float* logit
 
 template <typename Attend>
 absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Attend& attend,
-                                     int64_t num_logits, float* logits) {
+                                     int64_t num_logits, float* logits, int64_t hidden_rows) {
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.model_dim;
   const int64_t q_dim = c.num_heads * c.head_dim;
@@ -209,20 +219,28 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     const Backend::SharedOut qkv[3] = {{&w.wq, q_.data(), q_dim}, {&w.wk, k_.data(), kv_dim},
                                        {&w.wv, v_.data(), kv_dim}};
     SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn_.data(), n, dim, qkv, 3));
-    SNAPFILL_RETURN_IF_ERROR(attend(l, q_.data(), q_dim, k_.data(), v_.data(), kv_dim, n, attn_.data()));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data(), n, q_dim, w.wo, xn_.data(), dim));
-    AddInPlace(x_.data(), xn_.data(), n, dim);
+    // Every row's K and V (and the queries, which the attention step may
+    // read for more than the outputs, e.g. SnapKV's window), but past this
+    // point the last layer needs only the rows whose hidden states are kept.
+    const int64_t r0 = l + 1 == c.num_layers ? n - hidden_rows : 0, rows = n - r0;
+    SNAPFILL_RETURN_IF_ERROR(attend(l, q_.data(), q_dim, k_.data(), v_.data(), kv_dim, n, rows, attn_.data()));
+    if (rows == 0) continue;
+    float* x = x_.data() + r0 * dim;
+    float* xn = xn_.data() + r0 * dim;
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
+    AddInPlace(x, xn, rows, dim);
 
     // Feed-forward block (SwiGLU).
-    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.ffn_norm, xn_.data(), dim, n, dim, c.rms_eps));
+    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
     const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
-    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn_.data(), n, dim, gate_up, 2));
-    SNAPFILL_RETURN_IF_ERROR(b.SwiGlu(gate_.data(), up_.data(), gate_.data(), n * c.ffn_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), n, c.ffn_dim, w.w_down, xn_.data(), dim));
-    AddInPlace(x_.data(), xn_.data(), n, dim);
+    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
+    SNAPFILL_RETURN_IF_ERROR(b.SwiGlu(gate_.data(), up_.data(), gate_.data(), rows * c.ffn_dim));
+    SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
+    AddInPlace(x, xn, rows, dim);
   }
 
   last_batch_ = n;
+  hidden_first_ = n - hidden_rows;
   if (num_logits > 0) {
     const float* last = x_.data() + (n - num_logits) * dim;
     SNAPFILL_RETURN_IF_ERROR(

@@ -44,18 +44,29 @@ class LlamaForward {
   // of snapfill's compressed prefill): given the batch's queries, keys and
   // values before RoPE, [n, num_heads | num_kv_heads, head_dim] with token
   // strides q_stride / kv_stride, write the attention output
-  // [n, num_heads * head_dim] to `out`. q, k and v may be modified.
-  using AttendFn = std::function<absl::Status(int64_t layer, float* q, int64_t q_stride, float* k,
-                                              float* v, int64_t kv_stride, int64_t n, float* out)>;
+  // [n, num_heads * head_dim] to `out`, at least its last out_rows rows
+  // (out_rows <= n; the rows before them are not read). q, k and v may be
+  // modified.
+  using AttendFn =
+      std::function<absl::Status(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
+                                 int64_t kv_stride, int64_t n, int64_t out_rows, float* out)>;
 
   // Runs n <= max_tokens tokens through every layer with `attend` as the
-  // attention step; logits as in Forward.
+  // attention step; logits as in Forward. hidden_rows (num_logits <= it
+  // <= n): the final hidden states are computed for the last hidden_rows
+  // rows only. The last layer's output of the other rows feeds nothing but
+  // the logits, so there `attend` is asked for those rows' outputs only and
+  // the rest of the layer (Wo, the feed-forward block) runs on them alone:
+  // a chunk loop that keeps only the KV cache passes 0, or 1 for the logits
+  // of the input's last token (about 1/30 of the layers' work for this
+  // model). BatchLogits() serves those rows.
   absl::Status ForwardWithAttention(const int32_t* tokens, int64_t n, const AttendFn& attend,
-                                    int64_t num_logits, float* logits);
+                                    int64_t num_logits, float* logits, int64_t hidden_rows);
 
   // Logits of rows [first, first + rows) of the batch the last
   // ForwardWithAttention() or Forward() call ran (for Forward, its last
-  // piece of at most max_tokens), written to logits[rows, vocab_size]. The
+  // piece of at most max_tokens; for ForwardWithAttention, among its last
+  // hidden_rows), written to logits[rows, vocab_size]. The
   // batch's final hidden states stay in the scratch until the next call, so
   // a caller can score every token of a long batch a few rows at a time
   // instead of materializing n x vocab logits (the chunk loop's ppl).
@@ -75,7 +86,7 @@ class LlamaForward {
                             int64_t num_logits, float* logits);
   template <typename Attend>
   absl::Status RunLayers(const int32_t* tokens, int64_t n, const Attend& attend, int64_t num_logits,
-                         float* logits);
+                         float* logits, int64_t hidden_rows);
 
   // At the first one-token forward after a batch (decoding starts): the
   // backend makes its decode copy of each weight matrix (if it keeps one)
@@ -95,7 +106,8 @@ class LlamaForward {
   const LlamaModel& model_;
   Backend* backend_;
   int64_t max_tokens_;
-  int64_t last_batch_ = 0;  // rows of the hidden states in x_ (BatchLogits)
+  int64_t last_batch_ = 0;    // rows of the last batch (BatchLogits)
+  int64_t hidden_first_ = 0;  // its first row whose final hidden state is in x_
   // Rows of the scratch that may be resident: a batch smaller than this
   // gives the pages of the rows past it back first (ReleaseRowsFrom), so a
   // chunk loop whose chunks shrink (IMDC) holds only its current chunk's

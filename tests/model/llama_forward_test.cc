@@ -3,6 +3,7 @@
 // logits of one prefill of the whole sequence.
 #include "src/model/llama_forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -213,6 +214,70 @@ TEST_P(ForwardInvariantTest, SplitBatchesEqualOneBatch) {
   for (int r = 0; r < 7; ++r) {
     ExpectLogitsNear(want.data() + r * vocab, got.data() + r * vocab, vocab, 1e-4);
   }
+}
+
+// ForwardWithAttention with hidden_rows = r: the attention step is asked for
+// every row's output in every layer but the last, there for the last r rows
+// only; the logits of those rows are the ones hidden_rows = n gives, and
+// BatchLogits serves them and refuses the rows before them.
+TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
+  Tiny t = ThreeLayerTiny(GetParam());
+  const LlamaConfig& c = t.model->config();
+  const int64_t vocab = c.vocab_size, d = c.head_dim;
+  const int n = 37;
+  std::vector<int32_t> ids = Tokens(n, vocab);
+  std::vector<int32_t> pos = Positions(0, n);
+  auto fwd = LlamaForward::Create(*t.model, t.backend.get(), 64);
+  SNAPFILL_ASSERT_OK(fwd);
+  Backend& b = *t.backend;
+  std::vector<int64_t> asked;  // out_rows per layer call
+  // Plain causal attention over the batch itself, for the last out_rows
+  // rows; the rows before them get NaN, which must not reach the result.
+  LlamaForward::AttendFn attend = [&](int64_t, float* q, int64_t q_stride, float* k, float* v,
+                                      int64_t kv_stride, int64_t rows, int64_t out_rows,
+                                      float* out) -> absl::Status {
+    asked.push_back(out_rows);
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope_dim,
+                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope_dim,
+                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    KvView view;
+    view.k = k;
+    view.v = v;
+    view.head_stride = d;
+    view.key_stride = kv_stride;
+    view.num_keys = rows;
+    const int64_t skip = rows - out_rows;
+    std::fill(out, out + skip * q_stride, std::nanf(""));
+    if (out_rows == 0) return absl::OkStatus();
+    return b.Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride, q_stride, out_rows,
+                       c.num_heads, c.num_kv_heads, d, 1.0f / std::sqrt(static_cast<float>(d)));
+  };
+  std::vector<float> want(n * vocab);
+  SNAPFILL_ASSERT_OK((*fwd)->ForwardWithAttention(ids.data(), n, attend, n, want.data(), n));
+  EXPECT_EQ(asked, std::vector<int64_t>(c.num_layers, n));
+  for (int64_t r : {6, 1, 0}) {
+    SCOPED_TRACE(r);
+    asked.clear();
+    const int64_t logits_rows = std::min<int64_t>(r, 2);
+    std::vector<float> got(std::max<int64_t>(logits_rows, 1) * vocab, std::nanf(""));
+    SNAPFILL_ASSERT_OK((*fwd)->ForwardWithAttention(ids.data(), n, attend, logits_rows, got.data(), r));
+    std::vector<int64_t> expect(c.num_layers, n);
+    expect.back() = r;
+    EXPECT_EQ(asked, expect);
+    for (int64_t i = 0; i < logits_rows; ++i) {
+      ExpectLogitsNear(want.data() + (n - logits_rows + i) * vocab, got.data() + i * vocab, vocab, 1e-4);
+    }
+    std::vector<float> row(vocab);
+    for (int64_t first = n - r; first < n; ++first) {
+      SNAPFILL_ASSERT_OK((*fwd)->BatchLogits(first, 1, row.data()));
+      ExpectLogitsNear(want.data() + first * vocab, row.data(), vocab, 1e-4);
+    }
+    EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->BatchLogits(n - r - 1, 1, row.data())));
+  }
+  // Fewer kept rows than logits, or more than the batch, are refused.
+  EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->ForwardWithAttention(ids.data(), n, attend, 2, want.data(), 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->ForwardWithAttention(ids.data(), n, attend, 0, nullptr, n + 1)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, ForwardInvariantTest, ::testing::Values(false, true),
