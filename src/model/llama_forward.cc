@@ -133,7 +133,7 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
   Backend& b = *backend_;
   // Plain causal attention over the cache: rotate, append, attend.
   auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
-                    int64_t n, int64_t /*out_rows: n here*/, float* out) -> absl::Status {
+                    int64_t n, int64_t out_rows, float* out) -> absl::Status {
     SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope_dim,
                                     c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
     SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope_dim,
@@ -151,10 +151,15 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
       }
       // An entry too large for fp16: this and every later step read f32.
     }
-    return b.Attention(q, q_stride, kv.View(l, kv.size(l)), out, q_stride, n, c.num_heads,
-                       c.num_kv_heads, c.head_dim, scale);
+    // The last out_rows queries (the cache's last positions, as the batch's).
+    if (out_rows == 0) return absl::OkStatus();
+    const int64_t skip = n - out_rows;
+    return b.Attention(q + skip * q_stride, q_stride, kv.View(l, kv.size(l)), out + skip * q_stride,
+                       q_stride, out_rows, c.num_heads, c.num_kv_heads, c.head_dim, scale);
   };
-  return RunLayers(tokens, n, attend, num_logits, logits, /*hidden_rows=*/n);
+  // Final hidden states only for the rows whose logits are asked for (as
+  // llama.cpp's last layer keeps only its output rows).
+  return RunLayers(tokens, n, attend, num_logits, logits, /*hidden_rows=*/num_logits);
 }
 
 absl::Status LlamaForward::ForwardWithAttention(const int32_t* tokens, int64_t n,

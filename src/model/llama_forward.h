@@ -36,7 +36,9 @@ class LlamaForward {
   // sees every earlier cache entry and the batch causally. If num_logits > 0
   // writes the logits of the last num_logits tokens to
   // logits[num_logits, vocab_size]. n may exceed max_tokens: the batch is
-  // split into max_tokens pieces, which gives the same result.
+  // split into max_tokens pieces, which gives the same result. The last
+  // layer runs past the attention (Wo, the feed-forward block) only for the
+  // rows whose logits are asked for, so BatchLogits() serves those rows.
   absl::Status Forward(const int32_t* tokens, int64_t n, const int32_t* pos, KvCache& kv,
                        int64_t num_logits, float* logits);
 
@@ -64,9 +66,9 @@ class LlamaForward {
                                     int64_t num_logits, float* logits, int64_t hidden_rows);
 
   // Logits of rows [first, first + rows) of the batch the last
-  // ForwardWithAttention() or Forward() call ran (for Forward, its last
-  // piece of at most max_tokens; for ForwardWithAttention, among its last
-  // hidden_rows), written to logits[rows, vocab_size]. The
+  // ForwardWithAttention() or Forward() call ran, among its last
+  // hidden_rows (for Forward, among the rows of its last piece of at most
+  // max_tokens whose logits it made), written to logits[rows, vocab_size]. The
   // batch's final hidden states stay in the scratch until the next call, so
   // a caller can score every token of a long batch a few rows at a time
   // instead of materializing n x vocab logits (the chunk loop's ppl).

@@ -219,7 +219,8 @@ TEST_P(ForwardInvariantTest, SplitBatchesEqualOneBatch) {
 // ForwardWithAttention with hidden_rows = r: the attention step is asked for
 // every row's output in every layer but the last, there for the last r rows
 // only; the logits of those rows are the ones hidden_rows = n gives, and
-// BatchLogits serves them and refuses the rows before them.
+// BatchLogits serves them and refuses the rows before them. Forward keeps
+// the rows of the logits it is asked for.
 TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
   Tiny t = ThreeLayerTiny(GetParam());
   const LlamaConfig& c = t.model->config();
@@ -278,6 +279,18 @@ TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
   // Fewer kept rows than logits, or more than the batch, are refused.
   EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->ForwardWithAttention(ids.data(), n, attend, 2, want.data(), 1)));
   EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->ForwardWithAttention(ids.data(), n, attend, 0, nullptr, n + 1)));
+  // Forward keeps the rows whose logits it made: the same logits as all
+  // rows of the batch give, and BatchLogits refuses the rows before them.
+  auto kv = (*fwd)->NewKvCache(n);
+  SNAPFILL_ASSERT_OK(kv);
+  std::vector<float> last3(3 * vocab), row(vocab);
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 3, last3.data()));
+  for (int64_t i = 0; i < 3; ++i) {
+    ExpectLogitsNear(want.data() + (n - 3 + i) * vocab, last3.data() + i * vocab, vocab, 1e-4);
+    SNAPFILL_ASSERT_OK((*fwd)->BatchLogits(n - 3 + i, 1, row.data()));
+    ExpectLogitsNear(last3.data() + i * vocab, row.data(), vocab, 1e-6);
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument((*fwd)->BatchLogits(n - 4, 1, row.data())));
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, ForwardInvariantTest, ::testing::Values(false, true),
