@@ -234,6 +234,9 @@ std::vector<AttnCase> SweepCases() {
   // (TinyLlama's 32 on 4) and 5 (a chunk and a remainder at either width).
   cases.push_back({1, 900, 32, 4, 64});
   cases.push_back({1, 600, 10, 2, 64});
+  // Decoding at head_dim 128 over many keys (Llama-3-8B's heads): the score
+  // blocks of 8 keys at AVX2, of the heads together at AVX-512.
+  cases.push_back({1, 1155, 32, 8, 128});
   return cases;
 }
 
