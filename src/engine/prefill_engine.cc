@@ -22,6 +22,13 @@ int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
   return std::max<int64_t>(1, std::min<int64_t>({64, (int64_t{1} << 22) / vocab_size, max_chunk}));
 }
 
+// The chunk loop's gathers: each KV head's rows in this many parts (two
+// threads on 3 KV heads: 3 parts each), run on all threads when a head has
+// at least this many floats to copy (below, the copy is shorter than waking
+// the team).
+constexpr int64_t kCopyParts = 2;
+constexpr int64_t kParallelCopyFloats = 1 << 14;
+
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
@@ -255,26 +262,35 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   const int64_t head_stride = cand_capacity_ * d;
   const bool original = config_.keep_original_positions;
 
-  // 1. Gather memory ∪ chunk per KV head (keys before RoPE).
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+  // 1. Gather memory ∪ chunk per KV head (keys before RoPE), and a copy of
+  //    the keys to rotate. Both threads copy: rows [0, num) of each head in
+  //    kCopyParts parts (the copies were 1.5% of the main thread's samples
+  //    in a 64K prefill, with the other thread waiting).
+  const int64_t items = c.num_kv_heads * kCopyParts;
+#pragma omp parallel for schedule(static) if (items > 1 && num * d >= kParallelCopyFloats)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t h = item / kCopyParts, part = item % kCopyParts;
+    const int64_t r0 = num * part / kCopyParts, r1 = num * (part + 1) / kCopyParts;
     float* kr = cand_k_raw_.data() + h * head_stride;
     float* vv = cand_v_.data() + h * head_stride;
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    std::memcpy(kr, memory_->k(layer, h), m * d * sizeof(float));
-    std::memcpy(vv, memory_->v(layer, h), m * d * sizeof(float));
-    std::memcpy(pp, memory_->pos(layer, h), m * sizeof(int32_t));
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(kr + (m + t) * d, k + t * kv_stride + h * d, d * sizeof(float));
-      std::memcpy(vv + (m + t) * d, v + t * kv_stride + h * d, d * sizeof(float));
-      pp[m + t] = static_cast<int32_t>(start + t);
+    const int64_t mem1 = std::min(r1, m);  // memory rows [r0, mem1), chunk rows from max(r0, m)
+    if (r0 < mem1) {
+      std::memcpy(kr + r0 * d, memory_->k(layer, h) + r0 * d, (mem1 - r0) * d * sizeof(float));
+      std::memcpy(vv + r0 * d, memory_->v(layer, h) + r0 * d, (mem1 - r0) * d * sizeof(float));
+      std::memcpy(pp + r0, memory_->pos(layer, h) + r0, (mem1 - r0) * sizeof(int32_t));
     }
+    for (int64_t r = std::max(r0, m); r < r1; ++r) {
+      const int64_t t = r - m;
+      std::memcpy(kr + r * d, k + t * kv_stride + h * d, d * sizeof(float));
+      std::memcpy(vv + r * d, v + t * kv_stride + h * d, d * sizeof(float));
+      pp[r] = static_cast<int32_t>(start + t);
+    }
+    // (The candidates only, not the capacity.)
+    std::memcpy(cand_k_rot_.data() + h * head_stride + r0 * d, kr + r0 * d, (r1 - r0) * d * sizeof(float));
   }
   // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
   //    the largest position is m + c; or each entry at its input position.
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // the candidates only, not the capacity
-    std::memcpy(cand_k_rot_.data() + h * head_stride, cand_k_raw_.data() + h * head_stride,
-                num * d * sizeof(float));
-  }
   std::iota(rot_pos_.begin(), rot_pos_.begin() + num, 0);
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     const int32_t* pos = original ? cand_pos_.data() + h * cand_capacity_ : rot_pos_.data();
@@ -327,24 +343,32 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept,
                                             " entries, memory holds ", prefill_capacity_));
   }
-  double retained = 0;
-  std::vector<int64_t>& origin = telemetry_.origin[layer];
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-    SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+  // The kept entries into the memory, both threads as in step 1 (the
+  // candidates are a separate buffer, so the parts write disjoint rows).
+#pragma omp parallel for schedule(static) if (items > 1 && kept * d >= kParallelCopyFloats)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t h = item / kCopyParts, part = item % kCopyParts;
     const float* kr = cand_k_raw_.data() + h * head_stride;
     const float* vv = cand_v_.data() + h * head_stride;
     const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
     float* mk = memory_->k(layer, h);
     float* mv = memory_->v(layer, h);
     int32_t* mp = memory_->pos(layer, h);
-    int64_t from_memory = 0;
-    // keep_ is ascending, so writing entry j never overwrites a candidate
-    // still to be read (the candidates are a separate buffer anyway).
-    for (int64_t j = 0; j < kept; ++j) {
+    for (int64_t j = kept * part / kCopyParts; j < kept * (part + 1) / kCopyParts; ++j) {
       const int32_t idx = keep_[h][j];
       std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));
       std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
       mp[j] = pp[idx];
+    }
+  }
+  double retained = 0;
+  std::vector<int64_t>& origin = telemetry_.origin[layer];
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
+    int64_t from_memory = 0;
+    for (int64_t j = 0; j < kept; ++j) {
+      const int32_t idx = keep_[h][j];
       from_memory += idx < m;
       origin[ChunkOf(pp[idx])]++;
     }
