@@ -267,6 +267,17 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   //    kCopyParts parts (the copies were 1.5% of the main thread's samples
   //    in a 64K prefill, with the other thread waiting).
   const int64_t items = c.num_kv_heads * kCopyParts;
+  // The memory's rows, looked up before the threads start: KvCache's
+  // accessors may write (k() and v() restore released entries and mark the
+  // layer's fp16 copy stale), so they are not for concurrent callers.
+  mem_k_.resize(c.num_kv_heads);
+  mem_v_.resize(c.num_kv_heads);
+  mem_pos_.resize(c.num_kv_heads);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    mem_k_[h] = memory_->k(layer, h);
+    mem_v_[h] = memory_->v(layer, h);
+    mem_pos_[h] = memory_->pos(layer, h);
+  }
 #pragma omp parallel for schedule(static) if (items > 1 && num * d >= kParallelCopyFloats)
   for (int64_t item = 0; item < items; ++item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
@@ -276,9 +287,9 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
     const int64_t mem1 = std::min(r1, m);  // memory rows [r0, mem1), chunk rows from max(r0, m)
     if (r0 < mem1) {
-      std::memcpy(kr + r0 * d, memory_->k(layer, h) + r0 * d, (mem1 - r0) * d * sizeof(float));
-      std::memcpy(vv + r0 * d, memory_->v(layer, h) + r0 * d, (mem1 - r0) * d * sizeof(float));
-      std::memcpy(pp + r0, memory_->pos(layer, h) + r0, (mem1 - r0) * sizeof(int32_t));
+      std::memcpy(kr + r0 * d, mem_k_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
+      std::memcpy(vv + r0 * d, mem_v_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
+      std::memcpy(pp + r0, mem_pos_[h] + r0, (mem1 - r0) * sizeof(int32_t));
     }
     for (int64_t r = std::max(r0, m); r < r1; ++r) {
       const int64_t t = r - m;
@@ -352,9 +363,9 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     const float* kr = cand_k_raw_.data() + h * head_stride;
     const float* vv = cand_v_.data() + h * head_stride;
     const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    float* mk = memory_->k(layer, h);
-    float* mv = memory_->v(layer, h);
-    int32_t* mp = memory_->pos(layer, h);
+    float* mk = mem_k_[h];  // (looked up in step 1, before any thread started)
+    float* mv = mem_v_[h];
+    int32_t* mp = mem_pos_[h];
     for (int64_t j = kept * part / kCopyParts; j < kept * (part + 1) / kCopyParts; ++j) {
       const int32_t idx = keep_[h][j];
       std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));

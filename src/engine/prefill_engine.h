@@ -195,6 +195,9 @@ class PrefillEngine {
   PagedArray<int32_t> rot_pos_;      // [cand_capacity] rotation positions
   PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
   std::vector<std::vector<int32_t>> keep_;
+  // A layer's memory rows per KV head, for AttendAndCompress's threads.
+  std::vector<float*> mem_k_, mem_v_;
+  std::vector<int32_t*> mem_pos_;
   int64_t cand_capacity_ = 0;
   int64_t prefill_capacity_ = 0;  // memory entries the prefill may use (no decode reserve)
   int64_t taken_max_size_ = 0;    // memory_->max_size() when TakeDecoderCache() took it
