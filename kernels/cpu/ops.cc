@@ -35,6 +35,8 @@
 namespace snapfill::cpu::internal {
 // AttentionImpl, for every level's copy.
 std::atomic<int> g_attention_impl{static_cast<int>(AttentionImpl::kAuto)};
+constexpr int64_t kDefaultWindowScoresKept = int64_t{1} << 22;
+std::atomic<int64_t> g_window_scores_kept{kDefaultWindowScoresKept};
 }  // namespace snapfill::cpu::internal
 
 #define SNAPFILL_CPU_VARIANT_BODY "kernels/cpu/ops_variant.inc"
@@ -45,6 +47,12 @@ namespace snapfill::cpu {
 
 void SetAttentionImplForTesting(AttentionImpl impl) {
   internal::g_attention_impl.store(static_cast<int>(impl), std::memory_order_relaxed);
+}
+
+int64_t WindowScoresKeptFloats() { return internal::g_window_scores_kept.load(std::memory_order_relaxed); }
+void SetWindowScoresKeptFloatsForTesting(int64_t floats) {
+  internal::g_window_scores_kept.store(floats < 0 ? internal::kDefaultWindowScoresKept : floats,
+                                       std::memory_order_relaxed);
 }
 
 void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride, int64_t rows,

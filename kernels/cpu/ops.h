@@ -78,6 +78,13 @@ void AttentionF32(const float* q, int64_t q_stride, const float* k, const float*
 enum class AttentionImpl { kAuto, kF32, kAvx512Bf16 };
 void SetAttentionImplForTesting(AttentionImpl impl);
 
+// The most scores WindowScores keeps between its passes (4 Mi floats, 16
+// MiB, by default: 14,000 keys at SmolLM2's 9 heads and window 32). For
+// tests, which set 0 to run the second pass's recomputation; < 0 restores
+// the default. Process-wide.
+int64_t WindowScoresKeptFloats();
+void SetWindowScoresKeptFloatsForTesting(int64_t floats);
+
 // True if Attention of a chunk (num_q > 1, head_dim 64) runs on AMX-BF16
 // tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.
 bool AttentionHasAmx();
@@ -97,6 +104,9 @@ bool AttentionHasAvx512Bf16();
 // head's votes sum to num_q (up to rounding). group = num_heads /
 // num_kv_heads; query head g belongs to KV head g / group. Two passes over
 // the keys (row max and sum, then normalized accumulation), f32 throughout.
+// The first pass keeps the scores for the second (per calling thread, up
+// to WindowScoresKeptFloats() floats: num_heads · num_q per key); past
+// that the second pass computes them again, which gives the same bits.
 void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
                   int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q,
                   int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,

@@ -15,6 +15,7 @@
 //    |Δvotes_j| <= 2·eps·(2(d + 2)·A + K + M + 8)·votes_j.
 // These worst-case bounds grow with K; the whole tensor must also reach
 // NMSE <= 1e-7 (ggml test-backend-ops' f32 default).
+#include <bit>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -616,6 +617,30 @@ TEST_P(WindowScoresTest, CausalKeysGetBoundedVotes) {
       EXPECT_LE(vote, (c.num_q - i) * (1.0 + 1e-5)) << "KV head " << h << " key " << memory + i;
     }
   }
+}
+
+// The scores kept between the passes (the default) and computed again in
+// the second pass (no room kept: WindowScoresKeptFloats() = 0) give the same
+// bits; and the kept scratch, grown by this case after the smaller cases
+// before it, then reused by a smaller call, gives those bits again.
+TEST_P(WindowScoresTest, KeptScoresEqualRecomputedBitForBit) {
+  const AttnData a = MakeData(GetParam(), 34);
+  const std::vector<float> kept = RunCpuVotes(a);
+  cpu::SetWindowScoresKeptFloatsForTesting(0);
+  const std::vector<float> recomputed = RunCpuVotes(a);
+  cpu::SetWindowScoresKeptFloatsForTesting(-1);
+  ASSERT_EQ(kept.size(), recomputed.size());
+  for (size_t i = 0; i < kept.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(kept[i]), std::bit_cast<uint32_t>(recomputed[i])) << "vote " << i;
+  }
+  const AttnData small = MakeData({GetParam().num_q, GetParam().num_q, GetParam().num_heads,
+                                   GetParam().num_kv_heads, GetParam().head_dim},
+                                  35);
+  const std::vector<float> small_kept = RunCpuVotes(small);
+  cpu::SetWindowScoresKeptFloatsForTesting(0);
+  const std::vector<float> small_recomputed = RunCpuVotes(small);
+  cpu::SetWindowScoresKeptFloatsForTesting(-1);
+  EXPECT_EQ(small_kept, small_recomputed);
 }
 
 std::vector<AttnCase> VoteCases() {
