@@ -1,5 +1,6 @@
 #include "tools/cli/memory_budget.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -65,9 +66,13 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
   // SnapKV's votes keep the window queries' scores of every key for their
   // second pass (cpu::WindowScores): num_heads · window floats per key of
-  // the longest attention (1.8 MiB for SmolLM2 at IMDC 1024 / 1024).
-  p.backend += static_cast<uint64_t>(c.num_heads) * static_cast<uint64_t>(fp.plan.config.window) *
-               static_cast<uint64_t>(fp.plan.peak_attention_length) * sizeof(float);
+  // the longest attention (1.8 MiB for SmolLM2 at IMDC 1024 / 1024), up to
+  // cpu::WindowScoresKeptFloats()'s default of 4 Mi floats.
+  constexpr uint64_t kWindowScoresKeptFloats = uint64_t{1} << 22;
+  p.backend += std::min(kWindowScoresKeptFloats, static_cast<uint64_t>(c.num_heads) *
+                                                     static_cast<uint64_t>(fp.plan.config.window) *
+                                                     static_cast<uint64_t>(fp.plan.peak_attention_length)) *
+               sizeof(float);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
   // adds one-token activations, the logits, and the decode copy's growth.
