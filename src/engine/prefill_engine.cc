@@ -315,9 +315,10 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
 
   // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk),
-  //    for the last out_rows queries: those whose outputs are read (the
-  //    last layer's are not, but for the logits). Query i of them sees the
-  //    keys up to num - out_rows + i, as row n - out_rows + i of the chunk.
+  //    for the last out_rows queries, those whose outputs are read: every
+  //    one but in the last layer, where only the rows whose logits are
+  //    wanted. Query i of them sees the keys up to num - out_rows + i, as
+  //    row n - out_rows + i of the chunk.
   KvView view;
   view.k = cand_k_rot_.data();
   view.v = cand_v_.data();
