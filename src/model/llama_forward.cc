@@ -157,8 +157,9 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     return b.Attention(q + skip * q_stride, q_stride, kv.View(l, kv.size(l)), out + skip * q_stride,
                        q_stride, out_rows, c.num_heads, c.num_kv_heads, c.head_dim, scale);
   };
-  // Final hidden states only for the rows whose logits are asked for (as
-  // llama.cpp's last layer keeps only its output rows).
+  // Final hidden states only for the rows whose logits are asked for.
+  // (llama.cpp 84f7129's last layer drops the other rows after its
+  // attention and Wo, before the feed-forward block; here before all three.)
   return RunLayers(tokens, n, attend, num_logits, logits, /*hidden_rows=*/num_logits);
 }
 
