@@ -139,23 +139,21 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope_dim,
                                     c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
     SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k, v, n, kv_stride, pos));
+    bool half = false;
     if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow()) {
       // Decode reads the fp16 copy, which replaces the f32 entries: the
       // whole layer at the first step, the token just appended after.
       // (A batch, or anything else that reads f32, widens them back.)
       SNAPFILL_RETURN_IF_ERROR(kv.SyncHalf(
           l, [&b](const float* x, uint16_t* y, int64_t count) { b.ToHalf(x, y, count); }, /*release_f32=*/true));
-      if (!kv.half_overflow()) {
-        return b.Attention(q, q_stride, kv.HalfView(l, kv.size(l)), out, q_stride, n, c.num_heads,
-                           c.num_kv_heads, c.head_dim, scale);
-      }
       // An entry too large for fp16: this and every later step read f32.
+      half = !kv.half_overflow();
     }
     // The last out_rows queries (the cache's last positions, as the batch's).
     if (out_rows == 0) return absl::OkStatus();
     const int64_t skip = n - out_rows;
-    return b.Attention(q + skip * q_stride, q_stride, kv.View(l, kv.size(l)), out + skip * q_stride,
-                       q_stride, out_rows, c.num_heads, c.num_kv_heads, c.head_dim, scale);
+    return b.Attention(q + skip * q_stride, q_stride, half ? kv.HalfView(l, kv.size(l)) : kv.View(l, kv.size(l)),
+                       out + skip * q_stride, q_stride, out_rows, c.num_heads, c.num_kv_heads, c.head_dim, scale);
   };
   // Final hidden states only for the rows whose logits are asked for.
   // (llama.cpp 84f7129's last layer drops the other rows after its

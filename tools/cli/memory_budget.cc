@@ -66,7 +66,7 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
   // SnapKV's votes keep the window queries' scores of every key for their
   // second pass (cpu::WindowScores): num_heads · window floats per key of
-  // the longest attention (1.8 MiB for SmolLM2 at IMDC 1024 / 1024), up to
+  // the longest attention (1.7 MiB for SmolLM2 at IMDC 1024 / 1024), up to
   // cpu::WindowScoresKeptFloats()'s default of 4 Mi floats.
   constexpr uint64_t kWindowScoresKeptFloats = uint64_t{1} << 22;
   p.backend += std::min(kWindowScoresKeptFloats, static_cast<uint64_t>(c.num_heads) *
