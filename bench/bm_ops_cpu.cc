@@ -90,9 +90,9 @@ BENCHMARK(BM_Attention_Cpu)
 // (num_layers separate buffers, 45 KiB per key in all for this model), so
 // the KV streams from memory as in a real decode instead of sitting in L2
 // (BM_Attention_Cpu/q:1 reuses one buffer). keys = 1155 is what IMDC with
-// memory 1024 leaves of a 64K-token input (768: what memory 512 leaves,
-// fewer than 1,024 keys: one range per KV head before); bytes/s counts K
-// and V once.
+// memory 1024 leaves of a 64K-token input; 768, a cache of fewer than
+// 1,024 keys (one range per KV head before cab249f). bytes/s counts K and
+// V once.
 // E = uint16_t: the same step over fp16 K and V (cpu::AttentionDecodeF16,
 // the decode copy of the cache), bytes/s counting the fp16 bytes read.
 template <typename E>
