@@ -36,8 +36,7 @@
 namespace snapfill::cpu::internal {
 // AttentionImpl, for every level's copy.
 std::atomic<int> g_attention_impl{static_cast<int>(AttentionImpl::kAuto)};
-constexpr int64_t kDefaultWindowScoresKept = int64_t{1} << 22;
-std::atomic<int64_t> g_window_scores_kept{kDefaultWindowScoresKept};
+std::atomic<int64_t> g_window_scores_kept{kDefaultWindowScoresKeptFloats};
 
 // WindowScores' kept scores: address space reserved once per calling
 // thread for WindowScoresKeptFloats() floats (mmap: resident only where
@@ -78,7 +77,7 @@ void SetAttentionImplForTesting(AttentionImpl impl) {
 
 int64_t WindowScoresKeptFloats() { return internal::g_window_scores_kept.load(std::memory_order_relaxed); }
 void SetWindowScoresKeptFloatsForTesting(int64_t floats) {
-  internal::g_window_scores_kept.store(floats < 0 ? internal::kDefaultWindowScoresKept : floats,
+  internal::g_window_scores_kept.store(floats < 0 ? kDefaultWindowScoresKeptFloats : floats,
                                        std::memory_order_relaxed);
 }
 

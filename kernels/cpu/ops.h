@@ -78,10 +78,12 @@ void AttentionF32(const float* q, int64_t q_stride, const float* k, const float*
 enum class AttentionImpl { kAuto, kF32, kAvx512Bf16 };
 void SetAttentionImplForTesting(AttentionImpl impl);
 
-// The most scores WindowScores keeps between its passes (4 Mi floats, 16
-// MiB, by default: 14,000 keys at SmolLM2's 9 heads and window 32). For
+// The most scores WindowScores keeps between its passes (by default
+// kDefaultWindowScoresKeptFloats: 4 Mi floats, 16 MiB, 14,000 keys at
+// SmolLM2's 9 heads and window 32; the predicted peak counts up to it). For
 // tests, which set 0 to run the second pass's recomputation; < 0 restores
 // the default. Process-wide.
+inline constexpr int64_t kDefaultWindowScoresKeptFloats = int64_t{1} << 22;
 int64_t WindowScoresKeptFloats();
 void SetWindowScoresKeptFloatsForTesting(int64_t floats);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/ops.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/common.h"
 
@@ -67,12 +68,10 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   // SnapKV's votes keep the window queries' scores of every key for their
   // second pass (cpu::WindowScores): num_heads · window floats per key of
   // the longest attention (1.7 MiB for SmolLM2 at IMDC 1024 / 1024), up to
-  // cpu::WindowScoresKeptFloats()'s default of 4 Mi floats.
-  constexpr uint64_t kWindowScoresKeptFloats = uint64_t{1} << 22;
-  p.backend += std::min(kWindowScoresKeptFloats, static_cast<uint64_t>(c.num_heads) *
-                                                     static_cast<uint64_t>(fp.plan.config.window) *
-                                                     static_cast<uint64_t>(fp.plan.peak_attention_length)) *
-               sizeof(float);
+  // cpu::kDefaultWindowScoresKeptFloats (4 Mi floats).
+  const uint64_t scores = static_cast<uint64_t>(c.num_heads) * static_cast<uint64_t>(fp.plan.config.window) *
+                         static_cast<uint64_t>(fp.plan.peak_attention_length);
+  p.backend += std::min(static_cast<uint64_t>(cpu::kDefaultWindowScoresKeptFloats), scores) * sizeof(float);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
   // adds one-token activations, the logits, and the decode copy's growth.
