@@ -167,6 +167,17 @@ void BM_DecodeAttentionF16InCache_Cpu(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAttentionF16InCache_Cpu)->ArgName("keys")->Arg(256)->Arg(1155)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The step over a compressed cache's 1,155 keys, but with 8 times the
+// model's layers (213 MiB of fp16 K and V), so that each layer's KV comes
+// from DRAM as in a real decode step, where the weights the products stream
+// push it out of L3 (BM_DecodeAttentionF16_Cpu/keys:1155 reads it from L3):
+// short ranges (578 keys, 3 per thread and layer), each layer a parallel
+// region of its own.
+void BM_DecodeAttentionF16FromMemory_Cpu(benchmark::State& state) {
+  DecodeAttentionStep<uint16_t>(state, kSmolLM2_135M, 8 * kSmolLM2_135M.num_layers);
+}
+BENCHMARK(BM_DecodeAttentionF16FromMemory_Cpu)->ArgName("keys")->Arg(1155)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_WindowScores_Cpu(benchmark::State& state) {
   const ModelShape m = kSmolLM2_135M;
   const int64_t window = state.range(0);
