@@ -3,7 +3,9 @@
 // shows, each schedule is compared with the FM run of its own chunk (added
 // where missing; none without fm in the list), eq. 4 gives FM exactly 1, and
 // bad flags are refused.
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -38,6 +40,8 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
   // before it as its baseline.
   ASSERT_EQ(j["schedules"].size(), 4u);
   const char* labels[] = {"fm", "im:sqrt", "fm@128", "imdc"};
+  const char* omp_threads = std::getenv("OMP_NUM_THREADS");
+  const bool two_threads = std::thread::hardware_concurrency() >= 2 && (omp_threads == nullptr || std::atoi(omp_threads) >= 2);
   const int64_t chunks[] = {64, 64, 128, 128};
   for (int i = 0; i < 4; ++i) {
     const auto& s = j["schedules"][i];
@@ -52,6 +56,14 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
     ASSERT_EQ(s["read_bandwidth_bytes_per_second"].size(), 2u) << labels[i];
     ASSERT_EQ(s["decode_tokens_per_second_runs"].size(), 2u) << labels[i];
     for (const auto& bw : s["read_bandwidth_bytes_per_second"]) EXPECT_GT(bw.get<double>(), 1e8);
+    // And by the round trip of a line between two threads (0 with one).
+    ASSERT_EQ(s["cpu_round_trip_ns"].size(), 2u) << labels[i];
+    for (const auto& rt : s["cpu_round_trip_ns"]) {
+      if (two_threads) {
+        EXPECT_GT(rt.get<double>(), 1.0) << labels[i];
+      }
+      EXPECT_LT(rt.get<double>(), 2e7) << labels[i];  // each batch is cut at 20 ms
+    }
     EXPECT_GT(s["decode_predicted_tokens_per_second"].get<double>(), 0);
     EXPECT_GT(s["decode_share_of_prediction"].get<double>(), 0);
     const double share = s["attention_share"].get<double>();
@@ -78,6 +90,7 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
   // generated tokens), far more than the compressed one.
   EXPECT_GE(j["full_cache"]["cache_entries"].get<int64_t>(), 512);
   EXPECT_EQ(j["full_cache"]["read_bandwidth_bytes_per_second"].size(), 2u);
+  EXPECT_EQ(j["full_cache"]["cpu_round_trip_ns"].size(), 2u);
   EXPECT_GT(j["full_cache"]["decode_share_of_prediction"].get<double>(), 0);
   EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
             j["schedules"][0]["cache_entries"].get<int64_t>());

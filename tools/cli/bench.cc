@@ -11,7 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -50,6 +54,7 @@ struct Measured {
   std::vector<double> ttft, prefill, decode_tps;
   std::vector<double> first_step;  // seconds of the first decode step (it makes the decode copy)
   std::vector<double> bandwidth;   // read bandwidth probed right after each run with a decode rate
+  std::vector<double> round_trip;  // CPU-to-CPU round trip (ns) probed with it; 0 with one thread
   double mean_memory = 0, attention_share = 0;
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
   uint64_t peak_rss = 0, predicted_peak = 0;
@@ -65,6 +70,7 @@ double SteadyDecodeRate(const nlohmann::json& j) {
 }
 
 double ReadBandwidth();
+double CpuRoundTripNs();
 
 // Adds a run's steady decode rate and first step to m, and the memory read
 // bandwidth probed now, just after the run (its decode was the run's last
@@ -76,6 +82,7 @@ void AddDecode(const nlohmann::json& j, Measured& m) {
     m.decode_tps.push_back(tps);
     m.first_step.push_back(j.value("first_step_seconds", 0.0));
     m.bandwidth.push_back(ReadBandwidth());
+    m.round_trip.push_back(CpuRoundTripNs());
   }
 }
 
@@ -126,6 +133,67 @@ absl::StatusOr<std::pair<Json, uint64_t>> RunChild(const std::vector<std::string
   Json j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InternalError("the run's report is not JSON");
   return std::make_pair(j, static_cast<uint64_t>(usage.ru_maxrss) * 1024);
+}
+
+// The time a cache line takes to go from one of the first two threads to
+// the other and back (ns; the median of 5 batches of up to 4,000 hand-offs,
+// each batch cut at 20 ms), or 0 with fewer than 2 threads. On this
+// project's 2-vCPU VM it moves between about 100 ns and about 400 ns from
+// one second to the next, and the 400 ns phase is the one in which the read
+// bandwidth is high (75-80 GB/s against 45-50): the two vCPUs then sit
+// behind different L3 caches and memory links. Every parallel region of a
+// decode step hands lines over (the fork, the join, each thread's half of
+// an output), so that phase slows the step's fixed costs while it speeds
+// its reads; the probe tells the phases apart where the bandwidth alone
+// cannot (docs/BENCHMARKS.md, sitting 23).
+double CpuRoundTripNs() {
+  if (omp_get_max_threads() < 2) return 0;
+  constexpr int kBatches = 5, kHandOffs = 4000;
+  alignas(64) std::atomic<int64_t> line{0};
+  alignas(64) std::atomic<bool> stop{false};
+  std::vector<double> ns;
+#pragma omp parallel num_threads(2)
+  {
+    const int t = omp_get_thread_num();
+    if (omp_get_num_threads() == 2) {
+      for (int b = 0; b < kBatches; ++b) {
+        if (t == 0) {
+          // Thread 0 writes odd values, thread 1 answers with the next even
+          // one; thread 0 times the round trips and ends the batch.
+          const int64_t base = line.load();
+          const auto start = std::chrono::steady_clock::now();
+          const auto limit = start + std::chrono::milliseconds(20);
+          int done = 0;
+          for (; done < kHandOffs; ++done) {
+            const int64_t v = base + 2 * done;
+            line.store(v + 1, std::memory_order_release);
+            while (line.load(std::memory_order_acquire) != v + 2) {
+            }
+            if ((done & 63) == 63 && std::chrono::steady_clock::now() > limit) {
+              ++done;
+              break;
+            }
+          }
+          const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          ns.push_back(sec * 1e9 / done);
+          stop.store(true, std::memory_order_release);
+        } else {
+          for (;;) {
+            const int64_t v = line.load(std::memory_order_acquire);
+            if (v % 2 == 1) {
+              line.store(v + 1, std::memory_order_release);
+            } else if (stop.load(std::memory_order_acquire)) {
+              break;
+            }
+          }
+        }
+#pragma omp barrier
+        if (t == 0) stop.store(false);
+#pragma omp barrier
+      }
+    }
+  }
+  return Median(ns);
 }
 
 // Memory read bandwidth with the run's thread count: every thread streams
@@ -456,6 +524,7 @@ absl::Status RunBench() {
     r["decode_predicted_tokens_per_second"] = predicted_tps(m);
     r["decode_share_of_prediction"] = share(m);
     r["read_bandwidth_bytes_per_second"] = m.bandwidth;
+    r["cpu_round_trip_ns"] = m.round_trip;
     all_bandwidth.insert(all_bandwidth.end(), m.bandwidth.begin(), m.bandwidth.end());
     out["schedules"].push_back(r);
   }
@@ -472,17 +541,18 @@ absl::Status RunBench() {
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
                 "decode copy of the weights; prediction = read bandwidth probed right after each run / "
-                "bytes per step: weights %s + KV in %s; share = each run's rate / its prediction)\n",
+                "bytes per step: weights %s + KV in %s; share = each run's rate / its prediction; "
+                "CPU rt = the round trip of a cache line between two threads, probed with the bandwidth)\n",
                 (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str(),
                 half_kv ? "fp16" : "f32");
-    std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s\n", "cache", "entries", "KV bytes", "tokens/s",
-                "GB/s", "predicted", "share", "first step ms");
+    std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s %10s\n", "cache", "entries", "KV bytes", "tokens/s",
+                "GB/s", "predicted", "share", "first step ms", "CPU rt ns");
     auto line = [&](const std::string& name, const Measured& m) {
-      std::printf("%-26s %10lld %10s %10.1f %10.1f %10.1f %6.0f%% %14.1f\n", name.c_str(),
+      std::printf("%-26s %10lld %10s %10.1f %10.1f %10.1f %6.0f%% %14.1f %10.0f\n", name.c_str(),
                   (long long)m.cache_entries,
                   HumanBytes(static_cast<uint64_t>(m.cache_entries * entry_bytes)).c_str(),
                   Median(m.decode_tps), Median(m.bandwidth) / 1e9, predicted_tps(m), 100 * share(m),
-                  Median(m.first_step) * 1e3);
+                  Median(m.first_step) * 1e3, Median(m.round_trip));
     };
     for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
     line(full.config.label, full);
@@ -494,6 +564,7 @@ absl::Status RunBench() {
     f["decode_predicted_tokens_per_second"] = predicted_tps(full);
     f["decode_share_of_prediction"] = share(full);
     f["read_bandwidth_bytes_per_second"] = full.bandwidth;
+    f["cpu_round_trip_ns"] = full.round_trip;
     all_bandwidth.insert(all_bandwidth.end(), full.bandwidth.begin(), full.bandwidth.end());
     f["peak_rss_bytes"] = full.peak_rss;
     out["full_cache"] = f;
