@@ -140,8 +140,9 @@ absl::StatusOr<std::pair<Json, uint64_t>> RunChild(const std::vector<std::string
 // each batch cut at 20 ms), or 0 with fewer than 2 threads. On this
 // project's 2-vCPU VM it moves between about 100 ns and about 400 ns from
 // one second to the next, and the 400 ns phase is the one in which the read
-// bandwidth is high (75-80 GB/s against 45-50): the two vCPUs then sit
-// behind different L3 caches and memory links. Every parallel region of a
+// bandwidth is high (75-80 GB/s against 45-50): most likely the two vCPUs
+// then sit behind different L3 caches and memory links (the clock and the
+// DRAM latency do not change). Every parallel region of a
 // decode step hands lines over (the fork, the join, each thread's half of
 // an output), so that phase slows the step's fixed costs while it speeds
 // its reads; the probe tells the phases apart where the bandwidth alone
