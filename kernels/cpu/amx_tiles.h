@@ -55,6 +55,12 @@ static_assert(sizeof(TileConfig) == 64, "tile config is 64 bytes");
   __asm__ volatile("tileloadd\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
                    "r"((long)(stride))                                            \
                    : "memory")
+// The same load with the non-temporal hint (tileloaddt1): for an operand that
+// streams past once per use, so it does not push the reused one out of L1.
+#define SNAPFILL_TILE_LOAD_STREAM(tmm, base, stride)                              \
+  __asm__ volatile("tileloaddt1\t(%0,%1,1), %%tmm" #tmm ::"r"((const void*)(base)), \
+                   "r"((long)(stride))                                              \
+                   : "memory")
 #define SNAPFILL_TILE_STORE(tmm, base, stride)                                    \
   __asm__ volatile("tilestored\t%%tmm" #tmm ", (%0,%1,1)" ::"r"((void*)(base)), \
                    "r"((long)(stride))                                              \

@@ -46,6 +46,23 @@ bool AmxBf16Available();
 void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                    int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
+// One product of MatMulAmxBf16Shared: Y[m, n] (row stride y_stride floats)
+// = X · Wᵀ with W's rows w_row_bytes apart.
+struct AmxBf16Out {
+  const uint8_t* w;
+  int64_t n;
+  size_t w_row_bytes;
+  float* y;
+  int64_t y_stride;
+};
+
+// MatMulAmxBf16 for `count` (1..8) weights of one type that share X (Q, K
+// and V; gate and up): X is converted to bf16 once, and every product's
+// units run in one parallel region. Each output equals MatMulAmxBf16's for
+// that weight bit for bit.
+void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
+                         const AmxBf16Out* outs, int count);
+
 // Loads the tile configuration of the AMX-BF16 kernels on the calling thread
 // (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.
 // Every thread that issues tile ops configures first and releases before it

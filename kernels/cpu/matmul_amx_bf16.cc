@@ -198,11 +198,15 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
   // earlier op reading it has finished. So each next-block load is issued
   // right after the last op that reads its register, and the next block's
   // first op (A0·B0) finds both operands loaded one op earlier.
+  // The token pair's A tiles are read again by the panel's next row pair
+  // and stay in L1; the B tiles go through with the non-temporal hint so
+  // they do not evict them (docs/BENCHMARKS.md sitting 24: 7.2 -> 5.6 ns
+  // per op at k = 576 in a stand-alone loop).
   const uint8_t* xa = a.xa;
   const uint8_t* bp = a.bp;
   SNAPFILL_TILE_LOAD(4, xa, 64);
-  SNAPFILL_TILE_LOAD(6, bp, 64);
-  SNAPFILL_TILE_LOAD(7, bp + kBTileBytes, 64);
+  SNAPFILL_TILE_LOAD_STREAM(6, bp, 64);
+  SNAPFILL_TILE_LOAD_STREAM(7, bp + kBTileBytes, 64);
   SNAPFILL_TILE_LOAD(5, xa + kBTileBytes, 64);
   for (int64_t b = 1; b < a.nb; ++b) {
     xa += 2 * kBTileBytes;
@@ -211,10 +215,10 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
     _tile_dpbf16ps(1, 4, 7);
     SNAPFILL_TILE_LOAD(4, xa, 64);
     _tile_dpbf16ps(2, 5, 6);
-    SNAPFILL_TILE_LOAD(6, bp, 64);
+    SNAPFILL_TILE_LOAD_STREAM(6, bp, 64);
     _tile_dpbf16ps(3, 5, 7);
     SNAPFILL_TILE_LOAD(5, xa + kBTileBytes, 64);
-    SNAPFILL_TILE_LOAD(7, bp + kBTileBytes, 64);
+    SNAPFILL_TILE_LOAD_STREAM(7, bp + kBTileBytes, 64);
   }
   _tile_dpbf16ps(0, 4, 6);
   _tile_dpbf16ps(1, 4, 7);
@@ -291,29 +295,52 @@ void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_byt
 
 void ConvertRowBf16ForTesting(const float* x, int64_t k, uint16_t* out) { ConvertRow(x, k, out, 32); }
 
-void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
-                   int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+namespace {
+
+// How one product's outputs are cut into units: panels of row pairs ×
+// blocks of token pairs, panel-major.
+struct UnitLayout {
+  int64_t num_rp, rp_per_unit, num_mu, tp_per_unit, num_units;
+};
+
+UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
+  UnitLayout l;
+  l.num_rp = (n + 2 * kTile - 1) / (2 * kTile);
+  // Token blocks and panels of near-equal size (a short last one would leave
+  // a thread idle at the end of the static schedule).
+  l.num_mu = (num_tp + kBlockPairs - 1) / kBlockPairs;
+  l.tp_per_unit = (num_tp + l.num_mu - 1) / l.num_mu;
+  // Panels small enough that every thread gets several units.
+  const int64_t want_nu = std::max<int64_t>((l.num_rp + kPanelPairs - 1) / kPanelPairs,
+                                            (2 * threads + l.num_mu - 1) / l.num_mu);
+  l.rp_per_unit = std::max<int64_t>(1, (l.num_rp + want_nu - 1) / want_nu);
+  l.num_units = (l.num_rp + l.rp_per_unit - 1) / l.rp_per_unit * l.num_mu;
+  return l;
+}
+
+}  // namespace
+
+void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
+                         const AmxBf16Out* outs, int count) {
+  constexpr int kMaxOuts = 8;
+  if (count > kMaxOuts) {
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts);
+    return;
+  }
   const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
   const int64_t nb = k / 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);  // token pairs
-  const int64_t num_rp = (n + 2 * kTile - 1) / (2 * kTile);  // row pairs
   const int64_t m_pad = num_tp * 2 * kTile;
 
   // A tiles: [token pair][block][2][16 tokens][32] bf16, 2 KiB per pair and
-  // block, so a kernel reads one contiguous stream.
+  // block, so a kernel reads one contiguous stream. Converted once for all
+  // the products.
   uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
 
   const int threads = omp_get_max_threads();
-  // Token blocks and panels of near-equal size (a short last one would leave
-  // a thread idle at the end of the static schedule).
-  const int64_t num_mu = (num_tp + kBlockPairs - 1) / kBlockPairs;
-  const int64_t tp_per_unit = (num_tp + num_mu - 1) / num_mu;
-  // Panels small enough that every thread gets several units.
-  const int64_t want_nu = std::max<int64_t>((num_rp + kPanelPairs - 1) / kPanelPairs,
-                                            (2 * threads + num_mu - 1) / num_mu);
-  const int64_t rp_per_unit = std::max<int64_t>(1, (num_rp + want_nu - 1) / want_nu);
-  const int64_t num_nu = (num_rp + rp_per_unit - 1) / rp_per_unit;
-  const int64_t num_units = num_nu * num_mu;
+  UnitLayout layouts[kMaxOuts];
+  for (int c = 0; c < count; ++c) layouts[c] = LayoutFor(num_tp, outs[c].n, threads);
 
 #pragma omp parallel num_threads(threads)
   {
@@ -329,55 +356,70 @@ void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const
     }
     uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes));
     bool configured = false;
-    int64_t unpacked_nu = -1;
-#pragma omp for schedule(static)
-    for (int64_t u = 0; u < num_units; ++u) {
-      if (!configured) {
-        ConfigureTiles();
-        configured = true;
-      }
-      const int64_t nu = u / num_mu, mu = u % num_mu;
-      const int64_t rp0 = nu * rp_per_unit, rp1 = std::min(num_rp, rp0 + rp_per_unit);
-      const int64_t tp0 = mu * tp_per_unit, tp1 = std::min(num_tp, tp0 + tp_per_unit);
-      auto group_rows = [&](int64_t g) { return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile)); };
-      auto run = [&](int64_t tp, int64_t rp) {
-        KernelArgs a;
-        a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
-        a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
-        a.nb = nb;
-        a.y_stride = y_stride;
-        const int64_t t0 = tp * 2 * kTile;
-        a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
-        a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
-        a.rows[0] = group_rows(2 * rp);
-        a.rows[1] = group_rows(2 * rp + 1);
-        a.y = y + t0 * y_stride + rp * 2 * kTile;
-        Kernel(a);
-      };
-      if (unpacked_nu != nu) {
-        // Panel: [row pair][block][2 groups][1024 bytes].
-        for (int64_t g = 2 * rp0; g < 2 * rp1; ++g) {
-          uint8_t* dst = panel + ((g / 2 - rp0) * nb * 2 + g % 2) * kBTileBytes;
-          const int rows = group_rows(g);
-          if (rows > 0) {
-            unpack(w + g * kTile * w_row_bytes, w_row_bytes, rows, nb, dst, 2 * kBTileBytes);
-          } else {
-            for (int64_t b = 0; b < nb; ++b) std::memset(dst + b * 2 * kBTileBytes, 0, kBTileBytes);
-          }
+    for (int c = 0; c < count; ++c) {
+      const AmxBf16Out& o = outs[c];
+      const UnitLayout& l = layouts[c];
+      const int64_t n = o.n;
+      int64_t unpacked_nu = -1;
+      // nowait: a thread done with one product's units starts on the next
+      // (they read only X, converted before the implicit barrier above).
+#pragma omp for schedule(static) nowait
+      for (int64_t u = 0; u < l.num_units; ++u) {
+        if (!configured) {
+          ConfigureTiles();
+          configured = true;
         }
-        unpacked_nu = nu;
-      }
-      // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
-      // every row pair of the panel; consecutive calls write neighbouring
-      // columns of the same Y rows. (Measured against row pairs outer and
-      // against K split into L1-sized chunks, which lost to its extra C
-      // stores: docs/BENCHMARKS.md sitting 6.)
-      for (int64_t tp = tp0; tp < tp1; ++tp) {
-        for (int64_t rp = rp0; rp < rp1; ++rp) run(tp, rp);
+        const int64_t nu = u / l.num_mu, mu = u % l.num_mu;
+        const int64_t rp0 = nu * l.rp_per_unit, rp1 = std::min(l.num_rp, rp0 + l.rp_per_unit);
+        const int64_t tp0 = mu * l.tp_per_unit, tp1 = std::min(num_tp, tp0 + l.tp_per_unit);
+        auto group_rows = [&](int64_t g) {
+          return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile));
+        };
+        auto run = [&](int64_t tp, int64_t rp) {
+          KernelArgs a;
+          a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
+          a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
+          a.nb = nb;
+          a.y_stride = o.y_stride;
+          const int64_t t0 = tp * 2 * kTile;
+          a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
+          a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
+          a.rows[0] = group_rows(2 * rp);
+          a.rows[1] = group_rows(2 * rp + 1);
+          a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
+          Kernel(a);
+        };
+        if (unpacked_nu != nu) {
+          // Panel: [row pair][block][2 groups][1024 bytes].
+          for (int64_t g = 2 * rp0; g < 2 * rp1; ++g) {
+            uint8_t* dst = panel + ((g / 2 - rp0) * nb * 2 + g % 2) * kBTileBytes;
+            const int rows = group_rows(g);
+            if (rows > 0) {
+              unpack(o.w + g * kTile * o.w_row_bytes, o.w_row_bytes, rows, nb, dst, 2 * kBTileBytes);
+            } else {
+              for (int64_t b = 0; b < nb; ++b) std::memset(dst + b * 2 * kBTileBytes, 0, kBTileBytes);
+            }
+          }
+          unpacked_nu = nu;
+        }
+        // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
+        // every row pair of the panel; consecutive calls write neighbouring
+        // columns of the same Y rows. (Measured against row pairs outer and
+        // against K split into L1-sized chunks, which lost to its extra C
+        // stores: docs/BENCHMARKS.md sittings 6 and 24.)
+        for (int64_t tp = tp0; tp < tp1; ++tp) {
+          for (int64_t rp = rp0; rp < rp1; ++rp) run(tp, rp);
+        }
       }
     }
     if (configured) ReleaseTiles();
   }
+}
+
+void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
+                   int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  const AmxBf16Out out{w, n, w_row_bytes, y, y_stride};
+  MatMulAmxBf16Shared(x, m, k, x_stride, type, &out, 1);
 }
 
 #else  // !SNAPFILL_AMX_BF16_COMPILED
@@ -387,6 +429,7 @@ void ConfigureBf16Tiles() {}
 void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
                    int64_t) {}
+void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
 void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
 

@@ -294,7 +294,7 @@ TEST(MatMulSharedTest, EqualsOneMatMulEachBitForBit) {
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
     const int64_t k = IsKQuant(t) ? 512 : 576;
     const int64_t ns[] = {192, 17, 0, 576};
-    for (int64_t m : {1, 3, 17, 64}) {
+    for (int64_t m : {1, 3, 17, 64, 100}) {
       const int64_t x_stride = k + 5;
       const auto x = HiddenStates(m, k, x_stride, 41 + m);
       std::vector<std::vector<uint8_t>> ws;
@@ -320,6 +320,33 @@ TEST(MatMulSharedTest, EqualsOneMatMulEachBitForBit) {
         }
       }
     }
+  }
+}
+
+// More weights than one shared call of the AMX-BF16 path takes (8): the
+// rest go to a second call, and every output is still MatMul's, bit for bit.
+TEST(MatMulSharedTest, NineWeightsEqualOneMatMulEach) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t k = 96, m = 40, count = 9;
+  const auto x = HiddenStates(m, k, k, 7);
+  const size_t row_bytes = RowBytes(t, k);
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<std::vector<float>> shared, alone;
+  std::vector<cpu::MatMulOut> outs;
+  for (int c = 0; c < count; ++c) {
+    const int64_t n = 16 + 7 * c;
+    ws.push_back(MakeWeights(t, n, k, row_bytes, 90 + c));
+    shared.emplace_back(m * n, -7.0f);
+    alone.emplace_back(m * n, -7.0f);
+  }
+  for (int c = 0; c < count; ++c) {
+    const int64_t n = 16 + 7 * c;
+    outs.push_back({ws[c].data(), n, row_bytes, shared[c].data(), n});
+    cpu::MatMul(x.data(), m, k, k, ws[c].data(), t, n, row_bytes, alone[c].data(), n);
+  }
+  cpu::MatMulShared(x.data(), m, k, k, t, outs.data(), count);
+  for (int c = 0; c < count; ++c) {
+    ASSERT_EQ(std::memcmp(shared[c].data(), alone[c].data(), shared[c].size() * sizeof(float)), 0) << "weight " << c;
   }
 }
 
