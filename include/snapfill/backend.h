@@ -127,6 +127,24 @@ class Backend {
                             float freq_base, float freq_scale, bool neox) = 0;
   // out = silu(gate) * up, element-wise over n values.
   virtual absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // The feed-forward block's end: y[m, w.rows] = (silu(gate) ⊙ up) · Wᵀ, with
+  // gate and up [m, w.cols] at row stride x_stride. gate's contents are
+  // unspecified afterwards (here it holds silu(gate) ⊙ up; a backend may
+  // fuse the two steps and leave it as it was). The same results as SwiGlu
+  // then MatMul.
+  virtual absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride,
+                                    const WeightView& w, float* y, int64_t y_stride) {
+    if (x_stride == w.cols) {
+      absl::Status s = SwiGlu(gate, up, gate, m * x_stride);
+      if (!s.ok()) return s;
+    } else {
+      for (int64_t i = 0; i < m; ++i) {
+        absl::Status s = SwiGlu(gate + i * x_stride, up + i * x_stride, gate + i * x_stride, w.cols);
+        if (!s.ok()) return s;
+      }
+    }
+    return MatMul(gate, m, x_stride, w, y, y_stride);
+  }
   // Causal grouped-query attention of num_q queries (the last num_q of the
   // kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
   virtual absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,

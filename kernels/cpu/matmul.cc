@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 
 #if SNAPFILL_CPU_HAS_VARIANTS
@@ -67,6 +68,15 @@ void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
 void MatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType w_type, const MatMulOut* outs,
                   int count) {
   SNAPFILL_CPU_DISPATCH(MatMulShared, x, m, k, x_stride, w_type, outs, count);
+}
+
+void MatMulSwiGlu(float* gate, const float* up, int64_t m, int64_t k, int64_t x_stride, const void* w,
+                  GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
+  SNAPFILL_CPU_DISPATCH(MatMulSwiGlu, gate, up, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride);
+}
+
+bool MatMulFusesSwiGlu(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes) {
+  SNAPFILL_CPU_DISPATCH(MatMulFusesSwiGlu, w_type, m, k, w_row_bytes);
 }
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {

@@ -56,12 +56,15 @@ struct AmxBf16Out {
   int64_t y_stride;
 };
 
-// MatMulAmxBf16 for `count` (1..8) weights of one type that share X (Q, K
-// and V; gate and up): X is converted to bf16 once, and every product's
-// units run in one parallel region. Each output equals MatMulAmxBf16's for
-// that weight bit for bit.
+// MatMulAmxBf16 for `count` weights of one type that share X (Q, K and V;
+// gate and up): X is converted to bf16 once, and every product's units run
+// in one parallel region. Each output equals MatMulAmxBf16's for that
+// weight bit for bit. With `up` (same shape and stride as x), X is
+// silu(x) ⊙ up instead, computed by cpu::SwiGlu row by row into a
+// per-thread buffer as the rows are converted (the feed-forward block's down
+// projection, cpu::MatMulSwiGlu).
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count);
+                         const AmxBf16Out* outs, int count, const float* up = nullptr);
 
 // Loads the tile configuration of the AMX-BF16 kernels on the calling thread
 // (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.

@@ -37,6 +37,7 @@
 #include <new>
 
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -273,6 +274,10 @@ AlignedScratch& ThreadPanel() {  // [kPanelPairs * 2][nb][1024] B tiles
   static thread_local AlignedScratch s;
   return s;
 }
+AlignedScratch& ThreadGlu() {  // one row of silu(gate) ⊙ up
+  static thread_local AlignedScratch s;
+  return s;
+}
 AlignedScratch& CallerXb() {  // bf16 X in tile order: [token pair][block][2][16][32]
   static thread_local AlignedScratch s;
   return s;
@@ -321,11 +326,11 @@ UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
 }  // namespace
 
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count) {
+                         const AmxBf16Out* outs, int count, const float* up) {
   constexpr int kMaxOuts = 8;
   if (count > kMaxOuts) {
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts);
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts, up);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up);
     return;
   }
   const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
@@ -344,11 +349,17 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 
 #pragma omp parallel num_threads(threads)
   {
+    // silu(x) ⊙ up of one row, when `up` is given (L1-sized for the model's
+    // widths: 6 KiB at k = 1536).
+    float* const glu = up != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float))) : nullptr;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m_pad; ++i) {
       uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
       constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
-      if (i < m) {
+      if (i < m && glu != nullptr) {
+        ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, glu, k);
+        ConvertRow(glu, k, row, kStride);
+      } else if (i < m) {
         ConvertRow(x + i * x_stride, k, row, kStride);
       } else {
         for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
@@ -429,7 +440,7 @@ void ConfigureBf16Tiles() {}
 void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
                    int64_t) {}
-void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int) {}
+void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int, const float*) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
 void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
 

@@ -238,8 +238,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
     const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
     SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
-    SNAPFILL_RETURN_IF_ERROR(b.SwiGlu(gate_.data(), up_.data(), gate_.data(), rows * c.ffn_dim));
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
+    SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
     AddInPlace(x, xn, rows, dim);
   }
 

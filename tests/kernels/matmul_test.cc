@@ -28,6 +28,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
 #include "tests/testing/matmul_data.h"
@@ -348,6 +349,50 @@ TEST(MatMulSharedTest, NineWeightsEqualOneMatMulEach) {
   for (int c = 0; c < count; ++c) {
     ASSERT_EQ(std::memcmp(shared[c].data(), alone[c].data(), shared[c].size() * sizeof(float)), 0) << "weight " << c;
   }
+}
+
+// The down projection with its SwiGLU in front (MatMulSwiGlu) is SwiGlu over
+// each row of gate and up, then MatMul, bit for bit: fused (AMX-BF16, where
+// MatMulFusesSwiGlu says so) and on the other paths, for quantized and float
+// weights, padded and contiguous rows, token counts below and above the AMX
+// threshold and a partial token tile. The up rows are left as they were.
+TEST(MatMulSwiGluTest, EqualsSwiGluThenMatMulBitForBit) {
+  for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kNoAmx}) {
+    cpu::SetMatMulImplForTesting(impl);
+    for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
+      for (int64_t k : {96, 1536}) {
+        for (int64_t m : {1, 17, 64, 100}) {
+          for (int64_t pad : {0, 7}) {
+            const int64_t n = 40, x_stride = k + pad, y_stride = n + 3;
+            const size_t row_bytes = RowBytes(t, k);
+            const auto w = MakeWeights(t, n, k, row_bytes, 60 + m);
+            // Gate and up of a real scale (a few units), so silu is far from linear.
+            auto gate = HiddenStates(m, k, x_stride, 70 + m);
+            const auto up = HiddenStates(m, k, x_stride, 80 + m);
+            for (float& g : gate) g *= 4.0f;
+            std::vector<float> h = gate, want(m * y_stride, -7.0f), got(m * y_stride, -7.0f);
+            for (int64_t i = 0; i < m; ++i) cpu::SwiGlu(&h[i * x_stride], &up[i * x_stride], &h[i * x_stride], k);
+            cpu::MatMul(h.data(), m, k, x_stride, w.data(), t, n, row_bytes, want.data(), y_stride);
+            const std::vector<float> up_before = up;
+            cpu::MatMulSwiGlu(gate.data(), up.data(), m, k, x_stride, w.data(), t, n, row_bytes, got.data(),
+                              y_stride);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << GetTypeTraits(t).name << " k=" << k << " m=" << m << " pad=" << pad << " impl "
+                << static_cast<int>(impl) << " fused "
+                << cpu::MatMulFusesSwiGlu(t, m, k, row_bytes);
+            ASSERT_EQ(std::memcmp(up.data(), up_before.data(), up.size() * sizeof(float)), 0);  // (NaN padding)
+          }
+        }
+      }
+    }
+  }
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  // Where the CPU has AMX-BF16, the model's down projection (Q4_1, k = 1536,
+  // a chunk of tokens) is fused; never without it, nor for one token.
+  EXPECT_EQ(cpu::MatMulFusesSwiGlu(GgmlType::kQ4_1, 1024, 1536, RowBytes(GgmlType::kQ4_1, 1536)),
+            cpu::MatMulHasAmxBf16());
+  EXPECT_FALSE(cpu::MatMulFusesSwiGlu(GgmlType::kQ4_1, 1, 1536, RowBytes(GgmlType::kQ4_1, 1536)));
+  EXPECT_FALSE(cpu::MatMulFusesSwiGlu(GgmlType::kF32, 1024, 1536, 1536 * 4));
 }
 
 // Weights given with their decode-layout copies (MatMulOut::packed): the
