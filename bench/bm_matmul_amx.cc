@@ -13,6 +13,8 @@
 //   BM_MatMulShared_Prefill/impl/outs/m/copy: Q, K and V (outs 0) or gate
 //     and up (outs 1) in one cpu::MatMulShared, as the model runs them
 //     (copy as above).
+//   BM_MatMulSwiGlu_Prefill/fused/m: the down projection with its SwiGLU
+//     in front (cpu::MatMulSwiGlu) against SwiGlu then MatMul.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
 //     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
 //     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
@@ -50,6 +52,7 @@
 #include "bench/bench_weights.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
 
@@ -208,6 +211,46 @@ BENCHMARK(BM_MatMulShared_Prefill)
     ->ArgNames({"impl", "outs", "m", "copy"})
     ->ArgsProduct({{0, 1, 3}, {0, 1}, {512, 2048}, {0}})
     ->ArgsProduct({{1}, {0, 1}, {512, 2048}, {1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The feed-forward block's end at SmolLM2's shapes (gate and up 1536 wide,
+// down 1536 -> 576, Q4_1): fused 1 = cpu::MatMulSwiGlu (its SwiGLU inside the
+// product's conversion on AMX-BF16), 0 = cpu::SwiGlu over the whole [m, 1536]
+// then cpu::MatMul, as the model ran it before. GFLOP/s counts the product's
+// 2·m·n·k only.
+void BM_MatMulSwiGlu_Prefill(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  const int64_t m = state.range(1), k = 1536, n = 576;
+  const GgmlType type = GgmlType::kQ4_1;
+  const size_t row_bytes = RowBytes(type, k);
+  const std::vector<uint8_t> w = RandomWeights(type, n, k);
+  const std::vector<float> gate0 = bench::RandomActivations(m * k), up = bench::RandomActivations(m * k);
+  std::vector<float> gate = gate0, y(m * n);
+  auto once = [&] {
+    if (fused) {
+      cpu::MatMulSwiGlu(gate.data(), up.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    } else {
+      cpu::SwiGlu(gate.data(), up.data(), gate.data(), m * k);
+      cpu::MatMul(gate.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    }
+  };
+  for (int i = 0; i < 2; ++i) once();
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(gate.data(), gate0.data(), gate.size() * sizeof(float));  // the unfused path overwrote it
+    state.ResumeTiming();
+    once();
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+  state.SetLabel(fused ? (cpu::MatMulFusesSwiGlu(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
+                       : "swiglu then matmul");
+}
+BENCHMARK(BM_MatMulSwiGlu_Prefill)
+    ->ArgNames({"fused", "m"})
+    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
