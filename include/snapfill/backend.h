@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "snapfill/dtype.h"
 
 namespace snapfill {
@@ -127,13 +128,31 @@ class Backend {
                             float freq_base, float freq_scale, bool neox) = 0;
   // out = silu(gate) * up, element-wise over n values.
   virtual absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // Whether this backend adds a product into y itself for this weight and a
+  // batch of m rows (MatMulAdd, SwiGluMatMul with add): the residual adds
+  // after the attention output and the feed-forward block, fused into the
+  // products' stores. Callers add separately where it says no.
+  virtual bool FusesResidualAdd(const WeightView& w, int64_t m) const {
+    (void)w;
+    (void)m;
+    return false;
+  }
+  // y[m, w.rows] += x · Wᵀ, in f32 per output: the same results as MatMul into
+  // a temporary and then y + t. Only where FusesResidualAdd(w, m).
+  virtual absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                                 int64_t y_stride) {
+    (void)x, (void)x_stride, (void)y, (void)y_stride;
+    return absl::UnimplementedError(
+        absl::StrCat("MatMulAdd: this backend does not fuse the residual add (", w.rows, " rows, m = ", m, ")"));
+  }
   // The feed-forward block's end: y[m, w.rows] = (silu(gate) ⊙ up) · Wᵀ, with
-  // gate and up [m, w.cols] at row stride x_stride. gate's contents are
+  // gate and up [m, w.cols] at row stride x_stride; with `add`, y += it
+  // instead (only where FusesResidualAdd(w, m)). gate's contents are
   // unspecified afterwards (here it holds silu(gate) ⊙ up; a backend may
   // fuse the two steps and leave it as it was). The same results as SwiGlu
-  // then MatMul.
+  // then MatMul (then the add).
   virtual absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride,
-                                    const WeightView& w, float* y, int64_t y_stride) {
+                                    const WeightView& w, float* y, int64_t y_stride, bool add) {
     if (x_stride == w.cols) {
       absl::Status s = SwiGlu(gate, up, gate, m * x_stride);
       if (!s.ok()) return s;
@@ -143,7 +162,8 @@ class Backend {
         if (!s.ok()) return s;
       }
     }
-    return MatMul(gate, m, x_stride, w, y, y_stride);
+    // (MatMulAdd refuses unless a backend overrides it with FusesResidualAdd.)
+    return add ? MatMulAdd(gate, m, x_stride, w, y, y_stride) : MatMul(gate, m, x_stride, w, y, y_stride);
   }
   // Causal grouped-query attention of num_q queries (the last num_q of the
   // kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.

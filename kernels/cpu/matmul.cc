@@ -71,12 +71,17 @@ void MatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlTy
 }
 
 void MatMulSwiGlu(float* gate, const float* up, int64_t m, int64_t k, int64_t x_stride, const void* w,
-                  GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride) {
-  SNAPFILL_CPU_DISPATCH(MatMulSwiGlu, gate, up, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride);
+                  GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride, bool add) {
+  SNAPFILL_CPU_DISPATCH(MatMulSwiGlu, gate, up, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride, add);
 }
 
-bool MatMulFusesSwiGlu(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes) {
-  SNAPFILL_CPU_DISPATCH(MatMulFusesSwiGlu, w_type, m, k, w_row_bytes);
+void MatMulAdd(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type, int64_t n,
+               size_t w_row_bytes, float* y, int64_t y_stride) {
+  SNAPFILL_CPU_DISPATCH(MatMulAdd, x, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride);
+}
+
+bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes) {
+  SNAPFILL_CPU_DISPATCH(MatMulFuses, w_type, m, k, w_row_bytes);
 }
 
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {

@@ -55,15 +55,22 @@ void MatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlTy
 // The feed-forward block's down projection with its SwiGLU in front:
 // Y = (silu(G) ⊙ U) · Wᵀ for G (gate) and U (up), both [m, k] with row
 // stride x_stride. Bit for bit cpu::SwiGlu over each row of G and U followed
-// by MatMul. Where MatMulFusesSwiGlu says so (the AMX-BF16 path), the SwiGLU
+// by MatMul. Where MatMulFuses says so (the AMX-BF16 path), the SwiGLU
 // runs row by row inside the product's conversion of X to bf16 and no
 // [m, k] intermediate is written; elsewhere G is overwritten with
 // silu(G) ⊙ U first. Either way G's contents are unspecified afterwards.
+// With `add`, Y += that product, as MatMulAdd.
 void MatMulSwiGlu(float* gate, const float* up, int64_t m, int64_t k, int64_t x_stride, const void* w,
-                  GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
-// Whether MatMulSwiGlu fuses for these arguments (AMX-BF16 available and
-// taken for this type and shape).
-bool MatMulFusesSwiGlu(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes);
+                  GgmlType w_type, int64_t n, size_t w_row_bytes, float* y, int64_t y_stride, bool add = false);
+// Y += X · Wᵀ (a product and the residual add after it): bit for bit MatMul
+// into a temporary, then y + t in f32 per output. Where MatMulFuses says so,
+// each output tile is added to Y as it leaves the tiles (no temporary);
+// elsewhere through an [m, n] temporary of its own.
+void MatMulAdd(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type, int64_t n,
+               size_t w_row_bytes, float* y, int64_t y_stride);
+// Whether MatMulSwiGlu and MatMulAdd fuse for these arguments (AMX-BF16
+// available and taken for this type and shape).
+bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes);
 
 // dst[0..k) = the k elements of one row of `type` at `src` (embedding lookup).
 // Bit-identical to ref::DequantizeRow (same f32 formulas, fmaf where ggml

@@ -62,9 +62,11 @@ struct AmxBf16Out {
 // weight bit for bit. With `up` (same shape and stride as x), X is
 // silu(x) ⊙ up instead, computed by cpu::SwiGlu row by row into a
 // per-thread buffer as the rows are converted (the feed-forward block's down
-// projection, cpu::MatMulSwiGlu).
+// projection, cpu::MatMulSwiGlu). With `add`, each product is added to what
+// its Y holds (y + c in f32 per output, what MatMulAmxBf16 then a separate
+// f32 add give).
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count, const float* up = nullptr);
+                         const AmxBf16Out* outs, int count, const float* up = nullptr, bool add = false);
 
 // Loads the tile configuration of the AMX-BF16 kernels on the calling thread
 // (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.

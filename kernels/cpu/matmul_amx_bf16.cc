@@ -170,6 +170,7 @@ struct KernelArgs {
   int64_t y_stride;     // floats
   int toks[2];          // valid tokens in each token tile (0..16)
   int rows[2];          // valid weight rows in each row group (0..16)
+  bool add;             // Y += the product (the residual add), else Y = it
 };
 
 // Stores C tile `tmm` (token tile ti, row group rj) into Y.
@@ -177,7 +178,16 @@ struct KernelArgs {
   do {                                                                                            \
     const int toks = a.toks[ti], rows = a.rows[rj];                                               \
     float* dst = a.y + (ti) * kTile * a.y_stride + (rj) * kTile;                                  \
-    if (toks == kTile && rows == kTile) {                                                         \
+    if (a.add && toks > 0 && rows > 0) {                                                          \
+      /* y + c in f32, as a separate add of the stored product would give */                     \
+      SNAPFILL_TILE_STORE(tmm, buf, 64);                                                     \
+      const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1);                            \
+      for (int t = 0; t < toks; ++t) {                                                            \
+        float* yr = dst + t * a.y_stride;                                                         \
+        _mm512_mask_storeu_ps(yr, mask,                                                           \
+                              _mm512_add_ps(_mm512_maskz_loadu_ps(mask, yr), _mm512_load_ps(buf + 16 * t))); \
+      }                                                                                           \
+    } else if (toks == kTile && rows == kTile) {                                                  \
       SNAPFILL_TILE_STORE(tmm, dst, a.y_stride * 4);                                         \
     } else if (toks > 0 && rows > 0) {                                                            \
       SNAPFILL_TILE_STORE(tmm, buf, 64);                                                     \
@@ -326,11 +336,11 @@ UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
 }  // namespace
 
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count, const float* up) {
+                         const AmxBf16Out* outs, int count, const float* up, bool add) {
   constexpr int kMaxOuts = 8;
   if (count > kMaxOuts) {
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts, up);
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts, up, add);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up, add);
     return;
   }
   const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
@@ -398,6 +408,7 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
           a.rows[0] = group_rows(2 * rp);
           a.rows[1] = group_rows(2 * rp + 1);
           a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
+          a.add = add;
           Kernel(a);
         };
         if (unpacked_nu != nu) {
@@ -440,7 +451,8 @@ void ConfigureBf16Tiles() {}
 void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
                    int64_t) {}
-void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int, const float*) {}
+void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int, const float*,
+                         bool) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
 void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
 

@@ -268,18 +268,32 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // Where a batch product runs on AMX-BF16 tiles, the SwiGLU in front of the
+  // down projection is applied row by row as the product converts its input,
+  // and the residual adds happen as the output tiles leave (both counted as
+  // matmul).
+  bool FusesResidualAdd(const WeightView& w, int64_t m) const override {
+    return m > 1 && !exact_ && cpu::MatMulFuses(w.type, m, w.cols, w.row_bytes);
+  }
+
+  absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                         int64_t y_stride) override {
+    if (!FusesResidualAdd(w, m)) return Backend::MatMulAdd(x, m, x_stride, w, y, y_stride);
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
+    ++epoch_;  // a batch, as in MatMul
+    cpu::MatMulAdd(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
+    return absl::OkStatus();
+  }
+
   absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride, const WeightView& w,
-                            float* y, int64_t y_stride) override {
-    // Fused where the product runs on AMX-BF16 tiles: the SwiGLU is applied
-    // row by row as the product converts its input (counted as matmul).
-    if (m > 1 && !exact_ && cpu::MatMulFusesSwiGlu(w.type, m, w.cols, w.row_bytes)) {
-      OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
-      SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
-      ++epoch_;  // a batch, as in MatMul
-      cpu::MatMulSwiGlu(gate, up, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
-      return absl::OkStatus();
-    }
-    return Backend::SwiGluMatMul(gate, up, m, x_stride, w, y, y_stride);
+                            float* y, int64_t y_stride, bool add) override {
+    if (!FusesResidualAdd(w, m)) return Backend::SwiGluMatMul(gate, up, m, x_stride, w, y, y_stride, add);
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
+    ++epoch_;  // a batch, as in MatMul
+    cpu::MatMulSwiGlu(gate, up, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride, add);
+    return absl::OkStatus();
   }
 
   absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,

@@ -231,15 +231,24 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     if (rows == 0) continue;
     float* x = x_.data() + r0 * dim;
     float* xn = xn_.data() + r0 * dim;
-    SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
-    AddInPlace(x, xn, rows, dim);
+    // x += attn · Woᵀ: in the product's store where the backend fuses it.
+    if (b.FusesResidualAdd(w.wo, rows)) {
+      SNAPFILL_RETURN_IF_ERROR(b.MatMulAdd(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, x, dim));
+    } else {
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
+      AddInPlace(x, xn, rows, dim);
+    }
 
     // Feed-forward block (SwiGLU).
     SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
     const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
     SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
-    SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
-    AddInPlace(x, xn, rows, dim);
+    if (b.FusesResidualAdd(w.w_down, rows)) {
+      SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, x, dim, true));
+    } else {
+      SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, xn, dim, false));
+      AddInPlace(x, xn, rows, dim);
+    }
   }
 
   last_batch_ = n;

@@ -353,7 +353,7 @@ TEST(MatMulSharedTest, NineWeightsEqualOneMatMulEach) {
 
 // The down projection with its SwiGLU in front (MatMulSwiGlu) is SwiGlu over
 // each row of gate and up, then MatMul, bit for bit: fused (AMX-BF16, where
-// MatMulFusesSwiGlu says so) and on the other paths, for quantized and float
+// MatMulFuses says so) and on the other paths, for quantized and float
 // weights, padded and contiguous rows, token counts below and above the AMX
 // threshold and a partial token tile. The up rows are left as they were.
 TEST(MatMulSwiGluTest, EqualsSwiGluThenMatMulBitForBit) {
@@ -379,7 +379,7 @@ TEST(MatMulSwiGluTest, EqualsSwiGluThenMatMulBitForBit) {
             ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
                 << GetTypeTraits(t).name << " k=" << k << " m=" << m << " pad=" << pad << " impl "
                 << static_cast<int>(impl) << " fused "
-                << cpu::MatMulFusesSwiGlu(t, m, k, row_bytes);
+                << cpu::MatMulFuses(t, m, k, row_bytes);
             ASSERT_EQ(std::memcmp(up.data(), up_before.data(), up.size() * sizeof(float)), 0);  // (NaN padding)
           }
         }
@@ -389,10 +389,56 @@ TEST(MatMulSwiGluTest, EqualsSwiGluThenMatMulBitForBit) {
   cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
   // Where the CPU has AMX-BF16, the model's down projection (Q4_1, k = 1536,
   // a chunk of tokens) is fused; never without it, nor for one token.
-  EXPECT_EQ(cpu::MatMulFusesSwiGlu(GgmlType::kQ4_1, 1024, 1536, RowBytes(GgmlType::kQ4_1, 1536)),
+  EXPECT_EQ(cpu::MatMulFuses(GgmlType::kQ4_1, 1024, 1536, RowBytes(GgmlType::kQ4_1, 1536)),
             cpu::MatMulHasAmxBf16());
-  EXPECT_FALSE(cpu::MatMulFusesSwiGlu(GgmlType::kQ4_1, 1, 1536, RowBytes(GgmlType::kQ4_1, 1536)));
-  EXPECT_FALSE(cpu::MatMulFusesSwiGlu(GgmlType::kF32, 1024, 1536, 1536 * 4));
+  EXPECT_FALSE(cpu::MatMulFuses(GgmlType::kQ4_1, 1, 1536, RowBytes(GgmlType::kQ4_1, 1536)));
+  EXPECT_FALSE(cpu::MatMulFuses(GgmlType::kF32, 1024, 1536, 1536 * 4));
+}
+
+// The residual add after a product (MatMulAdd, and MatMulSwiGlu with add):
+// y + (the product) in f32 per output, bit for bit MatMul into a temporary
+// and then the add, fused (AMX-BF16) and on the other paths; padded rows
+// and outputs, partial token tiles and row groups. Y's padding is left alone.
+TEST(MatMulAddTest, EqualsMatMulThenAddBitForBit) {
+  for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kNoAmx}) {
+    cpu::SetMatMulImplForTesting(impl);
+    for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
+      for (int64_t k : {96, 576}) {
+        for (int64_t m : {1, 17, 64, 100}) {
+          for (int64_t n : {40, 576}) {
+            const int64_t x_stride = k + 5, y_stride = n + 3;
+            const size_t row_bytes = RowBytes(t, k);
+            const auto w = MakeWeights(t, n, k, row_bytes, 30 + m);
+            const auto x = HiddenStates(m, k, x_stride, 31 + m);
+            const auto y0 = HiddenStates(m, n, y_stride, 32 + m);  // the residual stream
+            std::vector<float> prod(m * n), want = y0, got = y0;
+            cpu::MatMul(x.data(), m, k, x_stride, w.data(), t, n, row_bytes, prod.data(), n);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) want[i * y_stride + j] += prod[i * n + j];
+            }
+            cpu::MatMulAdd(x.data(), m, k, x_stride, w.data(), t, n, row_bytes, got.data(), y_stride);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << GetTypeTraits(t).name << " k=" << k << " m=" << m << " n=" << n << " impl "
+                << static_cast<int>(impl) << " fused " << cpu::MatMulFuses(t, m, k, row_bytes);
+            // The down projection with its SwiGLU and the add.
+            auto gate = HiddenStates(m, k, x_stride, 33 + m), h = gate;
+            for (int64_t i = 0; i < m; ++i) cpu::SwiGlu(&h[i * x_stride], &x[i * x_stride], &h[i * x_stride], k);
+            cpu::MatMul(h.data(), m, k, x_stride, w.data(), t, n, row_bytes, prod.data(), n);
+            want = y0;
+            got = y0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) want[i * y_stride + j] += prod[i * n + j];
+            }
+            cpu::MatMulSwiGlu(gate.data(), x.data(), m, k, x_stride, w.data(), t, n, row_bytes, got.data(), y_stride,
+                              /*add=*/true);
+            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                << "swiglu " << GetTypeTraits(t).name << " k=" << k << " m=" << m << " n=" << n;
+          }
+        }
+      }
+    }
+  }
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
 }
 
 // Weights given with their decode-layout copies (MatMulOut::packed): the
