@@ -234,5 +234,43 @@ TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
   ASSERT_EQ(backend_product(), rows_product(w, w2));  // packed again
 }
 
+// The residual adds the CPU backend fuses into its products (AMX-BF16): it
+// says so for batches only (never one token, nor with exact_matmul), and
+// MatMulAdd / SwiGluMatMul with add give MatMul (or SwiGlu then MatMul) and
+// a separate f32 add, bit for bit. Where it does not fuse, MatMulAdd refuses
+// with a message instead of computing something else.
+TEST(CpuBackendResidualAdd, FusedAddsEqualTheProductThenTheAdd) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t n = 576, k = 1536, m = 40;
+  const auto w = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 5, 0.02f);
+  const WeightView v = View(w, t, n, k);
+  auto b = MakeBackend(/*pack=*/true);
+  EXPECT_EQ(b->FusesResidualAdd(v, m), cpu::MatMulHasAmxBf16());
+  EXPECT_FALSE(b->FusesResidualAdd(v, 1));
+  EXPECT_FALSE(MakeBackend(true, /*exact=*/true)->FusesResidualAdd(v, m));
+  const auto x = testing::HiddenStates(m, k, k, 6), up = testing::HiddenStates(m, k, k, 7);
+  const auto y0 = testing::HiddenStates(m, n, n, 8);
+  if (!b->FusesResidualAdd(v, m)) {
+    std::vector<float> y = y0;
+    const absl::Status s = b->MatMulAdd(x.data(), m, k, v, y.data(), n);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    GTEST_SKIP() << "no fused residual add on this CPU (AMX-BF16 unavailable or SNAPFILL_AMX set)";
+  }
+  std::vector<float> prod(m * n), want = y0, got = y0;
+  ASSERT_TRUE(b->MatMul(x.data(), m, k, v, prod.data(), n).ok());
+  for (size_t i = 0; i < want.size(); ++i) want[i] += prod[i];
+  ASSERT_TRUE(b->MatMulAdd(x.data(), m, k, v, got.data(), n).ok());
+  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+
+  std::vector<float> gate = x, h = x;
+  ASSERT_TRUE(b->SwiGlu(h.data(), up.data(), h.data(), m * k).ok());
+  ASSERT_TRUE(b->MatMul(h.data(), m, k, v, prod.data(), n).ok());
+  want = y0;
+  got = y0;
+  for (size_t i = 0; i < want.size(); ++i) want[i] += prod[i];
+  ASSERT_TRUE(b->SwiGluMatMul(gate.data(), up.data(), m, k, v, got.data(), n, /*add=*/true).ok());
+  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+}
+
 }  // namespace
 }  // namespace snapfill
