@@ -15,6 +15,8 @@
 //     (copy as above).
 //   BM_MatMulSwiGlu_Prefill/fused/m: the down projection with its SwiGLU
 //     in front (cpu::MatMulSwiGlu) against SwiGlu then MatMul.
+//   BM_MatMulAdd_Prefill/fused/m: the attention output product with the
+//     residual add fused (cpu::MatMulAdd) against MatMul then the add.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
 //     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
 //     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
@@ -245,10 +247,50 @@ void BM_MatMulSwiGlu_Prefill(benchmark::State& state) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
-  state.SetLabel(fused ? (cpu::MatMulFusesSwiGlu(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
+  state.SetLabel(fused ? (cpu::MatMulFuses(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
                        : "swiglu then matmul");
 }
 BENCHMARK(BM_MatMulSwiGlu_Prefill)
+    ->ArgNames({"fused", "m"})
+    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The attention output product and the residual add after it (576 -> 576,
+// Q4_1): fused 1 = cpu::MatMulAdd (each output tile added to Y as it leaves
+// the tiles where AMX-BF16 runs), 0 = cpu::MatMul into a buffer, then the
+// add over [m, 576] in an OpenMP loop, as the model does where the backend
+// does not fuse. GFLOP/s counts the product's 2·m·n·k only.
+void BM_MatMulAdd_Prefill(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  const int64_t m = state.range(1), k = 576, n = 576;
+  const GgmlType type = GgmlType::kQ4_1;
+  const size_t row_bytes = RowBytes(type, k);
+  const std::vector<uint8_t> w = RandomWeights(type, n, k);
+  const std::vector<float> x = bench::RandomActivations(m * k);
+  std::vector<float> y = bench::RandomActivations(m * n), t(m * n);
+  auto once = [&] {
+    if (fused) {
+      cpu::MatMulAdd(x.data(), m, k, k, w.data(), type, n, row_bytes, y.data(), n);
+    } else {
+      cpu::MatMul(x.data(), m, k, k, w.data(), type, n, row_bytes, t.data(), n);
+      float* yp = y.data();
+      const float* tp = t.data();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m * n; ++i) yp[i] += tp[i];
+    }
+  };
+  for (int i = 0; i < 2; ++i) once();
+  for (auto _ : state) {
+    once();
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+  state.SetLabel(fused ? (cpu::MatMulFuses(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
+                       : "matmul then add");
+}
+BENCHMARK(BM_MatMulAdd_Prefill)
     ->ArgNames({"fused", "m"})
     ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
     ->Unit(benchmark::kMillisecond)
