@@ -58,7 +58,7 @@ struct AmxBf16Out {
 
 // MatMulAmxBf16 for `count` weights of one type that share X (Q, K and V;
 // gate and up): X is converted to bf16 once, and every product's units run
-// in one parallel region. Each output equals MatMulAmxBf16's for that
+// in one parallel region (8 products at a time). Each output equals MatMulAmxBf16's for that
 // weight bit for bit. With `up` (same shape and stride as x), X is
 // silu(x) ⊙ up instead, computed by cpu::SwiGlu row by row into a
 // per-thread buffer as the rows are converted (the feed-forward block's down

@@ -211,7 +211,7 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
   // first op (A0·B0) finds both operands loaded one op earlier.
   // The token pair's A tiles are read again by the panel's next row pair
   // and stay in L1; the B tiles go through with the non-temporal hint so
-  // they do not evict them (docs/BENCHMARKS.md sitting 24: 7.2 -> 5.6 ns
+  // they do not evict them (docs/amx_notes.md, "Sitting 24": 7.2 -> 5.6 ns
   // per op at k = 576 in a stand-alone loop).
   const uint8_t* xa = a.xa;
   const uint8_t* bp = a.bp;
