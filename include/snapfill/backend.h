@@ -165,6 +165,22 @@ class Backend {
     // (MatMulAdd refuses unless a backend overrides it with FusesResidualAdd.)
     return add ? MatMulAdd(gate, m, x_stride, w, y, y_stride) : MatMul(gate, m, x_stride, w, y, y_stride);
   }
+  // The feed-forward block after its RMSNorm:
+  // y[m, down.rows] = (silu(x · Gᵀ) ⊙ (x · Uᵀ)) · Dᵀ for x [m, gate.cols]; with
+  // `add`, y += it instead (only where FusesResidualAdd(down, m)). gate_buf and
+  // up_buf ([m, buf_stride], buf_stride >= gate.rows) are scratch a backend
+  // may use for the two products; their contents are unspecified afterwards.
+  // y may be x (x is read in full before y is written). The same results as
+  // MatMulShared over gate and up into the buffers, then SwiGluMatMul, which
+  // is what this default does.
+  virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const WeightView& gate,
+                                   const WeightView& up, const WeightView& down, float* gate_buf, float* up_buf,
+                                   int64_t buf_stride, float* y, int64_t y_stride, bool add) {
+    const SharedOut gate_up[2] = {{&gate, gate_buf, buf_stride}, {&up, up_buf, buf_stride}};
+    absl::Status s = MatMulShared(x, m, x_stride, gate_up, 2);
+    if (!s.ok()) return s;
+    return SwiGluMatMul(gate_buf, up_buf, m, buf_stride, down, y, y_stride, add);
+  }
   // Causal grouped-query attention of num_q queries (the last num_q of the
   // kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
   virtual absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,

@@ -84,6 +84,18 @@ bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes) {
   SNAPFILL_CPU_DISPATCH(MatMulFuses, w_type, m, k, w_row_bytes);
 }
 
+void FeedForward(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* gate, const void* up,
+                 GgmlType gu_type, int64_t n_ff, size_t gu_row_bytes, const void* down, GgmlType d_type, int64_t n,
+                 size_t d_row_bytes, float* y, int64_t y_stride, bool add) {
+  SNAPFILL_CPU_DISPATCH(FeedForward, x, m, k, x_stride, gate, up, gu_type, n_ff, gu_row_bytes, down, d_type, n,
+                        d_row_bytes, y, y_stride, add);
+}
+
+bool FeedForwardFuses(GgmlType gu_type, GgmlType d_type, int64_t m, int64_t k, int64_t n_ff, size_t gu_row_bytes,
+                      size_t d_row_bytes) {
+  SNAPFILL_CPU_DISPATCH(FeedForwardFuses, gu_type, d_type, m, k, n_ff, gu_row_bytes, d_row_bytes);
+}
+
 void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t k) {
   SNAPFILL_CPU_DISPATCH(DequantizeRow, type, src, dst, k);
 }

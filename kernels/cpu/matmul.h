@@ -72,6 +72,21 @@ void MatMulAdd(const float* x, int64_t m, int64_t k, int64_t x_stride, const voi
 // available and taken for this type and shape).
 bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes);
 
+// The whole feed-forward block after its RMSNorm:
+// Y = (silu(X · Gᵀ) ⊙ (X · Uᵀ)) · Dᵀ, with `add` Y += it. X [m, k] at row
+// stride x_stride; gate and up n_ff rows of k elements of gu_type; down n
+// rows of n_ff elements of d_type. Bit for bit MatMulShared over gate and up
+// followed by MatMulSwiGlu(add). Where FeedForwardFuses says so (the
+// AMX-BF16 path) the gate/up outputs go through the SwiGLU and into the
+// down projection's bf16 input while still in L1, and nothing of n_ff
+// columns is written in f32; elsewhere through [m, n_ff] temporaries of its
+// own. Y may overlap X.
+void FeedForward(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* gate, const void* up,
+                 GgmlType gu_type, int64_t n_ff, size_t gu_row_bytes, const void* down, GgmlType d_type, int64_t n,
+                 size_t d_row_bytes, float* y, int64_t y_stride, bool add);
+bool FeedForwardFuses(GgmlType gu_type, GgmlType d_type, int64_t m, int64_t k, int64_t n_ff, size_t gu_row_bytes,
+                      size_t d_row_bytes);
+
 // dst[0..k) = the k elements of one row of `type` at `src` (embedding lookup).
 // Bit-identical to ref::DequantizeRow (same f32 formulas, fmaf where ggml
 // writes a*b + c).

@@ -68,6 +68,19 @@ struct AmxBf16Out {
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
                          const AmxBf16Out* outs, int count, const float* up = nullptr, bool add = false);
 
+// The feed-forward block on AMX-BF16 tiles: Y (+)= (silu(X·Gᵀ) ⊙ X·Uᵀ) · Dᵀ
+// for X [m, k] (row stride x_stride), gate and up n_ff rows of gu_type and
+// down n rows of n_ff elements of d_type. Each gate/up (token pair, row pair)
+// goes from the tiles to an L1 buffer, through cpu::SwiGlu and straight into
+// the down projection's bf16 A tiles: neither [m, n_ff] product nor their
+// SwiGLU is written in f32. Bit for bit MatMulAmxBf16Shared over gate and up,
+// then MatMulAmxBf16Shared(up = ...) with `add` for down. Requires
+// AmxBf16Available(), both types AmxSupportsType and k, n_ff multiples of 32.
+// Y may overlap X (X is read in full before Y is written).
+void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,
+                        const uint8_t* gate, const uint8_t* up, int64_t n_ff, size_t gu_row_bytes, GgmlType d_type,
+                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add);
+
 // Loads the tile configuration of the AMX-BF16 kernels on the calling thread
 // (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.
 // Every thread that issues tile ops configures first and releases before it

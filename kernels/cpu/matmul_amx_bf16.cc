@@ -162,6 +162,15 @@ SNAPFILL_AMXBF16_TARGET void ConvertRow(const float* x, int64_t k, uint16_t* out
   for (; i < k; ++i) out[i / 32 * stride + i % 32] = Fp32ToBf16Rne(x[i]);
 }
 
+// n (a multiple of 32) contiguous f32 as n contiguous bf16, rounded as
+// ConvertRow rounds.
+SNAPFILL_AMXBF16_TARGET inline void ConvertContiguous(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(x + i), hi = _mm512_loadu_ps(x + i + 16);
+    _mm512_storeu_si512(out + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
 struct KernelArgs {
   const uint8_t* xa;    // A tiles of the token pair from the chunk's first block: [nb][2][16][32] bf16
   const uint8_t* bp;    // B tiles of the row pair from the same block: [nb][2][1024 bytes]
@@ -292,6 +301,10 @@ AlignedScratch& CallerXb() {  // bf16 X in tile order: [token pair][block][2][16
   static thread_local AlignedScratch s;
   return s;
 }
+AlignedScratch& CallerHb() {  // FeedForwardAmxBf16's h, in the same order
+  static thread_local AlignedScratch s;
+  return s;
+}
 
 }  // namespace
 
@@ -333,6 +346,96 @@ UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
   return l;
 }
 
+// Rows [0, m_pad) of X (or of silu(X) ⊙ up, with `up`) as bf16 A tiles:
+// [token pair][block][2][16 tokens][32], 2 KiB per pair and block, so a
+// kernel reads one contiguous stream; rows past m are zero. Inside a
+// parallel region (an omp for with its barrier).
+void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t x_stride, const float* up,
+                   uint16_t* xb) {
+  const int64_t nb = k / 32;
+  // silu(x) ⊙ up of one row, when `up` is given (L1-sized for the model's
+  // widths: 6 KiB at k = 1536).
+  float* const glu = up != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float))) : nullptr;
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < m_pad; ++i) {
+    uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
+    constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
+    if (i < m && glu != nullptr) {
+      ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, glu, k);
+      ConvertRow(glu, k, row, kStride);
+    } else if (i < m) {
+      ConvertRow(x + i * x_stride, k, row, kStride);
+    } else {
+      for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
+    }
+  }
+}
+
+// The B tiles of row pairs [rp0, rp1) of a weight of n rows into `panel`:
+// [row pair][block][2 groups][1024 bytes] (rows past n: zero).
+void UnpackPanel(UnpackFn unpack, const uint8_t* w, size_t w_row_bytes, int64_t n, int64_t nb, int64_t rp0,
+                 int64_t rp1, uint8_t* panel) {
+  for (int64_t g = 2 * rp0; g < 2 * rp1; ++g) {
+    uint8_t* dst = panel + ((g / 2 - rp0) * nb * 2 + g % 2) * kBTileBytes;
+    const int rows = static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile));
+    if (rows > 0) {
+      unpack(w + g * kTile * w_row_bytes, w_row_bytes, rows, nb, dst, 2 * kBTileBytes);
+    } else {
+      for (int64_t b = 0; b < nb; ++b) std::memset(dst + b * 2 * kBTileBytes, 0, kBTileBytes);
+    }
+  }
+}
+
+// The calling thread's units of one product over A tiles xb (from
+// ConvertXTiles, or FeedForwardAmxBf16's h): an orphaned omp for without
+// its barrier. `configured` says whether this thread loaded the tile
+// configuration yet (it does so at its first unit).
+void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out& o, const UnitLayout& l,
+                     UnpackFn unpack, uint8_t* panel, bool add, bool& configured) {
+  const int64_t n = o.n, k = nb * 32;
+  const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);
+  int64_t unpacked_nu = -1;
+  // nowait: a thread done with one product's units starts on the next
+  // (they read only X, converted before the caller's barrier).
+#pragma omp for schedule(static) nowait
+  for (int64_t u = 0; u < l.num_units; ++u) {
+    if (!configured) {
+      ConfigureTiles();
+      configured = true;
+    }
+    const int64_t nu = u / l.num_mu, mu = u % l.num_mu;
+    const int64_t rp0 = nu * l.rp_per_unit, rp1 = std::min(l.num_rp, rp0 + l.rp_per_unit);
+    const int64_t tp0 = mu * l.tp_per_unit, tp1 = std::min(num_tp, tp0 + l.tp_per_unit);
+    auto group_rows = [&](int64_t g) { return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile)); };
+    if (unpacked_nu != nu) {
+      UnpackPanel(unpack, o.w, o.w_row_bytes, n, nb, rp0, rp1, panel);
+      unpacked_nu = nu;
+    }
+    // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
+    // every row pair of the panel; consecutive calls write neighbouring
+    // columns of the same Y rows. (Measured against row pairs outer and
+    // against K split into L1-sized chunks, which lost to its extra C
+    // stores: docs/BENCHMARKS.md sittings 6 and 24.)
+    for (int64_t tp = tp0; tp < tp1; ++tp) {
+      for (int64_t rp = rp0; rp < rp1; ++rp) {
+        KernelArgs a;
+        a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
+        a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
+        a.nb = nb;
+        a.y_stride = o.y_stride;
+        const int64_t t0 = tp * 2 * kTile;
+        a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
+        a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
+        a.rows[0] = group_rows(2 * rp);
+        a.rows[1] = group_rows(2 * rp + 1);
+        a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
+        a.add = add;
+        Kernel(a);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
@@ -347,10 +450,7 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
   const int64_t nb = k / 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);  // token pairs
   const int64_t m_pad = num_tp * 2 * kTile;
-
-  // A tiles: [token pair][block][2][16 tokens][32] bf16, 2 KiB per pair and
-  // block, so a kernel reads one contiguous stream. Converted once for all
-  // the products.
+  // X converted once for all the products.
   uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
 
   const int threads = omp_get_max_threads();
@@ -359,81 +459,85 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 
 #pragma omp parallel num_threads(threads)
   {
-    // silu(x) ⊙ up of one row, when `up` is given (L1-sized for the model's
-    // widths: 6 KiB at k = 1536).
-    float* const glu = up != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float))) : nullptr;
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < m_pad; ++i) {
-      uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
-      constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
-      if (i < m && glu != nullptr) {
-        ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, glu, k);
-        ConvertRow(glu, k, row, kStride);
-      } else if (i < m) {
-        ConvertRow(x + i * x_stride, k, row, kStride);
-      } else {
-        for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
-      }
-    }
+    ConvertXTiles(x, m, m_pad, k, x_stride, up, xb);
     uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes));
     bool configured = false;
     for (int c = 0; c < count; ++c) {
-      const AmxBf16Out& o = outs[c];
-      const UnitLayout& l = layouts[c];
-      const int64_t n = o.n;
+      RunProductUnits(xb, m, nb, outs[c], layouts[c], unpack, panel, add, configured);
+    }
+    if (configured) ReleaseTiles();
+  }
+}
+
+void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,
+                        const uint8_t* gate, const uint8_t* up, int64_t n_ff, size_t gu_row_bytes, GgmlType d_type,
+                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add) {
+  const UnpackFn unpack_gu = PickUnpack(AmxWeightKindOf(gu_type));
+  const UnpackFn unpack_d = PickUnpack(AmxWeightKindOf(d_type));
+  const int64_t nb = k / 32, nb_ff = n_ff / 32;
+  const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);
+  const int64_t m_pad = num_tp * 2 * kTile;
+  uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
+  // h = bf16(silu(X·Gᵀ) ⊙ X·Uᵀ) as the down projection's A tiles: row pair
+  // rp of gate and up is block rp of h, so the 32 × 32 outputs of one
+  // (token pair, row pair) are one contiguous 2 KiB A tile pair.
+  uint16_t* const hb = reinterpret_cast<uint16_t*>(CallerHb().Reserve(m_pad * n_ff * sizeof(uint16_t)));
+
+  const int threads = omp_get_max_threads();
+  const UnitLayout lg = LayoutFor(num_tp, n_ff, threads);
+  const UnitLayout ld = LayoutFor(num_tp, n, threads);
+
+#pragma omp parallel num_threads(threads)
+  {
+    ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, xb);
+    const size_t gu_panel = static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes);
+    uint8_t* const panel =
+        ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(kPanelPairs * 2 * nb_ff * kBTileBytes)));
+    bool configured = false;
+    {
+      alignas(64) float g[32 * 32], u[32 * 32];  // one (token pair, row pair) of each, token-major
       int64_t unpacked_nu = -1;
-      // nowait: a thread done with one product's units starts on the next
-      // (they read only X, converted before the implicit barrier above).
-#pragma omp for schedule(static) nowait
-      for (int64_t u = 0; u < l.num_units; ++u) {
+      // With its barrier: the down projection reads every token pair's h.
+#pragma omp for schedule(static)
+      for (int64_t unit = 0; unit < lg.num_units; ++unit) {
         if (!configured) {
           ConfigureTiles();
           configured = true;
         }
-        const int64_t nu = u / l.num_mu, mu = u % l.num_mu;
-        const int64_t rp0 = nu * l.rp_per_unit, rp1 = std::min(l.num_rp, rp0 + l.rp_per_unit);
-        const int64_t tp0 = mu * l.tp_per_unit, tp1 = std::min(num_tp, tp0 + l.tp_per_unit);
-        auto group_rows = [&](int64_t g) {
-          return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile));
-        };
-        auto run = [&](int64_t tp, int64_t rp) {
-          KernelArgs a;
-          a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
-          a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
-          a.nb = nb;
-          a.y_stride = o.y_stride;
-          const int64_t t0 = tp * 2 * kTile;
-          a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
-          a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
-          a.rows[0] = group_rows(2 * rp);
-          a.rows[1] = group_rows(2 * rp + 1);
-          a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
-          a.add = add;
-          Kernel(a);
-        };
+        const int64_t nu = unit / lg.num_mu, mu = unit % lg.num_mu;
+        const int64_t rp0 = nu * lg.rp_per_unit, rp1 = std::min(lg.num_rp, rp0 + lg.rp_per_unit);
+        const int64_t tp0 = mu * lg.tp_per_unit, tp1 = std::min(num_tp, tp0 + lg.tp_per_unit);
         if (unpacked_nu != nu) {
-          // Panel: [row pair][block][2 groups][1024 bytes].
-          for (int64_t g = 2 * rp0; g < 2 * rp1; ++g) {
-            uint8_t* dst = panel + ((g / 2 - rp0) * nb * 2 + g % 2) * kBTileBytes;
-            const int rows = group_rows(g);
-            if (rows > 0) {
-              unpack(o.w + g * kTile * o.w_row_bytes, o.w_row_bytes, rows, nb, dst, 2 * kBTileBytes);
-            } else {
-              for (int64_t b = 0; b < nb; ++b) std::memset(dst + b * 2 * kBTileBytes, 0, kBTileBytes);
-            }
-          }
+          UnpackPanel(unpack_gu, gate, gu_row_bytes, n_ff, nb, rp0, rp1, panel);
+          UnpackPanel(unpack_gu, up, gu_row_bytes, n_ff, nb, rp0, rp1, panel + gu_panel);
           unpacked_nu = nu;
         }
-        // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
-        // every row pair of the panel; consecutive calls write neighbouring
-        // columns of the same Y rows. (Measured against row pairs outer and
-        // against K split into L1-sized chunks, which lost to its extra C
-        // stores: docs/BENCHMARKS.md sittings 6 and 24.)
         for (int64_t tp = tp0; tp < tp1; ++tp) {
-          for (int64_t rp = rp0; rp < rp1; ++rp) run(tp, rp);
+          for (int64_t rp = rp0; rp < rp1; ++rp) {
+            // Whole tiles into g and u (rows past n_ff and tokens past m
+            // come out zero: their B rows and A rows are zero).
+            KernelArgs a;
+            a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
+            a.nb = nb;
+            a.y_stride = 32;
+            a.toks[0] = a.toks[1] = a.rows[0] = a.rows[1] = static_cast<int>(kTile);
+            a.add = false;
+            a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
+            a.y = g;
+            Kernel(a);
+            a.bp += gu_panel;
+            a.y = u;
+            Kernel(a);
+            // The SwiGLU of cpu::SwiGlu (element-wise, so the same bits as
+            // over whole rows), then vcvtneps2bf16 as ConvertXTiles would.
+            ::snapfill::cpu::SwiGlu(g, u, g, 32 * 32);
+            ConvertContiguous(g, 32 * 32, hb + (tp * nb_ff + rp) * 32 * 32);
+          }
         }
       }
     }
+    RunProductUnits(hb, m, nb_ff, AmxBf16Out{down, n, d_row_bytes, y, y_stride}, ld, unpack_d, panel, add,
+                    configured);
     if (configured) ReleaseTiles();
   }
 }
@@ -453,6 +557,8 @@ void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, Ggml
                    int64_t) {}
 void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int, const float*,
                          bool) {}
+void FeedForwardAmxBf16(const float*, int64_t, int64_t, int64_t, GgmlType, const uint8_t*, const uint8_t*, int64_t,
+                        size_t, GgmlType, const uint8_t*, int64_t, size_t, float*, int64_t, bool) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
 void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
 

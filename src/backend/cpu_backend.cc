@@ -296,6 +296,29 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // On AMX-BF16 the whole block is one cpu::FeedForward: gate and up leave
+  // the tiles into L1, through the SwiGLU, into the down projection's bf16
+  // input (counted as matmul); the buffers are not touched.
+  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const WeightView& gate, const WeightView& up,
+                           const WeightView& down, float* gate_buf, float* up_buf, int64_t buf_stride, float* y,
+                           int64_t y_stride, bool add) override {
+    const bool fuse = m > 1 && !exact_ && gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols &&
+                      gate.row_bytes == up.row_bytes && down.cols == gate.rows && (!add || FusesResidualAdd(down, m)) &&
+                      cpu::FeedForwardFuses(gate.type, down.type, m, gate.cols, gate.rows, gate.row_bytes,
+                                            down.row_bytes);
+    if (!fuse) {
+      return Backend::FeedForward(x, m, x_stride, gate, up, down, gate_buf, up_buf, buf_stride, y, y_stride, add);
+    }
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, buf_stride));
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, buf_stride));
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
+    ++epoch_;  // a batch, as in MatMul
+    cpu::FeedForward(x, m, gate.cols, x_stride, gate.data, up.data, gate.type, gate.rows, gate.row_bytes, down.data,
+                     down.type, down.rows, down.row_bytes, y, y_stride, add);
+    return absl::OkStatus();
+  }
+
   absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
                          int64_t out_stride, int64_t num_q, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, float scale) override {

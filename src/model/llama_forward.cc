@@ -241,14 +241,12 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
 
     // Feed-forward block (SwiGLU).
     SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
-    const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
-    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
-    if (b.FusesResidualAdd(w.w_down, rows)) {
-      SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, x, dim, true));
-    } else {
-      SNAPFILL_RETURN_IF_ERROR(b.SwiGluMatMul(gate_.data(), up_.data(), rows, c.ffn_dim, w.w_down, xn, dim, false));
-      AddInPlace(x, xn, rows, dim);
-    }
+    // x += the block's output: in the down projection's store where the
+    // backend fuses it, else through xn (which the block has read by then).
+    const bool fused_add = b.FusesResidualAdd(w.w_down, rows);
+    SNAPFILL_RETURN_IF_ERROR(b.FeedForward(xn, rows, dim, w.w_gate, w.w_up, w.w_down, gate_.data(), up_.data(),
+                                           c.ffn_dim, fused_add ? x : xn, dim, fused_add));
+    if (!fused_add) AddInPlace(x, xn, rows, dim);
   }
 
   last_batch_ = n;

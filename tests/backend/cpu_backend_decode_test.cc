@@ -272,5 +272,29 @@ TEST(CpuBackendResidualAdd, FusedAddsEqualTheProductThenTheAdd) {
   ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
+// The feed-forward block (Backend::FeedForward): the CPU backend's (one fused
+// cpu::FeedForward where AMX-BF16 takes the products) equals the default's
+// MatMulShared + SwiGluMatMul, bit for bit, with the residual add where the
+// backend fuses it and into a separate output in exact mode.
+TEST(CpuBackendFeedForward, EqualsGateUpThenSwiGluMatMul) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t dim = 576, ff = 1536, m = 40;
+  const auto wg = testing::QuantizedWeights(t, ff, dim, RowBytes(t, dim), 11, 0.05f);
+  const auto wu = testing::QuantizedWeights(t, ff, dim, RowBytes(t, dim), 12, 0.05f);
+  const auto wd = testing::QuantizedWeights(t, dim, ff, RowBytes(t, ff), 13, 0.02f);
+  const WeightView g = View(wg, t, ff, dim), u = View(wu, t, ff, dim), d = View(wd, t, dim, ff);
+  const auto x = testing::HiddenStates(m, dim, dim, 14), y0 = testing::HiddenStates(m, dim, dim, 15);
+  for (bool exact : {false, true}) {
+    auto b = MakeBackend(/*pack=*/true, exact);
+    const bool add = b->FusesResidualAdd(d, m);
+    EXPECT_EQ(add, !exact && cpu::MatMulHasAmxBf16());
+    std::vector<float> gb(m * ff), ub(m * ff), want = y0, got = y0, gb2(m * ff, 3.0f), ub2(m * ff, 3.0f);
+    ASSERT_TRUE(b->Backend::FeedForward(x.data(), m, dim, g, u, d, gb.data(), ub.data(), ff, want.data(), dim, add)
+                    .ok());
+    ASSERT_TRUE(b->FeedForward(x.data(), m, dim, g, u, d, gb2.data(), ub2.data(), ff, got.data(), dim, add).ok());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "exact " << exact;
+  }
+}
+
 }  // namespace
 }  // namespace snapfill

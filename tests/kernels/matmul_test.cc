@@ -395,6 +395,84 @@ TEST(MatMulSwiGluTest, EqualsSwiGluThenMatMulBitForBit) {
   EXPECT_FALSE(cpu::MatMulFuses(GgmlType::kF32, 1024, 1536, 1536 * 4));
 }
 
+// The whole feed-forward block (FeedForward) is MatMulShared over gate and
+// up, then MatMulSwiGlu (with or without the residual add), bit for bit:
+// fused (AMX-BF16, where FeedForwardFuses says so) and on the other paths;
+// gate/up and down of different types, widths of one, several and a partial
+// panel of row pairs, token counts below and above the AMX threshold with a
+// partial token tile, padded rows. Y's padding is left alone.
+TEST(FeedForwardTest, EqualsGateUpThenSwiGluMatMulBitForBit) {
+  const GgmlType pairs[][2] = {{GgmlType::kQ4_1, GgmlType::kQ4_1},
+                               {GgmlType::kQ4_0, GgmlType::kQ8_0},
+                               {GgmlType::kQ8_0, GgmlType::kQ4_1},
+                               {GgmlType::kF16, GgmlType::kF16}};
+  for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kNoAmx}) {
+    cpu::SetMatMulImplForTesting(impl);
+    for (const auto& tt : pairs) {
+      const GgmlType gt = tt[0], dt = tt[1];
+      for (int64_t k : {64, 576}) {
+        for (int64_t n_ff : {32, 160, 288}) {
+          for (int64_t m : {1, 17, 64, 100}) {
+            for (bool add : {false, true}) {
+              const int64_t n = 48, x_stride = k + 5, y_stride = n + 3;
+              const size_t gu_bytes = RowBytes(gt, k), d_bytes = RowBytes(dt, n_ff);
+              const auto wg = MakeWeights(gt, n_ff, k, gu_bytes, 90 + m);
+              const auto wu = MakeWeights(gt, n_ff, k, gu_bytes, 91 + m);
+              const auto wd = MakeWeights(dt, n, n_ff, d_bytes, 92 + m);
+              auto x = HiddenStates(m, k, x_stride, 93 + m);
+              for (float& v : x) v *= 8.0f;  // gate outputs of a few units: silu far from linear
+              const auto y0 = HiddenStates(m, n, y_stride, 94 + m);
+              std::vector<float> g(m * n_ff), u(m * n_ff), want = y0, got = y0;
+              const cpu::MatMulOut gu[2] = {{wg.data(), n_ff, gu_bytes, g.data(), n_ff},
+                                            {wu.data(), n_ff, gu_bytes, u.data(), n_ff}};
+              cpu::MatMulShared(x.data(), m, k, x_stride, gt, gu, 2);
+              cpu::MatMulSwiGlu(g.data(), u.data(), m, n_ff, n_ff, wd.data(), dt, n, d_bytes, want.data(), y_stride,
+                                add);
+              cpu::FeedForward(x.data(), m, k, x_stride, wg.data(), wu.data(), gt, n_ff, gu_bytes, wd.data(), dt, n,
+                               d_bytes, got.data(), y_stride, add);
+              ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                  << GetTypeTraits(gt).name << "/" << GetTypeTraits(dt).name << " k=" << k << " n_ff=" << n_ff
+                  << " m=" << m << " add=" << add << " impl " << static_cast<int>(impl) << " fused "
+                  << cpu::FeedForwardFuses(gt, dt, m, k, n_ff, gu_bytes, d_bytes);
+            }
+          }
+        }
+      }
+    }
+  }
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  // The model's block (Q4_1, 576 -> 1536 -> 576, a chunk of tokens) fuses
+  // where the CPU has AMX-BF16; one token, float weights or a width that is
+  // not whole blocks never do.
+  const size_t q576 = RowBytes(GgmlType::kQ4_1, 576), q1536 = RowBytes(GgmlType::kQ4_1, 1536);
+  EXPECT_EQ(cpu::FeedForwardFuses(GgmlType::kQ4_1, GgmlType::kQ4_1, 1024, 576, 1536, q576, q1536),
+            cpu::MatMulHasAmxBf16());
+  EXPECT_FALSE(cpu::FeedForwardFuses(GgmlType::kQ4_1, GgmlType::kQ4_1, 1, 576, 1536, q576, q1536));
+  EXPECT_FALSE(cpu::FeedForwardFuses(GgmlType::kF32, GgmlType::kQ4_1, 1024, 576, 1536, 576 * 4, q1536));
+  EXPECT_FALSE(cpu::FeedForwardFuses(GgmlType::kQ4_1, GgmlType::kQ4_1, 1024, 576, 1520, q576,
+                                     RowBytes(GgmlType::kQ4_1, 1520)));
+}
+
+// FeedForward may write its output over its input (the model's unfused
+// residual path does): the same result as into a separate Y.
+TEST(FeedForwardTest, OutputOverTheInput) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t m = 70, k = 96, n_ff = 256, stride = 101;
+  const size_t gu_bytes = RowBytes(t, k), d_bytes = RowBytes(t, n_ff);
+  const auto wg = MakeWeights(t, n_ff, k, gu_bytes, 3), wu = MakeWeights(t, n_ff, k, gu_bytes, 4);
+  const auto wd = MakeWeights(t, k, n_ff, d_bytes, 5);
+  auto x = HiddenStates(m, k, stride, 6);
+  for (float& v : x) v *= 8.0f;
+  std::vector<float> want(m * stride, 0.0f), inplace = x;
+  cpu::FeedForward(x.data(), m, k, stride, wg.data(), wu.data(), t, n_ff, gu_bytes, wd.data(), t, k, d_bytes,
+                   want.data(), stride, false);
+  cpu::FeedForward(inplace.data(), m, k, stride, wg.data(), wu.data(), t, n_ff, gu_bytes, wd.data(), t, k, d_bytes,
+                   inplace.data(), stride, false);
+  for (int64_t i = 0; i < m; ++i) {
+    ASSERT_EQ(std::memcmp(&inplace[i * stride], &want[i * stride], k * sizeof(float)), 0) << "row " << i;
+  }
+}
+
 // The residual add after a product (MatMulAdd, and MatMulSwiGlu with add):
 // y + (the product) in f32 per output, bit for bit MatMul into a temporary
 // and then the add, fused (AMX-BF16) and on the other paths; padded rows
