@@ -17,6 +17,8 @@
 //     in front (cpu::MatMulSwiGlu) against SwiGlu then MatMul.
 //   BM_MatMulAdd_Prefill/fused/m: the attention output product with the
 //     residual add fused (cpu::MatMulAdd) against MatMul then the add.
+//   BM_FeedForward_Prefill/fused/m: the whole feed-forward block
+//     (cpu::FeedForward) against gate,up then the fused SwiGLU + down.
 //   BM_AmxPeak/bf16/bytes: a loop of independent tile ops (4 C tiles, 2 A,
 //     2 B) on every OpenMP thread: tdpbssd (bf16 = 0) with 64 bytes per A
 //     row (the full tile) or 32 (the AMX-INT8 kernel's shape: one 32-element
@@ -291,6 +293,49 @@ void BM_MatMulAdd_Prefill(benchmark::State& state) {
                        : "matmul then add");
 }
 BENCHMARK(BM_MatMulAdd_Prefill)
+    ->ArgNames({"fused", "m"})
+    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The whole feed-forward block as the model runs it (576 -> 1536 -> 576,
+// Q4_1, the residual add in the down projection's store): fused 1 =
+// cpu::FeedForward (gate and up into L1, through the SwiGLU, into the down
+// projection's bf16 input where AMX-BF16 runs), 0 = cpu::MatMulShared over
+// gate and up into [m, 1536] buffers, then cpu::MatMulSwiGlu(add), as the
+// model ran it before. GFLOP/s counts the three products, 2·m·3·576·1536.
+void BM_FeedForward_Prefill(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  const int64_t m = state.range(1), dim = 576, ff = 1536;
+  const GgmlType type = GgmlType::kQ4_1;
+  const size_t gu_bytes = RowBytes(type, dim), d_bytes = RowBytes(type, ff);
+  const std::vector<uint8_t> wg = RandomWeights(type, ff, dim), wu = RandomWeights(type, ff, dim),
+                             wd = RandomWeights(type, dim, ff);
+  const std::vector<float> x = bench::RandomActivations(m * dim);
+  std::vector<float> y = bench::RandomActivations(m * dim), g(m * ff), u(m * ff);
+  auto once = [&] {
+    if (fused) {
+      cpu::FeedForward(x.data(), m, dim, dim, wg.data(), wu.data(), type, ff, gu_bytes, wd.data(), type, dim, d_bytes,
+                       y.data(), dim, /*add=*/true);
+    } else {
+      const cpu::MatMulOut gu[2] = {{wg.data(), ff, gu_bytes, g.data(), ff}, {wu.data(), ff, gu_bytes, u.data(), ff}};
+      cpu::MatMulShared(x.data(), m, dim, dim, type, gu, 2);
+      cpu::MatMulSwiGlu(g.data(), u.data(), m, ff, ff, wd.data(), type, dim, d_bytes, y.data(), dim, /*add=*/true);
+    }
+  };
+  for (int i = 0; i < 2; ++i) once();
+  for (auto _ : state) {
+    once();
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * 3 * dim * ff * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = omp_get_max_threads();
+  state.SetLabel(fused ? (cpu::FeedForwardFuses(type, type, m, dim, ff, gu_bytes, d_bytes) ? "fused"
+                                                                                            : "fused (falls back here)")
+                       : "gate,up then swiglu+down");
+}
+BENCHMARK(BM_FeedForward_Prefill)
     ->ArgNames({"fused", "m"})
     ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
     ->Unit(benchmark::kMillisecond)
