@@ -165,17 +165,60 @@ class Backend {
     // (MatMulAdd refuses unless a backend overrides it with FusesResidualAdd.)
     return add ? MatMulAdd(gate, m, x_stride, w, y, y_stride) : MatMul(gate, m, x_stride, w, y, y_stride);
   }
-  // The feed-forward block after its RMSNorm:
-  // y[m, down.rows] = (silu(x · Gᵀ) ⊙ (x · Uᵀ)) · Dᵀ for x [m, gate.cols]; with
-  // `add`, y += it instead (only where FusesResidualAdd(down, m)). gate_buf and
-  // up_buf ([m, buf_stride], buf_stride >= gate.rows) are scratch a backend
-  // may use for the two products; their contents are unspecified afterwards.
-  // y may be x (x is read in full before y is written). The same results as
+  // An RMSNorm in front of products (the layers' attention and feed-forward
+  // norms): y = x / rms(x) * weight as RmsNorm computes it, with eps; xn
+  // ([m, xn_stride]) is where a backend that does not fold it into the
+  // products puts the normalized rows. weight nullptr: no norm.
+  struct Norm {
+    const float* weight = nullptr;
+    float eps = 0.0f;
+    float* xn = nullptr;
+    int64_t xn_stride = 0;
+  };
+  // The products of one transformer layer, for FusesLayer.
+  struct LayerProducts {
+    const WeightView *wq, *wk, *wv, *wo, *gate, *up, *down;
+  };
+  // Whether a batch of m rows through a layer with these weights runs every
+  // step fused here: NormMatMulShared with its norm folded in, MatMulAdd for
+  // the attention output, FeedForward in one pass with its norm and add, so
+  // that the callers' norm.xn and gate/up buffers are never written (memory
+  // predictions leave them out). Default: false.
+  virtual bool FusesLayer(const LayerProducts& w, int64_t m) const {
+    (void)w;
+    (void)m;
+    return false;
+  }
+  // MatMulShared over RmsNorm(x) (Q, K and V): the same results as RmsNorm
+  // into norm.xn and then MatMulShared over it, which is what this default
+  // does; a backend that folds the norm into the products' reading of x may
+  // leave norm.xn unwritten.
+  virtual absl::Status NormMatMulShared(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
+                                        const SharedOut* outs, int count) {
+    if (norm.weight == nullptr) return MatMulShared(x, m, x_stride, outs, count);
+    const int64_t dim = outs[0].w->cols;
+    absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, dim, norm.eps);
+    if (!s.ok()) return s;
+    return MatMulShared(norm.xn, m, norm.xn_stride, outs, count);
+  }
+  // The feed-forward block: y[m, down.rows] = (silu(x̂ · Gᵀ) ⊙ (x̂ · Uᵀ)) · Dᵀ
+  // for x̂ = RmsNorm(x) (with norm.weight; else x itself), x [m, gate.cols];
+  // with `add`, y += it instead (only where FusesResidualAdd(down, m)).
+  // gate_buf and up_buf ([m, buf_stride], buf_stride >= gate.rows) are
+  // scratch a backend may use for the two products, norm.xn for x̂; their
+  // contents are unspecified afterwards. y may be x or norm.xn (x̂ is read in
+  // full before y is written). The same results as RmsNorm into norm.xn,
   // MatMulShared over gate and up into the buffers, then SwiGluMatMul, which
   // is what this default does.
-  virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const WeightView& gate,
-                                   const WeightView& up, const WeightView& down, float* gate_buf, float* up_buf,
-                                   int64_t buf_stride, float* y, int64_t y_stride, bool add) {
+  virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
+                                   const WeightView& gate, const WeightView& up, const WeightView& down, float* gate_buf,
+                                   float* up_buf, int64_t buf_stride, float* y, int64_t y_stride, bool add) {
+    if (norm.weight != nullptr) {
+      absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, gate.cols, norm.eps);
+      if (!s.ok()) return s;
+      x = norm.xn;
+      x_stride = norm.xn_stride;
+    }
     const SharedOut gate_up[2] = {{&gate, gate_buf, buf_stride}, {&up, up_buf, buf_stride}};
     absl::Status s = MatMulShared(x, m, x_stride, gate_up, 2);
     if (!s.ok()) return s;

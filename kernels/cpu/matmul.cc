@@ -86,9 +86,14 @@ bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes) {
 
 void FeedForward(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* gate, const void* up,
                  GgmlType gu_type, int64_t n_ff, size_t gu_row_bytes, const void* down, GgmlType d_type, int64_t n,
-                 size_t d_row_bytes, float* y, int64_t y_stride, bool add) {
+                 size_t d_row_bytes, float* y, int64_t y_stride, bool add, const RowNorm& norm) {
   SNAPFILL_CPU_DISPATCH(FeedForward, x, m, k, x_stride, gate, up, gu_type, n_ff, gu_row_bytes, down, d_type, n,
-                        d_row_bytes, y, y_stride, add);
+                        d_row_bytes, y, y_stride, add, norm);
+}
+
+void NormMatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, const RowNorm& norm, GgmlType w_type,
+                      const MatMulOut* outs, int count) {
+  SNAPFILL_CPU_DISPATCH(NormMatMulShared, x, m, k, x_stride, norm, w_type, outs, count);
 }
 
 bool FeedForwardFuses(GgmlType gu_type, GgmlType d_type, int64_t m, int64_t k, int64_t n_ff, size_t gu_row_bytes,

@@ -81,9 +81,26 @@ bool MatMulFuses(GgmlType w_type, int64_t m, int64_t k, size_t w_row_bytes);
 // down projection's bf16 input while still in L1, and nothing of n_ff
 // columns is written in f32; elsewhere through [m, n_ff] temporaries of its
 // own. Y may overlap X.
+//
+// With norm (a RowNorm whose weight is set), X is first cpu::RmsNorm(X;
+// weight, eps): where the block fuses, row by row inside the conversion of X
+// (norm.xn untouched); elsewhere into norm.xn, which then holds it.
+struct RowNorm {
+  const float* weight = nullptr;  // k floats; nullptr: no norm
+  float eps = 0.0f;
+  float* xn = nullptr;            // [m, xn_stride]: the normalized rows where the norm does not fuse
+  int64_t xn_stride = 0;
+};
 void FeedForward(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* gate, const void* up,
                  GgmlType gu_type, int64_t n_ff, size_t gu_row_bytes, const void* down, GgmlType d_type, int64_t n,
-                 size_t d_row_bytes, float* y, int64_t y_stride, bool add);
+                 size_t d_row_bytes, float* y, int64_t y_stride, bool add, const RowNorm& norm = RowNorm());
+// MatMulShared of cpu::RmsNorm(X; norm.weight, norm.eps), bit for bit
+// RmsNorm into norm.xn then MatMulShared over it. Where every product fuses
+// (MatMulFuses: AMX-BF16) the norm runs row by row inside their one
+// conversion of X, and norm.xn is not written; elsewhere it holds the
+// normalized rows afterwards.
+void NormMatMulShared(const float* x, int64_t m, int64_t k, int64_t x_stride, const RowNorm& norm, GgmlType w_type,
+                      const MatMulOut* outs, int count);
 bool FeedForwardFuses(GgmlType gu_type, GgmlType d_type, int64_t m, int64_t k, int64_t n_ff, size_t gu_row_bytes,
                       size_t d_row_bytes);
 

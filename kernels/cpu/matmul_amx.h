@@ -64,9 +64,12 @@ struct AmxBf16Out {
 // per-thread buffer as the rows are converted (the feed-forward block's down
 // projection, cpu::MatMulSwiGlu). With `add`, each product is added to what
 // its Y holds (y + c in f32 per output, what MatMulAmxBf16 then a separate
-// f32 add give).
+// f32 add give). With `norm` (k floats; not with `up`), X is cpu::RmsNorm(X;
+// norm, eps) instead, row by row the same way: the layers' norm in front of
+// Q/K/V and of the feed-forward block, with no [m, k] pass of its own.
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count, const float* up = nullptr, bool add = false);
+                         const AmxBf16Out* outs, int count, const float* up = nullptr, bool add = false,
+                         const float* norm = nullptr, float eps = 0.0f);
 
 // The feed-forward block on AMX-BF16 tiles: Y (+)= (silu(X·Gᵀ) ⊙ X·Uᵀ) · Dᵀ
 // for X [m, k] (row stride x_stride), gate and up n_ff rows of gu_type and
@@ -76,10 +79,12 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 // SwiGLU is written in f32. Bit for bit MatMulAmxBf16Shared over gate and up,
 // then MatMulAmxBf16Shared(up = ...) with `add` for down. Requires
 // AmxBf16Available(), both types AmxSupportsType and k, n_ff multiples of 32.
-// Y may overlap X (X is read in full before Y is written).
+// Y may overlap X (X is read in full before Y is written). With `norm`, X is
+// cpu::RmsNorm(X; norm, eps), as in MatMulAmxBf16Shared.
 void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,
                         const uint8_t* gate, const uint8_t* up, int64_t n_ff, size_t gu_row_bytes, GgmlType d_type,
-                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add);
+                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add,
+                        const float* norm = nullptr, float eps = 0.0f);
 
 // Loads the tile configuration of the AMX-BF16 kernels on the calling thread
 // (palette 1, all eight tiles 16 rows × 64 bytes) / releases the tile state.

@@ -293,7 +293,7 @@ AlignedScratch& ThreadPanel() {  // [kPanelPairs * 2][nb][1024] B tiles
   static thread_local AlignedScratch s;
   return s;
 }
-AlignedScratch& ThreadGlu() {  // one row of silu(gate) ⊙ up
+AlignedScratch& ThreadGlu() {  // one row of silu(gate) ⊙ up, or of RmsNorm(x)
   static thread_local AlignedScratch s;
   return s;
 }
@@ -346,23 +346,29 @@ UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
   return l;
 }
 
-// Rows [0, m_pad) of X (or of silu(X) ⊙ up, with `up`) as bf16 A tiles:
+// Rows [0, m_pad) of X (or of silu(X) ⊙ up, with `up`; or of
+// cpu::RmsNorm(X; norm, eps), with `norm`) as bf16 A tiles:
 // [token pair][block][2][16 tokens][32], 2 KiB per pair and block, so a
 // kernel reads one contiguous stream; rows past m are zero. Inside a
 // parallel region (an omp for with its barrier).
 void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t x_stride, const float* up,
-                   uint16_t* xb) {
+                   const float* norm, float eps, uint16_t* xb) {
   const int64_t nb = k / 32;
-  // silu(x) ⊙ up of one row, when `up` is given (L1-sized for the model's
-  // widths: 6 KiB at k = 1536).
-  float* const glu = up != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float))) : nullptr;
+  // silu(x) ⊙ up or the normalized row, one at a time (L1-sized for the
+  // model's widths: 6 KiB at k = 1536).
+  float* const tmp = up != nullptr || norm != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float)))
+                                                      : nullptr;
 #pragma omp for schedule(static)
   for (int64_t i = 0; i < m_pad; ++i) {
     uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
     constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
-    if (i < m && glu != nullptr) {
-      ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, glu, k);
-      ConvertRow(glu, k, row, kStride);
+    if (i < m && up != nullptr) {
+      ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, tmp, k);
+      ConvertRow(tmp, k, row, kStride);
+    } else if (i < m && norm != nullptr) {
+      // One row: cpu::RmsNorm's per-row arithmetic, outside OpenMP.
+      ::snapfill::cpu::RmsNorm(x + i * x_stride, k, norm, tmp, k, 1, k, eps);
+      ConvertRow(tmp, k, row, kStride);
     } else if (i < m) {
       ConvertRow(x + i * x_stride, k, row, kStride);
     } else {
@@ -439,11 +445,11 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
 }  // namespace
 
 void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType type,
-                         const AmxBf16Out* outs, int count, const float* up, bool add) {
+                         const AmxBf16Out* outs, int count, const float* up, bool add, const float* norm, float eps) {
   constexpr int kMaxOuts = 8;
   if (count > kMaxOuts) {
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts, up, add);
-    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up, add);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs, kMaxOuts, up, add, norm, eps);
+    MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up, add, norm, eps);
     return;
   }
   const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
@@ -459,7 +465,7 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 
 #pragma omp parallel num_threads(threads)
   {
-    ConvertXTiles(x, m, m_pad, k, x_stride, up, xb);
+    ConvertXTiles(x, m, m_pad, k, x_stride, up, norm, eps, xb);
     uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes));
     bool configured = false;
     for (int c = 0; c < count; ++c) {
@@ -471,7 +477,8 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 
 void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,
                         const uint8_t* gate, const uint8_t* up, int64_t n_ff, size_t gu_row_bytes, GgmlType d_type,
-                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add) {
+                        const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add,
+                        const float* norm, float eps) {
   const UnpackFn unpack_gu = PickUnpack(AmxWeightKindOf(gu_type));
   const UnpackFn unpack_d = PickUnpack(AmxWeightKindOf(d_type));
   const int64_t nb = k / 32, nb_ff = n_ff / 32;
@@ -489,7 +496,7 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
 
 #pragma omp parallel num_threads(threads)
   {
-    ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, xb);
+    ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, norm, eps, xb);
     const size_t gu_panel = static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes);
     uint8_t* const panel =
         ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(kPanelPairs * 2 * nb_ff * kBTileBytes)));
@@ -556,9 +563,9 @@ void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,
                    int64_t) {}
 void MatMulAmxBf16Shared(const float*, int64_t, int64_t, int64_t, GgmlType, const AmxBf16Out*, int, const float*,
-                         bool) {}
+                         bool, const float*, float) {}
 void FeedForwardAmxBf16(const float*, int64_t, int64_t, int64_t, GgmlType, const uint8_t*, const uint8_t*, int64_t,
-                        size_t, GgmlType, const uint8_t*, int64_t, size_t, float*, int64_t, bool) {}
+                        size_t, GgmlType, const uint8_t*, int64_t, size_t, float*, int64_t, bool, const float*, float) {}
 void UnpackBf16TilesForTesting(const uint8_t*, GgmlType, size_t, int, int64_t, uint8_t*) {}
 void ConvertRowBf16ForTesting(const float*, int64_t, uint16_t*) {}
 

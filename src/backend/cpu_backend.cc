@@ -296,27 +296,74 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // On AMX-BF16 the whole block is one cpu::FeedForward: gate and up leave
-  // the tiles into L1, through the SwiGLU, into the down projection's bf16
-  // input (counted as matmul); the buffers are not touched.
-  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const WeightView& gate, const WeightView& up,
-                           const WeightView& down, float* gate_buf, float* up_buf, int64_t buf_stride, float* y,
-                           int64_t y_stride, bool add) override {
-    const bool fuse = m > 1 && !exact_ && gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols &&
-                      gate.row_bytes == up.row_bytes && down.cols == gate.rows && (!add || FusesResidualAdd(down, m)) &&
-                      cpu::FeedForwardFuses(gate.type, down.type, m, gate.cols, gate.rows, gate.row_bytes,
-                                            down.row_bytes);
-    if (!fuse) {
-      return Backend::FeedForward(x, m, x_stride, gate, up, down, gate_buf, up_buf, buf_stride, y, y_stride, add);
+  // On AMX-BF16 the whole block is one cpu::FeedForward: the norm row by row
+  // as x is converted, gate and up leave the tiles into L1, through the
+  // SwiGLU, into the down projection's bf16 input (all counted as matmul);
+  // the buffers are not touched.
+  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const Norm& norm, const WeightView& gate,
+                           const WeightView& up, const WeightView& down, float* gate_buf, float* up_buf,
+                           int64_t buf_stride, float* y, int64_t y_stride, bool add) override {
+    if (!FeedForwardFused(gate, up, down, m, add)) {
+      return Backend::FeedForward(x, m, x_stride, norm, gate, up, down, gate_buf, up_buf, buf_stride, y, y_stride,
+                                  add);
     }
     OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
     ++epoch_;  // a batch, as in MatMul
+    cpu::RowNorm rn;
+    rn.weight = norm.weight;
+    rn.eps = norm.eps;
     cpu::FeedForward(x, m, gate.cols, x_stride, gate.data, up.data, gate.type, gate.rows, gate.row_bytes, down.data,
-                     down.type, down.rows, down.row_bytes, y, y_stride, add);
+                     down.type, down.rows, down.row_bytes, y, y_stride, add, rn);
     return absl::OkStatus();
+  }
+
+  // Q, K and V with the attention norm in front: on AMX-BF16, one
+  // cpu::NormMatMulShared that normalizes each row as it converts it
+  // (counted as matmul); elsewhere RmsNorm then MatMulShared.
+  absl::Status NormMatMulShared(const float* x, int64_t m, int64_t x_stride, const Norm& norm, const SharedOut* outs,
+                                int count) override {
+    const WeightView* ws[8];
+    for (int c = 0; c < count && c < 8; ++c) ws[c] = outs[c].w;
+    if (norm.weight == nullptr || !NormSharedFused(ws, count, m)) {
+      return Backend::NormMatMulShared(x, m, x_stride, norm, outs, count);
+    }
+    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    cpu::MatMulOut co[8];
+    for (int c = 0; c < count; ++c) {
+      const WeightView& w = *outs[c].w;
+      SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, outs[c].y_stride));
+      co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride};
+    }
+    ++epoch_;  // a batch, as in MatMul
+    cpu::RowNorm rn;
+    rn.weight = norm.weight;
+    rn.eps = norm.eps;
+    cpu::NormMatMulShared(x, m, outs[0].w->cols, x_stride, rn, outs[0].w->type, co, count);
+    return absl::OkStatus();
+  }
+
+  bool FusesLayer(const LayerProducts& w, int64_t m) const override {
+    const WeightView* qkv[3] = {w.wq, w.wk, w.wv};
+    return NormSharedFused(qkv, 3, m) && FusesResidualAdd(*w.wo, m) && FeedForwardFused(*w.gate, *w.up, *w.down, m, true);
+  }
+
+  // Whether FeedForward / NormMatMulShared take their fused paths.
+  bool FeedForwardFused(const WeightView& gate, const WeightView& up, const WeightView& down, int64_t m,
+                        bool add) const {
+    return m > 1 && !exact_ && gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols &&
+           gate.row_bytes == up.row_bytes && down.cols == gate.rows && (!add || FusesResidualAdd(down, m)) &&
+           cpu::FeedForwardFuses(gate.type, down.type, m, gate.cols, gate.rows, gate.row_bytes, down.row_bytes);
+  }
+  bool NormSharedFused(const WeightView* const* ws, int count, int64_t m) const {
+    bool fuse = m > 1 && !exact_ && count > 0 && count <= 8;
+    for (int c = 0; c < count && fuse; ++c) {
+      const WeightView& w = *ws[c];
+      fuse = w.type == ws[0]->type && w.cols == ws[0]->cols && cpu::MatMulFuses(w.type, m, w.cols, w.row_bytes);
+    }
+    return fuse;
   }
 
   absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,

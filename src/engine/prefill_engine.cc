@@ -70,7 +70,7 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
 
 absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                                           const PrefillConfig& config,
-                                                          int64_t total_tokens) {
+                                                          int64_t total_tokens, bool fused_layers) {
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
   PrefillFootprint f;
   SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
@@ -101,7 +101,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // rotation positions (int32).
   f.candidate_bytes = cand * mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
                       cand * (mc.num_kv_heads + 1) * sizeof(int32_t);
-  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens);
+  // (Scored chunks take logits of whole batches, through xn.)
+  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens, fused_layers, c.score_tokens);
   const uint64_t score_bytes =
       c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
                      : 0;
@@ -129,7 +130,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       memory += written[l] * layer_entry_bytes;
     }
     const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
-                          LlamaForward::ScratchBytes(mc, s.chunk_tokens) + score_bytes;
+                          LlamaForward::ScratchBytes(mc, s.chunk_tokens, fused_layers, c.score_tokens) +
+                          score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
   }
   return f;

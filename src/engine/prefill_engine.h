@@ -100,9 +100,12 @@ class PrefillEngine {
  public:
   // Plans the schedule and sizes every buffer Create() would allocate,
   // without allocating; the same errors as Create() for impossible plans.
+  // fused_layers: the backend runs the layers fused for chunks of the
+  // configured size (LlamaForward::FusesLayers), so their activations leave
+  // out the buffers that path never writes.
   static absl::StatusOr<PrefillFootprint> Footprint(const LlamaConfig& model,
                                                     const PrefillConfig& config,
-                                                    int64_t total_tokens);
+                                                    int64_t total_tokens, bool fused_layers = false);
 
   // Plans the schedule for `total_tokens` and allocates the memory and the
   // scratch; InvalidArgument for a plan or pruner configuration that cannot

@@ -49,10 +49,21 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const LlamaMo
   return f;
 }
 
-uint64_t LlamaForward::ScratchBytes(const LlamaConfig& c, int64_t max_tokens) {
-  const uint64_t per_token = 2 * c.model_dim + 2 * c.num_heads * c.head_dim +
-                             2 * c.num_kv_heads * c.head_dim + 2 * c.ffn_dim;
+uint64_t LlamaForward::ScratchBytes(const LlamaConfig& c, int64_t max_tokens, bool fused_layers,
+                                    bool batch_logits) {
+  const uint64_t xn = fused_layers && !batch_logits ? 0 : c.model_dim;
+  const uint64_t ffn = fused_layers ? 0 : 2 * c.ffn_dim;
+  const uint64_t per_token = c.model_dim + xn + 2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim + ffn;
   return per_token * max_tokens * sizeof(float);
+}
+
+bool LlamaForward::FusesLayers(const LlamaModel& model, const Backend& backend, int64_t m) {
+  for (int64_t l = 0; l < model.config().num_layers; ++l) {
+    const LlamaLayerWeights& w = model.layer(l);
+    const Backend::LayerProducts p{&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down};
+    if (!backend.FusesLayer(p, m)) return false;
+  }
+  return model.config().num_layers > 0;
 }
 
 void LlamaForward::ReleaseRowsFrom(int64_t rows) {
@@ -219,10 +230,12 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     const LlamaLayerWeights& w = model_.layer(l);
     // Attention block. Layers run in order because each reads the residual
     // stream the previous one wrote.
-    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data(), dim, w.attn_norm, xn_.data(), dim, n, dim, c.rms_eps));
+    // Q, K and V of the normalized rows (the norm folded into the products'
+    // reading of x where the backend does that; else through xn).
     const Backend::SharedOut qkv[3] = {{&w.wq, q_.data(), q_dim}, {&w.wk, k_.data(), kv_dim},
                                        {&w.wv, v_.data(), kv_dim}};
-    SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn_.data(), n, dim, qkv, 3));
+    SNAPFILL_RETURN_IF_ERROR(
+        b.NormMatMulShared(x_.data(), n, dim, Backend::Norm{w.attn_norm, c.rms_eps, xn_.data(), dim}, qkv, 3));
     // Every row's K and V (and the queries, which the attention step may
     // read for more than the outputs, e.g. SnapKV's window), but past this
     // point the last layer needs only the rows whose hidden states are kept.
@@ -240,12 +253,12 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     }
 
     // Feed-forward block (SwiGLU).
-    SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
     // x += the block's output: in the down projection's store where the
     // backend fuses it, else through xn (which the block has read by then).
     const bool fused_add = b.FusesResidualAdd(w.w_down, rows);
-    SNAPFILL_RETURN_IF_ERROR(b.FeedForward(xn, rows, dim, w.w_gate, w.w_up, w.w_down, gate_.data(), up_.data(),
-                                           c.ffn_dim, fused_add ? x : xn, dim, fused_add));
+    SNAPFILL_RETURN_IF_ERROR(b.FeedForward(x, rows, dim, Backend::Norm{w.ffn_norm, c.rms_eps, xn, dim}, w.w_gate,
+                                           w.w_up, w.w_down, gate_.data(), up_.data(), c.ffn_dim,
+                                           fused_add ? x : xn, dim, fused_add));
     if (!fused_add) AddInPlace(x, xn, rows, dim);
   }
 

@@ -25,8 +25,16 @@ namespace snapfill {
 class LlamaForward {
  public:
   // Scratch for batches of up to `max_tokens` tokens.
-  // Bytes of the activations Create() allocates for `max_tokens` tokens.
-  static uint64_t ScratchBytes(const LlamaConfig& c, int64_t max_tokens);
+  // Bytes of the activations Create() allocates for `max_tokens` tokens; of
+  // those a batch writes (they become resident only then), leaving out the
+  // feed-forward block's gate/up buffers where `fused_layers` (FusesLayers)
+  // and also the normalized rows xn where `fused_layers` and no logits are
+  // taken of a whole batch (the norms are folded into the products then).
+  static uint64_t ScratchBytes(const LlamaConfig& c, int64_t max_tokens, bool fused_layers = false,
+                               bool batch_logits = true);
+  // Whether `backend` runs every layer of `model` fused for batches of m
+  // rows (Backend::FusesLayer for each layer's weights).
+  static bool FusesLayers(const LlamaModel& model, const Backend& backend, int64_t m);
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
                                                               Backend* backend,
                                                               int64_t max_tokens);

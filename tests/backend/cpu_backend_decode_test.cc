@@ -272,11 +272,13 @@ TEST(CpuBackendResidualAdd, FusedAddsEqualTheProductThenTheAdd) {
   ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
-// The feed-forward block (Backend::FeedForward): the CPU backend's (one fused
-// cpu::FeedForward where AMX-BF16 takes the products) equals the default's
-// MatMulShared + SwiGluMatMul, bit for bit, with the residual add where the
-// backend fuses it and into a separate output in exact mode.
-TEST(CpuBackendFeedForward, EqualsGateUpThenSwiGluMatMul) {
+// The feed-forward block (Backend::FeedForward) and Q/K/V behind the
+// attention norm (Backend::NormMatMulShared): the CPU backend's (one fused
+// cpu::FeedForward / cpu::NormMatMulShared where AMX-BF16 takes the products,
+// the norm folded into their conversion of x) equal the defaults' RmsNorm,
+// MatMulShared and SwiGluMatMul, bit for bit, with and without the norm, with
+// the residual add where the backend fuses it, in exact mode too.
+TEST(CpuBackendFeedForward, EqualsTheUnfusedSteps) {
   const GgmlType t = GgmlType::kQ4_1;
   const int64_t dim = 576, ff = 1536, m = 40;
   const auto wg = testing::QuantizedWeights(t, ff, dim, RowBytes(t, dim), 11, 0.05f);
@@ -284,16 +286,61 @@ TEST(CpuBackendFeedForward, EqualsGateUpThenSwiGluMatMul) {
   const auto wd = testing::QuantizedWeights(t, dim, ff, RowBytes(t, ff), 13, 0.02f);
   const WeightView g = View(wg, t, ff, dim), u = View(wu, t, ff, dim), d = View(wd, t, dim, ff);
   const auto x = testing::HiddenStates(m, dim, dim, 14), y0 = testing::HiddenStates(m, dim, dim, 15);
+  std::vector<float> norm_w(dim);
+  for (int64_t i = 0; i < dim; ++i) norm_w[i] = 0.5f + static_cast<float>(i % 7) * 0.25f;
   for (bool exact : {false, true}) {
-    auto b = MakeBackend(/*pack=*/true, exact);
-    const bool add = b->FusesResidualAdd(d, m);
-    EXPECT_EQ(add, !exact && cpu::MatMulHasAmxBf16());
-    std::vector<float> gb(m * ff), ub(m * ff), want = y0, got = y0, gb2(m * ff, 3.0f), ub2(m * ff, 3.0f);
-    ASSERT_TRUE(b->Backend::FeedForward(x.data(), m, dim, g, u, d, gb.data(), ub.data(), ff, want.data(), dim, add)
-                    .ok());
-    ASSERT_TRUE(b->FeedForward(x.data(), m, dim, g, u, d, gb2.data(), ub2.data(), ff, got.data(), dim, add).ok());
-    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "exact " << exact;
+    for (bool with_norm : {false, true}) {
+      auto b = MakeBackend(/*pack=*/true, exact);
+      const bool add = b->FusesResidualAdd(d, m);
+      EXPECT_EQ(add, !exact && cpu::MatMulHasAmxBf16());
+      std::vector<float> xn1(m * dim), xn2(m * dim, 5.0f);
+      const Backend::Norm n1{with_norm ? norm_w.data() : nullptr, 1e-5f, xn1.data(), dim};
+      const Backend::Norm n2{with_norm ? norm_w.data() : nullptr, 1e-5f, xn2.data(), dim};
+      std::vector<float> gb(m * ff), ub(m * ff), want = y0, got = y0, gb2(m * ff, 3.0f), ub2(m * ff, 3.0f);
+      ASSERT_TRUE(b->Backend::FeedForward(x.data(), m, dim, n1, g, u, d, gb.data(), ub.data(), ff, want.data(), dim,
+                                          add)
+                      .ok());
+      ASSERT_TRUE(
+          b->FeedForward(x.data(), m, dim, n2, g, u, d, gb2.data(), ub2.data(), ff, got.data(), dim, add).ok());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "exact " << exact << " norm " << with_norm;
+
+      // Q, K and V (the model's widths) over the normalized rows.
+      const auto wq = testing::QuantizedWeights(t, dim, dim, RowBytes(t, dim), 16, 0.05f);
+      const auto wk = testing::QuantizedWeights(t, 192, dim, RowBytes(t, dim), 17, 0.05f);
+      const WeightView q = View(wq, t, dim, dim), k = View(wk, t, 192, dim);
+      std::vector<float> qa(m * dim), ka(m * 192), qb(m * dim, 1.0f), kb(m * 192, 1.0f);
+      const Backend::SharedOut oa[2] = {{&q, qa.data(), dim}, {&k, ka.data(), 192}};
+      const Backend::SharedOut ob[2] = {{&q, qb.data(), dim}, {&k, kb.data(), 192}};
+      ASSERT_TRUE(b->Backend::NormMatMulShared(x.data(), m, dim, n1, oa, 2).ok());
+      ASSERT_TRUE(b->NormMatMulShared(x.data(), m, dim, n2, ob, 2).ok());
+      ASSERT_EQ(std::memcmp(qa.data(), qb.data(), qa.size() * sizeof(float)), 0) << "exact " << exact;
+      ASSERT_EQ(std::memcmp(ka.data(), kb.data(), ka.size() * sizeof(float)), 0) << "exact " << exact;
+    }
   }
+}
+
+// FusesLayer says whether a layer's batch runs every step fused (and so never
+// writes the callers' xn and gate/up buffers): with AMX-BF16 for the model's
+// Q4_1 shapes and a chunk of tokens; not for one token, nor in exact mode,
+// nor when gate and up differ in type.
+TEST(CpuBackendFeedForward, FusesLayerOnlyWhereEveryStepFuses) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t dim = 576, ff = 1536, kv = 192;
+  const auto a = testing::QuantizedWeights(t, dim, dim, RowBytes(t, dim), 1, 0.05f);
+  const auto b = testing::QuantizedWeights(t, kv, dim, RowBytes(t, dim), 2, 0.05f);
+  const auto g = testing::QuantizedWeights(t, ff, dim, RowBytes(t, dim), 3, 0.05f);
+  const auto d = testing::QuantizedWeights(t, dim, ff, RowBytes(t, ff), 4, 0.05f);
+  const auto g8 = testing::QuantizedWeights(GgmlType::kQ8_0, ff, dim, RowBytes(GgmlType::kQ8_0, dim), 5, 0.05f);
+  const WeightView wq = View(a, t, dim, dim), wk = View(b, t, kv, dim), wg = View(g, t, ff, dim),
+                   wd = View(d, t, dim, ff), wg8 = View(g8, GgmlType::kQ8_0, ff, dim);
+  const Backend::LayerProducts layer{&wq, &wk, &wk, &wq, &wg, &wg, &wd};
+  const Backend::LayerProducts mixed{&wq, &wk, &wk, &wq, &wg8, &wg, &wd};
+  auto cpu = MakeBackend(/*pack=*/true);
+  EXPECT_EQ(cpu->FusesLayer(layer, 1024), cpu::MatMulHasAmxBf16());
+  EXPECT_FALSE(cpu->FusesLayer(layer, 1));
+  EXPECT_FALSE(cpu->FusesLayer(mixed, 1024));
+  EXPECT_FALSE(MakeBackend(true, /*exact=*/true)->FusesLayer(layer, 1024));
 }
 
 }  // namespace

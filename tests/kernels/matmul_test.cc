@@ -453,6 +453,63 @@ TEST(FeedForwardTest, EqualsGateUpThenSwiGluMatMulBitForBit) {
                                      RowBytes(GgmlType::kQ4_1, 1520)));
 }
 
+// The layers' RMSNorm in front of the products (cpu::RowNorm): FeedForward
+// and NormMatMulShared with a norm are cpu::RmsNorm into xn and then the
+// product over xn, bit for bit, fused (the norm inside the conversion to
+// bf16; xn untouched there) and on the other paths, where xn then holds the
+// normalized rows.
+TEST(FeedForwardTest, WithTheNormEqualsRmsNormThenTheProducts) {
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t k = 576, n_ff = 160, n = 64;
+  const size_t gu_bytes = RowBytes(t, k), d_bytes = RowBytes(t, n_ff);
+  const auto wg = MakeWeights(t, n_ff, k, gu_bytes, 21), wu = MakeWeights(t, n_ff, k, gu_bytes, 22);
+  const auto wd = MakeWeights(t, n, n_ff, d_bytes, 23);
+  std::vector<float> weight(k);
+  for (int64_t i = 0; i < k; ++i) weight[i] = 0.25f + static_cast<float>(i % 5) * 0.5f;
+  for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kNoAmx}) {
+    cpu::SetMatMulImplForTesting(impl);
+    for (int64_t m : {1, 17, 100}) {
+      const int64_t x_stride = k + 3;
+      auto x = HiddenStates(m, k, x_stride, 24 + m);
+      for (float& v : x) v *= 3.0f;
+      std::vector<float> xn(m * x_stride, 0.0f);
+      cpu::RmsNorm(x.data(), x_stride, weight.data(), xn.data(), x_stride, m, k, 1e-5f);
+      // FeedForward with the residual add.
+      const auto y0 = HiddenStates(m, n, n, 25 + m);
+      std::vector<float> want = y0, got = y0, scratch(m * x_stride, 9.0f);
+      const bool add = true;
+      cpu::FeedForward(xn.data(), m, k, x_stride, wg.data(), wu.data(), t, n_ff, gu_bytes, wd.data(), t, n, d_bytes,
+                       want.data(), n, add);
+      cpu::RowNorm norm;
+      norm.weight = weight.data();
+      norm.eps = 1e-5f;
+      norm.xn = scratch.data();
+      norm.xn_stride = x_stride;
+      cpu::FeedForward(x.data(), m, k, x_stride, wg.data(), wu.data(), t, n_ff, gu_bytes, wd.data(), t, n, d_bytes,
+                       got.data(), n, add, norm);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+          << "m=" << m << " impl " << static_cast<int>(impl);
+      const bool fused = cpu::FeedForwardFuses(t, t, m, k, n_ff, gu_bytes, d_bytes);
+      if (!fused) {
+        for (int64_t i = 0; i < m; ++i) {
+          ASSERT_EQ(std::memcmp(&scratch[i * x_stride], &xn[i * x_stride], k * sizeof(float)), 0) << "row " << i;
+        }
+      }
+      // NormMatMulShared over two weights (gate and up stand in for Q and K).
+      std::vector<float> a1(m * n_ff), b1(m * n_ff), a2(m * n_ff, 1.0f), b2(m * n_ff, 1.0f);
+      const cpu::MatMulOut o1[2] = {{wg.data(), n_ff, gu_bytes, a1.data(), n_ff},
+                                    {wu.data(), n_ff, gu_bytes, b1.data(), n_ff}};
+      const cpu::MatMulOut o2[2] = {{wg.data(), n_ff, gu_bytes, a2.data(), n_ff},
+                                    {wu.data(), n_ff, gu_bytes, b2.data(), n_ff}};
+      cpu::MatMulShared(xn.data(), m, k, x_stride, t, o1, 2);
+      cpu::NormMatMulShared(x.data(), m, k, x_stride, norm, t, o2, 2);
+      ASSERT_EQ(std::memcmp(a1.data(), a2.data(), a1.size() * sizeof(float)), 0) << "m=" << m;
+      ASSERT_EQ(std::memcmp(b1.data(), b2.data(), b1.size() * sizeof(float)), 0) << "m=" << m;
+    }
+  }
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+}
+
 // FeedForward may write its output over its input (the model's unfused
 // residual path does): the same result as into a separate Y.
 TEST(FeedForwardTest, OutputOverTheInput) {

@@ -23,6 +23,7 @@
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
+#include "src/model/llama_forward.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -68,7 +69,8 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
     if (!fixed_memory) c.schedule.memory = size;
     if (!fixed_chunk) c.schedule.chunk = size;
     if (fixed_memory && fixed_chunk && size != kSizes[0]) break;  // one candidate: the user's
-    absl::StatusOr<PrefillFootprint> fp = PrefillEngine::Footprint(mc, c, total);
+    absl::StatusOr<PrefillFootprint> fp = PrefillEngine::Footprint(
+        mc, c, total, LlamaForward::FusesLayers(*p.model.model, *p.backend, c.schedule.chunk));
     if (!fp.ok()) {
       last_error = fp.status();
       continue;
@@ -172,7 +174,9 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   }
   const int64_t total = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(
-      PrefillFootprint fp, PrefillEngine::Footprint(p.model.model->config(), p.config, total));
+      PrefillFootprint fp,
+      PrefillEngine::Footprint(p.model.model->config(), p.config, total,
+                               LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
   p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
                        p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
