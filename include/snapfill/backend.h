@@ -195,7 +195,7 @@ class Backend {
   // leave norm.xn unwritten.
   virtual absl::Status NormMatMulShared(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
                                         const SharedOut* outs, int count) {
-    if (norm.weight == nullptr) return MatMulShared(x, m, x_stride, outs, count);
+    if (norm.weight == nullptr || count <= 0) return MatMulShared(x, m, x_stride, outs, count);
     const int64_t dim = outs[0].w->cols;
     absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, dim, norm.eps);
     if (!s.ok()) return s;

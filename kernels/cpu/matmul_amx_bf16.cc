@@ -331,6 +331,22 @@ struct UnitLayout {
   int64_t num_rp, rp_per_unit, num_mu, tp_per_unit, num_units;
 };
 
+// Unit u of a layout: its panel nu (row pairs [rp0, rp1)) and its token
+// pairs [tp0, tp1).
+struct UnitRange {
+  int64_t nu, rp0, rp1, tp0, tp1;
+};
+UnitRange RangeOf(const UnitLayout& l, int64_t u, int64_t num_tp) {
+  UnitRange r;
+  r.nu = u / l.num_mu;
+  const int64_t mu = u % l.num_mu;
+  r.rp0 = r.nu * l.rp_per_unit;
+  r.rp1 = std::min(l.num_rp, r.rp0 + l.rp_per_unit);
+  r.tp0 = mu * l.tp_per_unit;
+  r.tp1 = std::min(num_tp, r.tp0 + l.tp_per_unit);
+  return r;
+}
+
 UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
   UnitLayout l;
   l.num_rp = (n + 2 * kTile - 1) / (2 * kTile);
@@ -409,9 +425,7 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
       ConfigureTiles();
       configured = true;
     }
-    const int64_t nu = u / l.num_mu, mu = u % l.num_mu;
-    const int64_t rp0 = nu * l.rp_per_unit, rp1 = std::min(l.num_rp, rp0 + l.rp_per_unit);
-    const int64_t tp0 = mu * l.tp_per_unit, tp1 = std::min(num_tp, tp0 + l.tp_per_unit);
+    const auto [nu, rp0, rp1, tp0, tp1] = RangeOf(l, u, num_tp);
     auto group_rows = [&](int64_t g) { return static_cast<int>(std::clamp<int64_t>(n - g * kTile, 0, kTile)); };
     if (unpacked_nu != nu) {
       UnpackPanel(unpack, o.w, o.w_row_bytes, n, nb, rp0, rp1, panel);
@@ -511,9 +525,7 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
           ConfigureTiles();
           configured = true;
         }
-        const int64_t nu = unit / lg.num_mu, mu = unit % lg.num_mu;
-        const int64_t rp0 = nu * lg.rp_per_unit, rp1 = std::min(lg.num_rp, rp0 + lg.rp_per_unit);
-        const int64_t tp0 = mu * lg.tp_per_unit, tp1 = std::min(num_tp, tp0 + lg.tp_per_unit);
+        const auto [nu, rp0, rp1, tp0, tp1] = RangeOf(lg, unit, num_tp);
         if (unpacked_nu != nu) {
           UnpackPanel(unpack_gu, gate, gu_row_bytes, n_ff, nb, rp0, rp1, panel);
           UnpackPanel(unpack_gu, up, gu_row_bytes, n_ff, nb, rp0, rp1, panel + gu_panel);
