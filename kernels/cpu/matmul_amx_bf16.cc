@@ -22,8 +22,10 @@
 //               elements (2r, 2r+1) of each weight row (16 × 4 bytes).
 // A thread unpacks the B tiles of its current weight panel (up to
 // kPanelPairs × 32 rows, all K) once and reuses them for every token pair of
-// its units: per weight row and block one table lookup (vpermw over the 16
-// values bf16(d·q + m)), then a 16 × 16 dword transpose per 16 rows.
+// its units. Q4_0 / Q4_1: per block, the 16 rows' scales and nibbles are
+// gathered with a row per lane, which is the tiles' layout, and each tile
+// row is computed as it is stored (UnpackGroupQ4). Q8_0: per weight row and
+// block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
 //
 // Work split: units of (panel of up to kPanelPairs row pairs) × (up to
 // kBlockPairs token pairs), panel-major, OpenMP static; every output is
@@ -35,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/ops.h"
@@ -141,12 +144,85 @@ SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int
   }
 }
 
+// One tile row r of a Q4 group (UnpackGroupQ4): elements 2r and 2r + 1 of
+// the 16 rows, from the qs dword gathers g (lane j = bytes 4c..4c+3 of row
+// j's nibbles): for r < 8 the low nibbles of bytes 2r, 2r + 1, else the high
+// nibbles of bytes 2r - 16, 2r - 15.
+template <AmxWeightKind kKind, int R>
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i Q4TileRow(const __m512i* g, __m512 d, __m512 m,
+                                                                                __m512i pair_index) {
+  constexpr int kByte = 2 * (R % 2), kShift = R >= 8 ? 4 : 0;
+  const __m512i v = g[(R % 8) / 2];
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  const __m512 qe = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * kByte + kShift), low4));
+  const __m512 qo = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * kByte + 8 + kShift), low4));
+  __m512 ve, vo;
+  if constexpr (kKind == AmxWeightKind::kQ4_1) {  // fmaf(q, d, m), as the table of DequantBlock
+    ve = _mm512_fmadd_ps(qe, d, m);
+    vo = _mm512_fmadd_ps(qo, d, m);
+  } else {  // (q - 8)·d
+    ve = _mm512_mul_ps(_mm512_sub_ps(qe, _mm512_set1_ps(8.0f)), d);
+    vo = _mm512_mul_ps(_mm512_sub_ps(qo, _mm512_set1_ps(8.0f)), d);
+  }
+  // Words (bf16(ve[j]), bf16(vo[j])) per dword lane j.
+  return _mm512_permutexvar_epi16(pair_index, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(vo, ve)));
+}
+
+// Word i of a tile row: word i / 2 of the even (i even) or odd elements.
+struct alignas(64) PairIndex {
+  uint16_t ix[32];
+  constexpr PairIndex() : ix() {
+    for (int i = 0; i < 32; ++i) ix[i] = static_cast<uint16_t>((i % 2 ? 16 : 0) + i / 2);
+  }
+};
+constexpr PairIndex kPairIndex;
+
+// UnpackGroup for Q4_0 / Q4_1 without the transpose: per block, the 16
+// rows' scales and nibbles are gathered with the rows in the lanes, which is
+// the tiles' layout already (a lane is a weight row, a tile row two
+// elements), so each tile row is a few shifts, two conversions, two FMAs and
+// one word permutation. The same values and roundings as UnpackGroup.
+template <AmxWeightKind kKind, int... R>
+SNAPFILL_AMXBF16_TARGET void UnpackGroupQ4(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
+                                           int64_t stride, std::integer_sequence<int, R...>) {
+  constexpr int64_t kQs = kKind == AmxWeightKind::kQ4_1 ? 4 : 2;  // the nibbles' offset in a block
+  const int64_t blk = AmxWeightBlockBytes(kKind);
+  const __mmask16 live = static_cast<__mmask16>(rows >= 16 ? 0xFFFF : (1u << rows) - 1);
+  const __m512i offs = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i pair_index = _mm512_load_si512(kPairIndex.ix);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* base = w + b * blk;
+    const __m512i hdr = _mm512_mask_i32gather_epi32(zero, live, offs, base, 1);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr));
+    const __m512 m = kKind == AmxWeightKind::kQ4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hdr, 16)))
+                                                   : _mm512_setzero_ps();
+    __m512i g[4];
+    for (int c = 0; c < 4; ++c) g[c] = _mm512_mask_i32gather_epi32(zero, live, offs, base + kQs + 4 * c, 1);
+    uint8_t* o = out + b * stride;
+    if (rows >= 16) {
+      ((_mm512_storeu_si512(o + 64 * R, Q4TileRow<kKind, R>(g, d, m, pair_index))), ...);
+    } else {  // absent rows zero (Q4_0's (0 - 8)·0 would be -0)
+      ((_mm512_storeu_si512(o + 64 * R, _mm512_maskz_mov_epi32(live, Q4TileRow<kKind, R>(g, d, m, pair_index)))), ...);
+    }
+  }
+}
+
+template <AmxWeightKind kKind>
+SNAPFILL_AMXBF16_TARGET void UnpackGroupQ4Rows(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
+                                               int64_t stride) {
+  UnpackGroupQ4<kKind>(w, row_bytes, rows, nb, out, stride, std::make_integer_sequence<int, 16>());
+}
+
 using UnpackFn = void (*)(const uint8_t*, size_t, int, int64_t, uint8_t*, int64_t);
 
+// Q4_0 / Q4_1 by gathers (no transpose; 5-16% faster products at 512-1,024
+// tokens, docs/BENCHMARKS.md sitting 25), Q8_0 by rows and a transpose.
 UnpackFn PickUnpack(AmxWeightKind kind) {
   switch (kind) {
-    case AmxWeightKind::kQ4_0: return UnpackGroup<AmxWeightKind::kQ4_0>;
-    case AmxWeightKind::kQ4_1: return UnpackGroup<AmxWeightKind::kQ4_1>;
+    case AmxWeightKind::kQ4_0: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_0>;
+    case AmxWeightKind::kQ4_1: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_1>;
     default: return UnpackGroup<AmxWeightKind::kQ8_0>;
   }
 }
