@@ -91,51 +91,28 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512 HalfAt(cons
   return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
-// The 32 elements of one ggml block as bf16, in element order (word i =
-// element i): the f32 value of ref::DequantizeRow rounded by vcvtneps2bf16.
-template <AmxWeightKind kKind>
-SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlock(const uint8_t* blk,
-                                                                                   __m512 iota) {
-  if constexpr (kKind == AmxWeightKind::kQ8_0) {
-    const __m512 d = HalfAt(blk);
-    const __m128i* qs = reinterpret_cast<const __m128i*>(blk + 2);
-    const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs))), d);
-    const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1))), d);
-    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-  } else {
-    // Table of the 16 possible values, indexed by the nibble.
-    __m512 table;
-    const uint8_t* qp;
-    if constexpr (kKind == AmxWeightKind::kQ4_1) {
-      table = _mm512_fmadd_ps(iota, HalfAt(blk), HalfAt(blk + 2));
-      qp = blk + 4;
-    } else {
-      table = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(8.0f)), HalfAt(blk));
-      qp = blk + 2;
-    }
-    const __m512i t16 = _mm512_castsi256_si512(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(table)));
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(qs, low4);                        // elements 0..15
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low4);     // elements 16..31
-    const __m512i idx = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
-    return _mm512_permutexvar_epi16(idx, t16);
-  }
+// The 32 elements of one Q8_0 block as bf16, in element order (word i =
+// element i): q·d of ref::DequantizeRow rounded by vcvtneps2bf16.
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i DequantBlockQ8_0(const uint8_t* blk) {
+  const __m512 d = HalfAt(blk);
+  const __m128i* qs = reinterpret_cast<const __m128i*>(blk + 2);
+  const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs))), d);
+  const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1))), d);
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// B tiles of one group of `rows` (<= 16) weight rows for all nb blocks:
+// B tiles of one group of `rows` (<= 16) Q8_0 weight rows for all nb blocks:
 // out[b * stride + r * 64 + 4 * j + 2 * p] = bf16 of element 32b + 2r + p
-// of row j (absent rows: zero).
-template <AmxWeightKind kKind>
-SNAPFILL_AMXBF16_TARGET void UnpackGroup(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
-                                         int64_t stride) {
-  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const int64_t blk = AmxWeightBlockBytes(kKind);
+// of row j (absent rows: zero). A row's 32 values per block, then a 16 × 16
+// dword transpose.
+SNAPFILL_AMXBF16_TARGET void UnpackGroupQ8_0(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
+                                             int64_t stride) {
+  const int64_t blk = AmxWeightBlockBytes(AmxWeightKind::kQ8_0);
   for (int64_t b = 0; b < nb; ++b) {
     __m512i v[16], t[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
-      v[j] = j < rows ? DequantBlock<kKind>(w + j * row_bytes + b * blk, iota) : _mm512_setzero_si512();
+      v[j] = j < rows ? DequantBlockQ8_0(w + j * row_bytes + b * blk) : _mm512_setzero_si512();
     }
     Transpose16x16Dwords(v, t);
     uint8_t* o = out + b * stride;
@@ -157,7 +134,7 @@ SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) __m512i Q4TileRow(
   const __m512 qe = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * kByte + kShift), low4));
   const __m512 qo = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * kByte + 8 + kShift), low4));
   __m512 ve, vo;
-  if constexpr (kKind == AmxWeightKind::kQ4_1) {  // fmaf(q, d, m), as the table of DequantBlock
+  if constexpr (kKind == AmxWeightKind::kQ4_1) {  // fmaf(q, d, m), as ref::DequantizeRow
     ve = _mm512_fmadd_ps(qe, d, m);
     vo = _mm512_fmadd_ps(qo, d, m);
   } else {  // (q - 8)·d
@@ -177,11 +154,12 @@ struct alignas(64) PairIndex {
 };
 constexpr PairIndex kPairIndex;
 
-// UnpackGroup for Q4_0 / Q4_1 without the transpose: per block, the 16
-// rows' scales and nibbles are gathered with the rows in the lanes, which is
-// the tiles' layout already (a lane is a weight row, a tile row two
-// elements), so each tile row is a few shifts, two conversions, two FMAs and
-// one word permutation. The same values and roundings as UnpackGroup.
+// The B tiles of a group (as UnpackGroupQ8_0) for Q4_0 / Q4_1, without a
+// transpose: per block, the 16 rows' scales and nibbles are gathered with
+// the rows in the lanes, which is the tiles' layout already (a lane is a
+// weight row, a tile row two elements), so each tile row is a few shifts,
+// two conversions, two FMAs and one word permutation. The values of
+// ref::DequantizeRow, rounded by vcvtne2ps2bf16.
 template <AmxWeightKind kKind, int... R>
 SNAPFILL_AMXBF16_TARGET void UnpackGroupQ4(const uint8_t* w, size_t row_bytes, int rows, int64_t nb, uint8_t* out,
                                            int64_t stride, std::integer_sequence<int, R...>) {
@@ -223,7 +201,7 @@ UnpackFn PickUnpack(AmxWeightKind kind) {
   switch (kind) {
     case AmxWeightKind::kQ4_0: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_0>;
     case AmxWeightKind::kQ4_1: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_1>;
-    default: return UnpackGroup<AmxWeightKind::kQ8_0>;
+    default: return UnpackGroupQ8_0;
   }
 }
 
