@@ -195,11 +195,10 @@ class Backend {
   // leave norm.xn unwritten.
   virtual absl::Status NormMatMulShared(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
                                         const SharedOut* outs, int count) {
-    if (norm.weight == nullptr || count <= 0) return MatMulShared(x, m, x_stride, outs, count);
-    const int64_t dim = outs[0].w->cols;
-    absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, dim, norm.eps);
+    if (count <= 0) return MatMulShared(x, m, x_stride, outs, count);
+    absl::Status s = NormalizeRows(norm, m, outs[0].w->cols, x, x_stride);
     if (!s.ok()) return s;
-    return MatMulShared(norm.xn, m, norm.xn_stride, outs, count);
+    return MatMulShared(x, m, x_stride, outs, count);
   }
   // The feed-forward block: y[m, down.rows] = (silu(x̂ · Gᵀ) ⊙ (x̂ · Uᵀ)) · Dᵀ
   // for x̂ = RmsNorm(x) (with norm.weight; else x itself), x [m, gate.cols];
@@ -213,14 +212,10 @@ class Backend {
   virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
                                    const WeightView& gate, const WeightView& up, const WeightView& down, float* gate_buf,
                                    float* up_buf, int64_t buf_stride, float* y, int64_t y_stride, bool add) {
-    if (norm.weight != nullptr) {
-      absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, gate.cols, norm.eps);
-      if (!s.ok()) return s;
-      x = norm.xn;
-      x_stride = norm.xn_stride;
-    }
+    absl::Status s = NormalizeRows(norm, m, gate.cols, x, x_stride);
+    if (!s.ok()) return s;
     const SharedOut gate_up[2] = {{&gate, gate_buf, buf_stride}, {&up, up_buf, buf_stride}};
-    absl::Status s = MatMulShared(x, m, x_stride, gate_up, 2);
+    s = MatMulShared(x, m, x_stride, gate_up, 2);
     if (!s.ok()) return s;
     return SwiGluMatMul(gate_buf, up_buf, m, buf_stride, down, y, y_stride, add);
   }
@@ -273,6 +268,19 @@ class Backend {
   // The same as (op name, seconds) pairs, in a fixed order; empty without
   // profiling. `snapfill bench` reads the attention share r from it.
   virtual std::vector<std::pair<std::string, double>> ProfileSeconds() const { return {}; }
+
+ protected:
+  // With norm.weight: RmsNorm of x's m rows of dim into norm.xn, and x,
+  // x_stride then name those rows; without it, x as it is. (The defaults of
+  // NormMatMulShared and FeedForward.)
+  absl::Status NormalizeRows(const Norm& norm, int64_t m, int64_t dim, const float*& x, int64_t& x_stride) {
+    if (norm.weight == nullptr) return absl::OkStatus();
+    absl::Status s = RmsNorm(x, x_stride, norm.weight, norm.xn, norm.xn_stride, m, dim, norm.eps);
+    if (!s.ok()) return s;
+    x = norm.xn;
+    x_stride = norm.xn_stride;
+    return absl::OkStatus();
+  }
 };
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for
