@@ -39,6 +39,10 @@
 //     re-runs the binary without them (and says so) unless
 //     SNAPFILL_BM_KEEP_OPENBLAS_ENV=1, so OpenBLAS picks its kernels for this
 //     CPU itself. Only this benchmark does that; tests never touch them.
+//   oneDNN's bf16 matmul at the same shapes is in bm_onednn (a binary of
+//     its own: linked into this one, libdnnl made some of our products
+//     here 20-25% slower (2,048 × 576 → 192, two runs) without a call into
+//     it; docs/BENCHMARKS.md sitting 26).
 // Threads: omp_get_max_threads() (OMP_NUM_THREADS pins it; OpenBLAS gets the
 // same count). No correctness checks here: tests/kernels/matmul_amx_test.cc
 // covers them.

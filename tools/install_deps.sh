@@ -2,7 +2,9 @@
 # Installs snapfill's build and test dependencies from Debian's packages,
 # the King James Bible (bible-kjv), the long public-domain text of the
 # main job, gnuplot (gnuplot-nox), which draws `snapfill plot`'s figures, and
-# OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx.
+# OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx,
+# and oneDNN (libdnnl-dev, with ocl-icd-opencl-dev that its CMake config looks
+# for), the bf16 matmul of a well-kept library beside ours in the same binary.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
@@ -13,6 +15,7 @@ PACKAGES=(
   bible-kjv bible-kjv-text time
   gnuplot-nox
   libopenblas-dev
+  libdnnl-dev ocl-icd-opencl-dev
 )
 
 missing=()
