@@ -4,7 +4,8 @@
 # main job, gnuplot (gnuplot-nox), which draws `snapfill plot`'s figures, and
 # OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx,
 # and oneDNN (libdnnl-dev, with ocl-icd-opencl-dev that its CMake config looks
-# for), the bf16 matmul of a well-kept library beside ours in the same binary.
+# for), a well-kept library's bf16 matmul that bench/bm_onednn times at the
+# shapes of bm_matmul_amx.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
