@@ -488,6 +488,7 @@ std::vector<AttnCase> AmxCases() {
       {33, 200, 8, 2, 64, 6.0f},  // a peaky softmax (scores ~ ±30)
       {130, 1500, 9, 3, 64},      // several query blocks, a ragged last one
       {9, 50, 32, 1, 64},         // multi-query: 2 queries per item
+      {40, 300, 10, 2, 64},       // 5 heads per KV head: items of 16 queries (80 rows), a ragged last
   };
 }
 
