@@ -20,15 +20,15 @@
 //               call's bf16 copy of X, in tile order ([pair][block][2][16][32]).
 //   B (tmm6-7): 16 rows × 64 bytes, VNNI pairs of 16 weight rows: row r holds
 //               elements (2r, 2r+1) of each weight row (16 × 4 bytes).
-// A thread unpacks the B tiles of its current weight panel (up to
-// kPanelPairs × 32 rows, all K) once and reuses them for every token pair of
-// its units. Q4_0 / Q4_1: per block, the 16 rows' scales and nibbles are
+// A thread unpacks the B tiles of its current weight panel (as many row
+// pairs of 32 rows, all K, as kPanelBytes holds) once and reuses them for
+// every token pair of its units. Q4_0 / Q4_1: per block, the 16 rows' scales and nibbles are
 // gathered with a row per lane, which is the tiles' layout, and each tile
 // row is computed as it is stored (UnpackGroupQ4). Q8_0: per weight row and
 // block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
 //
-// Work split: units of (panel of up to kPanelPairs row pairs) × (up to
-// kBlockPairs token pairs), panel-major, OpenMP static; every output is
+// Work split: units of (a panel of row pairs) × (up to kBlockPairs token
+// pairs), panel-major, OpenMP static; every output is
 // computed by one kernel call with a fixed operation order, so the result
 // does not depend on the thread count.
 #include <omp.h>
@@ -67,7 +67,15 @@ namespace {
 
 constexpr int64_t kTile = 16;           // tokens per A tile, weight rows per B tile
 constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weight rows
-constexpr int64_t kPanelPairs = 4;      // row pairs (32 weight rows each) per panel, at most
+// The bf16 B tiles of the weight panel(s) a unit unpacks, at most: row pairs
+// of 32 weight rows, all of K (PanelPairsFor); the feed-forward block's gate
+// and up share it. 768 KiB holds a whole 576 × 576 or 192 × 576 weight, so
+// at 1,024 tokens and more Q, K, V and O split by tokens, each thread
+// reading half of X and writing half of Y (2,048 tokens: q, k, v 1.48-1.52 →
+// 0.91 ms; o with its add at 1,024 tokens 0.45-0.46 → 0.29-0.30), where
+// panels of at most 4 row pairs (144 KiB at k = 576) split them by rows;
+// docs/BENCHMARKS.md sitting 26.
+constexpr int64_t kPanelBytes = 768 * 1024;
 constexpr int64_t kBlockPairs = 8;      // token pairs (32 tokens each) per unit, at most
 
 SNAPFILL_AMXBF16_TARGET void ConfigureTiles() {
@@ -343,7 +351,7 @@ class AlignedScratch {
   size_t size_ = 0;
 };
 
-AlignedScratch& ThreadPanel() {  // [kPanelPairs * 2][nb][1024] B tiles
+AlignedScratch& ThreadPanel() {  // [row pairs * 2][nb][1024] B tiles (kPanelBytes at most)
   static thread_local AlignedScratch s;
   return s;
 }
@@ -401,15 +409,21 @@ UnitRange RangeOf(const UnitLayout& l, int64_t u, int64_t num_tp) {
   return r;
 }
 
-UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads) {
+// The most row pairs per panel whose B tiles (K blocks of nb) fit in `bytes`.
+int64_t PanelPairsFor(int64_t nb, int64_t bytes) {
+  return std::clamp<int64_t>(bytes / (2 * nb * kBTileBytes), 1, 64);
+}
+
+UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads, int64_t max_rp) {
   UnitLayout l;
   l.num_rp = (n + 2 * kTile - 1) / (2 * kTile);
   // Token blocks and panels of near-equal size (a short last one would leave
   // a thread idle at the end of the static schedule).
   l.num_mu = (num_tp + kBlockPairs - 1) / kBlockPairs;
   l.tp_per_unit = (num_tp + l.num_mu - 1) / l.num_mu;
-  // Panels small enough that every thread gets several units.
-  const int64_t want_nu = std::max<int64_t>((l.num_rp + kPanelPairs - 1) / kPanelPairs,
+  // Panels of at most max_rp row pairs, and small enough that every thread
+  // gets at least two units.
+  const int64_t want_nu = std::max<int64_t>((l.num_rp + max_rp - 1) / max_rp,
                                             (2 * threads + l.num_mu - 1) / l.num_mu);
   l.rp_per_unit = std::max<int64_t>(1, (l.num_rp + want_nu - 1) / want_nu);
   l.num_units = (l.num_rp + l.rp_per_unit - 1) / l.rp_per_unit * l.num_mu;
@@ -529,12 +543,13 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 
   const int threads = omp_get_max_threads();
   UnitLayout layouts[kMaxOuts];
-  for (int c = 0; c < count; ++c) layouts[c] = LayoutFor(num_tp, outs[c].n, threads);
+  const int64_t max_rp = PanelPairsFor(nb, kPanelBytes);
+  for (int c = 0; c < count; ++c) layouts[c] = LayoutFor(num_tp, outs[c].n, threads, max_rp);
 
 #pragma omp parallel num_threads(threads)
   {
     ConvertXTiles(x, m, m_pad, k, x_stride, up, norm, eps, xb);
-    uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes));
+    uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(max_rp * 2 * nb * kBTileBytes));
     bool configured = false;
     for (int c = 0; c < count; ++c) {
       RunProductUnits(xb, m, nb, outs[c], layouts[c], unpack, panel, add, configured);
@@ -559,15 +574,16 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
   uint16_t* const hb = reinterpret_cast<uint16_t*>(CallerHb().Reserve(m_pad * n_ff * sizeof(uint16_t)));
 
   const int threads = omp_get_max_threads();
-  const UnitLayout lg = LayoutFor(num_tp, n_ff, threads);
-  const UnitLayout ld = LayoutFor(num_tp, n, threads);
+  const int64_t max_rp_gu = PanelPairsFor(nb, kPanelBytes / 2), max_rp_d = PanelPairsFor(nb_ff, kPanelBytes);
+  const UnitLayout lg = LayoutFor(num_tp, n_ff, threads, max_rp_gu);
+  const UnitLayout ld = LayoutFor(num_tp, n, threads, max_rp_d);
 
 #pragma omp parallel num_threads(threads)
   {
     ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, norm, eps, xb);
-    const size_t gu_panel = static_cast<size_t>(kPanelPairs * 2 * nb * kBTileBytes);
+    const size_t gu_panel = static_cast<size_t>(max_rp_gu * 2 * nb * kBTileBytes);
     uint8_t* const panel =
-        ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(kPanelPairs * 2 * nb_ff * kBTileBytes)));
+        ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(max_rp_d * 2 * nb_ff * kBTileBytes)));
     bool configured = false;
     {
       alignas(64) float g[32 * 32], u[32 * 32];  // one (token pair, row pair) of each, token-major
