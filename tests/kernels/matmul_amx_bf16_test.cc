@@ -137,6 +137,9 @@ std::vector<Bf16Case> AllCases() {
     cases.push_back({t, 24, 576, 1536});
     // Many token pairs and panels per thread (units of several pairs).
     cases.push_back({t, 300, 300, 64});
+    // One panel holding every row pair and four token blocks: the split by
+    // tokens that Q, K, V and O get at 1,024 tokens and more.
+    cases.push_back({t, 800, 96, 64});
     // Non-contiguous x / y / weight rows.
     cases.push_back({t, 33, 17, 96, 7, 3, 4});
     cases.push_back({t, 100, 200, 576, 5, 9, 2});
