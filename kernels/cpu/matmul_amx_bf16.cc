@@ -22,9 +22,9 @@
 //               elements (2r, 2r+1) of each weight row (16 × 4 bytes).
 // A thread unpacks the B tiles of its current weight panel (as many row
 // pairs of 32 rows, all K, as kPanelBytes holds) once and reuses them for
-// every token pair of its units. Q4_0 / Q4_1: per block, the 16 rows' scales and nibbles are
-// gathered with a row per lane, which is the tiles' layout, and each tile
-// row is computed as it is stored (UnpackGroupQ4). Q8_0: per weight row and
+// every token pair of its units. Q4_0 / Q4_1: per block, the 16 rows'
+// scales and nibbles are gathered with a row per lane, which is the tiles'
+// layout, and each tile row is computed as it is stored (UnpackGroupQ4). Q8_0: per weight row and
 // block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
 //
 // Work split: units of (a panel of row pairs) × (up to kBlockPairs token
@@ -409,7 +409,8 @@ UnitRange RangeOf(const UnitLayout& l, int64_t u, int64_t num_tp) {
   return r;
 }
 
-// The most row pairs per panel whose B tiles (K blocks of nb) fit in `bytes`.
+// The most row pairs per panel whose B tiles (K blocks of nb) fit in `bytes`
+// (at least one; at most 64, for tiny K).
 int64_t PanelPairsFor(int64_t nb, int64_t bytes) {
   return std::clamp<int64_t>(bytes / (2 * nb * kBTileBytes), 1, 64);
 }
