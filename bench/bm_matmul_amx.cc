@@ -222,6 +222,15 @@ BENCHMARK(BM_MatMulShared_Prefill)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The fused steps against the unfused ones: fused 0 / 1 at 512, 1,024 and
+// 2,048 tokens.
+void FusedOrNotShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"fused", "m"})
+      ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+}
+
 // The feed-forward block's end at SmolLM2's shapes (gate and up 1536 wide,
 // down 1536 -> 576, Q4_1): fused 1 = cpu::MatMulSwiGlu (its SwiGLU inside the
 // product's conversion on AMX-BF16), 0 = cpu::SwiGlu over the whole [m, 1536]
@@ -256,11 +265,7 @@ void BM_MatMulSwiGlu_Prefill(benchmark::State& state) {
   state.SetLabel(fused ? (cpu::MatMulFuses(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
                        : "swiglu then matmul");
 }
-BENCHMARK(BM_MatMulSwiGlu_Prefill)
-    ->ArgNames({"fused", "m"})
-    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_MatMulSwiGlu_Prefill)->Apply(FusedOrNotShapes);
 
 // The attention output product and the residual add after it (576 -> 576,
 // Q4_1): fused 1 = cpu::MatMulAdd (each output tile added to Y as it leaves
@@ -296,11 +301,7 @@ void BM_MatMulAdd_Prefill(benchmark::State& state) {
   state.SetLabel(fused ? (cpu::MatMulFuses(type, m, k, row_bytes) ? "fused" : "fused (falls back here)")
                        : "matmul then add");
 }
-BENCHMARK(BM_MatMulAdd_Prefill)
-    ->ArgNames({"fused", "m"})
-    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_MatMulAdd_Prefill)->Apply(FusedOrNotShapes);
 
 // The whole feed-forward block as the model runs it (576 -> 1536 -> 576,
 // Q4_1, the residual add in the down projection's store): fused 1 =
@@ -339,11 +340,7 @@ void BM_FeedForward_Prefill(benchmark::State& state) {
                                                                                             : "fused (falls back here)")
                        : "gate,up then swiglu+down");
 }
-BENCHMARK(BM_FeedForward_Prefill)
-    ->ArgNames({"fused", "m"})
-    ->ArgsProduct({{0, 1}, {512, 1024, 2048}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_FeedForward_Prefill)->Apply(FusedOrNotShapes);
 
 #if SNAPFILL_BM_AMX
 struct alignas(64) PeakConfig {
