@@ -233,6 +233,39 @@ SNAPFILL_AMXBF16_TARGET inline void ConvertContiguous(const float* x, int64_t n,
   }
 }
 
+// The SwiGLU of one (token pair, row pair) of gate and up outputs (32 × 32,
+// token-major) into its 2 KiB of h, in steps of 64 elements: cpu::SwiGlu
+// (element-wise, so the same bits as over whole rows), then vcvtneps2bf16 as
+// ConvertXTiles would. One step per call, from Kernel's side work, so that
+// it runs while the tile unit works on the next pair (BM_FeedForward_Prefill
+// docs/BENCHMARKS.md sitting 27); Finish does what is left.
+class SwiGluSteps {
+ public:
+  void Start(float* g, const float* u, uint16_t* h) {
+    g_ = g;
+    u_ = u;
+    h_ = h;
+    next_ = 0;
+  }
+  void operator()() {
+    if (next_ < kSteps) Step(next_++);
+  }
+  void Finish() {
+    while (next_ < kSteps) Step(next_++);
+  }
+
+ private:
+  static constexpr int kStep = 64, kSteps = 32 * 32 / kStep;
+  void Step(int i) {
+    ::snapfill::cpu::SwiGlu(g_ + i * kStep, u_ + i * kStep, g_ + i * kStep, kStep);
+    ConvertContiguous(g_ + i * kStep, kStep, h_ + i * kStep);
+  }
+  float* g_ = nullptr;
+  const float* u_ = nullptr;
+  uint16_t* h_ = nullptr;
+  int next_ = kSteps;  // nothing to do
+};
+
 struct KernelArgs {
   const uint8_t* xa;    // A tiles of the token pair from the chunk's first block: [nb][2][16][32] bf16
   const uint8_t* bp;    // B tiles of the row pair from the same block: [nb][2][1024 bytes]
@@ -269,8 +302,16 @@ struct KernelArgs {
     }                                                                                             \
   } while (0)
 
-// 32 tokens × 32 weight rows over all nb blocks.
-SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
+// No work between a kernel's tile ops.
+struct NoSideWork {
+  void operator()() const {}
+};
+
+// 32 tokens × 32 weight rows over all nb blocks, calling side() once per
+// block after the first (vector work of the caller's that then runs while
+// the tile unit works: the feed-forward block's SwiGLU).
+template <class SideWork = NoSideWork>
+SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a, SideWork&& side = SideWork()) {
   alignas(64) float buf[256];
   _tile_zero(0);
   _tile_zero(1);
@@ -295,6 +336,7 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a) {
     bp += 2 * kBTileBytes;
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
+    side();
     SNAPFILL_TILE_LOAD(4, xa, 64);
     _tile_dpbf16ps(2, 5, 6);
     SNAPFILL_TILE_LOAD_STREAM(6, bp, 64);
@@ -587,10 +629,13 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
         ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(max_rp_d * 2 * nb_ff * kBTileBytes)));
     bool configured = false;
     {
-      alignas(64) float g[32 * 32], u[32 * 32];  // one (token pair, row pair) of each, token-major
-      int64_t unpacked_nu = -1;
-      // With its barrier: the down projection reads every token pair's h.
-#pragma omp for schedule(static)
+      // One (token pair, row pair) of each, token-major; two of each, so
+      // that the SwiGLU of one runs between the tile ops of the next
+      // (SwiGluSteps).
+      alignas(64) float g[2][32 * 32], u[2][32 * 32];
+      SwiGluSteps swiglu;
+      int64_t unpacked_nu = -1, i = 0;
+#pragma omp for schedule(static) nowait
       for (int64_t unit = 0; unit < lg.num_units; ++unit) {
         if (!configured) {
           ConfigureTiles();
@@ -603,7 +648,7 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
           unpacked_nu = nu;
         }
         for (int64_t tp = tp0; tp < tp1; ++tp) {
-          for (int64_t rp = rp0; rp < rp1; ++rp) {
+          for (int64_t rp = rp0; rp < rp1; ++rp, ++i) {
             // Whole tiles into g and u (rows past n_ff and tokens past m
             // come out zero: their B rows and A rows are zero).
             KernelArgs a;
@@ -613,18 +658,19 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
             a.toks[0] = a.toks[1] = a.rows[0] = a.rows[1] = static_cast<int>(kTile);
             a.add = false;
             a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
-            a.y = g;
-            Kernel(a);
+            a.y = g[i & 1];
+            Kernel(a, swiglu);
             a.bp += gu_panel;
-            a.y = u;
-            Kernel(a);
-            // The SwiGLU of cpu::SwiGlu (element-wise, so the same bits as
-            // over whole rows), then vcvtneps2bf16 as ConvertXTiles would.
-            ::snapfill::cpu::SwiGlu(g, u, g, 32 * 32);
-            ConvertContiguous(g, 32 * 32, hb + (tp * nb_ff + rp) * 32 * 32);
+            a.y = u[i & 1];
+            Kernel(a, swiglu);
+            swiglu.Finish();
+            swiglu.Start(g[i & 1], u[i & 1], hb + (tp * nb_ff + rp) * 32 * 32);
           }
         }
       }
+      swiglu.Finish();
+      // The down projection reads every token pair's h.
+#pragma omp barrier
     }
     RunProductUnits(hb, m, nb_ff, AmxBf16Out{down, n, d_row_bytes, y, y_stride}, ld, unpack_d, panel, add,
                     configured);
