@@ -77,6 +77,10 @@ constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weigh
 // docs/BENCHMARKS.md sitting 26.
 constexpr int64_t kPanelBytes = 768 * 1024;
 constexpr int64_t kBlockPairs = 8;      // token pairs (32 tokens each) per unit, at most
+// K blocks per kernel call, at most: a token pair's A tiles of 18 blocks
+// (36 KiB, k = 576) stay in L1 while B streams past them; of the down
+// projection's 48 (k = 1,536, 96 KiB) they did not, and K is cut in parts.
+constexpr int64_t kPartBlocks = 18;
 
 SNAPFILL_AMXBF16_TARGET void ConfigureTiles() {
   TileConfig cfg;
@@ -275,6 +279,10 @@ struct KernelArgs {
   int toks[2];          // valid tokens in each token tile (0..16)
   int rows[2];          // valid weight rows in each row group (0..16)
   bool add;             // Y += the product (the residual add), else Y = it
+  // A part of K (KSplit): the four C tiles start from c_in (else zero) and,
+  // with c_out, go there (1 KiB each, in order) instead of into Y.
+  const float* c_in = nullptr;
+  float* c_out = nullptr;
 };
 
 // Stores C tile `tmm` (token tile ti, row group rj) into Y.
@@ -313,10 +321,17 @@ struct NoSideWork {
 template <class SideWork = NoSideWork>
 SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a, SideWork&& side = SideWork()) {
   alignas(64) float buf[256];
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  if (a.c_in != nullptr) {
+    SNAPFILL_TILE_LOAD(0, a.c_in, 64);
+    SNAPFILL_TILE_LOAD(1, a.c_in + 256, 64);
+    SNAPFILL_TILE_LOAD(2, a.c_in + 512, 64);
+    SNAPFILL_TILE_LOAD(3, a.c_in + 768, 64);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
   // Tile registers are not renamed: a load into a tile waits until every
   // earlier op reading it has finished. So each next-block load is issued
   // right after the last op that reads its register, and the next block's
@@ -348,6 +363,13 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a, SideWork&& side = SideW
   _tile_dpbf16ps(1, 4, 7);
   _tile_dpbf16ps(2, 5, 6);
   _tile_dpbf16ps(3, 5, 7);
+  if (a.c_out != nullptr) {
+    SNAPFILL_TILE_STORE(0, a.c_out, 64);
+    SNAPFILL_TILE_STORE(1, a.c_out + 256, 64);
+    SNAPFILL_TILE_STORE(2, a.c_out + 512, 64);
+    SNAPFILL_TILE_STORE(3, a.c_out + 768, 64);
+    return;
+  }
   SNAPFILL_BF16_STORE_C(0, 0, 0);
   SNAPFILL_BF16_STORE_C(1, 0, 1);
   SNAPFILL_BF16_STORE_C(2, 1, 0);
@@ -402,6 +424,10 @@ AlignedScratch& ThreadGlu() {  // one row of silu(gate) ⊙ up, or of RmsNorm(x)
   return s;
 }
 AlignedScratch& CallerXb() {  // bf16 X in tile order: [token pair][block][2][16][32]
+  static thread_local AlignedScratch s;
+  return s;
+}
+AlignedScratch& ThreadPartial() {  // C tiles between parts of K: [row pair][4][256] f32
   static thread_local AlignedScratch s;
   return s;
 }
@@ -527,6 +553,13 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
                      UnpackFn unpack, uint8_t* panel, bool add, bool& configured) {
   const int64_t n = o.n, k = nb * 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);
+  // K in parts of at most kPartBlocks blocks, so that a token pair's A tiles
+  // of one part stay in L1 while the panel's row pairs stream past them;
+  // between parts the C tiles wait in `partial` (exact: f32 in and out, the
+  // same sums in the same order).
+  const int64_t parts = (nb + kPartBlocks - 1) / kPartBlocks;
+  float* const partial =
+      parts > 1 ? reinterpret_cast<float*>(ThreadPartial().Reserve(static_cast<size_t>(l.rp_per_unit) * 4096)) : nullptr;
   int64_t unpacked_nu = -1;
   // nowait: a thread done with one product's units starts on the next
   // (they read only X, converted before the caller's barrier).
@@ -548,20 +581,26 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
     // against K split into L1-sized chunks, which lost to its extra C
     // stores: docs/BENCHMARKS.md sittings 6 and 24.)
     for (int64_t tp = tp0; tp < tp1; ++tp) {
-      for (int64_t rp = rp0; rp < rp1; ++rp) {
-        KernelArgs a;
-        a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k);
-        a.bp = panel + (rp - rp0) * nb * 2 * kBTileBytes;
-        a.nb = nb;
-        a.y_stride = o.y_stride;
-        const int64_t t0 = tp * 2 * kTile;
-        a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
-        a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
-        a.rows[0] = group_rows(2 * rp);
-        a.rows[1] = group_rows(2 * rp + 1);
-        a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
-        a.add = add;
-        Kernel(a);
+      for (int64_t part = 0; part < parts; ++part) {
+        const int64_t b0 = nb * part / parts, b1 = nb * (part + 1) / parts;
+        for (int64_t rp = rp0; rp < rp1; ++rp) {
+          KernelArgs a;
+          a.xa = reinterpret_cast<const uint8_t*>(xb + tp * 2 * kTile * k) + b0 * 2 * kBTileBytes;
+          a.bp = panel + ((rp - rp0) * nb + b0) * 2 * kBTileBytes;
+          a.nb = b1 - b0;
+          a.y_stride = o.y_stride;
+          const int64_t t0 = tp * 2 * kTile;
+          a.toks[0] = static_cast<int>(std::clamp<int64_t>(m - t0, 0, kTile));
+          a.toks[1] = static_cast<int>(std::clamp<int64_t>(m - t0 - kTile, 0, kTile));
+          a.rows[0] = group_rows(2 * rp);
+          a.rows[1] = group_rows(2 * rp + 1);
+          a.y = o.y + t0 * o.y_stride + rp * 2 * kTile;
+          a.add = add;
+          float* const c = partial + (rp - rp0) * 4 * 256;
+          a.c_in = part > 0 ? c : nullptr;
+          a.c_out = part + 1 < parts ? c : nullptr;
+          Kernel(a);
+        }
       }
     }
   }

@@ -534,11 +534,13 @@ TEST(FeedForwardTest, OutputOverTheInput) {
 // y + (the product) in f32 per output, bit for bit MatMul into a temporary
 // and then the add, fused (AMX-BF16) and on the other paths; padded rows
 // and outputs, partial token tiles and row groups. Y's padding is left alone.
+// k = 1,280 (40 blocks) makes the AMX-BF16 kernels take K in three unequal
+// parts, the add coming with the last.
 TEST(MatMulAddTest, EqualsMatMulThenAddBitForBit) {
   for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kNoAmx}) {
     cpu::SetMatMulImplForTesting(impl);
     for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16}) {
-      for (int64_t k : {96, 576}) {
+      for (int64_t k : {96, 576, 1280}) {
         for (int64_t m : {1, 17, 64, 100}) {
           for (int64_t n : {40, 576}) {
             const int64_t x_stride = k + 5, y_stride = n + 3;
