@@ -10,8 +10,10 @@
 // f32 on the vector units (64 vector ops per tile op), and on this CPU those
 // do not overlap with the tile unit, which caps it near 15% of the tile
 // peak. Here the scales are applied once, while a weight panel is unpacked to
-// bf16, and the C tiles accumulate over the whole of K with nothing between
-// tile ops but tile loads. The C tiles are stored straight into Y.
+// bf16, and the C tiles accumulate over K with nothing between tile ops but
+// tile loads (K in parts of at most kPartBlocks blocks, the C tiles waiting
+// in a per-thread buffer between parts). The C tiles are stored straight
+// into Y.
 //
 // Tiles (palette 1, all 16 rows × 64 bytes):
 //   C (tmm0-3): 16 tokens × 16 f32 outputs (lanes = weight rows), 2 × 2 of
@@ -28,9 +30,9 @@
 // block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
 //
 // Work split: units of (a panel of row pairs) × (up to kBlockPairs token
-// pairs), panel-major, OpenMP static; every output is
-// computed by one kernel call with a fixed operation order, so the result
-// does not depend on the thread count.
+// pairs), panel-major, OpenMP static; every output is computed by one
+// thread's kernel calls in a fixed operation order, so the result does not
+// depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -279,8 +281,8 @@ struct KernelArgs {
   int toks[2];          // valid tokens in each token tile (0..16)
   int rows[2];          // valid weight rows in each row group (0..16)
   bool add;             // Y += the product (the residual add), else Y = it
-  // A part of K (KSplit): the four C tiles start from c_in (else zero) and,
-  // with c_out, go there (1 KiB each, in order) instead of into Y.
+  // A part of K (RunProductUnits): the four C tiles start from c_in (else
+  // zero) and, with c_out, go there (1 KiB each, in order) instead of Y.
   const float* c_in = nullptr;
   float* c_out = nullptr;
 };
@@ -577,9 +579,10 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
     }
     // Token pairs outer: a pair's A tiles (2 KiB per block) are reused by
     // every row pair of the panel; consecutive calls write neighbouring
-    // columns of the same Y rows. (Measured against row pairs outer and
-    // against K split into L1-sized chunks, which lost to its extra C
-    // stores: docs/BENCHMARKS.md sittings 6 and 24.)
+    // columns of the same Y rows. (Measured against row pairs outer, and
+    // against K cut into parts where A fits L1 anyway, which lost to the
+    // parts' extra C stores: docs/BENCHMARKS.md sittings 6 and 24; parts
+    // pay only past kPartBlocks, sitting 27.)
     for (int64_t tp = tp0; tp < tp1; ++tp) {
       for (int64_t part = 0; part < parts; ++part) {
         const int64_t b0 = nb * part / parts, b1 = nb * (part + 1) / parts;
