@@ -3,7 +3,6 @@
 // shows, each schedule is compared with the FM run of its own chunk (added
 // where missing; none without fm in the list), eq. 4 gives FM exactly 1, and
 // bad flags are refused.
-#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -21,10 +20,10 @@ class BenchCliTest : public testing::CliTest {
  protected:
   // snapfill bench on the tiny model and text with `flags` (window 8, one
   // thread); its JSON, parsed, in *j.
-  Result Bench(const std::string& flags, nlohmann::json* j) {
+  Result Bench(const std::string& flags, nlohmann::json* j, int threads = 1) {
     const std::string json = dir_ + "/bench.json";
-    Result r = Run("bench --model " + tiny_ + " --input " + text_ + " --window 8 --threads 1 " + flags +
-                   " --json " + json);
+    Result r = Run("bench --model " + tiny_ + " --input " + text_ + " --window 8 --threads " +
+                   std::to_string(threads) + " " + flags + " --json " + json);
     if (r.exit_code == 0) *j = nlohmann::json::parse(testing::ReadAll(json));
     return r;
   }
@@ -40,8 +39,6 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
   // before it as its baseline.
   ASSERT_EQ(j["schedules"].size(), 4u);
   const char* labels[] = {"fm", "im:sqrt", "fm@128", "imdc"};
-  const char* omp_threads = std::getenv("OMP_NUM_THREADS");
-  const bool two_threads = std::thread::hardware_concurrency() >= 2 && (omp_threads == nullptr || std::atoi(omp_threads) >= 2);
   const int64_t chunks[] = {64, 64, 128, 128};
   for (int i = 0; i < 4; ++i) {
     const auto& s = j["schedules"][i];
@@ -56,14 +53,31 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
     ASSERT_EQ(s["read_bandwidth_bytes_per_second"].size(), 2u) << labels[i];
     ASSERT_EQ(s["decode_tokens_per_second_runs"].size(), 2u) << labels[i];
     for (const auto& bw : s["read_bandwidth_bytes_per_second"]) EXPECT_GT(bw.get<double>(), 1e8);
-    // And by the round trip of a line between two threads (0 with one).
-    ASSERT_EQ(s["cpu_round_trip_ns"].size(), 2u) << labels[i];
-    for (const auto& rt : s["cpu_round_trip_ns"]) {
-      if (two_threads) {
-        EXPECT_GT(rt.get<double>(), 1.0) << labels[i];
-      }
-      EXPECT_LT(rt.get<double>(), 2e7) << labels[i];  // each batch is cut at 20 ms
+    // Beside it, memory's own read rate, and the share against that.
+    ASSERT_EQ(s["dram_read_bandwidth_bytes_per_second"].size(), 2u) << labels[i];
+    for (const auto& bw : s["dram_read_bandwidth_bytes_per_second"]) EXPECT_GT(bw.get<double>(), 1e8);
+    EXPECT_GT(s["decode_share_of_dram_prediction"].get<double>(), 0);
+    // A step reads the weights once and every cache entry once: the same
+    // weights in every run, each entry at the JSON's bytes per entry.
+    const double weights = s["decode_step_bytes"].get<double>() -
+                           s["cache_entries"].get<double>() * j["decode_bytes_per_kv_entry"].get<double>();
+    EXPECT_GT(weights, 100000) << labels[i];
+    if (i > 0) {
+      const auto& s0 = j["schedules"][0];
+      EXPECT_DOUBLE_EQ(weights, s0["decode_step_bytes"].get<double>() -
+                                    s0["cache_entries"].get<double>() * j["decode_bytes_per_kv_entry"].get<double>());
     }
+    // The prediction: the median probed rate (of two runs, their mean) over
+    // the step's bytes.
+    const double bw_median = 0.5 * (s["read_bandwidth_bytes_per_second"][0].get<double>() +
+                                    s["read_bandwidth_bytes_per_second"][1].get<double>());
+    EXPECT_NEAR(s["decode_predicted_tokens_per_second"].get<double>(),
+                bw_median / s["decode_step_bytes"].get<double>(),
+                1e-9 * s["decode_predicted_tokens_per_second"].get<double>());
+    // And by the round trip of a line between two threads: none with the
+    // run's one thread (the probes use the run's thread count).
+    ASSERT_EQ(s["cpu_round_trip_ns"].size(), 2u) << labels[i];
+    for (const auto& rt : s["cpu_round_trip_ns"]) EXPECT_EQ(rt.get<double>(), 0.0) << labels[i];
     EXPECT_GT(s["decode_predicted_tokens_per_second"].get<double>(), 0);
     EXPECT_GT(s["decode_share_of_prediction"].get<double>(), 0);
     const double share = s["attention_share"].get<double>();
@@ -90,10 +104,29 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
   // generated tokens), far more than the compressed one.
   EXPECT_GE(j["full_cache"]["cache_entries"].get<int64_t>(), 512);
   EXPECT_EQ(j["full_cache"]["read_bandwidth_bytes_per_second"].size(), 2u);
+  EXPECT_EQ(j["full_cache"]["dram_read_bandwidth_bytes_per_second"].size(), 2u);
+  // More entries, more bytes per step.
+  EXPECT_GT(j["full_cache"]["decode_step_bytes"].get<double>(), j["schedules"][0]["decode_step_bytes"].get<double>());
+  EXPECT_GT(j["dram_read_bandwidth_bytes_per_second"].get<double>(), 1e8);
   EXPECT_EQ(j["full_cache"]["cpu_round_trip_ns"].size(), 2u);
   EXPECT_GT(j["full_cache"]["decode_share_of_prediction"].get<double>(), 0);
   EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
             j["schedules"][0]["cache_entries"].get<int64_t>());
+}
+
+// With two threads the probes after a run use two: the round trip of a line
+// between them is measured (and each batch is cut at 20 ms).
+TEST_F(BenchCliTest, BenchProbesWithTheRunsThreads) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  nlohmann::json j;
+  Result r = Bench("--schedules imdc --memory 128 --chunk 128 --repetitions 1 --full_tokens 0 -n 8", &j,
+                   /*threads=*/2);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto& s = j["schedules"][0];
+  ASSERT_EQ(s["cpu_round_trip_ns"].size(), 1u);
+  EXPECT_GT(s["cpu_round_trip_ns"][0].get<double>(), 1.0);
+  EXPECT_LT(s["cpu_round_trip_ns"][0].get<double>(), 2e7);
+  EXPECT_GT(s["read_bandwidth_bytes_per_second"][0].get<double>(), 1e8);
 }
 
 // A list without fm runs no FM: the table shows "-" for the ratios (not a

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,7 +54,9 @@ struct Measured {
   Config config;
   std::vector<double> ttft, prefill, decode_tps;
   std::vector<double> first_step;  // seconds of the first decode step (it makes the decode copy)
-  std::vector<double> bandwidth;   // read bandwidth probed right after each run with a decode rate
+  std::vector<double> bandwidth;   // read rate of a buffer as large as a decode step's bytes, probed
+                                   // right after each run with a decode rate (its prediction's rate)
+  std::vector<double> dram_bandwidth;  // with it, the read rate of a 512 MiB buffer (memory itself)
   std::vector<double> round_trip;  // CPU-to-CPU round trip (ns) probed with it; 0 with one thread
   double mean_memory = 0, attention_share = 0;
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
@@ -69,19 +72,30 @@ double SteadyDecodeRate(const nlohmann::json& j) {
   return tokens > 2 && seconds > 0 ? (tokens - 2) / seconds : 0.0;
 }
 
-double ReadBandwidth();
+double ReadBandwidth(uint64_t bytes);
 double CpuRoundTripNs();
 
-// Adds a run's steady decode rate and first step to m, and the memory read
-// bandwidth probed now, just after the run (its decode was the run's last
-// phase), for that run's bytes prediction: this VM's bandwidth moves by half
-// from one minute to the next, so one probe for all runs says little about
-// any. A run with too few tokens to have a steady rate adds none of them.
-void AddDecode(const nlohmann::json& j, Measured& m) {
+// The buffer of the memory probe: larger than any cache here, so it reads
+// memory itself.
+constexpr uint64_t kDramProbeBytes = uint64_t{512} << 20;
+
+// Adds a run's steady decode rate and first step to m, and read rates probed
+// now, just after the run (its decode was the run's last phase), for that
+// run's bytes prediction: this VM's bandwidth moves by half from one minute
+// to the next, so one probe for all runs says little about any. The
+// prediction's rate is that of reading a buffer as large as the bytes of one
+// of this run's decode steps (`step_bytes` for its cache entries) again and
+// again, as the steps read their weights and cache: a step whose bytes fit in
+// a cache reads them at that cache's rate, not at memory's (on the AMX VM
+// here, 119 MiB re-read at 41-48 GB/s where 512 MiB read at 24-25). A run
+// with too few tokens to have a steady rate adds none of them.
+void AddDecode(const nlohmann::json& j, Measured& m, const std::function<double(int64_t)>& step_bytes) {
   if (const double tps = SteadyDecodeRate(j); tps > 0) {
     m.decode_tps.push_back(tps);
     m.first_step.push_back(j.value("first_step_seconds", 0.0));
-    m.bandwidth.push_back(ReadBandwidth());
+    const double bytes = step_bytes(j.value("cache_entries", int64_t{0}));
+    m.bandwidth.push_back(ReadBandwidth(static_cast<uint64_t>(bytes)));
+    m.dram_bandwidth.push_back(ReadBandwidth(kDramProbeBytes));
     m.round_trip.push_back(CpuRoundTripNs());
   }
 }
@@ -197,18 +211,23 @@ double CpuRoundTripNs() {
   return Median(ns);
 }
 
-// Memory read bandwidth with the run's thread count: every thread streams
-// its share of a buffer far larger than the caches with 64-byte vector loads
-// into 8 independent sums and a software prefetch 1 KiB ahead (as the decode
-// kernels read weights and KV; this machine's hardware prefetcher alone
-// reaches about half of it), best of three.
-double ReadBandwidth() {
-  const size_t n = size_t{512} << 20 >> 2;  // 512 MiB of floats
-  std::vector<float> buf(n, 1.0f);
+// The read rate of a buffer of `bytes` (rounded up to 256 KiB work items,
+// at least one per thread) with the run's thread count, as the decode
+// kernels read weights and KV: every thread streams its share with 64-byte
+// vector loads into 8 independent sums and a software prefetch 1 KiB ahead
+// (this machine's hardware prefetcher alone reaches about half of it). One
+// untimed pass first brings the buffer wherever it stays between passes (a
+// cache, if it fits one); then the best of five passes (three above 256 MiB).
+double ReadBandwidth(uint64_t bytes) {
   constexpr int64_t kBlock = 1 << 16;  // floats per work item (256 KiB)
-  const int64_t blocks = static_cast<int64_t>(n) / kBlock;
+  const int64_t min_blocks = std::max(1, omp_get_max_threads());
+  const int64_t blocks =
+      std::max<int64_t>(min_blocks, static_cast<int64_t>((bytes + kBlock * sizeof(float) - 1) / (kBlock * sizeof(float))));
+  const size_t n = static_cast<size_t>(blocks * kBlock);
+  std::vector<float> buf(n, 1.0f);
+  const int passes = 1 + (n * sizeof(float) > (uint64_t{256} << 20) ? 3 : 5);
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < passes; ++rep) {
     Stopwatch w;
     double total = 0;
 #pragma omp parallel for reduction(+ : total) schedule(static)
@@ -237,7 +256,7 @@ double ReadBandwidth() {
     }
     const double sec = w.Seconds();
     if (total != static_cast<double>(n)) return 0;  // keeps the loop
-    best = std::max(best, n * sizeof(float) / sec);
+    if (rep > 0) best = std::max(best, n * sizeof(float) / sec);
   }
   return best;
 }
@@ -380,6 +399,27 @@ absl::Status RunBench() {
 
   std::vector<Config> configs = Configs(common);
   const int reps = absl::GetFlag(FLAGS_repetitions);
+  // The bytes of weights a decode step reads: each matrix once, in the
+  // layout the products read (the decode copy with --pack_decode); and of
+  // each cache entry, in the width attention reads (fp16 with
+  // --decode_kv_f16). Known before the runs, for their probes; the model is
+  // let go again before they start.
+  bool half_kv = false;
+  double entry_bytes = 0, weights = 0;
+  {
+    SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
+    const LlamaConfig& mc = model.model->config();
+    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+    half_kv = backend->HalfDecodeKv();
+    entry_bytes =
+        2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (half_kv ? sizeof(uint16_t) : sizeof(float));
+    for (const WeightView* w : model.model->DecodeMatrices()) {
+      const uint64_t copy = backend->DecodeCopyBytes(*w);
+      weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
+    }
+  }
+  auto step_bytes = [&](int64_t entries) { return weights + entries * entry_bytes; };
+
   std::vector<Measured> rows;
   for (const Config& c : configs) {
     Measured m;
@@ -390,7 +430,7 @@ absl::Status RunBench() {
       const Json& j = result.first;
       m.ttft.push_back(j.value("ttft_seconds", 0.0));
       m.prefill.push_back(j.value("prefill_seconds", 0.0));
-      AddDecode(j, m);
+      AddDecode(j, m, step_bytes);
       m.mean_memory = j.value("mean_memory", 0.0);
       m.steps = j.value("steps", int64_t{0});
       m.cache_entries = j.value("cache_entries", int64_t{0});
@@ -430,7 +470,7 @@ absl::Status RunBench() {
       SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
       const Json& j = result.first;
       full.ttft.push_back(j.value("ttft_seconds", 0.0));
-      AddDecode(j, full);
+      AddDecode(j, full, step_bytes);
       full.cache_entries = j.value("cache_entries", int64_t{0});
       full.input_tokens = j.value("input_tokens", int64_t{0});
       full.peak_rss = std::max(full.peak_rss, result.second);
@@ -449,33 +489,30 @@ absl::Status RunBench() {
     return nullptr;
   };
 
-  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
-  const LlamaConfig& mc = model.model->config();
-  // The bytes of weights a decode step reads: each matrix once, in the
-  // layout the products read (the decode copy with --pack_decode); and of
-  // each cache entry, in the width attention reads (fp16 with
-  // --decode_kv_f16).
-  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
-  const bool half_kv = backend->HalfDecodeKv();
-  const double entry_bytes = 2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim *
-                             (half_kv ? sizeof(uint16_t) : sizeof(float));
-  double weights = 0;
-  for (const WeightView* w : model.model->DecodeMatrices()) {
-    const uint64_t copy = backend->DecodeCopyBytes(*w);
-    weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
-  }
   // Per run: its probed bandwidth over the bytes of a step; the medians of
-  // the runs' predictions and of their decode rate / prediction shares.
-  auto step_bytes = [&](int64_t entries) { return weights + entries * entry_bytes; };
+  // the runs' predictions and of their decode rate / prediction shares (and
+  // the same with memory's own read rate, for comparison).
   auto predicted_tps = [&](const Measured& m) { return Median(m.bandwidth) / step_bytes(m.cache_entries); };
-  auto share = [&](const Measured& m) {
+  auto share_of = [&](const Measured& m, const std::vector<double>& bandwidth) {
     std::vector<double> v;
-    for (size_t i = 0; i < m.decode_tps.size() && i < m.bandwidth.size(); ++i) {
-      if (m.bandwidth[i] > 0) v.push_back(m.decode_tps[i] * step_bytes(m.cache_entries) / m.bandwidth[i]);
+    for (size_t i = 0; i < m.decode_tps.size() && i < bandwidth.size(); ++i) {
+      if (bandwidth[i] > 0) v.push_back(m.decode_tps[i] * step_bytes(m.cache_entries) / bandwidth[i]);
     }
     return Median(v);
   };
-  std::vector<double> all_bandwidth;
+  auto share = [&](const Measured& m) { return share_of(m, m.bandwidth); };
+  auto dram_share = [&](const Measured& m) { return share_of(m, m.dram_bandwidth); };
+  // The decode fields of the JSON, for a compressed run and the full cache alike.
+  auto decode_json = [&](const Measured& m, Json& r) {
+    r["decode_step_bytes"] = step_bytes(m.cache_entries);
+    r["decode_predicted_tokens_per_second"] = predicted_tps(m);
+    r["decode_share_of_prediction"] = share(m);
+    r["read_bandwidth_bytes_per_second"] = m.bandwidth;
+    r["dram_read_bandwidth_bytes_per_second"] = m.dram_bandwidth;
+    r["decode_share_of_dram_prediction"] = dram_share(m);
+    r["cpu_round_trip_ns"] = m.round_trip;
+  };
+  std::vector<double> all_dram;  // every run's memory probe, for the JSON's median
 
   const double m_max = absl::GetFlag(FLAGS_memory);
   Json out;
@@ -522,11 +559,8 @@ absl::Status RunBench() {
     r["decode_tokens_per_second"] = Median(m.decode_tps);
     r["decode_tokens_per_second_runs"] = m.decode_tps;
     r["cache_entries"] = m.cache_entries;
-    r["decode_predicted_tokens_per_second"] = predicted_tps(m);
-    r["decode_share_of_prediction"] = share(m);
-    r["read_bandwidth_bytes_per_second"] = m.bandwidth;
-    r["cpu_round_trip_ns"] = m.round_trip;
-    all_bandwidth.insert(all_bandwidth.end(), m.bandwidth.begin(), m.bandwidth.end());
+    decode_json(m, r);
+    all_dram.insert(all_dram.end(), m.dram_bandwidth.begin(), m.dram_bandwidth.end());
     out["schedules"].push_back(r);
   }
   if (std::none_of(rows.begin(), rows.end(), is_fm)) {
@@ -541,19 +575,23 @@ absl::Status RunBench() {
   }
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
-                "decode copy of the weights; prediction = read bandwidth probed right after each run / "
-                "bytes per step: weights %s + KV in %s; share = each run's rate / its prediction; "
-                "CPU rt = the round trip of a cache line between two threads, probed with the bandwidth)\n",
+                "decode copy of the weights; bytes per step: weights %s + KV in %s; prediction = the "
+                "read rate of a buffer of a step's bytes, re-read as the steps re-read theirs, probed "
+                "right after each run / those bytes; share = each run's rate / its prediction; DRAM = "
+                "the same with a 512 MiB buffer, memory's own rate, which a step that fits in a cache "
+                "beats; CPU rt = the round trip of a cache line between two threads, probed with them)\n",
                 (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str(),
                 half_kv ? "fp16" : "f32");
-    std::printf("%-26s %10s %10s %10s %10s %10s %7s %14s %10s\n", "cache", "entries", "KV bytes", "tokens/s",
-                "GB/s", "predicted", "share", "first step ms", "CPU rt ns");
+    std::printf("%-26s %10s %10s %10s %10s %10s %10s %7s %9s %9s %14s %10s\n", "cache", "entries", "KV bytes",
+                "step bytes", "tokens/s", "GB/s", "predicted", "share", "DRAM GB/s", "DRAM shr", "first step ms",
+                "CPU rt ns");
     auto line = [&](const std::string& name, const Measured& m) {
-      std::printf("%-26s %10lld %10s %10.1f %10.1f %10.1f %6.0f%% %14.1f %10.0f\n", name.c_str(),
-                  (long long)m.cache_entries,
+      std::printf("%-26s %10lld %10s %10s %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f%% %14.1f %10.0f\n",
+                  name.c_str(), (long long)m.cache_entries,
                   HumanBytes(static_cast<uint64_t>(m.cache_entries * entry_bytes)).c_str(),
-                  Median(m.decode_tps), Median(m.bandwidth) / 1e9, predicted_tps(m), 100 * share(m),
-                  Median(m.first_step) * 1e3, Median(m.round_trip));
+                  HumanBytes(static_cast<uint64_t>(step_bytes(m.cache_entries))).c_str(), Median(m.decode_tps),
+                  Median(m.bandwidth) / 1e9, predicted_tps(m), 100 * share(m), Median(m.dram_bandwidth) / 1e9,
+                  100 * dram_share(m), Median(m.first_step) * 1e3, Median(m.round_trip));
     };
     for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
     line(full.config.label, full);
@@ -562,15 +600,12 @@ absl::Status RunBench() {
     f["cache_entries"] = full.cache_entries;
     f["decode_tokens_per_second"] = Median(full.decode_tps);
     f["decode_tokens_per_second_runs"] = full.decode_tps;
-    f["decode_predicted_tokens_per_second"] = predicted_tps(full);
-    f["decode_share_of_prediction"] = share(full);
-    f["read_bandwidth_bytes_per_second"] = full.bandwidth;
-    f["cpu_round_trip_ns"] = full.round_trip;
-    all_bandwidth.insert(all_bandwidth.end(), full.bandwidth.begin(), full.bandwidth.end());
+    decode_json(full, f);
+    all_dram.insert(all_dram.end(), full.dram_bandwidth.begin(), full.dram_bandwidth.end());
     f["peak_rss_bytes"] = full.peak_rss;
     out["full_cache"] = f;
   }
-  out["read_bandwidth_bytes_per_second"] = Median(all_bandwidth);
+  out["dram_read_bandwidth_bytes_per_second"] = Median(all_dram);
   if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
     SNAPFILL_RETURN_IF_ERROR(WriteFileAtomically(json, out.dump(1) + "\n", true));
   }
