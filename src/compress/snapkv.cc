@@ -26,6 +26,11 @@
 namespace snapfill::compress_internal {
 namespace {
 
+absl::Status NonFiniteVote(int64_t h, int64_t j, float vote) {
+  return absl::InternalError(absl::StrCat("SnapKV: vote of KV head ", h, " candidate ", j, " is ", vote,
+                                          ", expected a finite value"));
+}
+
 class SnapKvPruner final : public Pruner {
  public:
   explicit SnapKvPruner(const PrunerConfig& config) : config_(config) {}
@@ -53,50 +58,67 @@ class SnapKvPruner final : public Pruner {
     keep->resize(in.num_kv_heads);
     for (int64_t h = 0; h < in.num_kv_heads; ++h) {
       const float* votes = in.votes + h * in.votes_stride;
-      // Gather R's votes in candidate order; count the window's non-sinks.
-      rest_index_.clear();
-      rest_votes_.clear();
-      int64_t window_non_sinks = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        if (IsSink(in, sinks_cfg, h, j)) continue;
-        if (j >= window_begin) {
-          ++window_non_sinks;
-          continue;
+      // R's votes in candidate order and their candidate indices; the
+      // window's non-sinks counted. Without sinks R is [0, window_begin),
+      // its votes read in place and its indices the identity.
+      const float* rest_votes = votes;
+      int64_t num_rest = window_begin, window_non_sinks = w;
+      if (sinks_cfg <= 0) {
+        for (int64_t j = 0; j < num_rest; ++j) {
+          if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
         }
-        if (!std::isfinite(votes[j])) {
-          return absl::InternalError(absl::StrCat("SnapKV: vote of KV head ", h, " candidate ", j,
-                                                  " is ", votes[j], ", expected a finite value"));
+      } else {
+        rest_index_.clear();
+        rest_votes_.clear();
+        window_non_sinks = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          if (IsSink(in, sinks_cfg, h, j)) continue;
+          if (j >= window_begin) {
+            ++window_non_sinks;
+            continue;
+          }
+          if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
+          rest_index_.push_back(static_cast<int32_t>(j));
+          rest_votes_.push_back(votes[j]);
         }
-        rest_index_.push_back(static_cast<int32_t>(j));
-        rest_votes_.push_back(votes[j]);
+        rest_votes = rest_votes_.data();
+        num_rest = static_cast<int64_t>(rest_index_.size());
       }
-      const int64_t num_rest = static_cast<int64_t>(rest_index_.size());
       const int64_t k = in.budget - window_non_sinks;
       // n - num_sinks > budget, i.e. num_rest + window_non_sinks > budget.
       SNAPFILL_CHECK(k >= 0 && k < num_rest) << "k=" << k << " num_rest=" << num_rest;
 
       pooled_.resize(num_rest);
       if (config_.pool_kernel <= 1) {
-        pooled_ = rest_votes_;
+        std::copy(rest_votes, rest_votes + num_rest, pooled_.begin());
       } else if (config_.pooling == Pooling::kAvg) {
-        cpu::AvgPool1d(rest_votes_.data(), pooled_.data(), num_rest, config_.pool_kernel);
+        cpu::AvgPool1d(rest_votes, pooled_.data(), num_rest, config_.pool_kernel);
       } else {
-        cpu::MaxPool1d(rest_votes_.data(), pooled_.data(), num_rest, config_.pool_kernel);
+        cpu::MaxPool1d(rest_votes, pooled_.data(), num_rest, config_.pool_kernel);
       }
       top_.resize(k);
       cpu::TopKIndices(pooled_.data(), num_rest, k, top_.data());
 
-      // Merge sinks, the top-k of R and the window in ascending order.
+      // Merge sinks, the top-k of R and the window in ascending order: R's
+      // kept entries are rest_index_[top_[t]], ascending in t; the window
+      // is every candidate from window_begin on.
       std::vector<int32_t>& out = (*keep)[h];
-      out.clear();
-      out.reserve(in.budget + num_sinks);
-      size_t t = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const bool take = j >= window_begin || IsSink(in, sinks_cfg, h, j) ||
-                          (t < top_.size() && rest_index_[top_[t]] == j);
-        if (t < top_.size() && rest_index_[top_[t]] == j) ++t;
-        if (take) out.push_back(static_cast<int32_t>(j));
+      out.resize(n);  // room for every candidate; cut to what was taken
+      int32_t* dst = out.data();
+      const int32_t* top = top_.data();
+      int64_t o = 0;
+      if (sinks_cfg <= 0) {  // no sinks: R's entries (R's index is the candidate's), then the window
+        for (int64_t t = 0; t < k; ++t) dst[o++] = top[t];
+      } else {
+        int64_t t = 0;
+        for (int64_t j = 0; j < window_begin; ++j) {
+          const bool in_top = t < k && rest_index_[top[t]] == j;
+          t += in_top;
+          if (in_top || IsSink(in, sinks_cfg, h, j)) dst[o++] = static_cast<int32_t>(j);
+        }
       }
+      for (int64_t j = window_begin; j < n; ++j) dst[o++] = static_cast<int32_t>(j);
+      out.resize(o);
       SNAPFILL_CHECK(static_cast<int64_t>(out.size()) == in.budget + num_sinks)
           << "kept " << out.size() << ", expected " << in.budget + num_sinks;
     }
@@ -106,8 +128,8 @@ class SnapKvPruner final : public Pruner {
  private:
   PrunerConfig config_;
   // Scratch reused across calls (one Select at a time).
-  std::vector<int32_t> rest_index_;  // [num_rest] candidate index of R's i-th entry
-  std::vector<float> rest_votes_;    // [num_rest]
+  std::vector<int32_t> rest_index_;  // [num_rest] candidate index of R's i-th entry (with sinks)
+  std::vector<float> rest_votes_;    // [num_rest] (with sinks)
   std::vector<float> pooled_;        // [num_rest]
   std::vector<int32_t> top_;         // [k] indices into R, ascending
 };

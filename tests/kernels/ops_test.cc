@@ -427,7 +427,8 @@ TEST_P(TopKTest, SameSetAsRefAndSortedAscending) {
 INSTANTIATE_TEST_SUITE_P(Shapes, TopKTest,
                          ::testing::Values(TopKCase{1, 1, 0}, TopKCase{3, 5, 0}, TopKCase{17, 3, 0},
                                            TopKCase{111, 17, 3}, TopKCase{4097, 1024, 0},
-                                           TopKCase{4097, 1000, 7}, TopKCase{4097, 4097, 2}),
+                                           TopKCase{4097, 1000, 7}, TopKCase{4097, 4097, 2},
+                                           TopKCase{4097, 4096, 3}, TopKCase{1000, 1, 5}),
                          [](const ::testing::TestParamInfo<TopKCase>& info) {
                            return "Cpu_n" + std::to_string(info.param.n) + "_k" +
                                   std::to_string(info.param.k) + "_levels" +
