@@ -16,6 +16,8 @@
 #include <memory>
 #include <vector>
 
+#include <omp.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
@@ -25,6 +27,10 @@
 
 namespace snapfill::compress_internal {
 namespace {
+
+// Fewer candidates than this: the heads run one after another on the
+// calling thread (a parallel region costs more than they do).
+constexpr int64_t kParallelCandidates = 256;
 
 absl::Status NonFiniteVote(int64_t h, int64_t j, float vote) {
   return absl::InternalError(absl::StrCat("SnapKV: vote of KV head ", h, " candidate ", j, " is ", vote,
@@ -56,82 +62,102 @@ class SnapKvPruner final : public Pruner {
 
     const int64_t window_begin = n - w;
     keep->resize(in.num_kv_heads);
+    scratch_.resize(in.num_kv_heads);
+    std::vector<absl::Status> status(in.num_kv_heads);
+    // One KV head per item, each with scratch of its own, on every thread:
+    // the selection then also keeps the threads busy between the votes and
+    // the engine's copies of the kept entries (a thread idle for longer
+    // waits asleep, and waking it costs more than a head's selection).
+#pragma omp parallel for schedule(dynamic, 1) if (in.num_kv_heads > 1 && n >= kParallelCandidates)
     for (int64_t h = 0; h < in.num_kv_heads; ++h) {
-      const float* votes = in.votes + h * in.votes_stride;
-      // R's votes in candidate order and their candidate indices; the
-      // window's non-sinks counted. Without sinks R is [0, window_begin),
-      // its votes read in place and its indices the identity.
-      const float* rest_votes = votes;
-      int64_t num_rest = window_begin, window_non_sinks = w;
-      if (sinks_cfg <= 0) {
-        for (int64_t j = 0; j < num_rest; ++j) {
-          if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
-        }
-      } else {
-        rest_index_.clear();
-        rest_votes_.clear();
-        window_non_sinks = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          if (IsSink(in, sinks_cfg, h, j)) continue;
-          if (j >= window_begin) {
-            ++window_non_sinks;
-            continue;
-          }
-          if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
-          rest_index_.push_back(static_cast<int32_t>(j));
-          rest_votes_.push_back(votes[j]);
-        }
-        rest_votes = rest_votes_.data();
-        num_rest = static_cast<int64_t>(rest_index_.size());
-      }
-      const int64_t k = in.budget - window_non_sinks;
-      // n - num_sinks > budget, i.e. num_rest + window_non_sinks > budget.
-      SNAPFILL_CHECK(k >= 0 && k < num_rest) << "k=" << k << " num_rest=" << num_rest;
-
-      pooled_.resize(num_rest);
-      if (config_.pool_kernel <= 1) {
-        std::copy(rest_votes, rest_votes + num_rest, pooled_.begin());
-      } else if (config_.pooling == Pooling::kAvg) {
-        cpu::AvgPool1d(rest_votes, pooled_.data(), num_rest, config_.pool_kernel);
-      } else {
-        cpu::MaxPool1d(rest_votes, pooled_.data(), num_rest, config_.pool_kernel);
-      }
-      top_.resize(k);
-      cpu::TopKIndices(pooled_.data(), num_rest, k, top_.data());
-
-      // Merge sinks, the top-k of R and the window in ascending order: R's
-      // kept entries are rest_index_[top_[t]], ascending in t; the window
-      // is every candidate from window_begin on.
-      std::vector<int32_t>& out = (*keep)[h];
-      out.resize(n);  // room for every candidate; cut to what was taken
-      int32_t* dst = out.data();
-      const int32_t* top = top_.data();
-      int64_t o = 0;
-      if (sinks_cfg <= 0) {  // no sinks: R's entries (R's index is the candidate's), then the window
-        for (int64_t t = 0; t < k; ++t) dst[o++] = top[t];
-      } else {
-        int64_t t = 0;
-        for (int64_t j = 0; j < window_begin; ++j) {
-          const bool in_top = t < k && rest_index_[top[t]] == j;
-          t += in_top;
-          if (in_top || IsSink(in, sinks_cfg, h, j)) dst[o++] = static_cast<int32_t>(j);
-        }
-      }
-      for (int64_t j = window_begin; j < n; ++j) dst[o++] = static_cast<int32_t>(j);
-      out.resize(o);
-      SNAPFILL_CHECK(static_cast<int64_t>(out.size()) == in.budget + num_sinks)
-          << "kept " << out.size() << ", expected " << in.budget + num_sinks;
+      status[h] = SelectHead(in, h, w, window_begin, num_sinks, scratch_[h], (*keep)[h]);
     }
+    for (const absl::Status& st : status) SNAPFILL_RETURN_IF_ERROR(st);
     return absl::OkStatus();
   }
 
  private:
+  // Scratch of one KV head's selection.
+  struct Scratch {
+    std::vector<int32_t> rest_index;  // [num_rest] candidate index of R's i-th entry (with sinks)
+    std::vector<float> rest_votes;    // [num_rest] (with sinks)
+    std::vector<float> pooled;        // [num_rest]
+    std::vector<int32_t> top;         // [k] indices into R, ascending
+  };
+
+  // Steps 2-4 (see the top of the file) for KV head h, into out.
+  absl::Status SelectHead(const SelectionInput& in, int64_t h, int64_t w, int64_t window_begin, int64_t num_sinks,
+                          Scratch& sc, std::vector<int32_t>& out) const {
+    const int64_t sinks_cfg = config_.sink_tokens;
+    const int64_t n = in.num_candidates;
+    const float* votes = in.votes + h * in.votes_stride;
+    // R's votes in candidate order and their candidate indices; the
+    // window's non-sinks counted. Without sinks R is [0, window_begin),
+    // its votes read in place and its indices the identity.
+    const float* rest_votes = votes;
+    int64_t num_rest = window_begin, window_non_sinks = w;
+    if (sinks_cfg <= 0) {
+      for (int64_t j = 0; j < num_rest; ++j) {
+        if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
+      }
+    } else {
+      sc.rest_index.clear();
+      sc.rest_votes.clear();
+      window_non_sinks = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        if (IsSink(in, sinks_cfg, h, j)) continue;
+        if (j >= window_begin) {
+          ++window_non_sinks;
+          continue;
+        }
+        if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
+        sc.rest_index.push_back(static_cast<int32_t>(j));
+        sc.rest_votes.push_back(votes[j]);
+      }
+      rest_votes = sc.rest_votes.data();
+      num_rest = static_cast<int64_t>(sc.rest_index.size());
+    }
+    const int64_t k = in.budget - window_non_sinks;
+    // n - num_sinks > budget, i.e. num_rest + window_non_sinks > budget.
+    SNAPFILL_CHECK(k >= 0 && k < num_rest) << "k=" << k << " num_rest=" << num_rest;
+
+    sc.pooled.resize(num_rest);
+    if (config_.pool_kernel <= 1) {
+      std::copy(rest_votes, rest_votes + num_rest, sc.pooled.begin());
+    } else if (config_.pooling == Pooling::kAvg) {
+      cpu::AvgPool1d(rest_votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+    } else {
+      cpu::MaxPool1d(rest_votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+    }
+    sc.top.resize(k);
+    cpu::TopKIndices(sc.pooled.data(), num_rest, k, sc.top.data());
+
+    // Merge sinks, the top-k of R and the window in ascending order: R's
+    // kept entries are sc.rest_index[sc.top[t]], ascending in t; the window
+    // is every candidate from window_begin on.
+    out.resize(n);  // room for every candidate; cut to what was taken
+    int32_t* dst = out.data();
+    const int32_t* top = sc.top.data();
+    int64_t o = 0;
+    if (sinks_cfg <= 0) {  // no sinks: R's entries (R's index is the candidate's), then the window
+      for (int64_t t = 0; t < k; ++t) dst[o++] = top[t];
+    } else {
+      int64_t t = 0;
+      for (int64_t j = 0; j < window_begin; ++j) {
+        const bool in_top = t < k && sc.rest_index[top[t]] == j;
+        t += in_top;
+        if (in_top || IsSink(in, sinks_cfg, h, j)) dst[o++] = static_cast<int32_t>(j);
+      }
+    }
+    for (int64_t j = window_begin; j < n; ++j) dst[o++] = static_cast<int32_t>(j);
+    out.resize(o);
+    SNAPFILL_CHECK(static_cast<int64_t>(out.size()) == in.budget + num_sinks)
+        << "kept " << out.size() << ", expected " << in.budget + num_sinks;
+    return absl::OkStatus();
+  }
+
   PrunerConfig config_;
-  // Scratch reused across calls (one Select at a time).
-  std::vector<int32_t> rest_index_;  // [num_rest] candidate index of R's i-th entry (with sinks)
-  std::vector<float> rest_votes_;    // [num_rest] (with sinks)
-  std::vector<float> pooled_;        // [num_rest]
-  std::vector<int32_t> top_;         // [k] indices into R, ascending
+  std::vector<Scratch> scratch_;  // per KV head, reused across calls (one Select at a time)
 };
 
 }  // namespace

@@ -312,6 +312,52 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
   }
 }
 
+// At the engine's sizes the heads are selected on all threads, each with
+// scratch of its own: every head gets what it gets when selected alone
+// (one head, on the calling thread), with and without sinks, call after
+// call; and a bad vote in one head is reported for that head.
+TEST(SnapKvPrunerTest, ManyHeadsAtOnceAsEachAlone) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  const int64_t heads = 5, m = 1024, c = 1030, n = m + c, budget = 1024;
+  for (const int64_t sinks : {0, 4}) {
+    for (int call = 0; call < 2; ++call) {
+      std::vector<float> votes(heads * (n + 5));
+      for (float& v : votes) v = std::floor(unif(rng) * 64) / 64;  // ties
+      std::vector<int32_t> positions(heads * n);
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t j = 0; j < n; ++j) positions[h * n + j] = static_cast<int32_t>(j);
+      }
+      SelectionInput in;
+      in.num_kv_heads = heads;
+      in.num_candidates = n;
+      in.num_memory = m;
+      in.budget = budget;
+      in.votes = votes.data();
+      in.votes_stride = n + 5;
+      in.positions = positions.data();
+      in.positions_stride = n;
+      auto pruner = MakePruner(SnapKv(32, 7, Pooling::kAvg, sinks));
+      Keep keep;
+      SNAPFILL_ASSERT_OK(pruner->Select(in, &keep));
+      ASSERT_EQ(keep.size(), static_cast<size_t>(heads));
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<float> head_votes(votes.begin() + h * (n + 5), votes.begin() + h * (n + 5) + n);
+        const std::vector<int32_t> head_positions(positions.begin() + h * n, positions.begin() + (h + 1) * n);
+        Keep alone;
+        SNAPFILL_ASSERT_OK(MakePruner(SnapKv(32, 7, Pooling::kAvg, sinks))
+                               ->Select(OneHead(head_votes, m, budget, &head_positions), &alone));
+        EXPECT_EQ(keep[h], alone[0]) << "head " << h << " sinks " << sinks << " call " << call;
+        EXPECT_EQ(static_cast<int64_t>(keep[h].size()), budget + sinks);
+      }
+      votes[3 * (n + 5) + 17] = std::numeric_limits<float>::infinity();
+      const absl::Status s = pruner->Select(in, &keep);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+      EXPECT_THAT(std::string(s.message()), HasSubstr("KV head 3 candidate 17"));
+    }
+  }
+}
+
 // --- StreamingLLM -------------------------------------------------------------
 
 PrunerConfig Streaming(int64_t sinks) {
