@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/spin_team.h"
 #include "kernels/quant_blocks.h"
 
 #if SNAPFILL_CPU_HAS_VARIANTS

@@ -33,6 +33,7 @@
 #include "kernels/cpu/amx_tiles.h"
 #endif
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/spin_team.h"
 #include "kernels/quant_blocks.h"
 
 namespace snapfill::cpu::internal {

@@ -1,0 +1,104 @@
+#include "kernels/cpu/spin_team.h"
+
+#include <omp.h>
+#include <sched.h>
+
+#include <strings.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SNAPFILL_SPIN_PAUSE() _mm_pause()
+#else
+#define SNAPFILL_SPIN_PAUSE() ((void)0)
+#endif
+
+namespace snapfill::cpu::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Rounds of `pause` between two sched_yield calls while waiting (about 0.3
+// µs at the AMX VM's 9 ns per pause): a wait notices new work within that,
+// and a thread of another process that needs this CPU gets it at the yield.
+constexpr int kPausesPerYield = 32;
+
+}  // namespace
+
+SpinTeam& SpinTeam::Get() {
+  static SpinTeam* const team = new SpinTeam();
+  return *team;
+}
+
+void SpinTeam::Start(int workers) {
+  std::lock_guard<std::mutex> lock(start_mu_);
+  if (!workers_.empty()) return;
+  if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy != nullptr && strcasecmp(policy, "passive") == 0) {
+    idle_before_sleep_ = std::chrono::microseconds(0);
+  }
+  for (int i = 1; i <= workers; ++i) workers_.emplace_back([this, i] { Work(i); });
+  num_workers_.store(workers, std::memory_order_release);
+}
+
+void SpinTeam::Work(int index) {
+  uint32_t seen = 0;
+  for (;;) {
+    // Wait for the next task: spin, yielding the CPU between short rounds,
+    // until kIdleBeforeSleep has passed without one; then sleep on the
+    // futex until the caller wakes us.
+    Clock::time_point idle_since = Clock::now();
+    uint32_t g;
+    for (int round = 0; (g = generation_.load(std::memory_order_acquire)) == seen; ++round) {
+      if (round % kPausesPerYield != kPausesPerYield - 1) {
+        SNAPFILL_SPIN_PAUSE();
+        continue;
+      }
+      sched_yield();
+      if (Clock::now() - idle_since < idle_before_sleep_) continue;
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (generation_.load(std::memory_order_seq_cst) == seen) {
+        generation_.wait(seen, std::memory_order_seq_cst);
+      }
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      idle_since = Clock::now();
+    }
+    seen = g;
+    // The task's fields were written before generation_ was bumped.
+    if (index < nt_) fn_(ctx_, index, nt_);
+    pending_.fetch_sub(1, std::memory_order_release);
+  }
+}
+
+void SpinTeam::RunRaw(int threads, RawFn fn, void* ctx) {
+  if (threads > 1 && num_workers_.load(std::memory_order_acquire) == 0) {
+    Start(std::max(1, omp_get_max_threads()) - 1);
+  }
+  const int workers = num_workers_.load(std::memory_order_acquire);
+  const int nt = std::min(threads, workers + 1);
+  if (nt <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
+    fn(ctx, 0, 1);
+    return;
+  }
+  fn_ = fn;
+  ctx_ = ctx;
+  nt_ = nt;
+  // Every worker takes part in every task (those past nt only count
+  // themselves done), so that none still reads these fields when the next
+  // task writes them.
+  pending_.store(workers, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+  fn(ctx, 0, nt);
+  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) {
+    if (round % kPausesPerYield != kPausesPerYield - 1) {
+      SNAPFILL_SPIN_PAUSE();
+    } else {
+      sched_yield();
+    }
+  }
+  busy_.store(false, std::memory_order_release);
+}
+
+}  // namespace snapfill::cpu::internal

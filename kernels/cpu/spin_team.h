@@ -1,0 +1,89 @@
+// Internal to kernels/cpu: the threads of the decode step's parallel regions.
+//
+// A decode step of a small model is about 150 parallel regions of 5-30 µs
+// each (per layer Q/K/V, the attention, Wo, gate/up and down, then the
+// head). Under OpenMP each region's threads wait for the next one in
+// libgomp, which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel;
+// snapfill keeps that count at 1,000 (about 9 µs on the AMX VM) so that
+// several jobs can share the cores (docs/BENCHMARKS.md, sittings 14 and 26).
+// A decode step's gaps are longer than that often enough (the sampling
+// between steps, a region one thread ends first) that the other thread
+// sleeps several times a token, and waking it in a VM costs 30-50 µs, more
+// than most regions. OpenMP has no way to change its wait for some regions
+// only, so the decode kernels use this team instead: its threads wait by
+// spinning (with `pause`, and `sched_yield` between, so that a thread of
+// another job that needs this CPU gets it), and only after
+// kIdleBeforeSleep without any work do they sleep (on a futex); with
+// OMP_WAIT_POLICY=passive they sleep at once, as OpenMP's threads would.
+// Prefill's regions stay on OpenMP; while they run, this team's threads
+// sleep.
+//
+// One team per process, made on the first Run that asks for more than one
+// thread, with omp_get_max_threads() - 1 threads of its own (then fixed).
+// The calling thread is thread 0 of every run.
+#ifndef SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
+#define SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace snapfill::cpu::internal {
+
+class SpinTeam {
+ public:
+  // A worker with no work for this long sleeps until the next run (0 with
+  // OMP_WAIT_POLICY=passive).
+  static constexpr std::chrono::microseconds kIdleBeforeSleep{2000};
+
+  // The process's team (never destroyed: its threads may still be waiting
+  // when the process exits).
+  static SpinTeam& Get();
+
+  // Calls fn(t, nt) once for every t in [0, nt), nt = min(threads, size()),
+  // t = 0 on the calling thread, and returns when every call has returned.
+  // Called from inside a run (by fn), or while another thread's run is in
+  // progress, it calls fn(0, 1) on the calling thread instead. fn must not
+  // throw.
+  template <class F>
+  void Run(int threads, F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    RunRaw(threads, [](void* ctx, int t, int nt) { (*static_cast<Fn*>(ctx))(t, nt); },
+           const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
+  // Threads a run can use, the calling thread included (1 before the first
+  // run with threads > 1).
+  int size() const { return num_workers_.load(std::memory_order_acquire) + 1; }
+
+  // For tests: the workers asleep now (or about to be).
+  int asleep() const { return sleepers_.load(std::memory_order_seq_cst); }
+
+ private:
+  using RawFn = void (*)(void*, int, int);
+  SpinTeam() = default;
+  void RunRaw(int threads, RawFn fn, void* ctx);
+  void Start(int workers);
+  void Work(int index);
+
+  std::mutex start_mu_;
+  std::chrono::microseconds idle_before_sleep_ = kIdleBeforeSleep;
+  std::vector<std::thread> workers_;
+  std::atomic<int> num_workers_{0};  // workers_.size() once started, for readers without the mutex
+  // The current task, written by the caller before it bumps generation_.
+  RawFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int nt_ = 0;
+  std::atomic<bool> busy_{false};  // a run is in progress
+  alignas(64) std::atomic<uint32_t> generation_{0};  // one more per task; the sleepers' futex word
+  alignas(64) std::atomic<int> pending_{0};          // workers that have not finished the task
+  alignas(64) std::atomic<int> sleepers_{0};         // workers asleep (or about to be) on generation_
+};
+
+}  // namespace snapfill::cpu::internal
+
+#endif  // SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_

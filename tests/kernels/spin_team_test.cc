@@ -1,0 +1,131 @@
+// The decode step's thread team (kernels/cpu/spin_team.h): every run calls
+// its function once per thread index, on the calling thread for index 0;
+// runs follow each other without losing one, after the workers went to
+// sleep too; a run from inside a run, or beside another thread's, runs on
+// the calling thread alone.
+#include "kernels/cpu/spin_team.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace snapfill::cpu::internal {
+namespace {
+
+// The team has omp_get_max_threads() - 1 workers; these tests need one.
+bool TwoThreads() { return omp_get_max_threads() >= 2; }
+
+TEST(SpinTeamTest, EveryIndexOnceIndexZeroOnTheCaller) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int threads : {2, 3, 64}) {
+    std::vector<std::atomic<int>> calls(64);
+    std::atomic<int> seen_nt{0};
+    std::atomic<bool> zero_on_caller{false}, others_elsewhere{true};
+    team.Run(threads, [&](int t, int nt) {
+      calls[t].fetch_add(1);
+      seen_nt.store(nt);
+      if (t == 0) zero_on_caller.store(std::this_thread::get_id() == caller);
+      if (t != 0 && std::this_thread::get_id() == caller) others_elsewhere.store(false);
+    });
+    const int nt = std::min(threads, team.size());
+    EXPECT_GE(team.size(), 2);
+    EXPECT_EQ(seen_nt.load(), nt);
+    for (int t = 0; t < 64; ++t) EXPECT_EQ(calls[t].load(), t < nt ? 1 : 0) << "index " << t << " of " << nt;
+    EXPECT_TRUE(zero_on_caller.load());
+    EXPECT_TRUE(others_elsewhere.load());
+  }
+}
+
+// Many short runs back to back (as a decode step's regions), each summing
+// into its own slots: nothing lost, nothing run twice, and each run's
+// writes are seen by the caller when Run returns.
+TEST(SpinTeamTest, BackToBackRunsLoseNothing) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  constexpr int kRuns = 20000;
+  std::vector<int64_t> slots(2 * 16, 0);  // a line per index
+  int64_t expected = 0;
+  for (int r = 0; r < kRuns; ++r) {
+    team.Run(2, [&](int t, int) { slots[16 * t] += r + t; });
+    expected += r;
+    ASSERT_EQ(slots[0], expected) << "run " << r;
+    if (team.size() >= 2) {
+      ASSERT_EQ(slots[16], expected + r + 1) << "run " << r;  // + t = 1 per run
+    }
+  }
+}
+
+// After kIdleBeforeSleep without work every worker sleeps; the next run
+// wakes them, and runs go on as before.
+TEST(SpinTeamTest, RunsAfterTheWorkersSlept) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  team.Run(2, [](int, int) {});
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(SpinTeam::kIdleBeforeSleep * 4 + std::chrono::milliseconds(20));
+    EXPECT_EQ(team.asleep(), team.size() - 1) << "round " << round;
+    std::atomic<int> calls{0};
+    team.Run(2, [&](int, int) { calls.fetch_add(1); });
+    EXPECT_EQ(calls.load(), 2) << "round " << round;
+  }
+}
+
+// A run inside a run (from any of its threads) and a run beside another
+// thread's run both run on their calling thread alone, and return.
+TEST(SpinTeamTest, NestedAndConcurrentRunsRunAlone) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  std::atomic<int> inner_calls{0}, inner_bad{0};
+  team.Run(2, [&](int, int) {
+    team.Run(2, [&](int t, int nt) {
+      inner_calls.fetch_add(1);
+      if (t != 0 || nt != 1) inner_bad.fetch_add(1);
+    });
+  });
+  EXPECT_EQ(inner_calls.load(), 2);  // once from each of the outer run's threads
+  EXPECT_EQ(inner_bad.load(), 0);
+
+  // Two threads run at once, 2,000 times each: every run completes with
+  // every index it was given exactly once.
+  std::atomic<int> bad{0};
+  auto many = [&] {
+    for (int r = 0; r < 2000; ++r) {
+      std::atomic<int> mask{0};
+      int given = 0;
+      team.Run(2, [&](int t, int nt) {
+        mask.fetch_or(1 << t);
+        if (t == 0) given = nt;
+      });
+      if (mask.load() != (1 << given) - 1) bad.fetch_add(1);
+    }
+  };
+  std::thread other(many);
+  many();
+  other.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
+  SpinTeam& team = SpinTeam::Get();
+  const std::thread::id caller = std::this_thread::get_id();
+  int calls = 0;
+  bool ok = true;
+  team.Run(1, [&](int t, int nt) {
+    ++calls;
+    ok = ok && t == 0 && nt == 1 && std::this_thread::get_id() == caller;
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(ok);
+}
+
+}  // namespace
+}  // namespace snapfill::cpu::internal
