@@ -1,12 +1,14 @@
 #include "kernels/cpu/spin_team.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include <strings.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -25,6 +27,24 @@ using Clock = std::chrono::steady_clock;
 // and a thread of another process that needs this CPU gets it at the yield.
 constexpr int kPausesPerYield = 32;
 
+// Where OpenMP binds its threads (OMP_PROC_BIND, OMP_PLACES), worker i goes
+// where OpenMP's thread i of a "close" team would: the place i after the
+// calling thread's.
+void BindLikeOpenMp(std::thread& worker, int i) {
+  const int places = omp_get_num_places();
+  if (omp_get_proc_bind() == omp_proc_bind_false || places <= 0) return;
+  const int place = ((omp_get_place_num() < 0 ? 0 : omp_get_place_num()) + i) % places;
+  std::vector<int> ids(omp_get_place_num_procs(place));
+  if (ids.empty()) return;
+  omp_get_place_proc_ids(place, ids.data());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int id : ids) {
+    if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, &set);
+  }
+  pthread_setaffinity_np(worker.native_handle(), sizeof(set), &set);
+}
+
 }  // namespace
 
 SpinTeam& SpinTeam::Get() {
@@ -38,7 +58,10 @@ void SpinTeam::Start(int workers) {
   if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy != nullptr && strcasecmp(policy, "passive") == 0) {
     idle_before_sleep_ = std::chrono::microseconds(0);
   }
-  for (int i = 1; i <= workers; ++i) workers_.emplace_back([this, i] { Work(i); });
+  for (int i = 1; i <= workers; ++i) {
+    workers_.emplace_back([this, i] { Work(i); });
+    BindLikeOpenMp(workers_.back(), i);
+  }
   num_workers_.store(workers, std::memory_order_release);
 }
 

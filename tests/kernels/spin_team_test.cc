@@ -6,6 +6,7 @@
 #include "kernels/cpu/spin_team.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -112,6 +113,35 @@ TEST(SpinTeamTest, NestedAndConcurrentRunsRunAlone) {
   many();
   other.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// Where OpenMP binds its threads, each worker runs on the CPUs of the place
+// OpenMP's thread of that index would (ctest runs this suite once more
+// with OMP_PROC_BIND=close and OMP_PLACES=cores for it).
+TEST(SpinTeamTest, WorkersBoundWhereOpenMpBinds) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  if (omp_get_proc_bind() == omp_proc_bind_false || omp_get_num_places() < 2) {
+    GTEST_SKIP() << "OpenMP binds no threads here";
+  }
+  SpinTeam& team = SpinTeam::Get();
+  const int places = omp_get_num_places();
+  const int home = std::max(0, omp_get_place_num());
+  std::vector<std::set<int>> got(64);
+  team.Run(64, [&](int t, int) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (t > 0 && sched_getaffinity(0, sizeof(set), &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) got[t].insert(c);
+      }
+    }
+  });
+  for (int t = 1; t < team.size(); ++t) {
+    const int place = (home + t) % places;
+    std::vector<int> ids(omp_get_place_num_procs(place));
+    omp_get_place_proc_ids(place, ids.data());
+    EXPECT_EQ(got[t], std::set<int>(ids.begin(), ids.end())) << "worker " << t << ", place " << place;
+  }
 }
 
 TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
