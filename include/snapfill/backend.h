@@ -116,6 +116,14 @@ class Backend {
     }
     return absl::OkStatus();
   }
+  // f(i) for every i in [0, n), on the threads this backend runs its own
+  // parallel work on, where it has any (the CPU backend: its kernels'
+  // spinning team); returns when all are done. For the engine's loops that
+  // run between the backend's operations (gathering and copying KV rows).
+  // This default runs them in order on the calling thread.
+  virtual void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
   // out[i, :] = dequantized row ids[i] of `table` (embedding lookup).
   virtual absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                                int64_t out_stride) = 0;

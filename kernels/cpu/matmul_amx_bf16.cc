@@ -42,6 +42,7 @@
 #include <utility>
 
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/spin_team.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 
@@ -504,17 +505,18 @@ UnitLayout LayoutFor(int64_t num_tp, int64_t n, int threads, int64_t max_rp) {
 // Rows [0, m_pad) of X (or of silu(X) ⊙ up, with `up`; or of
 // cpu::RmsNorm(X; norm, eps), with `norm`) as bf16 A tiles:
 // [token pair][block][2][16 tokens][32], 2 KiB per pair and block, so a
-// kernel reads one contiguous stream; rows past m are zero. Inside a
-// parallel region (an omp for with its barrier).
+// kernel reads one contiguous stream; rows past m are zero. By thread t of
+// a team run of nt threads, its static share of the rows, then the team's
+// barrier.
 void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t x_stride, const float* up,
-                   const float* norm, float eps, uint16_t* xb) {
+                   const float* norm, float eps, uint16_t* xb, int t, int nt) {
   const int64_t nb = k / 32;
   // silu(x) ⊙ up or the normalized row, one at a time (L1-sized for the
   // model's widths: 6 KiB at k = 1536).
   float* const tmp = up != nullptr || norm != nullptr ? reinterpret_cast<float*>(ThreadGlu().Reserve(k * sizeof(float)))
                                                       : nullptr;
-#pragma omp for schedule(static)
-  for (int64_t i = 0; i < m_pad; ++i) {
+  const StaticRange rows(m_pad, t, nt);
+  for (int64_t i = rows.first; i < rows.last; ++i) {
     uint16_t* row = xb + (i / (2 * kTile)) * 2 * kTile * k + (i % (2 * kTile)) * 32;  // block 0
     constexpr int64_t kStride = 2 * kTile * 32;  // bf16 elements between blocks
     if (i < m && up != nullptr) {
@@ -530,6 +532,7 @@ void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t 
       for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
     }
   }
+  SpinTeam::Get().Barrier(nt);
 }
 
 // The B tiles of row pairs [rp0, rp1) of a weight of n rows into `panel`:
@@ -547,12 +550,12 @@ void UnpackPanel(UnpackFn unpack, const uint8_t* w, size_t w_row_bytes, int64_t 
   }
 }
 
-// The calling thread's units of one product over A tiles xb (from
-// ConvertXTiles, or FeedForwardAmxBf16's h): an orphaned omp for without
-// its barrier. `configured` says whether this thread loaded the tile
-// configuration yet (it does so at its first unit).
+// Thread t's units of one product over A tiles xb (from ConvertXTiles, or
+// FeedForwardAmxBf16's h): its static share of a team run of nt threads,
+// without a barrier after. `configured` says whether this thread loaded the
+// tile configuration yet (it does so at its first unit).
 void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out& o, const UnitLayout& l,
-                     UnpackFn unpack, uint8_t* panel, bool add, bool& configured) {
+                     UnpackFn unpack, uint8_t* panel, bool add, bool& configured, int t, int nt) {
   const int64_t n = o.n, k = nb * 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);
   // K in parts of at most kPartBlocks blocks, so that a token pair's A tiles
@@ -563,10 +566,10 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
   float* const partial =
       parts > 1 ? reinterpret_cast<float*>(ThreadPartial().Reserve(static_cast<size_t>(l.rp_per_unit) * 4096)) : nullptr;
   int64_t unpacked_nu = -1;
-  // nowait: a thread done with one product's units starts on the next
+  // No barrier: a thread done with one product's units starts on the next
   // (they read only X, converted before the caller's barrier).
-#pragma omp for schedule(static) nowait
-  for (int64_t u = 0; u < l.num_units; ++u) {
+  const StaticRange units(l.num_units, t, nt);
+  for (int64_t u = units.first; u < units.last; ++u) {
     if (!configured) {
       ConfigureTiles();
       configured = true;
@@ -626,21 +629,22 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
   // X converted once for all the products.
   uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
 
-  const int threads = omp_get_max_threads();
+  // On the spinning team (SpinTeam says why), not OpenMP.
+  SpinTeam& team = SpinTeam::Get();
+  const int threads = team.Threads(omp_get_max_threads());
   UnitLayout layouts[kMaxOuts];
   const int64_t max_rp = PanelPairsFor(nb, kPanelBytes);
   for (int c = 0; c < count; ++c) layouts[c] = LayoutFor(num_tp, outs[c].n, threads, max_rp);
 
-#pragma omp parallel num_threads(threads)
-  {
-    ConvertXTiles(x, m, m_pad, k, x_stride, up, norm, eps, xb);
+  team.Run(threads, [&](int t, int nt) {
+    ConvertXTiles(x, m, m_pad, k, x_stride, up, norm, eps, xb, t, nt);
     uint8_t* const panel = ThreadPanel().Reserve(static_cast<size_t>(max_rp * 2 * nb * kBTileBytes));
     bool configured = false;
     for (int c = 0; c < count; ++c) {
-      RunProductUnits(xb, m, nb, outs[c], layouts[c], unpack, panel, add, configured);
+      RunProductUnits(xb, m, nb, outs[c], layouts[c], unpack, panel, add, configured, t, nt);
     }
     if (configured) ReleaseTiles();
-  }
+  });
 }
 
 void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,
@@ -658,14 +662,14 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
   // (token pair, row pair) are one contiguous 2 KiB A tile pair.
   uint16_t* const hb = reinterpret_cast<uint16_t*>(CallerHb().Reserve(m_pad * n_ff * sizeof(uint16_t)));
 
-  const int threads = omp_get_max_threads();
+  SpinTeam& team = SpinTeam::Get();
+  const int threads = team.Threads(omp_get_max_threads());
   const int64_t max_rp_gu = PanelPairsFor(nb, kPanelBytes / 2), max_rp_d = PanelPairsFor(nb_ff, kPanelBytes);
   const UnitLayout lg = LayoutFor(num_tp, n_ff, threads, max_rp_gu);
   const UnitLayout ld = LayoutFor(num_tp, n, threads, max_rp_d);
 
-#pragma omp parallel num_threads(threads)
-  {
-    ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, norm, eps, xb);
+  team.Run(threads, [&](int t, int nt) {
+    ConvertXTiles(x, m, m_pad, k, x_stride, nullptr, norm, eps, xb, t, nt);
     const size_t gu_panel = static_cast<size_t>(max_rp_gu * 2 * nb * kBTileBytes);
     uint8_t* const panel =
         ThreadPanel().Reserve(std::max(2 * gu_panel, static_cast<size_t>(max_rp_d * 2 * nb_ff * kBTileBytes)));
@@ -677,8 +681,8 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
       alignas(64) float g[2][32 * 32], u[2][32 * 32];
       SwiGluSteps swiglu;
       int64_t unpacked_nu = -1, i = 0;
-#pragma omp for schedule(static) nowait
-      for (int64_t unit = 0; unit < lg.num_units; ++unit) {
+      const StaticRange units(lg.num_units, t, nt);
+      for (int64_t unit = units.first; unit < units.last; ++unit) {
         if (!configured) {
           ConfigureTiles();
           configured = true;
@@ -712,12 +716,12 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
       }
       swiglu.Finish();
       // The down projection reads every token pair's h.
-#pragma omp barrier
+      team.Barrier(nt);
     }
     RunProductUnits(hb, m, nb_ff, AmxBf16Out{down, n, d_row_bytes, y, y_stride}, ld, unpack_d, panel, add,
-                    configured);
+                    configured, t, nt);
     if (configured) ReleaseTiles();
-  }
+  });
 }
 
 void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,

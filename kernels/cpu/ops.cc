@@ -89,6 +89,16 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
   SNAPFILL_CPU_DISPATCH(RmsNorm, x, x_stride, weight, y, y_stride, rows, dim, eps);
 }
 
+void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  internal::SpinTeam::Get().Run(static_cast<int>(std::min<int64_t>(n, omp_get_max_threads())), [&](int, int) {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed)) {
+      f(i);
+    }
+  });
+}
+
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
           const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
   SNAPFILL_CPU_DISPATCH(Rope, x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,

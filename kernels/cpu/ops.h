@@ -7,6 +7,7 @@
 #define SNAPFILL_KERNELS_CPU_OPS_H_
 
 #include <cstdint>
+#include <functional>
 
 namespace snapfill::cpu {
 
@@ -16,6 +17,15 @@ namespace snapfill::cpu {
 // y = (x * scale) * weight in f32. Threads: OpenMP over rows.
 void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
              int64_t rows, int64_t dim, float eps);
+
+// f(i) for every i in [0, n), on the kernels' thread team (the threads of
+// the decode step's and of the prefill kernels' parallel regions, which wait
+// for work by spinning: kernels/cpu/spin_team.h), i handed out one at a
+// time; returns when all are done. For loops of the callers above the
+// kernels that run between the kernels' regions (SnapKV's selection per KV
+// head, the prefill engine's copies), so that the same threads, still
+// spinning, take them. From inside such a loop, runs on the calling thread.
+void ParallelFor(int64_t n, const std::function<void(int64_t)>& f);
 
 // Rotary position embedding in place on x: [num_tokens, num_heads, head_dim],
 // token stride `token_stride` floats, heads contiguous (head_dim apart).

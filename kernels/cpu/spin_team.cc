@@ -94,10 +94,32 @@ void SpinTeam::Work(int index) {
   }
 }
 
-void SpinTeam::RunRaw(int threads, RawFn fn, void* ctx) {
+void SpinTeam::Barrier(int nt) {
+  if (nt <= 1) return;
+  const uint32_t round = barrier_round_.load(std::memory_order_acquire);
+  if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
+    barrier_count_.store(0, std::memory_order_relaxed);
+    barrier_round_.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  for (int spin = 0; barrier_round_.load(std::memory_order_acquire) == round; ++spin) {
+    if (spin % kPausesPerYield != kPausesPerYield - 1) {
+      SNAPFILL_SPIN_PAUSE();
+    } else {
+      sched_yield();
+    }
+  }
+}
+
+int SpinTeam::Threads(int threads) {
   if (threads > 1 && num_workers_.load(std::memory_order_acquire) == 0) {
     Start(std::max(1, omp_get_max_threads()) - 1);
   }
+  return std::max(1, std::min(threads, size()));
+}
+
+void SpinTeam::RunRaw(int threads, RawFn fn, void* ctx) {
+  Threads(threads);
   const int workers = num_workers_.load(std::memory_order_acquire);
   const int nt = std::min(threads, workers + 1);
   if (nt <= 1 || busy_.exchange(true, std::memory_order_acquire)) {

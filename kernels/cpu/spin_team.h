@@ -1,29 +1,35 @@
-// Internal to kernels/cpu: the threads of the decode step's parallel regions.
+// Internal to kernels/cpu: the threads of the kernels' parallel regions
+// (cpu::ParallelFor offers them to the callers above).
 //
 // A decode step of a small model is about 150 parallel regions of 5-30 µs
 // each (per layer Q/K/V, the attention, Wo, gate/up and down, then the
-// head). Under OpenMP each region's threads wait for the next one in
-// libgomp, which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel;
-// snapfill keeps that count at 1,000 (about 9 µs on the AMX VM) so that
-// several jobs can share the cores (docs/BENCHMARKS.md, sittings 14 and 26).
-// A decode step's gaps are longer than that often enough (the sampling
-// between steps, a region one thread ends first) that the other thread
-// sleeps several times a token, and waking it in a VM costs 30-50 µs, more
-// than most regions. OpenMP has no way to change its wait for some regions
-// only, so the decode kernels use this team instead: its threads wait by
-// spinning (with `pause`, and `sched_yield` between, so that a thread of
+// head), and a prefill chunk about 10 per layer (the products, the
+// attention, the votes, RoPE, the engine's copies and the selection).
+// Under OpenMP each region's threads wait for the next one in libgomp,
+// which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel; snapfill
+// keeps that count at 1,000 (about 9 µs on the AMX VM) so that several jobs
+// can share the cores (docs/BENCHMARKS.md, sittings 14 and 26). The gaps
+// between regions are longer than that often enough (the sampling between
+// decode steps, a region one thread ends first, the selection between the
+// votes and the copies) that the other thread slept several times a token
+// and a layer, and waking it in a VM costs 30-50 µs, more than most regions
+// take. OpenMP has no way to wait otherwise for some regions only, so the
+// kernels use this team instead: its threads wait by spinning with `pause`,
+// and `sched_yield` between short rounds of it (so that a thread of
 // another job that needs this CPU gets it), and only after
 // kIdleBeforeSleep without any work do they sleep (on a futex); with
 // OMP_WAIT_POLICY=passive they sleep at once, as OpenMP's threads would.
-// Prefill's regions stay on OpenMP; while they run, this team's threads
-// sleep.
+// Measured (docs/BENCHMARKS.md, sitting 28): decode 16% faster alone and
+// two jobs at once 40% faster each; prefill about 5% faster.
 //
 // One team per process, made on the first Run that asks for more than one
-// thread, with omp_get_max_threads() - 1 threads of its own (then fixed).
-// The calling thread is thread 0 of every run.
+// thread, with omp_get_max_threads() - 1 threads of its own (then fixed;
+// bound where OpenMP would bind its threads). The calling thread is thread
+// 0 of every run.
 #ifndef SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
 #define SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <chrono>
@@ -56,6 +62,15 @@ class SpinTeam {
            const_cast<void*>(static_cast<const void*>(&fn)));
   }
 
+  // The thread count a Run(threads, ...) from this thread would use now
+  // (starting the team if it has not started): min(threads, size()).
+  int Threads(int threads);
+
+  // Inside a run of nt threads: returns once all nt have called it (what
+  // OpenMP's barrier is in a parallel region). Every thread of the run must
+  // call it the same number of times; with nt = 1 it returns at once.
+  void Barrier(int nt);
+
   // Threads a run can use, the calling thread included (1 before the first
   // run with threads > 1).
   int size() const { return num_workers_.load(std::memory_order_acquire) + 1; }
@@ -79,9 +94,23 @@ class SpinTeam {
   void* ctx_ = nullptr;
   int nt_ = 0;
   std::atomic<bool> busy_{false};  // a run is in progress
+  alignas(64) std::atomic<int> barrier_count_{0};       // threads at the barrier
+  alignas(64) std::atomic<uint32_t> barrier_round_{0};  // one more each time all have arrived
   alignas(64) std::atomic<uint32_t> generation_{0};  // one more per task; the sleepers' futex word
   alignas(64) std::atomic<int> pending_{0};          // workers that have not finished the task
   alignas(64) std::atomic<int> sleepers_{0};         // workers asleep (or about to be) on generation_
+};
+
+// Iterations [first, last) of n for thread t of nt, as OpenMP's
+// schedule(static) splits them (libgomp: the first n % nt threads take one
+// more).
+struct StaticRange {
+  int64_t first, last;
+  StaticRange(int64_t n, int t, int nt) {
+    const int64_t q = n / nt, r = n % nt;
+    first = t * q + std::min<int64_t>(t, r);
+    last = first + q + (t < r ? 1 : 0);
+  }
 };
 
 }  // namespace snapfill::cpu::internal

@@ -232,12 +232,15 @@ class CpuBackend final : public Backend {
       cpu::DequantizeRow(table.type, static_cast<const uint8_t*>(table.data) + ids[i] * table.row_bytes,
                          out + i * out_stride, table.cols);
     };
-    if (n <= 16) {  // (outside OpenMP: a region with a false if clause still builds a team)
+    if (n <= 16) {  // (on this thread: a parallel region costs more)
       for (int64_t i = 0; i < n; ++i) row(i);
       return absl::OkStatus();
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) row(i);
+    // On the kernels' team, 64 rows at a time.
+    constexpr int64_t kRowsPerItem = 64;
+    cpu::ParallelFor((n + kRowsPerItem - 1) / kRowsPerItem, [&](int64_t item) {
+      for (int64_t i = item * kRowsPerItem; i < std::min(n, (item + 1) * kRowsPerItem); ++i) row(i);
+    });
     return absl::OkStatus();
   }
 
@@ -248,6 +251,8 @@ class CpuBackend final : public Backend {
     cpu::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
     return absl::OkStatus();
   }
+
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override { cpu::ParallelFor(n, f); }
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                     int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,

@@ -16,8 +16,6 @@
 #include <memory>
 #include <vector>
 
-#include <omp.h>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
@@ -68,9 +66,13 @@ class SnapKvPruner final : public Pruner {
     // the selection then also keeps the threads busy between the votes and
     // the engine's copies of the kept entries (a thread idle for longer
     // waits asleep, and waking it costs more than a head's selection).
-#pragma omp parallel for schedule(dynamic, 1) if (in.num_kv_heads > 1 && n >= kParallelCandidates)
-    for (int64_t h = 0; h < in.num_kv_heads; ++h) {
+    auto select = [&](int64_t h) {
       status[h] = SelectHead(in, h, w, window_begin, num_sinks, scratch_[h], (*keep)[h]);
+    };
+    if (in.num_kv_heads > 1 && n >= kParallelCandidates) {
+      cpu::ParallelFor(in.num_kv_heads, select);
+    } else {
+      for (int64_t h = 0; h < in.num_kv_heads; ++h) select(h);
     }
     for (const absl::Status& st : status) SNAPFILL_RETURN_IF_ERROR(st);
     return absl::OkStatus();

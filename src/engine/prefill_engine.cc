@@ -29,6 +29,18 @@ int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
 constexpr int64_t kCopyParts = 2;
 constexpr int64_t kParallelCopyFloats = 1 << 14;
 
+// f(item) for every item in [0, n): on the backend's threads where
+// `parallel` (the CPU backend's are those of its kernels, still spinning
+// from the operation before), else in order on this thread.
+template <typename F>
+void RunItems(Backend& backend, int64_t n, bool parallel, const F& f) {
+  if (parallel) {
+    backend.ParallelFor(n, f);
+  } else {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+}
+
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
@@ -280,8 +292,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     mem_v_[h] = memory_->v(layer, h);
     mem_pos_[h] = memory_->pos(layer, h);
   }
-#pragma omp parallel for schedule(static) if (items > 1 && num * d >= kParallelCopyFloats)
-  for (int64_t item = 0; item < items; ++item) {
+  auto gather = [&](int64_t item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
     const int64_t r0 = num * part / kCopyParts, r1 = num * (part + 1) / kCopyParts;
     float* kr = cand_k_raw_.data() + h * head_stride;
@@ -301,7 +312,8 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     }
     // (The candidates only, not the capacity.)
     std::memcpy(cand_k_rot_.data() + h * head_stride + r0 * d, kr + r0 * d, (r1 - r0) * d * sizeof(float));
-  }
+  };
+  RunItems(*backend_, items, items > 1 && num * d >= kParallelCopyFloats, gather);
   // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
   //    the largest position is m + c; or each entry at its input position.
   std::iota(rot_pos_.begin(), rot_pos_.begin() + num, 0);
@@ -360,8 +372,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
   // The kept entries into the memory, both threads as in step 1 (the
   // candidates are a separate buffer, so the parts write disjoint rows).
-#pragma omp parallel for schedule(static) if (items > 1 && kept * d >= kParallelCopyFloats)
-  for (int64_t item = 0; item < items; ++item) {
+  auto copy_back = [&](int64_t item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
     const float* kr = cand_k_raw_.data() + h * head_stride;
     const float* vv = cand_v_.data() + h * head_stride;
@@ -375,7 +386,8 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
       std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
       mp[j] = pp[idx];
     }
-  }
+  };
+  RunItems(*backend_, items, items > 1 && kept * d >= kParallelCopyFloats, copy_back);
   double retained = 0;
   std::vector<int64_t>& origin = telemetry_.origin[layer];
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
