@@ -1,8 +1,9 @@
-// The decode step's thread team (kernels/cpu/spin_team.h): every run calls
-// its function once per thread index, on the calling thread for index 0;
-// runs follow each other without losing one, after the workers went to
-// sleep too; a run from inside a run, or beside another thread's, runs on
-// the calling thread alone.
+// The kernels' thread team (kernels/cpu/spin_team.h): every run calls its
+// function once per thread index, on the calling thread for index 0; runs
+// follow each other without losing one, after the workers went to sleep
+// too; a run from inside a run, or beside another thread's, runs on the
+// calling thread alone; its barrier holds every thread until all arrive;
+// cpu::ParallelFor covers every index once.
 #include "kernels/cpu/spin_team.h"
 
 #include <omp.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
 
 namespace snapfill::cpu::internal {
 namespace {
@@ -142,6 +144,45 @@ TEST(SpinTeamTest, WorkersBoundWhereOpenMpBinds) {
     omp_get_place_proc_ids(place, ids.data());
     EXPECT_EQ(got[t], std::set<int>(ids.begin(), ids.end())) << "worker " << t << ", place " << place;
   }
+}
+
+// cpu::ParallelFor, the team offered to the callers above the kernels:
+// every index once, none for n <= 0, and a loop inside a loop covers its
+// own indices too (on the calling thread).
+TEST(SpinTeamTest, ParallelForEveryIndexOnce) {
+  for (const int64_t n : {0, 1, 2, 3, 1000}) {
+    std::vector<std::atomic<int>> hits(std::max<int64_t>(n, 1));
+    cpu::ParallelFor(n, [&](int64_t i) { hits[i].fetch_add(1); });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n " << n << " i " << i;
+    if (n == 0) {
+      EXPECT_EQ(hits[0].load(), 0);
+    }
+  }
+  std::vector<std::atomic<int>> inner(4 * 50);
+  cpu::ParallelFor(4, [&](int64_t i) {
+    cpu::ParallelFor(50, [&](int64_t j) { inner[i * 50 + j].fetch_add(1); });
+  });
+  for (size_t i = 0; i < inner.size(); ++i) EXPECT_EQ(inner[i].load(), 1) << i;
+}
+
+// The barrier: no thread passes it before every thread of the run has
+// arrived, round after round.
+TEST(SpinTeamTest, BarrierHoldsUntilAllArrive) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  constexpr int kRounds = 5000;
+  std::atomic<int> arrived{0}, early{0};
+  team.Run(2, [&](int t, int nt) {
+    for (int r = 0; r < kRounds; ++r) {
+      arrived.fetch_add(1);
+      if (t == 1 && r % 7 == 0) std::this_thread::yield();  // arrive late now and then
+      team.Barrier(nt);
+      if (arrived.load() < (r + 1) * nt) early.fetch_add(1);
+      team.Barrier(nt);
+    }
+  });
+  EXPECT_EQ(early.load(), 0);
+  EXPECT_EQ(arrived.load(), kRounds * std::min(2, team.size()));
 }
 
 TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
