@@ -38,6 +38,7 @@
 // Each output is computed by one kernel call with a fixed operation order, so
 // the result does not depend on the thread count.
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/spin_team.h"
 
 #include <omp.h>
 
@@ -394,7 +395,8 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
 
   // Units: up to 4 row groups × up to 16 token groups, enough of them that
   // every thread gets several.
-  const int threads = omp_get_max_threads();
+  SpinTeam& team = SpinTeam::Get();  // (SpinTeam says why not OpenMP)
+  const int threads = team.Threads(omp_get_max_threads());
   const int64_t tg_per_unit = std::min<int64_t>(num_tg, kMaxTokenGroupsPerUnit);
   const int64_t num_mu = (num_tg + tg_per_unit - 1) / tg_per_unit;
   const int64_t want_nu = std::max<int64_t>(1, (4 * threads + num_mu - 1) / num_mu);
@@ -403,12 +405,11 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
   const int64_t num_units = num_nu * num_mu;
   const KernelFn kernel = PickKernel(kind);
 
-#pragma omp parallel num_threads(threads)
-  {
+  team.Run(threads, [&](int th, int nth) {
     // Activations: ggml's Q8_0 / Q8_1 (bit-identical to ref), written
     // straight into the tile layout.
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < m_pad; ++i) {
+    const StaticRange rows(m_pad, th, nth);
+    for (int64_t i = rows.first; i < rows.last; ++i) {
       const int64_t g = i / kTile, t = i % kTile;
       uint8_t* q = xq + (g * nb * kTile + t) * 32;  // block b at q + b * 512
       float* d = xd + g * nb * kTile + t;            // block b at d[b * 16]
@@ -423,6 +424,7 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
       }
       QuantizeRowQ8Tiles(x + i * x_stride, k, q, kBTileBytes, d, kind == AmxWeightKind::kQ4_1 ? s : nullptr, kTile);
     }
+    team.Barrier(nth);
     WeightScratch& ws = ThreadWeightScratch();
     const size_t groups = kMaxRowGroupsPerUnit;
     if (ws.bq.size() < groups * nb * kBTileBytes) ws.bq.resize(groups * nb * kBTileBytes);
@@ -430,8 +432,8 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
     if (ws.wm.size() < groups * nb * kTile) ws.wm.resize(groups * nb * kTile);
     bool configured = false;
     int64_t packed_nu = -1;
-#pragma omp for schedule(static)
-    for (int64_t u = 0; u < num_units; ++u) {
+    const StaticRange units(num_units, th, nth);
+    for (int64_t u = units.first; u < units.last; ++u) {
       if (!configured) {
         ConfigureTiles();
         configured = true;
@@ -470,7 +472,7 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
       }
     }
     if (configured) ReleaseTiles();
-  }
+  });
 }
 
 #else  // !SNAPFILL_AMX_COMPILED

@@ -196,10 +196,9 @@ class CpuBackend final : public Backend {
       if (f32.empty()) {
         f32.resize(w.rows * w.cols);
         const uint8_t* src = static_cast<const uint8_t*>(w.data);
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < w.rows; ++r) {
+        cpu::ParallelFor(w.rows, [&](int64_t r) {
           cpu::DequantizeRow(w.type, src + r * w.row_bytes, f32.data() + r * w.cols, w.cols);
-        }
+        });
       }
       cpu::MatMul(x, m, w.cols, x_stride, f32.data(), GgmlType::kF32, w.rows,
                   w.cols * sizeof(float), y, y_stride);

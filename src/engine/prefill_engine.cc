@@ -439,14 +439,13 @@ absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
       }
     }
     // -log softmax(row)[target] = logsumexp(row) - row[target], in double.
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+    RunItems(*backend_, rows, rows > 1, [&](int64_t r) {
       const float* row = score_logits_.data() + r * vocab;
       const float max = *std::max_element(row, row + vocab);
       double sum = 0;
       for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - max));
       row_nll[r] = std::log(sum) + max - row[tokens[first + r + 1]];
-    }
+    });
     for (int64_t r = 0; r < rows; ++r) {
       if (first + r + 1 < end) {
         nll.push_back(static_cast<float>(row_nll[r]));

@@ -10,15 +10,20 @@
 namespace snapfill {
 namespace {
 
-// x[r, :] += y[r, :] for rows × dim.
-void AddInPlace(float* x, const float* y, int64_t rows, int64_t dim) {
+// x[r, :] += y[r, :] for rows × dim: on the backend's threads in pieces of
+// 64 Ki values where there are more (a parallel region costs more than a
+// smaller add).
+void AddInPlace(Backend& b, float* x, const float* y, int64_t rows, int64_t dim) {
+  constexpr int64_t kPiece = 65536;
   const int64_t n = rows * dim;
-  if (n <= 65536) {  // (outside OpenMP: a region with a false if clause still builds a team)
-    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  auto add = [&](int64_t p) {
+    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] += y[i];
+  };
+  if (n <= kPiece) {
+    add(0);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  b.ParallelFor((n + kPiece - 1) / kPiece, add);
 }
 
 }  // namespace
@@ -249,7 +254,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
       SNAPFILL_RETURN_IF_ERROR(b.MatMulAdd(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, x, dim));
     } else {
       SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
-      AddInPlace(x, xn, rows, dim);
+      AddInPlace(b, x, xn, rows, dim);
     }
 
     // Feed-forward block (SwiGLU).
@@ -259,7 +264,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     SNAPFILL_RETURN_IF_ERROR(b.FeedForward(x, rows, dim, Backend::Norm{w.ffn_norm, c.rms_eps, xn, dim}, w.w_gate,
                                            w.w_up, w.w_down, gate_.data(), up_.data(), c.ffn_dim,
                                            fused_add ? x : xn, dim, fused_add));
-    if (!fused_add) AddInPlace(x, xn, rows, dim);
+    if (!fused_add) AddInPlace(b, x, xn, rows, dim);
   }
 
   last_batch_ = n;
