@@ -55,6 +55,8 @@ SpinTeam& SpinTeam::Get() {
 void SpinTeam::Start(int workers) {
   std::lock_guard<std::mutex> lock(start_mu_);
   if (!workers_.empty()) return;
+  // A child of fork() has only the thread that forked: it runs alone.
+  pthread_atfork(nullptr, nullptr, [] { Get().forked_.store(true, std::memory_order_relaxed); });
   if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy != nullptr && strcasecmp(policy, "passive") == 0) {
     idle_before_sleep_ = std::chrono::microseconds(0);
   }
@@ -112,6 +114,7 @@ void SpinTeam::Barrier(int nt) {
 }
 
 int SpinTeam::Threads(int threads) {
+  if (forked_.load(std::memory_order_relaxed)) return 1;
   if (threads > 1 && num_workers_.load(std::memory_order_acquire) == 0) {
     Start(std::max(1, omp_get_max_threads()) - 1);
   }
@@ -119,9 +122,8 @@ int SpinTeam::Threads(int threads) {
 }
 
 void SpinTeam::RunRaw(int threads, RawFn fn, void* ctx) {
-  Threads(threads);
+  const int nt = Threads(threads);  // (starts the team first)
   const int workers = num_workers_.load(std::memory_order_acquire);
-  const int nt = std::min(threads, workers + 1);
   if (nt <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
     fn(ctx, 0, 1);
     return;

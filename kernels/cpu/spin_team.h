@@ -53,8 +53,9 @@ class SpinTeam {
   // Calls fn(t, nt) once for every t in [0, nt), nt = min(threads, size()),
   // t = 0 on the calling thread, and returns when every call has returned.
   // Called from inside a run (by fn), or while another thread's run is in
-  // progress, it calls fn(0, 1) on the calling thread instead. fn must not
-  // throw.
+  // progress, or in a child process made by fork() after the team started
+  // (its threads are not there), it calls fn(0, 1) on the calling thread
+  // instead. fn must not throw.
   template <class F>
   void Run(int threads, F&& fn) {
     using Fn = std::remove_reference_t<F>;
@@ -94,6 +95,7 @@ class SpinTeam {
   void* ctx_ = nullptr;
   int nt_ = 0;
   std::atomic<bool> busy_{false};  // a run is in progress
+  std::atomic<bool> forked_{false};  // this is a child of fork(): the workers stayed in the parent
   alignas(64) std::atomic<int> barrier_count_{0};       // threads at the barrier
   alignas(64) std::atomic<uint32_t> barrier_round_{0};  // one more each time all have arrived
   alignas(64) std::atomic<uint32_t> generation_{0};  // one more per task; the sleepers' futex word

@@ -8,6 +8,8 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -183,6 +185,35 @@ TEST(SpinTeamTest, BarrierHoldsUntilAllArrive) {
   });
   EXPECT_EQ(early.load(), 0);
   EXPECT_EQ(arrived.load(), kRounds * std::min(2, team.size()));
+}
+
+// A child of fork() has none of the team's threads: its runs run on the
+// calling thread (rather than wait for workers that are not there).
+TEST(SpinTeamTest, RunsAloneInAForkedChild) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  team.Run(2, [](int, int) {});  // started
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);  // a hang fails the test instead of stalling it
+    int calls = 0, bad = 0;
+    for (int r = 0; r < 100; ++r) {
+      team.Run(2, [&](int t, int nt) {
+        ++calls;
+        if (t != 0 || nt != 1) ++bad;
+      });
+    }
+    _exit(calls == 100 && bad == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // The parent's team still runs on all its threads.
+  std::atomic<int> calls{0};
+  team.Run(2, [&](int, int) { calls.fetch_add(1); });
+  EXPECT_EQ(calls.load(), 2);
 }
 
 TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
