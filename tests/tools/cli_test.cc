@@ -100,6 +100,8 @@ TEST_F(CliTest, OpenMpWaitsSpinBrieflyUnlessTheUserChose) {
   Result r = Run("info --model " + tiny_);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("OpenMP waits:    spin GOMP_SPINCOUNT=1000 rounds"), std::string::npos) << r.out;
+  // The kernels' own team spins, then sleeps (kernels/cpu/spin_team.h).
+  EXPECT_NE(r.out.find("thread waits:    the kernels' team spins"), std::string::npos) << r.out;
   setenv("GOMP_SPINCOUNT", "20000", 1);
   r = Run("info --model " + tiny_);
   EXPECT_NE(r.out.find("GOMP_SPINCOUNT=20000"), std::string::npos) << r.out;
@@ -107,6 +109,7 @@ TEST_F(CliTest, OpenMpWaitsSpinBrieflyUnlessTheUserChose) {
   setenv("OMP_WAIT_POLICY", "passive", 1);
   r = Run("info --model " + tiny_);
   EXPECT_NE(r.out.find("OpenMP waits:    OMP_WAIT_POLICY=passive"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("thread waits:    the kernels' team sleeps at once"), std::string::npos) << r.out;
   unsetenv("OMP_WAIT_POLICY");
   if (keep_spin != nullptr) setenv("GOMP_SPINCOUNT", saved_spin.c_str(), 1);
   if (keep_policy != nullptr) setenv("OMP_WAIT_POLICY", saved_policy.c_str(), 1);

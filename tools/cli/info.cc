@@ -1,6 +1,7 @@
 // snapfill info: what a model file holds.
 #include <cstdio>
 #include <cstdlib>
+#include <strings.h>
 #include <map>
 #include <string>
 
@@ -64,7 +65,14 @@ absl::Status RunInfo() {
   const std::string waits = policy != nullptr ? absl::StrCat("OMP_WAIT_POLICY=", policy)
                             : spin != nullptr   ? absl::StrCat("spin GOMP_SPINCOUNT=", spin, " rounds, then sleep")
                                                 : "libgomp's default (spin 300,000 rounds, then sleep)";
-  std::printf("OpenMP waits:    %s\n", waits.c_str());
+  // The kernels' threads are their own team (kernels/cpu/spin_team.h),
+  // which reads only OMP_WAIT_POLICY=passive; libgomp's setting concerns
+  // what little runs on OpenMP outside the kernels (bench's probes).
+  const bool passive = policy != nullptr && strcasecmp(policy, "passive") == 0;
+  std::printf("thread waits:    %s\n",
+              passive ? "the kernels' team sleeps at once between regions (OMP_WAIT_POLICY=passive)"
+                      : "the kernels' team spins (pause, sched_yield), sleeps after 2 ms without work");
+  std::printf("OpenMP waits:    %s (outside the kernels)\n", waits.c_str());
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
     std::printf("tokenizer:       %s (pre-tokenizer %s), %d tokens\n",
