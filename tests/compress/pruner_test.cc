@@ -61,6 +61,22 @@ SelectionInput OneHead(const std::vector<float>& votes, int64_t num_memory, int6
   return in;
 }
 
+// `heads` heads over n candidates (m of them memory): votes and positions
+// of head h at h * votes_stride and h * positions_stride.
+SelectionInput Heads(int64_t heads, int64_t n, int64_t m, int64_t budget, const std::vector<float>& votes,
+                     int64_t votes_stride, const std::vector<int32_t>& positions, int64_t positions_stride) {
+  SelectionInput in;
+  in.num_kv_heads = heads;
+  in.num_candidates = n;
+  in.num_memory = m;
+  in.budget = budget;
+  in.votes = votes.data();
+  in.votes_stride = votes_stride;
+  in.positions = positions.data();
+  in.positions_stride = positions_stride;
+  return in;
+}
+
 // --- SnapKV -----------------------------------------------------------------
 
 TEST(SnapKvPrunerTest, KeepsTopVotesInOrderPlusWindow) {
@@ -282,15 +298,7 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
       // Memory: the sinks, then increasing positions; chunk after them.
       for (int64_t j = 0; j < n; ++j) positions[h * (n + 1) + j] = static_cast<int32_t>(j * 2);
     }
-    SelectionInput in;
-    in.num_kv_heads = heads;
-    in.num_candidates = n;
-    in.num_memory = m;
-    in.budget = budget;
-    in.votes = votes.data();
-    in.votes_stride = n + 3;
-    in.positions = positions.data();
-    in.positions_stride = n + 1;
+    const SelectionInput in = Heads(heads, n, m, budget, votes, n + 3, positions, n + 1);
     auto pruner = MakePruner(
         SnapKv(window, 1 + 2 * (trial % 4), trial % 5 == 0 ? Pooling::kMax : Pooling::kAvg, sinks));
     Keep keep, again;
@@ -328,15 +336,7 @@ TEST(SnapKvPrunerTest, ManyHeadsAtOnceAsEachAlone) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t j = 0; j < n; ++j) positions[h * n + j] = static_cast<int32_t>(j);
       }
-      SelectionInput in;
-      in.num_kv_heads = heads;
-      in.num_candidates = n;
-      in.num_memory = m;
-      in.budget = budget;
-      in.votes = votes.data();
-      in.votes_stride = n + 5;
-      in.positions = positions.data();
-      in.positions_stride = n;
+      const SelectionInput in = Heads(heads, n, m, budget, votes, n + 5, positions, n);
       auto pruner = MakePruner(SnapKv(32, 7, Pooling::kAvg, sinks));
       Keep keep;
       SNAPFILL_ASSERT_OK(pruner->Select(in, &keep));
