@@ -5,7 +5,8 @@
 // ggml, X is first quantized to the weight type's partner format (Q8_0 for
 // Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for the K-quants) and the dot products run
 // in integers with f32 block scales; F32/F16/BF16 weights use f32 FMA.
-// Threads: OpenMP over output columns / token blocks (omp_get_max_threads()).
+// Threads: the kernels' team (spin_team.h) over output columns / token blocks
+// (omp_get_max_threads() of them).
 // Token blocks (m >= 16) with Q4_0/Q4_1/Q8_0 weights use AMX tiles when the
 // CPU has them (runtime check): AMX-BF16 where available (weights and
 // activations rounded to bf16, products summed in f32: a different rounding

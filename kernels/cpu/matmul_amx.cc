@@ -33,7 +33,7 @@
 // pipelining changed nothing), so ~27 ns per block, ~15% of the tile peak.
 //
 // Work split: units of (up to 4 weight row groups × up to 16 token groups of
-// 16), n-major, OpenMP static over units; a thread builds the B tiles of its
+// 16), n-major, static over units on the kernels' team; a thread builds the B tiles of its
 // current row groups once and reuses them for every token group of the unit.
 // Each output is computed by one kernel call with a fixed operation order, so
 // the result does not depend on the thread count.

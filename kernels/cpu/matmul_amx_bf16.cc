@@ -30,7 +30,7 @@
 // block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
 //
 // Work split: units of (a panel of row pairs) × (up to kBlockPairs token
-// pairs), panel-major, OpenMP static; every output is computed by one
+// pairs), panel-major, static on the kernels' team; every output is computed by one
 // thread's kernel calls in a fixed operation order, so the result does not
 // depend on the thread count.
 #include <omp.h>
@@ -523,7 +523,7 @@ void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t 
       ::snapfill::cpu::SwiGlu(x + i * x_stride, up + i * x_stride, tmp, k);
       ConvertRow(tmp, k, row, kStride);
     } else if (i < m && norm != nullptr) {
-      // One row: cpu::RmsNorm's per-row arithmetic, outside OpenMP.
+      // One row: cpu::RmsNorm's per-row arithmetic, on this thread.
       ::snapfill::cpu::RmsNorm(x + i * x_stride, k, norm, tmp, k, 1, k, eps);
       ConvertRow(tmp, k, row, kStride);
     } else if (i < m) {

@@ -14,7 +14,7 @@ namespace snapfill::cpu {
 // y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]²) + eps) * weight[i], rows × dim,
 // row strides in floats. y may alias x. As ggml: squares in f32, their sum in
 // double (ggml_float), scale = 1.0f / sqrtf(mean + eps) in f32, then
-// y = (x * scale) * weight in f32. Threads: OpenMP over rows.
+// y = (x * scale) * weight in f32. Threads: the kernels' team over rows.
 void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
              int64_t rows, int64_t dim, float eps);
 
@@ -53,7 +53,7 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 // Query i sees keys j <= (num_keys - num_q) + i: the keys before the chunk
 // (memory) are all visible, and the chunk's own keys causally.
 // scale multiplies q·k (usually 1/sqrt(head_dim)). Accumulation in f32.
-// Work: OpenMP over (KV head × query block); each item runs the whole group
+// Work: the kernels' team over (KV head × query block); each item runs the whole group
 // of query heads of its KV head against 64-key tiles of K and V.
 // With num_q > 1 and head_dim 64, both products take bf16 operands (q·scale,
 // k, v and the probabilities; f32 sums): on AMX-BF16 tiles where the CPU has

@@ -27,6 +27,17 @@ using Clock = std::chrono::steady_clock;
 // and a thread of another process that needs this CPU gets it at the yield.
 constexpr int kPausesPerYield = 32;
 
+// One round of a wait: `pause`, or every kPausesPerYield-th round
+// sched_yield (then true).
+inline bool Relax(int round) {
+  if (round % kPausesPerYield != kPausesPerYield - 1) {
+    SNAPFILL_SPIN_PAUSE();
+    return false;
+  }
+  sched_yield();
+  return true;
+}
+
 // Where OpenMP binds its threads (OMP_PROC_BIND, OMP_PLACES), worker i goes
 // where OpenMP's thread i of a "close" team would: the place i after the
 // calling thread's.
@@ -76,12 +87,7 @@ void SpinTeam::Work(int index) {
     Clock::time_point idle_since = Clock::now();
     uint32_t g;
     for (int round = 0; (g = generation_.load(std::memory_order_acquire)) == seen; ++round) {
-      if (round % kPausesPerYield != kPausesPerYield - 1) {
-        SNAPFILL_SPIN_PAUSE();
-        continue;
-      }
-      sched_yield();
-      if (Clock::now() - idle_since < idle_before_sleep_) continue;
+      if (!Relax(round) || Clock::now() - idle_since < idle_before_sleep_) continue;
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
       if (generation_.load(std::memory_order_seq_cst) == seen) {
         generation_.wait(seen, std::memory_order_seq_cst);
@@ -104,13 +110,7 @@ void SpinTeam::Barrier(int nt) {
     barrier_round_.fetch_add(1, std::memory_order_release);
     return;
   }
-  for (int spin = 0; barrier_round_.load(std::memory_order_acquire) == round; ++spin) {
-    if (spin % kPausesPerYield != kPausesPerYield - 1) {
-      SNAPFILL_SPIN_PAUSE();
-    } else {
-      sched_yield();
-    }
-  }
+  for (int spin = 0; barrier_round_.load(std::memory_order_acquire) == round; ++spin) Relax(spin);
 }
 
 int SpinTeam::Threads(int threads) {
@@ -138,13 +138,7 @@ void SpinTeam::RunRaw(int threads, RawFn fn, void* ctx) {
   generation_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
   fn(ctx, 0, nt);
-  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) {
-    if (round % kPausesPerYield != kPausesPerYield - 1) {
-      SNAPFILL_SPIN_PAUSE();
-    } else {
-      sched_yield();
-    }
-  }
+  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) Relax(round);
   busy_.store(false, std::memory_order_release);
 }
 

@@ -19,8 +19,9 @@
 // another job that needs this CPU gets it), and only after
 // kIdleBeforeSleep without any work do they sleep (on a futex); with
 // OMP_WAIT_POLICY=passive they sleep at once, as OpenMP's threads would.
-// Measured (docs/BENCHMARKS.md, sitting 28): decode 16% faster alone and
-// two jobs at once 40% faster each; prefill about 5% faster.
+// Measured against OpenMP (docs/BENCHMARKS.md, sitting 28, alternating):
+// decode 12-16% faster, two decoding jobs at once 34-49% faster each,
+// prefill 6-12% faster at 64K tokens, two prefills at once 1-5% faster.
 //
 // One team per process, made on the first Run that asks for more than one
 // thread, with omp_get_max_threads() - 1 threads of its own (then fixed;
@@ -31,8 +32,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <type_traits>
