@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -91,12 +92,17 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) {
   if (n <= 0) return;
-  std::atomic<int64_t> next{0};
-  internal::SpinTeam::Get().Run(static_cast<int>(std::min<int64_t>(n, omp_get_max_threads())), [&](int, int) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed)) {
-      f(i);
-    }
-  });
+  internal::DynamicItems items(n);
+  internal::SpinTeam::Get().Run(static_cast<int>(std::min<int64_t>(n, omp_get_max_threads())),
+                                [&](int, int) { items.ForEach(f); });
+}
+
+std::string ThreadWaits() {
+  if (internal::SpinTeam::PassiveWaits()) {
+    return "the kernels' team sleeps at once between regions (OMP_WAIT_POLICY=passive)";
+  }
+  return "the kernels' team spins (pause, sched_yield), sleeps after " +
+         std::to_string(internal::SpinTeam::kIdleBeforeSleep.count() / 1000) + " ms without work";
 }
 
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,

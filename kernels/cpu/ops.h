@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace snapfill::cpu {
 
@@ -26,6 +27,10 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 // head, the prefill engine's copies), so that the same threads, still
 // spinning, take them. From inside such a loop, runs on the calling thread.
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& f);
+
+// How the kernels' threads wait between parallel regions, in words (for
+// `snapfill info`).
+std::string ThreadWaits();
 
 // Rotary position embedding in place on x: [num_tokens, num_heads, head_dim],
 // token stride `token_stride` floats, heads contiguous (head_dim apart).

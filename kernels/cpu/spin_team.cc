@@ -63,14 +63,17 @@ SpinTeam& SpinTeam::Get() {
   return *team;
 }
 
+bool SpinTeam::PassiveWaits() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy != nullptr && strcasecmp(policy, "passive") == 0;
+}
+
 void SpinTeam::Start(int workers) {
   std::lock_guard<std::mutex> lock(start_mu_);
   if (!workers_.empty()) return;
   // A child of fork() has only the thread that forked: it runs alone.
   pthread_atfork(nullptr, nullptr, [] { Get().forked_.store(true, std::memory_order_relaxed); });
-  if (const char* policy = std::getenv("OMP_WAIT_POLICY"); policy != nullptr && strcasecmp(policy, "passive") == 0) {
-    idle_before_sleep_ = std::chrono::microseconds(0);
-  }
+  if (PassiveWaits()) idle_before_sleep_ = std::chrono::microseconds(0);
   for (int i = 1; i <= workers; ++i) {
     workers_.emplace_back([this, i] { Work(i); });
     BindLikeOpenMp(workers_.back(), i);

@@ -51,6 +51,10 @@ class SpinTeam {
   // when the process exits).
   static SpinTeam& Get();
 
+  // True where OMP_WAIT_POLICY says passive (any case): the workers then
+  // sleep at once instead of after kIdleBeforeSleep.
+  static bool PassiveWaits();
+
   // Calls fn(t, nt) once for every t in [0, nt), nt = min(threads, size()),
   // t = 0 on the calling thread, and returns when every call has returned.
   // Called from inside a run (by fn), or while another thread's run is in
@@ -114,6 +118,26 @@ struct StaticRange {
     first = t * q + std::min<int64_t>(t, r);
     last = first + q + (t < r ? 1 : 0);
   }
+};
+
+// Items [0, n) handed out one at a time to whichever thread of a run asks
+// next (OpenMP's schedule(dynamic, 1)). Made before the run, shared by its
+// threads, used for one loop.
+class DynamicItems {
+ public:
+  explicit DynamicItems(int64_t n) : n_(n) {}
+  // f(i) for every item this thread gets.
+  template <class F>
+  void ForEach(F&& f) {
+    for (int64_t i = next_.fetch_add(1, std::memory_order_relaxed); i < n_;
+         i = next_.fetch_add(1, std::memory_order_relaxed)) {
+      f(i);
+    }
+  }
+
+ private:
+  const int64_t n_;
+  std::atomic<int64_t> next_{0};
 };
 
 }  // namespace snapfill::cpu::internal

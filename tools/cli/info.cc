@@ -1,12 +1,12 @@
 // snapfill info: what a model file holds.
 #include <cstdio>
 #include <cstdlib>
-#include <strings.h>
 #include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/ops.h"
 #include "snapfill/status.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -65,13 +65,10 @@ absl::Status RunInfo() {
   const std::string waits = policy != nullptr ? absl::StrCat("OMP_WAIT_POLICY=", policy)
                             : spin != nullptr   ? absl::StrCat("spin GOMP_SPINCOUNT=", spin, " rounds, then sleep")
                                                 : "libgomp's default (spin 300,000 rounds, then sleep)";
-  // The kernels' threads are their own team (kernels/cpu/spin_team.h),
-  // which reads only OMP_WAIT_POLICY=passive; libgomp's setting concerns
-  // what little runs on OpenMP outside the kernels (bench's probes).
-  const bool passive = policy != nullptr && strcasecmp(policy, "passive") == 0;
-  std::printf("thread waits:    %s\n",
-              passive ? "the kernels' team sleeps at once between regions (OMP_WAIT_POLICY=passive)"
-                      : "the kernels' team spins (pause, sched_yield), sleeps after 2 ms without work");
+  // The kernels' threads are their own team (kernels/cpu/spin_team.h);
+  // libgomp's setting concerns what little runs on OpenMP outside the
+  // kernels (bench's probes).
+  std::printf("thread waits:    %s\n", cpu::ThreadWaits().c_str());
   std::printf("OpenMP waits:    %s (outside the kernels)\n", waits.c_str());
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
