@@ -130,14 +130,18 @@ void BM_MatMul_Prefill(benchmark::State& state) {
       benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
   const char* avx2 = cpu::MatMulHasAvxVnni() ? "avx-vnni " : "avx2 ";
-  const char* simd = cpu::MatMulHasSimd() ? "avx512-vnni " : cpu::MatMulHasAvx2() ? avx2 : "generic ";
+  const bool float_w = type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16;
+  const char* simd = !cpu::MatMulHasSimd() ? (cpu::MatMulHasAvx2() ? avx2 : "generic ")
+                     : float_w             ? "avx512-fma "
+                                           : "avx512-vnni ";
   const char* path = impl == 4                      ? "generic "
                      : impl == 3                    ? avx2
                      : impl == 1                    ? simd
                      : impl == 2                    ? "amx-int8 "
-                     : !cpu::MatMulHasAmx()         ? simd
-                     : !cpu::MatMulHasAmxBf16()     ? "amx-int8 "
-                                                    : "amx-bf16 ";
+                     : cpu::MatMulFuses(type, m, k, row_bytes) ? "amx-bf16 "
+                     : cpu::MatMulHasAmx() && !float_w && type != GgmlType::kQ4_K && type != GgmlType::kQ6_K
+                         ? "amx-int8 "
+                         : simd;
   state.SetLabel(std::string(path) + GetTypeTraits(type).name);
 }
 
@@ -155,6 +159,23 @@ void PrefillShapes(benchmark::internal::Benchmark* b) {
   // The other two tile-path types on the largest product.
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ8_0}) {
     for (int64_t impl : {0, 2, 1, 3}) b->Args({impl, static_cast<int64_t>(t), 512, 576, 1536, 0});
+  }
+  // Float weights (SmolLM2's shapes) and the K-quants (the down projection,
+  // the only one of SmolLM2's products whose k is a multiple of 256, and a
+  // 2,048-wide model's q / o): on AMX-BF16 (impl 0) and without AMX (impl 1:
+  // f32 FMA, or the K-quants' 256-element integer kernels).
+  for (GgmlType t : {GgmlType::kF16, GgmlType::kBF16}) {
+    for (int64_t impl : {0, 1}) {
+      for (int64_t m : {512, 2048}) b->Args({impl, static_cast<int64_t>(t), m, 576, 1536, 0});
+    }
+  }
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (int64_t impl : {0, 1}) {
+      for (int64_t m : {512, 2048}) {
+        b->Args({impl, static_cast<int64_t>(t), m, 1536, 576, 0});
+        b->Args({impl, static_cast<int64_t>(t), m, 2048, 2048, 0});
+      }
+    }
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

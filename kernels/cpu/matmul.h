@@ -7,11 +7,12 @@
 // in integers with f32 block scales; F32/F16/BF16 weights use f32 FMA.
 // Threads: the kernels' team (spin_team.h) over output columns / token blocks
 // (omp_get_max_threads() of them).
-// Token blocks (m >= 16) with Q4_0/Q4_1/Q8_0 weights use AMX tiles when the
-// CPU has them (runtime check): AMX-BF16 where available (weights and
-// activations rounded to bf16, products summed in f32: a different rounding
-// from the int8 paths, of the same size), else AMX-INT8 (the same result up
-// to f32 summation order).
+// Token blocks (m >= 16) use AMX tiles when the CPU has them (runtime
+// check): AMX-BF16 where available, for Q4_0/Q4_1/Q8_0/F16/BF16/Q4_K/Q6_K
+// weights (weights and activations rounded to bf16, products summed in f32:
+// a different rounding from the int8 and f32 paths, of the same size as the
+// int8 ones; F32 weights keep f32 FMA), else AMX-INT8 for Q4_0/Q4_1/Q8_0
+// (the same result as the int8 kernels up to f32 summation order).
 #ifndef SNAPFILL_KERNELS_CPU_MATMUL_H_
 #define SNAPFILL_KERNELS_CPU_MATMUL_H_
 
@@ -127,8 +128,8 @@ void QuantizeRowQ8_K(const float* x, void* y, int64_t k);
 void QuantizeActivationsForTesting(GgmlType w_type, const float* x, int64_t k, uint8_t* q, float* s, float* aux);
 
 // Which implementation MatMul and the quantizers use. kAuto: the fastest
-// available (AMX-BF16, else AMX-INT8, tiles for m >= 16 with Q4_0/Q4_1/Q8_0 weights when the
-// CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI, else
+// available (AMX-BF16 tiles for m >= 16 with the weight types above, else
+// AMX-INT8 tiles with Q4_0/Q4_1/Q8_0 weights, when the CPU and OS allow, else the SIMD kernels compiled in (AVX-512 VNNI, else
 // AVX2), else the portable path); kNoAmx: as kAuto without AMX; kGeneric
 // forces the portable path; kAmxInt8 as kAuto with AMX-INT8 where AMX-BF16
 // would be used; kAvx2: token blocks (and float weights) on the AVX2 kernels

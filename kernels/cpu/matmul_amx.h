@@ -1,6 +1,7 @@
 // Internal to kernels/cpu: the AMX tile paths of cpu::MatMul for token
-// blocks (prefill, m >= 16) with Q4_0 / Q4_1 / Q8_0 weights: AMX-BF16 where
-// the CPU has it (weights unpacked to bf16 per panel), else AMX-INT8. matmul.cc
+// blocks (prefill, m >= 16): AMX-BF16 where the CPU has it (weights of
+// Q4_0 / Q4_1 / Q8_0 / F16 / BF16 / Q4_K / Q6_K unpacked to bf16 per panel),
+// else AMX-INT8 (Q4_0 / Q4_1 / Q8_0). matmul.cc
 // dispatches here; nothing else should call it (use cpu::MatMul).
 //
 // Owns: runtime detection of AMX (CPUID leaf 7 EDX bits 24/25 plus the
@@ -39,7 +40,13 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
 // path). Computed once per process.
 bool AmxBf16Available();
 
-// The AMX-BF16 path (matmul_amx_bf16.cc): same contract as MatMulAmx, but
+// True if the AMX-BF16 path takes weights of `type`: Q4_0, Q4_1, Q8_0, F16,
+// BF16, Q4_K and Q6_K (not F32: its weights would lose 16 bits each; it
+// keeps the f32 products).
+bool AmxBf16SupportsType(GgmlType type);
+
+// The AMX-BF16 path (matmul_amx_bf16.cc): same contract as MatMulAmx, for a
+// type AmxBf16SupportsType accepts and k a multiple of 32, but
 // the result is Σ bf16(x)·bf16(w) in f32, where w is ref::DequantizeRow's f32
 // value and bf16() is Fp32ToBf16Rne (vcvtneps2bf16). Requires
 // AmxBf16Available().
@@ -78,7 +85,7 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
 // the down projection's bf16 A tiles: neither [m, n_ff] product nor their
 // SwiGLU is written in f32. Bit for bit MatMulAmxBf16Shared over gate and up,
 // then MatMulAmxBf16Shared(up = ...) with `add` for down. Requires
-// AmxBf16Available(), both types AmxSupportsType and k, n_ff multiples of 32.
+// AmxBf16Available(), both types AmxBf16SupportsType and k, n_ff multiples of 32.
 // Y may overlap X (X is read in full before Y is written). With `norm`, X is
 // cpu::RmsNorm(X; norm, eps), as in MatMulAmxBf16Shared.
 void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, GgmlType gu_type,

@@ -26,8 +26,10 @@
 // pairs of 32 rows, all K, as kPanelBytes holds) once and reuses them for
 // every token pair of its units. Q4_0 / Q4_1: per block, the 16 rows'
 // scales and nibbles are gathered with a row per lane, which is the tiles'
-// layout, and each tile row is computed as it is stored (UnpackGroupQ4). Q8_0: per weight row and
-// block, its 32 values, then a 16 × 16 dword transpose per 16 rows.
+// layout, and each tile row is computed as it is stored (UnpackGroupQ4).
+// Q8_0, F16, BF16, Q4_K, Q6_K: per weight row and 32-element block, its 32
+// values (for the K-quants, one sub-block of a 256-element super-block, with
+// its own scale), then a 16 × 16 dword transpose per 16 rows.
 //
 // Work split: units of (a panel of row pairs) × (up to kBlockPairs token
 // pairs), panel-major, static on the kernels' team; every output is computed by one
@@ -208,14 +210,107 @@ SNAPFILL_AMXBF16_TARGET void UnpackGroupQ4Rows(const uint8_t* w, size_t row_byte
   UnpackGroupQ4<kKind>(w, row_bytes, rows, nb, out, stride, std::make_integer_sequence<int, 16>());
 }
 
+// The other types by rows, as Q8_0: row j's 32 elements of block b as bf16
+// in element order (RowBlock<kType>::Get: ref::DequantizeRow's f32 values,
+// rounded by vcvtne2ps2bf16), then a 16 × 16 dword transpose per 16 rows.
+template <GgmlType kType>
+struct RowBlock;
+
+template <>
+struct RowBlock<GgmlType::kF16> {  // F16C's conversion is exact
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const auto* h = reinterpret_cast<const __m256i*>(row + 64 * b);
+    const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256(h)), hi = _mm512_cvtph_ps(_mm256_loadu_si256(h + 1));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+};
+
+template <>
+struct RowBlock<GgmlType::kBF16> {  // through f32, so subnormals go to zero as Fp32ToBf16Rne has them
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const auto* h = reinterpret_cast<const __m256i*>(row + 64 * b);
+    const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h)), 16));
+    const __m512 hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h + 1)), 16));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  }
+};
+
+// 32 bytes as 32 f32 (two halves), unsigned.
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) void BytesToF32(__m256i q, __m512* lo, __m512* hi) {
+  *lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
+  *hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1)));
+}
+
+template <>
+struct RowBlock<GgmlType::kQ4_K> {  // sub-block b % 8 of super-block b / 8: fmaf(d·sc, q, -(dmin·m))
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(row)[b / 8];
+    const int s = static_cast<int>(b % 8);
+    uint8_t sc, m;
+    GetScaleMinK4(s, blk.scales, &sc, &m);
+    const float d1 = Fp16ToFp32(blk.d) * sc, m1 = Fp16ToFp32(blk.dmin) * m;
+    // Sub-block 2c in the low nibbles of qs[32c..32c+31], 2c + 1 in the high.
+    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (s / 2)));
+    if (s % 2) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+    __m512 lo, hi;
+    BytesToF32(q, &lo, &hi);
+    const __m512 dv = _mm512_set1_ps(d1), mv = _mm512_set1_ps(-m1);
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(dv, hi, mv), _mm512_fmadd_ps(dv, lo, mv)));
+  }
+};
+
+template <>
+struct RowBlock<GgmlType::kQ6_K> {  // (d·sc)·(q - 32), sc per 16 elements (ref::DequantizeRowQ6_K's layout)
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+    const int h = static_cast<int>(b % 8) / 4, r = static_cast<int>(b % 4);
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32 * (r % 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo4 = _mm256_and_si256(r >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+    const __m256i hi2 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * r)), _mm256_set1_epi8(0x03));
+    const __m256i q = _mm256_or_si256(lo4, _mm256_slli_epi16(hi2, 4));  // 0..63
+    __m512 lo, hi;
+    BytesToF32(q, &lo, &hi);
+    const __m512 off = _mm512_set1_ps(32.0f);  // q - 32 is exact in f32
+    const float d = Fp16ToFp32(blk.d);
+    const __m512 vlo = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(blk.scales[8 * h + 2 * r])),
+                                     _mm512_sub_ps(lo, off));
+    const __m512 vhi = _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(blk.scales[8 * h + 2 * r + 1])),
+                                     _mm512_sub_ps(hi, off));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(vhi, vlo));
+  }
+};
+
+template <GgmlType kType>
+SNAPFILL_AMXBF16_TARGET void UnpackGroupByRows(const uint8_t* w, size_t row_bytes, int rows, int64_t nb,
+                                               uint8_t* out, int64_t stride) {
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i v[16], t[16];
+    for (int j = 0; j < 16; ++j) {
+      v[j] = j < rows ? RowBlock<kType>::Get(w + j * row_bytes, b) : _mm512_setzero_si512();
+    }
+    Transpose16x16Dwords(v, t);
+    uint8_t* o = out + b * stride;
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(o + 64 * r, t[r]);
+  }
+}
+
 using UnpackFn = void (*)(const uint8_t*, size_t, int, int64_t, uint8_t*, int64_t);
 
 // Q4_0 / Q4_1 by gathers (no transpose; 5-16% faster products at 512-1,024
-// tokens, docs/BENCHMARKS.md sitting 25), Q8_0 by rows and a transpose.
-UnpackFn PickUnpack(AmxWeightKind kind) {
-  switch (kind) {
-    case AmxWeightKind::kQ4_0: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_0>;
-    case AmxWeightKind::kQ4_1: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_1>;
+// tokens, docs/BENCHMARKS.md sitting 25), Q8_0 and the others by rows and a
+// transpose. (AmxBf16SupportsType lists the types.)
+UnpackFn PickUnpack(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_0>;
+    case GgmlType::kQ4_1: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_1>;
+    case GgmlType::kF16: return UnpackGroupByRows<GgmlType::kF16>;
+    case GgmlType::kBF16: return UnpackGroupByRows<GgmlType::kBF16>;
+    case GgmlType::kQ4_K: return UnpackGroupByRows<GgmlType::kQ4_K>;
+    case GgmlType::kQ6_K: return UnpackGroupByRows<GgmlType::kQ6_K>;
     default: return UnpackGroupQ8_0;
   }
 }
@@ -446,12 +541,25 @@ bool AmxBf16Available() {
   return available;
 }
 
+bool AmxBf16SupportsType(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ8_0:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
 void ConfigureBf16Tiles() { ConfigureTiles(); }
 void ReleaseBf16Tiles() { ReleaseTiles(); }
 
 void UnpackBf16TilesForTesting(const uint8_t* w, GgmlType type, size_t w_row_bytes, int rows, int64_t k,
                                uint8_t* out) {
-  PickUnpack(AmxWeightKindOf(type))(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
+  PickUnpack(type)(w, w_row_bytes, rows, k / 32, out, kBTileBytes);
 }
 
 void ConvertRowBf16ForTesting(const float* x, int64_t k, uint16_t* out) { ConvertRow(x, k, out, 32); }
@@ -622,7 +730,7 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
     MatMulAmxBf16Shared(x, m, k, x_stride, type, outs + kMaxOuts, count - kMaxOuts, up, add, norm, eps);
     return;
   }
-  const UnpackFn unpack = PickUnpack(AmxWeightKindOf(type));
+  const UnpackFn unpack = PickUnpack(type);
   const int64_t nb = k / 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);  // token pairs
   const int64_t m_pad = num_tp * 2 * kTile;
@@ -651,8 +759,8 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
                         const uint8_t* gate, const uint8_t* up, int64_t n_ff, size_t gu_row_bytes, GgmlType d_type,
                         const uint8_t* down, int64_t n, size_t d_row_bytes, float* y, int64_t y_stride, bool add,
                         const float* norm, float eps) {
-  const UnpackFn unpack_gu = PickUnpack(AmxWeightKindOf(gu_type));
-  const UnpackFn unpack_d = PickUnpack(AmxWeightKindOf(d_type));
+  const UnpackFn unpack_gu = PickUnpack(gu_type);
+  const UnpackFn unpack_d = PickUnpack(d_type);
   const int64_t nb = k / 32, nb_ff = n_ff / 32;
   const int64_t num_tp = (m + 2 * kTile - 1) / (2 * kTile);
   const int64_t m_pad = num_tp * 2 * kTile;
@@ -733,6 +841,7 @@ void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const
 #else  // !SNAPFILL_AMX_BF16_COMPILED
 
 bool AmxBf16Available() { return false; }
+bool AmxBf16SupportsType(GgmlType) { return false; }
 void ConfigureBf16Tiles() {}
 void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,

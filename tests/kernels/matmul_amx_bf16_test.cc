@@ -1,5 +1,5 @@
-// The AMX-BF16 tile path of cpu::MatMul (m >= 16, Q4_0 / Q4_1 / Q8_0
-// weights) against its scalar twin ref::MatMulBf16, and its two conversions
+// The AMX-BF16 tile path of cpu::MatMul (m >= 16, Q4_0 / Q4_1 / Q8_0 / F16 /
+// BF16 / Q4_K / Q6_K weights) against its scalar twin ref::MatMulBf16, and its two conversions
 // (weights to bf16 B tiles, activations to bf16) bit for bit against
 // Fp32ToBf16Rne of the reference values.
 //
@@ -120,9 +120,22 @@ TEST_P(MatMulAmxBf16Test, MatchesBf16ReferenceAndStaysNearExact) {
   EXPECT_EQ(bad_exact, 0) << "vs ref::MatMul, first " << first_exact;
 }
 
+// The types of 32-element blocks, and the 256-element K-quants (k a
+// multiple of 256).
+constexpr GgmlType kBlockTypes[] = {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16,
+                                    GgmlType::kBF16};
+constexpr GgmlType kSuperTypes[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+
 std::vector<Bf16Case> AllCases() {
   std::vector<Bf16Case> cases;
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+  for (GgmlType t : kSuperTypes) {
+    for (int64_t m : {16, 33}) cases.push_back({t, m, 40, 256});
+    // Down 1536 -> 576 (SmolLM2), a 2,048-wide layer, and K cut in parts.
+    cases.push_back({t, 24, 576, 1536});
+    cases.push_back({t, 40, 64, 2048});
+    cases.push_back({t, 100, 200, 768, 5, 9, 2});
+  }
+  for (GgmlType t : kBlockTypes) {
     // Token counts around the 32-token pair of tiles, row counts around the
     // 32-row pair of groups (one group absent, one partial).
     for (int64_t m : {16, 17, 32, 33, 100}) {
@@ -155,11 +168,20 @@ INSTANTIATE_TEST_SUITE_P(AmxBf16, MatMulAmxBf16Test, ::testing::ValuesIn(AllCase
 // ref::DequantizeRow's value; rows past the group are zero.
 TEST(MatMulAmxBf16UnpackTest, TilesHoldRoundedReferenceWeights) {
   if (!cpu::MatMulHasAmxBf16()) GTEST_SKIP() << kNoAmxBf16Message;
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kBF16,
+                     GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     for (int rows : {16, 5}) {
-      const int64_t k = 96;
+      const int64_t k = GetTypeTraits(t).block_size == 256 ? 512 : 96;
       const size_t row_bytes = RowBytes(t, k) + 4;  // padded rows, 2-byte aligned as ggml blocks need
       auto w = MakeWeights(t, 16, k, row_bytes, 17 + rows);
+      // Float types: subnormals (bf16's go to zero, as Fp32ToBf16Rne has
+      // them; fp16's are normal in f32), infinities, the extremes, a NaN.
+      const uint16_t f16_specials[] = {0x0001, 0x8001, 0x03FF, 0x7BFF, 0xFC00, 0x7E00, 0x3C01};
+      const uint16_t bf16_specials[] = {0x0001, 0x8001, 0x007F, 0x7F7F, 0xFF80, 0x7FC0, 0x3F81};
+      if (t == GgmlType::kF16 || t == GgmlType::kBF16) {
+        const uint16_t* sp = t == GgmlType::kF16 ? f16_specials : bf16_specials;
+        for (int i = 0; i < 7; ++i) std::memcpy(w.data() + 1 * row_bytes + 2 * (i * 13), &sp[i], 2);
+      }
       std::vector<uint8_t> tiles(k / 32 * 1024, 0xAB);
       cpu::internal::UnpackBf16TilesForTesting(w.data(), t, row_bytes, rows, k, tiles.data());
       std::vector<float> deq(k);

@@ -1,5 +1,6 @@
 #include "tests/testing/ref_backend.h"
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/ref/ops_ref.h"
 #include "kernels/ref/quant_ref.h"
 
@@ -8,12 +9,17 @@ namespace {
 
 class RefBackend final : public Backend {
  public:
-  explicit RefBackend(bool quantized) : quantized_(quantized) {}
+  RefBackend(bool quantized, bool bf16) : quantized_(quantized), bf16_(bf16) {}
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return 1; }
 
   absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                       int64_t y_stride) override {
+    if (bf16_ && cpu::MatMulFuses(w.type, m, w.cols, w.row_bytes)) {
+      return ref::MatMulBf16(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride)
+                 ? absl::OkStatus()
+                 : absl::UnimplementedError("ref bf16 matmul: unsupported type");
+    }
     const bool ok = quantized_ ? ref::MatMulQuantizedActivations(x, m, w.cols, x_stride, w.data,
                                                                  w.type, w.rows, w.row_bytes, y,
                                                                  y_stride)
@@ -64,12 +70,13 @@ class RefBackend final : public Backend {
 
  private:
   bool quantized_;
+  bool bf16_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations) {
-  return std::make_unique<RefBackend>(quantized_activations);
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products) {
+  return std::make_unique<RefBackend>(quantized_activations, bf16_products);
 }
 
 }  // namespace snapfill::testing

@@ -12,8 +12,12 @@ namespace snapfill::testing {
 
 // quantized_activations: multiply like ggml (activations quantized to the
 // weight type's Q8 partner, integer block dots); otherwise exact products
-// of dequantized weights and f32 activations.
-std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations);
+// of dequantized weights and f32 activations. bf16_products: where the CPU
+// kernels take the AMX-BF16 path for a product (cpu::MatMulFuses: token
+// blocks of its weight types on a CPU with AMX-BF16), ref::MatMulBf16 instead
+// (both operands rounded to bf16, exact sums), so that the reference rounds
+// where the optimized backend does.
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products = false);
 
 }  // namespace snapfill::testing
 
