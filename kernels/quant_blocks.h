@@ -39,6 +39,25 @@ struct BlockQ4_1 {
 };
 static_assert(sizeof(BlockQ4_1) == 4 + kQK4_1 / 2, "wrong q4_1 block size/padding");
 
+// x[i] = d * (q[i] - 16), q 5 bits: element j < 16 is the low nibble of
+// qs[j] with bit j of qh as its fifth bit; element j + 16 the high nibble,
+// with bit j + 16 (ggml's layout; qh read as a little-endian uint32).
+struct BlockQ5_0 {
+  uint16_t d;  // fp16 scale
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22, "wrong q5_0 block size/padding");
+
+// x[i] = d * q[i] + m, q as in Q5_0 (0..31).
+struct BlockQ5_1 {
+  uint16_t d;  // fp16 scale
+  uint16_t m;  // fp16 min
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24, "wrong q5_1 block size/padding");
+
 // x[i] = d * qs[i].
 struct BlockQ8_0 {
   uint16_t d;  // fp16 scale
@@ -66,6 +85,19 @@ struct BlockQ4_K {
   uint8_t qs[kQK_K / 2];
 };
 static_assert(sizeof(BlockQ4_K) == 4 + kKScaleSize + kQK_K / 2, "wrong q4_K block size/padding");
+
+// Q4_K with a fifth bit: 8 sub-blocks of 32, x = d * sc[j] * q - dmin *
+// m[j], q in 0..31; scales as Q4_K; qs as Q4_K's nibbles; the fifth bit of
+// element 64c + l (l < 32) is bit 2c of qh[l], of element 64c + 32 + l bit
+// 2c + 1.
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[kKScaleSize];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 4 + kKScaleSize + kQK_K / 8 + kQK_K / 2, "wrong q5_K block size/padding");
 
 // 16 groups of 16: x = d * scales[g] * (q - 32), q in 0..63 (6 bits:
 // 4 low bits in ql, 2 high bits in qh). See ref::DequantizeRowQ6_K for

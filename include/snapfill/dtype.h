@@ -97,8 +97,11 @@ constexpr bool IsSupportedWeightType(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K:
       return true;
     default:

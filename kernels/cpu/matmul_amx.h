@@ -1,6 +1,7 @@
 // Internal to kernels/cpu: the AMX tile paths of cpu::MatMul for token
 // blocks (prefill, m >= 16): AMX-BF16 where the CPU has it (weights of
-// Q4_0 / Q4_1 / Q8_0 / F16 / BF16 / Q4_K / Q6_K unpacked to bf16 per panel),
+// Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / F16 / BF16 / Q4_K / Q5_K / Q6_K
+// unpacked to bf16 per panel),
 // else AMX-INT8 (Q4_0 / Q4_1 / Q8_0). matmul.cc
 // dispatches here; nothing else should call it (use cpu::MatMul).
 //
@@ -40,8 +41,8 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
 // path). Computed once per process.
 bool AmxBf16Available();
 
-// True if the AMX-BF16 path takes weights of `type`: Q4_0, Q4_1, Q8_0, F16,
-// BF16, Q4_K and Q6_K (not F32: its weights would lose 16 bits each; it
+// True if the AMX-BF16 path takes weights of `type`: Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, F16, BF16, Q4_K, Q5_K and Q6_K (not F32: its weights would lose 16 bits each; it
 // keeps the f32 products).
 bool AmxBf16SupportsType(GgmlType type);
 

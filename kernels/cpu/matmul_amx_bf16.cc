@@ -27,7 +27,7 @@
 // every token pair of its units. Q4_0 / Q4_1: per block, the 16 rows'
 // scales and nibbles are gathered with a row per lane, which is the tiles'
 // layout, and each tile row is computed as it is stored (UnpackGroupQ4).
-// Q8_0, F16, BF16, Q4_K, Q6_K: per weight row and 32-element block, its 32
+// The other types: per weight row and 32-element block, its 32
 // values (for the K-quants, one sub-block of a 256-element super-block, with
 // its own scale), then a 16 × 16 dword transpose per 16 rows.
 //
@@ -260,6 +260,65 @@ struct RowBlock<GgmlType::kQ4_K> {  // sub-block b % 8 of super-block b / 8: fma
   }
 };
 
+// Q5_0 / Q5_1: the 32 quants of block b (0..31: nibble | fifth bit << 4)
+// as f32 halves.
+SNAPFILL_AMXBF16_TARGET inline __attribute__((always_inline)) void Q5Block(const uint8_t* qs, const uint8_t* qh,
+                                                                         __m512* lo, __m512* hi) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  const __m512i a = _mm512_cvtepu8_epi32(_mm_and_si128(q, low4));
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low4));
+  *lo = _mm512_cvtepi32_ps(_mm512_mask_or_epi32(a, static_cast<__mmask16>(h), a, sixteen));
+  *hi = _mm512_cvtepi32_ps(_mm512_mask_or_epi32(b, static_cast<__mmask16>(h >> 16), b, sixteen));
+}
+
+template <>
+struct RowBlock<GgmlType::kQ5_0> {  // (q - 16)·d
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const BlockQ5_0& blk = reinterpret_cast<const BlockQ5_0*>(row)[b];
+    __m512 lo, hi;
+    Q5Block(blk.qs, blk.qh, &lo, &hi);
+    const __m512 d = _mm512_set1_ps(Fp16ToFp32(blk.d)), off = _mm512_set1_ps(16.0f);
+    return reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_sub_ps(hi, off), d), _mm512_mul_ps(_mm512_sub_ps(lo, off), d)));
+  }
+};
+
+template <>
+struct RowBlock<GgmlType::kQ5_1> {  // fmaf(q, d, m)
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const BlockQ5_1& blk = reinterpret_cast<const BlockQ5_1*>(row)[b];
+    __m512 lo, hi;
+    Q5Block(blk.qs, blk.qh, &lo, &hi);
+    const __m512 d = _mm512_set1_ps(Fp16ToFp32(blk.d)), m = _mm512_set1_ps(Fp16ToFp32(blk.m));
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(hi, d, m), _mm512_fmadd_ps(lo, d, m)));
+  }
+};
+
+template <>
+struct RowBlock<GgmlType::kQ5_K> {  // Q4_K's with the fifth bit 2c or 2c + 1 of qh (BlockQ5_K)
+  SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
+    const BlockQ5_K& blk = reinterpret_cast<const BlockQ5_K*>(row)[b / 8];
+    const int s = static_cast<int>(b % 8);
+    uint8_t sc, m;
+    GetScaleMinK4(s, blk.scales, &sc, &m);
+    const float d1 = Fp16ToFp32(blk.d) * sc, m1 = Fp16ToFp32(blk.dmin) * m;
+    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * (s / 2)));
+    if (s % 2) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+    const __m256i h = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+    __m512 lo, hi;
+    BytesToF32(q, &lo, &hi);
+    const __m512 dv = _mm512_set1_ps(d1), mv = _mm512_set1_ps(-m1);
+    return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(dv, hi, mv), _mm512_fmadd_ps(dv, lo, mv)));
+  }
+};
+
 template <>
 struct RowBlock<GgmlType::kQ6_K> {  // (d·sc)·(q - 32), sc per 16 elements (ref::DequantizeRowQ6_K's layout)
   SNAPFILL_AMXBF16_TARGET static __m512i Get(const uint8_t* row, int64_t b) {
@@ -309,7 +368,10 @@ UnpackFn PickUnpack(GgmlType type) {
     case GgmlType::kQ4_1: return UnpackGroupQ4Rows<AmxWeightKind::kQ4_1>;
     case GgmlType::kF16: return UnpackGroupByRows<GgmlType::kF16>;
     case GgmlType::kBF16: return UnpackGroupByRows<GgmlType::kBF16>;
+    case GgmlType::kQ5_0: return UnpackGroupByRows<GgmlType::kQ5_0>;
+    case GgmlType::kQ5_1: return UnpackGroupByRows<GgmlType::kQ5_1>;
     case GgmlType::kQ4_K: return UnpackGroupByRows<GgmlType::kQ4_K>;
+    case GgmlType::kQ5_K: return UnpackGroupByRows<GgmlType::kQ5_K>;
     case GgmlType::kQ6_K: return UnpackGroupByRows<GgmlType::kQ6_K>;
     default: return UnpackGroupQ8_0;
   }
@@ -548,7 +610,10 @@ bool AmxBf16SupportsType(GgmlType type) {
     case GgmlType::kQ8_0:
     case GgmlType::kF16:
     case GgmlType::kBF16:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
     case GgmlType::kQ6_K: return true;
     default: return false;
   }

@@ -66,6 +66,38 @@ void DequantizeRowQ4_1(const BlockQ4_1* x, float* y, int64_t k) {
   }
 }
 
+namespace {
+
+// The fifth bit of element j (0..31) of a Q5_0 / Q5_1 block, as 0 or 16.
+int Q5High(const uint8_t qh[4], int j) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return static_cast<int>((h >> j) & 1) << 4;
+}
+
+}  // namespace
+
+void DequantizeRowQ5_0(const BlockQ5_0* x, float* y, int64_t k) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float d = Fp16ToFp32(x[b].d);
+    for (int j = 0; j < 16; ++j) {
+      y[b * 32 + j] = static_cast<float>(((x[b].qs[j] & 0xF) | Q5High(x[b].qh, j)) - 16) * d;
+      y[b * 32 + j + 16] = static_cast<float>(((x[b].qs[j] >> 4) | Q5High(x[b].qh, j + 16)) - 16) * d;
+    }
+  }
+}
+
+void DequantizeRowQ5_1(const BlockQ5_1* x, float* y, int64_t k) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float d = Fp16ToFp32(x[b].d);
+    const float m = Fp16ToFp32(x[b].m);
+    for (int j = 0; j < 16; ++j) {
+      y[b * 32 + j] = std::fmaf(static_cast<float>((x[b].qs[j] & 0xF) | Q5High(x[b].qh, j)), d, m);
+      y[b * 32 + j + 16] = std::fmaf(static_cast<float>((x[b].qs[j] >> 4) | Q5High(x[b].qh, j + 16)), d, m);
+    }
+  }
+}
+
 void DequantizeRowQ8_0(const BlockQ8_0* x, float* y, int64_t k) {
   for (int64_t b = 0; b < k / kQK8_0; ++b) {
     const float d = Fp16ToFp32(x[b].d);
@@ -108,6 +140,28 @@ void DequantizeRowQ4_K(const BlockQ4_K* x, float* y, int64_t k) {
   }
 }
 
+void DequantizeRowQ5_K(const BlockQ5_K* x, float* y, int64_t k) {
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    const float d = Fp16ToFp32(x[b].d);
+    const float dmin = Fp16ToFp32(x[b].dmin);
+    float* out = y + b * kQK_K;
+    // As Q4_K, each element's fifth bit from qh (see BlockQ5_K).
+    for (int c = 0; c < 4; ++c) {
+      const uint8_t* q = x[b].qs + 32 * c;
+      uint8_t sc, m;
+      GetScaleMinK4(2 * c, x[b].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      GetScaleMinK4(2 * c + 1, x[b].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) {
+        const int h1 = (x[b].qh[l] >> (2 * c)) & 1, h2 = (x[b].qh[l] >> (2 * c + 1)) & 1;
+        out[64 * c + l] = std::fmaf(d1, static_cast<float>((q[l] & 0xF) | (h1 << 4)), -m1);
+        out[64 * c + 32 + l] = std::fmaf(d2, static_cast<float>((q[l] >> 4) | (h2 << 4)), -m2);
+      }
+    }
+  }
+}
+
 // Q6_K: each 128-element half h uses ql[64h..64h+63], qh[32h..32h+31] and
 // scales[8h..8h+7]. For l in 0..31, element 128h + 32r + l (r = 0..3) takes
 //   low 4 bits: r=0 ql[l]&15, r=1 ql[l+32]&15, r=2 ql[l]>>4, r=3 ql[l+32]>>4
@@ -143,6 +197,9 @@ bool DequantizeRow(GgmlType type, const void* x, float* y, int64_t k) {
     case GgmlType::kBF16: DequantizeRowBF16(static_cast<const uint16_t*>(x), y, k); return true;
     case GgmlType::kQ4_0: DequantizeRowQ4_0(static_cast<const BlockQ4_0*>(x), y, k); return true;
     case GgmlType::kQ4_1: DequantizeRowQ4_1(static_cast<const BlockQ4_1*>(x), y, k); return true;
+    case GgmlType::kQ5_0: DequantizeRowQ5_0(static_cast<const BlockQ5_0*>(x), y, k); return true;
+    case GgmlType::kQ5_1: DequantizeRowQ5_1(static_cast<const BlockQ5_1*>(x), y, k); return true;
+    case GgmlType::kQ5_K: DequantizeRowQ5_K(static_cast<const BlockQ5_K*>(x), y, k); return true;
     case GgmlType::kQ8_0: DequantizeRowQ8_0(static_cast<const BlockQ8_0*>(x), y, k); return true;
     case GgmlType::kQ8_1: DequantizeRowQ8_1(static_cast<const BlockQ8_1*>(x), y, k); return true;
     case GgmlType::kQ4_K: DequantizeRowQ4_K(static_cast<const BlockQ4_K*>(x), y, k); return true;
@@ -163,6 +220,9 @@ bool QuantizeRow(GgmlType type, const float* x, void* y, int64_t k) {
       return true;
     case GgmlType::kQ4_0: QuantizeRowQ4_0(x, static_cast<BlockQ4_0*>(y), k); return true;
     case GgmlType::kQ4_1: QuantizeRowQ4_1(x, static_cast<BlockQ4_1*>(y), k); return true;
+    case GgmlType::kQ5_0: QuantizeRowQ5_0(x, static_cast<BlockQ5_0*>(y), k); return true;
+    case GgmlType::kQ5_1: QuantizeRowQ5_1(x, static_cast<BlockQ5_1*>(y), k); return true;
+    case GgmlType::kQ5_K: QuantizeRowQ5_K(x, static_cast<BlockQ5_K*>(y), k); return true;
     case GgmlType::kQ8_0: QuantizeRowQ8_0(x, static_cast<BlockQ8_0*>(y), k); return true;
     case GgmlType::kQ4_K: QuantizeRowQ4_K(x, static_cast<BlockQ4_K*>(y), k); return true;
     case GgmlType::kQ6_K: QuantizeRowQ6_K(x, static_cast<BlockQ6_K*>(y), k); return true;
@@ -278,64 +338,139 @@ void QuantizeRowQ4_1(const float* x, BlockQ4_1* y, int64_t k) {
   }
 }
 
+namespace {
+
+// The scales of one Q4_K / Q5_K super-block (kMax = 15 / 31 levels) and its
+// 256 quants q (0..kMax), element order: see QuantizeRowQ4_K in the header.
+template <int kMax>
+void QuantizeKSuper(const float* xb, uint16_t* d_out, uint16_t* dmin_out, uint8_t* scales, uint8_t* q) {
+  float lo[8], hi[8];
+  float max_neg_lo = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    lo[j] = 0.0f;  // the offset -dmin*m is <= 0, so include 0 in the range
+    hi[j] = 0.0f;
+    for (int l = 0; l < 32; ++l) {
+      lo[j] = std::min(lo[j], xb[32 * j + l]);
+      hi[j] = std::max(hi[j], xb[32 * j + l]);
+    }
+    max_neg_lo = std::max(max_neg_lo, -lo[j]);
+  }
+  // Mins: m_j = ceil(-lo_j / dmin) so that -dmin*m_j <= lo_j.
+  const uint16_t dmin_h = max_neg_lo > 0.0f ? Fp16RoundUp(max_neg_lo / 63.0f) : 0;
+  const float dmin = Fp16ToFp32(dmin_h);
+  int m[8];
+  float need[8];  // required step so the kMax + 1 levels reach hi_j
+  float max_need = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    m[j] = dmin > 0.0f ? std::min(63, static_cast<int>(std::ceil(-lo[j] / dmin))) : 0;
+    need[j] = (hi[j] + dmin * m[j]) / static_cast<float>(kMax);
+    max_need = std::max(max_need, need[j]);
+  }
+  const uint16_t d_h = max_need > 0.0f ? Fp16RoundUp(max_need / 63.0f) : 0;
+  const float d = Fp16ToFp32(d_h);
+  int sc[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0.0f ? std::min(63, static_cast<int>(std::ceil(need[j] / d))) : 0;
+  }
+  *d_out = d_h;
+  *dmin_out = dmin_h;
+  std::memset(scales, 0, kKScaleSize);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      scales[j] |= sc[j];
+      scales[j + 4] |= m[j];
+    } else {
+      scales[j + 4] = static_cast<uint8_t>((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+      scales[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      scales[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    const float step = d * sc[j];
+    const float offset = dmin * m[j];
+    for (int l = 0; l < 32; ++l) {
+      const int v = step > 0.0f ? NearestInt((xb[32 * j + l] + offset) / step) : 0;
+      q[32 * j + l] = static_cast<uint8_t>(std::clamp(v, 0, kMax));
+    }
+  }
+}
+
+// Q5_0 / Q5_1's nibbles and fifth bits of 32 quants (0..31).
+void PackQ5(const int* q, uint8_t qs[16], uint8_t qh[4]) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    h |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    h |= static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  std::memcpy(qh, &h, 4);
+}
+
+}  // namespace
+
 void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t k) {
   for (int64_t b = 0; b < k / kQK_K; ++b) {
-    const float* xb = x + b * kQK_K;
-    float lo[8], hi[8];
-    float max_neg_lo = 0.0f;
-    for (int j = 0; j < 8; ++j) {
-      lo[j] = 0.0f;  // the offset -dmin*m is <= 0, so include 0 in the range
-      hi[j] = 0.0f;
-      for (int l = 0; l < 32; ++l) {
-        lo[j] = std::min(lo[j], xb[32 * j + l]);
-        hi[j] = std::max(hi[j], xb[32 * j + l]);
-      }
-      max_neg_lo = std::max(max_neg_lo, -lo[j]);
-    }
-    // Mins: m_j = ceil(-lo_j / dmin) so that -dmin*m_j <= lo_j.
-    const uint16_t dmin_h = max_neg_lo > 0.0f ? Fp16RoundUp(max_neg_lo / 63.0f) : 0;
-    const float dmin = Fp16ToFp32(dmin_h);
-    int m[8];
-    float need[8];  // required step so the 16 levels reach hi_j
-    float max_need = 0.0f;
-    for (int j = 0; j < 8; ++j) {
-      m[j] = dmin > 0.0f ? std::min(63, static_cast<int>(std::ceil(-lo[j] / dmin))) : 0;
-      need[j] = (hi[j] + dmin * m[j]) / 15.0f;
-      max_need = std::max(max_need, need[j]);
-    }
-    const uint16_t d_h = max_need > 0.0f ? Fp16RoundUp(max_need / 63.0f) : 0;
-    const float d = Fp16ToFp32(d_h);
-    int sc[8];
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = d > 0.0f ? std::min(63, static_cast<int>(std::ceil(need[j] / d))) : 0;
-    }
-    y[b].d = d_h;
-    y[b].dmin = dmin_h;
-    std::memset(y[b].scales, 0, sizeof(y[b].scales));
-    for (int j = 0; j < 8; ++j) {
-      if (j < 4) {
-        y[b].scales[j] |= sc[j];
-        y[b].scales[j + 4] |= m[j];
-      } else {
-        y[b].scales[j + 4] = static_cast<uint8_t>((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
-        y[b].scales[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
-        y[b].scales[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
-      }
-    }
     uint8_t q[kQK_K];
-    for (int j = 0; j < 8; ++j) {
-      const float step = d * sc[j];
-      const float offset = dmin * m[j];
-      for (int l = 0; l < 32; ++l) {
-        const int v = step > 0.0f ? NearestInt((xb[32 * j + l] + offset) / step) : 0;
-        q[32 * j + l] = static_cast<uint8_t>(std::clamp(v, 0, 15));
-      }
-    }
+    QuantizeKSuper<15>(x + b * kQK_K, &y[b].d, &y[b].dmin, y[b].scales, q);
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
         y[b].qs[32 * c + l] = static_cast<uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
       }
     }
+  }
+}
+
+void QuantizeRowQ5_K(const float* x, BlockQ5_K* y, int64_t k) {
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    uint8_t q[kQK_K];
+    QuantizeKSuper<31>(x + b * kQK_K, &y[b].d, &y[b].dmin, y[b].scales, q);
+    std::memset(y[b].qh, 0, sizeof(y[b].qh));
+    for (int c = 0; c < 4; ++c) {
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = q[64 * c + l], q2 = q[64 * c + 32 + l];
+        y[b].qs[32 * c + l] = static_cast<uint8_t>((q1 & 0xF) | ((q2 & 0xF) << 4));
+        y[b].qh[l] |= static_cast<uint8_t>(((q1 >> 4) << (2 * c)) | ((q2 >> 4) << (2 * c + 1)));
+      }
+    }
+  }
+}
+
+void QuantizeRowQ5_0(const float* x, BlockQ5_0* y, int64_t k) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (amax < std::fabs(xb[j])) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = Fp32ToFp16(d);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = std::min(31, static_cast<int>(static_cast<int8_t>(xb[j] * id + 16.5f)));
+    PackQ5(q, y[b].qs, y[b].qh);
+  }
+}
+
+void QuantizeRowQ5_1(const float* x, BlockQ5_1* y, int64_t k) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + b * 32;
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; ++j) {
+      min = std::min(min, xb[j]);
+      max = std::max(max, xb[j]);
+    }
+    const float d = (max - min) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[b].d = Fp32ToFp16(d);
+    y[b].m = Fp32ToFp16(min);
+    int q[32];
+    for (int j = 0; j < 32; ++j) {
+      q[j] = std::min(31, static_cast<int>(static_cast<uint8_t>((xb[j] - min) * id + 0.5f)));
+    }
+    PackQ5(q, y[b].qs, y[b].qh);
   }
 }
 
@@ -380,7 +515,7 @@ void QuantizeRowQ6_K(const float* x, BlockQ6_K* y, int64_t k) {
 // ---------------------------------------------------------------------------
 // Matrix products.
 
-GgmlType ActivationType(GgmlType w_type) {
+GgmlType ActivationType(GgmlType w_type) {  // (Q5_0 / Q5_1 / Q5_K: kF32, as the float types)
   switch (w_type) {
     case GgmlType::kQ4_0:
     case GgmlType::kQ8_0: return GgmlType::kQ8_0;
@@ -597,7 +732,10 @@ bool MatMulQuantizedActivations(const float* x, int64_t m, int64_t k, int64_t x_
       return true;
     case GgmlType::kF32:
     case GgmlType::kF16:
-    case GgmlType::kBF16: {
+    case GgmlType::kBF16:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ5_K: {
       if (!MatMul(x, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride)) return false;
       if (abs_terms != nullptr) {
         std::vector<float> wrow(k);

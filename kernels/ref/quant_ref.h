@@ -32,13 +32,16 @@ void DequantizeRowF16(const uint16_t* x, float* y, int64_t k);
 void DequantizeRowBF16(const uint16_t* x, float* y, int64_t k);
 void DequantizeRowQ4_0(const BlockQ4_0* x, float* y, int64_t k);  // (q - 8) * d
 void DequantizeRowQ4_1(const BlockQ4_1* x, float* y, int64_t k);  // fmaf(q, d, m)
+void DequantizeRowQ5_0(const BlockQ5_0* x, float* y, int64_t k);  // (q - 16) * d
+void DequantizeRowQ5_1(const BlockQ5_1* x, float* y, int64_t k);  // fmaf(q, d, m)
 void DequantizeRowQ8_0(const BlockQ8_0* x, float* y, int64_t k);  // q * d
 void DequantizeRowQ4_K(const BlockQ4_K* x, float* y, int64_t k);  // fmaf(d*sc, q, -(dmin*m))
+void DequantizeRowQ5_K(const BlockQ5_K* x, float* y, int64_t k);  // fmaf(d*sc, q, -(dmin*m))
 void DequantizeRowQ6_K(const BlockQ6_K* x, float* y, int64_t k);  // (d*sc) * (q - 32)
 void DequantizeRowQ8_1(const BlockQ8_1* x, float* y, int64_t k);  // q * d
 void DequantizeRowQ8_K(const BlockQ8_K* x, float* y, int64_t k);  // q * d
 
-// Dispatches on `type` (the 8 weight types of IsSupportedWeightType plus
+// Dispatches on `type` (the 11 weight types of IsSupportedWeightType plus
 // Q8_1/Q8_K). Returns false, writing nothing, for any other type.
 bool DequantizeRow(GgmlType type, const void* x, float* y, int64_t k);
 
@@ -62,6 +65,12 @@ void QuantizeRowQ4_1(const float* x, BlockQ4_1* y, int64_t k);
 // sub-block, hence nothing clamps. Budget: |x - x̂| <= d*sc/2 per element
 // (+ f32 rounding), where d*sc is the decoded sub-block step.
 void QuantizeRowQ4_K(const float* x, BlockQ4_K* y, int64_t k);
+// Q5_K the same way with 32 levels (the fifth bit in qh).
+void QuantizeRowQ5_K(const float* x, BlockQ5_K* y, int64_t k);
+// Q5_0 / Q5_1 (ggml's): d = max / -16, q = min(31, (int8)(x / d + 16.5));
+// d = (max - min) / 31, m = min, q = min(31, (uint8)((x - min) / d + 0.5)).
+void QuantizeRowQ5_0(const float* x, BlockQ5_0* y, int64_t k);
+void QuantizeRowQ5_1(const float* x, BlockQ5_1* y, int64_t k);
 // Simple Q6_K: per 16-group step s_g = amax_g / 31.5 (so q - 32 spans
 // -32..31 with no clamping beyond half a step), d = max s_g / 127 and
 // sc = ceil(s_g / d). Budget: |x - x̂| <= d*sc/2 per element (+ rounding).
@@ -87,7 +96,9 @@ bool MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
 //   Q4_1: Σ_b dw·dx·Σ q·qx + mw·sx
 //   Q4_K: Σ_B d·dx·Σ_j sc_j·Σ q·qx − dmin·dx·Σ_j m_j·(bsum_2j + bsum_2j+1)
 //   Q6_K: Σ_B d·dx·Σ_g sc_g·Σ (q-32)·qx
-// Float types (F32/F16/BF16) are not quantized: as MatMul.
+// Float types (F32/F16/BF16) are not quantized: as MatMul; nor are
+// Q5_0/Q5_1/Q5_K, whose rows the CPU kernels dequantize to f32 and multiply
+// with f32 FMA (cpu::MatMul's token blocks on AMX-BF16 aside).
 // If abs_terms is not null it receives (same layout as y) the sum of the
 // magnitudes of the terms, with every integer dot split as a fast kernel may
 // split it (|dw·dx|·(Σ|q·qx| + offset·|Σqx|) plus |correction|), the scale for

@@ -47,7 +47,7 @@ absl::StatusOr<WeightView> BindMatrix(const GgufFile& f, const std::string& name
     const char* tn = GetTypeTraits(t->type).name;
     return absl::UnimplementedError(absl::StrCat("tensor ", name, " has type ", tn ? tn : "?",
                                                  ", which snapfill cannot compute with (supported: "
-                                                 "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"));
+                                                 "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"));
   }
   WeightView w;
   w.data = t->data;

@@ -1,5 +1,5 @@
-// The AMX-BF16 tile path of cpu::MatMul (m >= 16, Q4_0 / Q4_1 / Q8_0 / F16 /
-// BF16 / Q4_K / Q6_K weights) against its scalar twin ref::MatMulBf16, and its two conversions
+// The AMX-BF16 tile path of cpu::MatMul (m >= 16, Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+// Q8_0 / F16 / BF16 / Q4_K / Q5_K / Q6_K weights) against its scalar twin ref::MatMulBf16, and its two conversions
 // (weights to bf16 B tiles, activations to bf16) bit for bit against
 // Fp32ToBf16Rne of the reference values.
 //
@@ -123,8 +123,8 @@ TEST_P(MatMulAmxBf16Test, MatchesBf16ReferenceAndStaysNearExact) {
 // The types of 32-element blocks, and the 256-element K-quants (k a
 // multiple of 256).
 constexpr GgmlType kBlockTypes[] = {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16,
-                                    GgmlType::kBF16};
-constexpr GgmlType kSuperTypes[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+                                    GgmlType::kBF16, GgmlType::kQ5_0, GgmlType::kQ5_1};
+constexpr GgmlType kSuperTypes[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
 
 std::vector<Bf16Case> AllCases() {
   std::vector<Bf16Case> cases;
@@ -169,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(AmxBf16, MatMulAmxBf16Test, ::testing::ValuesIn(AllCase
 TEST(MatMulAmxBf16UnpackTest, TilesHoldRoundedReferenceWeights) {
   if (!cpu::MatMulHasAmxBf16()) GTEST_SKIP() << kNoAmxBf16Message;
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kBF16,
-                     GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+                     GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
     for (int rows : {16, 5}) {
       const int64_t k = GetTypeTraits(t).block_size == 256 ? 512 : 96;
       const size_t row_bytes = RowBytes(t, k) + 4;  // padded rows, 2-byte aligned as ggml blocks need

@@ -36,8 +36,13 @@
 namespace snapfill {
 namespace {
 
-bool IsKQuant(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; }
-bool IsFloat(GgmlType t) { return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16; }
+bool IsKQuant(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
+// Weights whose rows are dequantized to f32 and multiplied with f32 FMA
+// (no activation quantization): the float types and Q5_0 / Q5_1 / Q5_K.
+bool IsFloat(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ5_0 ||
+         t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K;
+}
 
 std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
   return testing::QuantizedWeights(type, n, k, row_bytes, seed, 0.01f);
@@ -197,9 +202,9 @@ TEST_P(MatMulTest, MatchesReferences) {
 
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
-  const GgmlType block_types[] = {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                                  GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16};
-  const GgmlType k_types[] = {GgmlType::kQ4_K, GgmlType::kQ6_K};
+  const GgmlType block_types[] = {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF32,
+                                  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ5_0, GgmlType::kQ5_1};
+  const GgmlType k_types[] = {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
   const int64_t ms[] = {1, 3, 17, 64, 111};
   const int64_t ns[] = {1, 5, 17, 192};
   for (GgmlType t : block_types)
@@ -212,7 +217,8 @@ std::vector<Case> AllCases() {
         for (int64_t k : {256, 512, 1536}) cases.push_back({t, m, n, k});
   // The portable path on a subset (its packing is shared with the SIMD path).
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF32, GgmlType::kF16,
-                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                     GgmlType::kQ5_K}) {
     const int64_t k = IsKQuant(t) ? 512 : 96;
     cases.push_back({t, 3, 17, k, cpu::MatMulImpl::kGeneric});
     cases.push_back({t, 17, 5, IsKQuant(t) ? 256 : 576, cpu::MatMulImpl::kGeneric});
@@ -222,7 +228,7 @@ std::vector<Case> AllCases() {
   // odd token and row counts (tails of the 4 × 2 micro-kernel), several
   // blocks, a k that is no multiple of 64 (the packed rows' zero tail), strides.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kF32, GgmlType::kF16,
-                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+                     GgmlType::kBF16, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_0, GgmlType::kQ5_K}) {
     const bool kq = IsKQuant(t);
     cases.push_back({t, 17, 5, kq ? 256 : 576, cpu::MatMulImpl::kAvx2});
     cases.push_back({t, 37, 19, kq ? 512 : 96, cpu::MatMulImpl::kAvx2});
@@ -231,7 +237,7 @@ std::vector<Case> AllCases() {
   }
   // Non-contiguous x / y / weight rows.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32,
-                     GgmlType::kF16}) {
+                     GgmlType::kF16, GgmlType::kQ5_1, GgmlType::kQ5_K}) {
     const int64_t k = IsKQuant(t) ? 512 : 96;
     cases.push_back({t, 17, 17, k, cpu::MatMulImpl::kAuto, 7, 3, 4});
     cases.push_back({t, 5, 17, k, cpu::MatMulImpl::kGeneric, 7, 3, 4});
@@ -259,6 +265,13 @@ std::vector<Case> AllCases() {
     for (int64_t n : {1, 17, 203}) cases.push_back({t, 2, n, 96});
     for (int64_t m : {1, 2, 3}) cases.push_back({t, m, 33, 96, cpu::MatMulImpl::kAuto, 7, 3, 4});
   }
+  // The small-m products of the types without integer kernels (m <= 4: a
+  // row's blocks dequantized in registers), every m, strided, a K-quant.
+  for (GgmlType t : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kF16, GgmlType::kBF16}) {
+    for (int64_t m : {2, 4}) cases.push_back({t, m, 75, 96});
+    cases.push_back({t, 4, 33, 576, cpu::MatMulImpl::kAuto, 7, 3, 4});
+  }
+  for (int64_t m : {2, 4}) cases.push_back({GgmlType::kQ5_K, m, 40, 512});
   cases.push_back({GgmlType::kQ4_1, 1, 1536, 576});
   cases.push_back({GgmlType::kQ4_1, 1, 576, 1536});
   cases.push_back({GgmlType::kQ8_0, 1, 1536, 576});
@@ -275,7 +288,7 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
 TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
   // m = 37: the packed path; m = 1: the decode path (n large enough that it
   // does go parallel).
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kQ5_K}) {
     for (const auto& [m, n] : {std::pair<int64_t, int64_t>{37, 75}, {1, 1000}}) {
       const int64_t k = IsKQuant(t) ? 512 : 576;
       const size_t row_bytes = RowBytes(t, k);
@@ -292,7 +305,8 @@ TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
 // operations), on every path: small m, the packed paths, float weights,
 // padded strides, an empty product among them.
 TEST(MatMulSharedTest, EqualsOneMatMulEachBitForBit) {
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ4_0, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kF16,
+                     GgmlType::kQ5_0}) {
     const int64_t k = IsKQuant(t) ? 512 : 576;
     const int64_t ns[] = {192, 17, 0, 576};
     for (int64_t m : {1, 3, 17, 64, 100}) {

@@ -179,6 +179,66 @@ TEST(DequantizeKnownTest, Q4_K) {
   ExpectDequant(GgmlType::kQ4_K, &b, want);
 }
 
+// Q5_0 / Q5_1: element j < 16 is the low nibble of qs[j] with bit j of qh
+// (little-endian) as its fifth bit; element j + 16 the high nibble with
+// bit j + 16 (ggml's dequantize_row_q5_0 / _1).
+TEST(DequantizeKnownTest, Q5_0) {
+  BlockQ5_0 b;
+  b.d = 0x3800;  // 0.5
+  const uint32_t qh = 0xA5C3F00Fu;
+  std::memcpy(b.qh, &qh, 4);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  std::vector<float> want(32);
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = static_cast<int>((qh >> j) & 1), h1 = static_cast<int>((qh >> (j + 16)) & 1);
+    want[j] = 0.5f * ((j | (h0 << 4)) - 16);
+    want[j + 16] = 0.5f * (((15 - j) | (h1 << 4)) - 16);
+  }
+  ExpectDequant(GgmlType::kQ5_0, &b, want);
+}
+
+TEST(DequantizeKnownTest, Q5_1) {
+  BlockQ5_1 b;
+  b.d = 0x3400;  // 0.25
+  b.m = 0xC000;  // -2
+  const uint32_t qh = 0x0FF0F00Fu;
+  std::memcpy(b.qh, &qh, 4);
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((j ^ 9) << 4));
+  std::vector<float> want(32);
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = static_cast<int>((qh >> j) & 1), h1 = static_cast<int>((qh >> (j + 16)) & 1);
+    want[j] = 0.25f * (j | (h0 << 4)) - 2.0f;
+    want[j + 16] = 0.25f * ((j ^ 9) | (h1 << 4)) - 2.0f;
+  }
+  ExpectDequant(GgmlType::kQ5_1, &b, want);
+}
+
+// Q5_K: Q4_K's scales and nibbles, the fifth bit of element 64c + l (l < 32)
+// bit 2c of qh[l], of element 64c + 32 + l bit 2c + 1 (ggml's u1 / u2).
+TEST(DequantizeKnownTest, Q5_K) {
+  const int sc[8] = {1, 2, 3, 4, 17, 33, 50, 63};
+  const int mn[8] = {0, 5, 10, 63, 16, 32, 48, 7};
+  BlockQ5_K b;
+  b.d = 0x3400;     // 0.25
+  b.dmin = 0x3800;  // 0.5
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    b.scales[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    b.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  std::memset(b.qh, 0, sizeof(b.qh));
+  std::vector<float> want(256);
+  for (int e = 0; e < 256; ++e) {
+    const int v = (e * 11 + 5) % 32;
+    const int c = e / 64, half = (e % 64) / 32, l = e % 32;
+    uint8_t& q = b.qs[32 * c + l];
+    q = static_cast<uint8_t>(half ? (q & 0x0F) | ((v & 15) << 4) : (q & 0xF0) | (v & 15));
+    b.qh[l] |= static_cast<uint8_t>((v >> 4) << (2 * c + half));
+    want[e] = 0.25f * sc[e / 32] * v - 0.5f * mn[e / 32];
+  }
+  ExpectDequant(GgmlType::kQ5_K, &b, want);
+}
+
 TEST(DequantizeKnownTest, Q6_K) {
   BlockQ6_K b;
   std::memset(&b, 0, sizeof(b));
@@ -209,8 +269,9 @@ TEST(DequantizeKnownTest, FloatTypes) {
 TEST(DequantizeTest, UnsupportedTypeIsRejected) {
   float y[32];
   uint8_t x[64] = {};
-  EXPECT_FALSE(ref::DequantizeRow(GgmlType::kQ5_0, x, y, 32));
-  EXPECT_FALSE(cpu::MatMulSupports(GgmlType::kQ5_0));
+  EXPECT_FALSE(ref::DequantizeRow(GgmlType::kIQ4_NL, x, y, 32));
+  EXPECT_FALSE(cpu::MatMulSupports(GgmlType::kIQ4_NL));
+  EXPECT_FALSE(cpu::MatMulSupports(GgmlType::kQ3_K));
   EXPECT_TRUE(cpu::MatMulSupports(GgmlType::kQ4_1));
 }
 
@@ -219,7 +280,8 @@ TEST(DequantizeTest, UnsupportedTypeIsRejected) {
 TEST(DequantizeTest, CpuMatchesRefBitwise) {
   std::mt19937 rng(11);
   const GgmlType types[] = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
-                            GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K};
+                            GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                            GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K};
   for (GgmlType type : types) {
     const int64_t k = 1024;
     const int64_t bytes = RowBytes(type, k);
@@ -441,6 +503,9 @@ TEST_P(RoundTripTest, WithinBudget) {
       case GgmlType::kQ8_0: ref::QuantizeRowQ8_0(xr, reinterpret_cast<BlockQ8_0*>(qr), k); break;
       case GgmlType::kQ4_K: ref::QuantizeRowQ4_K(xr, reinterpret_cast<BlockQ4_K*>(qr), k); break;
       case GgmlType::kQ6_K: ref::QuantizeRowQ6_K(xr, reinterpret_cast<BlockQ6_K*>(qr), k); break;
+      case GgmlType::kQ5_0: ref::QuantizeRowQ5_0(xr, reinterpret_cast<BlockQ5_0*>(qr), k); break;
+      case GgmlType::kQ5_1: ref::QuantizeRowQ5_1(xr, reinterpret_cast<BlockQ5_1*>(qr), k); break;
+      case GgmlType::kQ5_K: ref::QuantizeRowQ5_K(xr, reinterpret_cast<BlockQ5_K*>(qr), k); break;
       default: FAIL();
     }
     ASSERT_TRUE(ref::DequantizeRow(type, qr, xhr, k));
@@ -464,12 +529,28 @@ TEST_P(RoundTripTest, WithinBudget) {
           budget = 0.5 * (mx - mn) / 15.0 + 15.0 * (mx - mn) / 15.0 * 0x1p-11 + std::fabs(mn) * 0x1p-11 +
                    amax * 0x1p-20;
           break;
+        case GgmlType::kQ5_0:
+          // d = max/-16; the level opposite the max clamps at 15: up to one step.
+          budget = amax / 16.0 * (1.0 + 0x1p-7);
+          break;
+        case GgmlType::kQ5_1:
+          // As Q4_1 with 31 levels.
+          budget = 0.5 * (mx - mn) / 31.0 + 31.0 * (mx - mn) / 31.0 * 0x1p-11 + std::fabs(mn) * 0x1p-11 +
+                   amax * 0x1p-20;
+          break;
         case GgmlType::kQ8_0:
           // Half a step of d = amax/127, plus fp16 rounding of d times |q| <= 127.
           budget = (0.5 + 127.0 * 0x1p-11) * amax / 127.0 + amax * 0x1p-20;
           break;
         case GgmlType::kQ4_K: {
           const auto* blk = reinterpret_cast<const BlockQ4_K*>(qr) + i / 256;
+          uint8_t sc, m;
+          GetScaleMinK4(static_cast<int>((i % 256) / 32), blk->scales, &sc, &m);
+          budget = 0.5 * Fp16ToFp32(blk->d) * sc * (1.0 + 0x1p-20) + amax * 0x1p-20;
+          break;
+        }
+        case GgmlType::kQ5_K: {
+          const auto* blk = reinterpret_cast<const BlockQ5_K*>(qr) + i / 256;
           uint8_t sc, m;
           GetScaleMinK4(static_cast<int>((i % 256) / 32), blk->scales, &sc, &m);
           budget = 0.5 * Fp16ToFp32(blk->d) * sc * (1.0 + 0x1p-20) + amax * 0x1p-20;
@@ -506,12 +587,16 @@ TEST_P(RoundTripTest, WithinBudget) {
 }
 
 // Named budgets: 4-bit formats over Gaussian blocks have rms error about
-// step/sqrt(12) with step ≈ 6σ/15, i.e. ~0.12σ; 6-bit ~0.03σ; 8-bit ~0.005σ.
+// step/sqrt(12) with step ≈ 6σ/15, i.e. ~0.12σ; 5-bit about half that;
+// 6-bit ~0.03σ; 8-bit ~0.005σ.
 INSTANTIATE_TEST_SUITE_P(Formats, RoundTripTest,
                          ::testing::Values(RoundTripCase{GgmlType::kQ4_0, 0.16},
                                            RoundTripCase{GgmlType::kQ4_1, 0.13},
                                            RoundTripCase{GgmlType::kQ8_0, 0.008},
                                            RoundTripCase{GgmlType::kQ4_K, 0.13},
+                                           RoundTripCase{GgmlType::kQ5_0, 0.08},
+                                           RoundTripCase{GgmlType::kQ5_1, 0.065},
+                                           RoundTripCase{GgmlType::kQ5_K, 0.065},
                                            RoundTripCase{GgmlType::kQ6_K, 0.035}),
                          [](const auto& info) { return std::string(GetTypeTraits(info.param.type).name); });
 
