@@ -5,9 +5,11 @@
 #include <random>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ref/quant_ref.h"
 #include "snapfill/dtype.h"
 #include "snapfill/status.h"
 #include "src/gguf/gguf_writer.h"
@@ -96,10 +98,21 @@ class Builder {
  public:
   Builder(const TinyLlamaOptions& opts, GgufWriter& writer) : opts_(opts), writer_(writer) {}
 
-  absl::Status Matrix(const std::string& name, int64_t ne0, int64_t ne1, double stddev) {
+  absl::Status Matrix(const std::string& name, int64_t ne0, int64_t ne1, double stddev,
+                      GgmlType type = GgmlType::kF32) {
     WeightRng rng(opts_.seed, stream_++);
     std::vector<float> w(static_cast<size_t>(ne0 * ne1));
     for (float& x : w) x = static_cast<float>(stddev * rng.Normal());
+    if (!opts_.f16_matrices && type != GgmlType::kF32) {
+      const int64_t row_bytes = RowBytes(type, ne0);
+      std::string bytes(static_cast<size_t>(row_bytes * ne1), '\0');
+      for (int64_t r = 0; r < ne1; ++r) {
+        if (!ref::QuantizeRow(type, w.data() + r * ne0, bytes.data() + r * row_bytes, ne0)) {
+          return absl::InvalidArgumentError(absl::StrCat(name, ": no quantizer for ", GetTypeTraits(type).name));
+        }
+      }
+      return writer_.AddTensor(name, type, {ne0, ne1}, bytes);
+    }
     if (!opts_.f16_matrices) return writer_.AddTensorF32(name, {ne0, ne1}, w);
     std::string bytes(w.size() * 2, '\0');
     for (size_t i = 0; i < w.size(); ++i) {
@@ -207,6 +220,20 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
   const int64_t q = int64_t{o.num_heads} * head_dim;
   const int64_t kv = int64_t{o.num_kv_heads} * head_dim;
   const int64_t ffn = o.ffn_dim;
+  for (const auto& [field, type, row] : {std::tuple<const char*, GgmlType, int64_t>{"matrix_type", o.matrix_type, d},
+                                         {"matrix_type", o.matrix_type, q},
+                                         {"ffn_down_type", o.ffn_down_type, ffn}}) {
+    const GgmlTypeTraits t = GetTypeTraits(type);
+    if (type != GgmlType::kF32 && (t.name == nullptr || !IsSupportedWeightType(type) || row % t.block_size != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " = ", t.name ? t.name : "?", ": not a weight type ",
+                                                     "the builder writes, or rows of ", row, " elements are no ",
+                                                     "whole number of its blocks"));
+    }
+  }
+  if (o.matrix_type != GgmlType::kF32 && ffn % GetTypeTraits(o.matrix_type).block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ffn_dim = ", ffn, " is no multiple of ",
+                                                   GetTypeTraits(o.matrix_type).name, "'s block"));
+  }
   if (d > kMaxDim || q > kMaxDim || ffn > kMaxDim || o.num_layers > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model_dim = ", d, ", num_heads * head_dim = ", q, ", ffn_dim = ", ffn,
@@ -242,7 +269,7 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
   // Keys in the order llama.cpp's convert_hf_to_gguf.py writes them.
   w.AddString("general.architecture", "llama");
   w.AddString("general.name", "snapfill-tiny-llama");
-  w.AddUint32("general.file_type", opts.f16_matrices ? 1 : 0);  // MOSTLY_F16 : ALL_F32
+  w.AddUint32("general.file_type", opts.f16_matrices || opts.matrix_type != GgmlType::kF32 ? 1 : 0);  // (not read)
   w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
   w.AddUint32("llama.context_length", static_cast<uint32_t>(opts.context_length));
   w.AddUint32("llama.embedding_length", static_cast<uint32_t>(d));
@@ -273,22 +300,24 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
   // input has RMS about 0.5 and activations stay O(1) through the layers; the
   // embedding gets N(0, 0.1^2) (0.0625 for the default model_dim 64 matrices).
   auto scale = [](int64_t fan_in) { return 0.5 / std::sqrt(static_cast<double>(fan_in)); };
-  SNAPFILL_RETURN_IF_ERROR(b.Matrix("token_embd.weight", d, n_vocab, 0.1));
+  const GgmlType mt = opts.matrix_type;
+  const GgmlType dt = opts.ffn_down_type != GgmlType::kF32 ? opts.ffn_down_type : mt;
+  SNAPFILL_RETURN_IF_ERROR(b.Matrix("token_embd.weight", d, n_vocab, 0.1, mt));
   for (int l = 0; l < opts.num_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_norm.weight", d));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_q.weight", d, q_dim, scale(d)));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_k.weight", d, kv_dim, scale(d)));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_v.weight", d, kv_dim, scale(d)));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_output.weight", q_dim, d, scale(q_dim)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_q.weight", d, q_dim, scale(d), mt));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_k.weight", d, kv_dim, scale(d), mt));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_v.weight", d, kv_dim, scale(d), mt));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_output.weight", q_dim, d, scale(q_dim), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "ffn_norm.weight", d));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_gate.weight", d, ffn, scale(d)));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_up.weight", d, ffn, scale(d)));
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_down.weight", ffn, d, scale(ffn)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_gate.weight", d, ffn, scale(d), mt));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_up.weight", d, ffn, scale(d), mt));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_down.weight", ffn, d, scale(ffn), dt));
   }
   SNAPFILL_RETURN_IF_ERROR(b.Norm("output_norm.weight", d));
   if (!opts.tie_embeddings) {
-    SNAPFILL_RETURN_IF_ERROR(b.Matrix("output.weight", d, n_vocab, scale(d)));
+    SNAPFILL_RETURN_IF_ERROR(b.Matrix("output.weight", d, n_vocab, scale(d), mt));
   }
   return absl::OkStatus();
 }

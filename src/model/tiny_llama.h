@@ -16,7 +16,8 @@
 //   blk.N.ffn_down.weight     [ffn_dim, model_dim]
 //   output_norm.weight        [model_dim]
 //   output.weight             [model_dim, vocab_size]  (only when untied)
-// Norms are F32; the 2-D tensors are F32, or F16 with `f16_matrices`.
+// Norms are F32; the 2-D tensors are F32, or F16 with `f16_matrices`, or of
+// `matrix_type` (and ffn_down of `ffn_down_type`).
 //
 // Weights are a pure function of the options: each tensor draws from its own
 // std::mt19937 seeded by seed_seq{seed, tensor index}, and normal variates are
@@ -28,6 +29,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "snapfill/dtype.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +49,13 @@ struct TinyLlamaOptions {
   int num_merges = -1;         // BPE merges to include; -1: all TinyLlamaMaxMerges()
   bool tie_embeddings = true;  // true: no output.weight (logits use token_embd)
   bool f16_matrices = false;   // store 2-D tensors as F16
+  // The 2-D tensors' type where f16_matrices is false: F32, or any type
+  // ref::QuantizeRow writes (its test quantizers; a K-quant needs every
+  // matrix's row length, model_dim and ffn_dim, a multiple of 256).
+  GgmlType matrix_type = GgmlType::kF32;
+  // ffn_down's type where it is not F32 (else matrix_type's): a file of mixed
+  // types, as llama.cpp's Q4_K_M and the like are.
+  GgmlType ffn_down_type = GgmlType::kF32;
   float rope_freq_base = 10000.0f;
   float rms_norm_eps = 1e-5f;
 };

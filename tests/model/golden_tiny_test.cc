@@ -2,6 +2,7 @@
 // idea, without downloads): the optimized CPU backend against the scalar
 // reference backend (double accumulators), through the same forward pass,
 // for a prefill and then several decode steps.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -97,6 +98,101 @@ INSTANTIATE_TEST_SUITE_P(
       const Case& c = info.param;
       return std::string(c.f16 ? "F16" : "F32") + "_h" + std::to_string(c.num_heads) + "_kv" +
              std::to_string(c.num_kv_heads) + "_d" + std::to_string(c.head_dim);
+    });
+
+// The quantized types end to end: every 2-D tensor of one type (and
+// ffn_down of another, as in llama.cpp's mixed files), against the reference
+// that rounds where the CPU does: bf16 operands where it takes AMX-BF16,
+// activations quantized to the Q8 partner on the integer paths, exact
+// products of the dequantized rows for the Q5 types' small batches.
+// Every product here equals ref::MatMulBf16 (or the integer reference) on
+// its own inputs to f32 summation (checked while writing this test: NMSE
+// 1e-13 or less per product, in the model). But the two backends' inputs to
+// each product differ in their last bits (f32 against double norms,
+// attention and SwiGLU), and rounding them to bf16 or to int8 then lands on
+// different sides of a step now and then: one int8 step is 1/254 of a
+// block's largest activation. The logits then differ by up to 1.2e-4 in
+// NMSE (Q4_K, measured), not 1e-8. A wrong weight is far larger (the AMX
+// path's Q4_K sub-block scales each one too large: 1.2e-2), so the bound
+// below is 1e-3, with each logit within 3% of the row's scale.
+struct QuantCase {
+  GgmlType matrices, down;
+  int model_dim, ffn_dim, num_heads;
+};
+
+class GoldenTinyQuantTest : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(GoldenTinyQuantTest, CpuBackendMatchesReference) {
+  const QuantCase& p = GetParam();
+  TinyLlamaOptions opts;
+  opts.matrix_type = p.matrices;
+  opts.ffn_down_type = p.down;
+  opts.num_layers = 2;
+  opts.model_dim = p.model_dim;
+  opts.ffn_dim = p.ffn_dim;
+  opts.num_heads = p.num_heads;
+  opts.num_kv_heads = p.num_heads / 2;
+  auto bytes = MakeTinyLlamaGguf(opts);
+  SNAPFILL_ASSERT_OK(bytes);
+  auto file = GgufFile::FromBytes(std::move(*bytes));
+  SNAPFILL_ASSERT_OK(file);
+  auto model = LlamaModel::Load(std::move(*file));
+  SNAPFILL_ASSERT_OK(model);
+  const int64_t vocab = (*model)->config().vocab_size;
+
+  auto cpu = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(cpu);
+  auto ref = testing::CreateRefBackend(/*quantized_activations=*/true, /*bf16_products=*/true);
+  const int n = 37, decode_steps = 3;
+  std::vector<int32_t> ids(n + decode_steps);
+  for (int i = 0; i < n + decode_steps; ++i) ids[i] = (i * 31 + 5) % vocab;
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<std::vector<float>> outputs;
+  for (Backend* b : {cpu->get(), ref.get()}) {
+    auto fwd = LlamaForward::Create(**model, b, 32);  // 37 tokens: 32 (tiles) and 5 (small m)
+    SNAPFILL_ASSERT_OK(fwd);
+    auto kv = (*fwd)->NewKvCache(ids.size());
+    SNAPFILL_ASSERT_OK(kv);
+    std::vector<float> all, logits(vocab);
+    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, logits.data()));
+    all.insert(all.end(), logits.begin(), logits.end());
+    for (int s = 0; s < decode_steps; ++s) {
+      SNAPFILL_ASSERT_OK((*fwd)->Forward(&ids[n + s], 1, &pos[n + s], **kv, 1, logits.data()));
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    outputs.push_back(std::move(all));
+  }
+  double err = 0, norm = 0, scale = 0;
+  for (size_t i = 0; i < outputs[0].size(); ++i) {
+    const double d = outputs[0][i] - outputs[1][i];
+    err += d * d;
+    norm += double(outputs[1][i]) * outputs[1][i];
+    scale = std::max(scale, std::fabs(double(outputs[1][i])));
+  }
+  EXPECT_LT(err / norm, 1e-3);
+  for (size_t i = 0; i < outputs[0].size(); ++i) {
+    ASSERT_NEAR(outputs[0][i], outputs[1][i], 0.03 * scale) << "logit " << i;
+  }
+  EXPECT_GT(scale, 0.1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, GoldenTinyQuantTest,
+    ::testing::Values(QuantCase{GgmlType::kQ5_0, GgmlType::kF32, 64, 128, 4},
+                      QuantCase{GgmlType::kQ5_1, GgmlType::kF32, 64, 128, 4},
+                      QuantCase{GgmlType::kQ4_1, GgmlType::kF32, 64, 128, 4},
+                      // Q4_K_M of a model whose width is no multiple of 256
+                      // (SmolLM2's): Q5_0, with Q6_K where the rows allow.
+                      QuantCase{GgmlType::kQ5_0, GgmlType::kQ6_K, 64, 256, 4},
+                      // Q4_K_M and Q5_K_M of a 256-multiple width.
+                      QuantCase{GgmlType::kQ4_K, GgmlType::kQ6_K, 256, 512, 8},
+                      QuantCase{GgmlType::kQ5_K, GgmlType::kQ6_K, 256, 512, 8},
+                      QuantCase{GgmlType::kBF16, GgmlType::kQ8_0, 64, 128, 4}),
+    [](const auto& info) {
+      const QuantCase& c = info.param;
+      return std::string(GetTypeTraits(c.matrices).name) + "_down_" +
+             (c.down == GgmlType::kF32 ? "same" : GetTypeTraits(c.down).name);
     });
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/ref/quant_ref.h"
 #include "src/gguf/gguf_reader.h"
 #include "tests/testing/status_matchers.h"
 
@@ -342,7 +343,44 @@ TEST(TinyLlamaTest, InvalidOptionsNameTheField) {
   o.num_heads = 64;
   o.num_kv_heads = 64;
   expect_invalid(o, "weights");
+  o = {};
+  o.matrix_type = GgmlType::kQ4_K;  // rows of 64: no whole 256-element block
+  expect_invalid(o, "matrix_type = Q4_K");
+  o = {};
+  o.ffn_down_type = GgmlType::kIQ4_NL;  // a type snapfill does not compute with
+  expect_invalid(o, "ffn_down_type = IQ4_NL");
   SNAPFILL_EXPECT_OK(ValidateTinyLlamaOptions(TinyLlamaOptions{}));
+}
+
+// Quantized matrices: each 2-D tensor of the asked type (ffn_down of its
+// own), holding ref::QuantizeRow of the F32 model's weights.
+TEST(TinyLlamaTest, QuantizedMatricesAreTheQuantizedF32Weights) {
+  TinyLlamaOptions opts;
+  opts.ffn_dim = 256;
+  auto f32 = Build(opts);
+  opts.matrix_type = GgmlType::kQ5_0;
+  opts.ffn_down_type = GgmlType::kQ6_K;
+  auto q = Build(opts);
+  ASSERT_NE(f32, nullptr);
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(f32->tensors().size(), q->tensors().size());
+  for (size_t i = 0; i < q->tensors().size(); ++i) {
+    const GgufTensorInfo& a = f32->tensors()[i];
+    const GgufTensorInfo& b = q->tensors()[i];
+    ASSERT_EQ(a.name, b.name);
+    ASSERT_EQ(a.shape, b.shape);
+    if (a.shape.size() != 2) {
+      EXPECT_EQ(b.type, GgmlType::kF32) << b.name;
+      continue;
+    }
+    const GgmlType want = b.name.find("ffn_down") != std::string::npos ? GgmlType::kQ6_K : GgmlType::kQ5_0;
+    ASSERT_EQ(b.type, want) << b.name;
+    const std::vector<float> x = TensorAsFloats(a);
+    const int64_t row_bytes = RowBytes(want, a.shape[0]);
+    std::vector<uint8_t> row(row_bytes);
+    ref::QuantizeRow(want, x.data(), row.data(), a.shape[0]);  // the first row
+    ASSERT_EQ(std::memcmp(row.data(), b.data, row_bytes), 0) << b.name;
+  }
 }
 
 // ---------------------------------------------------------------------------
