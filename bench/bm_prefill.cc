@@ -41,9 +41,12 @@ Loaded* Get() {
   return loaded;
 }
 
-std::vector<int32_t> Tokens(int64_t n) {
+// Token ids spread over the vocabulary (the default model's 49,152 ids:
+// 1,000..30,999; a smaller vocabulary, such as a make_tiny_gguf model's,
+// wraps).
+std::vector<int32_t> Tokens(int64_t n, int64_t vocab) {
   std::vector<int32_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = 1000 + (i * 7919) % 30000;
+  for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((1000 + (i * 7919) % 30000) % vocab);
   return ids;
 }
 
@@ -56,7 +59,7 @@ void BM_Prefill_Cpu(benchmark::State& state) {
     return;
   }
   const int64_t n = state.range(0);
-  auto ids = Tokens(n);
+  auto ids = Tokens(n, l->model->config().vocab_size);
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), 0);
   auto fwd = LlamaForward::Create(*l->model, l->backend.get(), n);
@@ -65,7 +68,10 @@ void BM_Prefill_Cpu(benchmark::State& state) {
   for (auto _ : state) {
     (*kv)->Clear();
     auto s = (*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, logits.data());
-    if (!s.ok()) state.SkipWithError(std::string(s.message()).c_str());
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
+    }
     benchmark::DoNotOptimize(logits.data());
   }
   state.SetItemsProcessed(state.iterations() * n);
@@ -84,7 +90,7 @@ void BM_Decode_Cpu(benchmark::State& state) {
   }
   const int64_t n = state.range(0);
   const int64_t prompt = 16;
-  auto ids = Tokens(prompt + n);
+  auto ids = Tokens(prompt + n, l->model->config().vocab_size);
   std::vector<int32_t> pos(prompt + n);
   std::iota(pos.begin(), pos.end(), 0);
   auto fwd = LlamaForward::Create(*l->model, l->backend.get(), prompt);
@@ -93,10 +99,14 @@ void BM_Decode_Cpu(benchmark::State& state) {
   for (auto _ : state) {
     state.PauseTiming();
     (*kv)->Clear();
-    (void)(*fwd)->Forward(ids.data(), prompt, pos.data(), **kv, 1, logits.data());
+    absl::Status s = (*fwd)->Forward(ids.data(), prompt, pos.data(), **kv, 1, logits.data());
     state.ResumeTiming();
-    for (int64_t i = prompt; i < prompt + n; ++i) {
-      (void)(*fwd)->Forward(&ids[i], 1, &pos[i], **kv, 1, logits.data());
+    for (int64_t i = prompt; i < prompt + n && s.ok(); ++i) {
+      s = (*fwd)->Forward(&ids[i], 1, &pos[i], **kv, 1, logits.data());
+    }
+    if (!s.ok()) {
+      state.SkipWithError(std::string(s.message()).c_str());
+      break;
     }
     benchmark::DoNotOptimize(logits.data());
   }

@@ -35,6 +35,11 @@ ABSL_FLAG(int, vocab_merges, -1,
 ABSL_FLAG(bool, tie_embeddings, true,
           "Share token_embd.weight as the output matrix (no output.weight).");
 ABSL_FLAG(bool, f16, false, "Store the 2-D weight matrices as F16 instead of F32.");
+ABSL_FLAG(std::string, type, "F32",
+          "Type of the 2-D weight matrices: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K "
+          "(the K-quants need --dim and --ffn multiples of 256).");
+ABSL_FLAG(std::string, down_type, "",
+          "Type of ffn_down alone, as llama.cpp's mixed files (Q4_K_M: --type Q4_K --down_type Q6_K); empty: --type.");
 ABSL_FLAG(bool, force, false, "Overwrite --out if it already exists.");
 
 namespace {
@@ -80,7 +85,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a tiny random-weight Llama GGUF (byte-level GPT-2 vocab, llama.cpp tensor "
       "names).\nUsage: make_tiny_gguf --out=PATH [--seed=N] [--layers=N] [--dim=N] "
-      "[--heads=N] [--kv_heads=N] [--ffn=N] [--vocab_merges=N] [--f16] [--force]");
+      "[--heads=N] [--kv_heads=N] [--ffn=N] [--vocab_merges=N] [--f16 | --type=T [--down_type=T]] [--force]");
   if (!AllFlagsKnown(argc, argv)) return kExitUsage;
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
@@ -104,6 +109,31 @@ int main(int argc, char** argv) {
   opts.num_merges = absl::GetFlag(FLAGS_vocab_merges);
   opts.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   opts.f16_matrices = absl::GetFlag(FLAGS_f16);
+  // A type by its ggml name (GgmlTypeTraits::name).
+  auto type_named = [](const std::string& name, snapfill::GgmlType* type) {
+    for (uint32_t id = 0; id < 64; ++id) {
+      const char* n = snapfill::GetTypeTraits(static_cast<snapfill::GgmlType>(id)).name;
+      if (n != nullptr && name == n) {
+        *type = static_cast<snapfill::GgmlType>(id);
+        return true;
+      }
+    }
+    return false;
+  };
+  if (!type_named(absl::GetFlag(FLAGS_type), &opts.matrix_type)) {
+    std::fprintf(stderr, "make_tiny_gguf: --type=%s is no ggml type name (see --help)\n",
+                 absl::GetFlag(FLAGS_type).c_str());
+    return kExitUsage;
+  }
+  if (!absl::GetFlag(FLAGS_down_type).empty() && !type_named(absl::GetFlag(FLAGS_down_type), &opts.ffn_down_type)) {
+    std::fprintf(stderr, "make_tiny_gguf: --down_type=%s is no ggml type name (see --help)\n",
+                 absl::GetFlag(FLAGS_down_type).c_str());
+    return kExitUsage;
+  }
+  if (opts.f16_matrices && opts.matrix_type != snapfill::GgmlType::kF32) {
+    std::fprintf(stderr, "make_tiny_gguf: --f16 and --type=%s: pass one of them\n", absl::GetFlag(FLAGS_type).c_str());
+    return kExitUsage;
+  }
   if (absl::Status s = snapfill::ValidateTinyLlamaOptions(opts); !s.ok()) {
     std::fprintf(stderr, "make_tiny_gguf: invalid flags: %s\n", s.ToString().c_str());
     return kExitUsage;
@@ -121,6 +151,6 @@ int main(int argc, char** argv) {
   }
   std::printf("wrote %s (%d layers, dim %d, %d/%d heads, ffn %d, %s)\n", out.c_str(),
               opts.num_layers, opts.model_dim, opts.num_heads, opts.num_kv_heads, opts.ffn_dim,
-              opts.f16_matrices ? "F16" : "F32");
+              opts.f16_matrices ? "F16" : snapfill::GetTypeTraits(opts.matrix_type).name);
   return kExitOk;
 }

@@ -254,6 +254,26 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
 
 namespace {
 
+// llama.cpp's llama_ftype for the file's matrices (general.file_type, which
+// only names the file: llama-bench prints it; snapfill does not read it).
+uint32_t FileType(const TinyLlamaOptions& opts) {
+  if (opts.f16_matrices) return 1;
+  const bool q6_down = opts.ffn_down_type == GgmlType::kQ6_K;
+  switch (opts.matrix_type) {
+    case GgmlType::kF16: return 1;
+    case GgmlType::kQ4_0: return 2;
+    case GgmlType::kQ4_1: return 3;
+    case GgmlType::kQ8_0: return 7;
+    case GgmlType::kQ5_0: return 8;
+    case GgmlType::kQ5_1: return 9;
+    case GgmlType::kQ4_K: return q6_down ? 15 : 14;  // Q4_K_M : Q4_K_S
+    case GgmlType::kQ5_K: return q6_down ? 17 : 16;  // Q5_K_M : Q5_K_S
+    case GgmlType::kQ6_K: return 18;
+    case GgmlType::kBF16: return 32;
+    default: return 0;  // F32
+  }
+}
+
 // Fills `w` with the whole model.
 absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
   SNAPFILL_RETURN_IF_ERROR(ValidateTinyLlamaOptions(opts));
@@ -269,7 +289,7 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
   // Keys in the order llama.cpp's convert_hf_to_gguf.py writes them.
   w.AddString("general.architecture", "llama");
   w.AddString("general.name", "snapfill-tiny-llama");
-  w.AddUint32("general.file_type", opts.f16_matrices || opts.matrix_type != GgmlType::kF32 ? 1 : 0);  // (not read)
+  w.AddUint32("general.file_type", FileType(opts));
   w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
   w.AddUint32("llama.context_length", static_cast<uint32_t>(opts.context_length));
   w.AddUint32("llama.embedding_length", static_cast<uint32_t>(d));
