@@ -272,6 +272,15 @@ std::vector<Case> AllCases() {
     cases.push_back({t, 4, 33, 576, cpu::MatMulImpl::kAuto, 7, 3, 4});
   }
   for (int64_t m : {2, 4}) cases.push_back({GgmlType::kQ5_K, m, 40, 512});
+  // One token times Q4_K / Q6_K (AVX-512: the super-blocks read in place,
+  // GemvRowsK1Avx512): strided operands, a row count no multiple of the
+  // 16-row chunks, and a Llama-2/TinyLlama shape (ffn_down k = 5632, 22
+  // super-blocks) big enough to go parallel.
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    cases.push_back({t, 1, 33, 768, cpu::MatMulImpl::kAuto, 7, 3, 4});
+    cases.push_back({t, 1, 203, 2048});
+    cases.push_back({t, 1, 64, 5632});
+  }
   cases.push_back({GgmlType::kQ4_1, 1, 1536, 576});
   cases.push_back({GgmlType::kQ4_1, 1, 576, 1536});
   cases.push_back({GgmlType::kQ8_0, 1, 1536, 576});
@@ -288,7 +297,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
 TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
   // m = 37: the packed path; m = 1: the decode path (n large enough that it
   // does go parallel).
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ6_K, GgmlType::kF16, GgmlType::kQ5_K}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
+                     GgmlType::kQ5_K}) {
     for (const auto& [m, n] : {std::pair<int64_t, int64_t>{37, 75}, {1, 1000}}) {
       const int64_t k = IsKQuant(t) ? 512 : 576;
       const size_t row_bytes = RowBytes(t, k);
