@@ -47,7 +47,8 @@ void BM_MatMul_Cpu(benchmark::State& state) {
 void Shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"type", "m", "k", "n"});
   const GgmlType types[] = {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0,
-                            GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32};
+                            GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32,
+                            GgmlType::kF16,  GgmlType::kQ5_0};
   const int64_t shapes[][2] = {{576, 1536}, {1536, 576}, {576, 576}, {576, 49152}};
   for (GgmlType t : types) {
     for (const auto& s : shapes) {
