@@ -4,18 +4,66 @@
 // for a prefill and then several decode steps.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "snapfill/backend.h"
 #include "snapfill/status.h"
+#include "src/gguf/gguf_reader.h"
 #include "src/model/llama_forward.h"
+#include "src/model/llama_model.h"
 #include "src/model/tiny_llama.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
 namespace {
+
+// The tiny model `opts` describes, loaded from memory.
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadTiny(const TinyLlamaOptions& opts) {
+  SNAPFILL_ASSIGN_OR_RETURN(std::string bytes, MakeTinyLlamaGguf(opts));
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::FromBytes(std::move(bytes)));
+  return LlamaModel::Load(std::move(file));
+}
+
+// The logits of a prefill of ids[0, n) (in batches of at most `batch`), then
+// of one token at a time for the rest of `ids`, one after the other.
+absl::StatusOr<std::vector<float>> PrefillThenDecode(const LlamaModel& model, Backend* backend,
+                                                     const std::vector<int32_t>& ids, int n, int batch) {
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> fwd, LlamaForward::Create(model, backend, batch));
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv, fwd->NewKvCache(static_cast<int64_t>(ids.size())));
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<float> all, logits(vocab);
+  SNAPFILL_RETURN_IF_ERROR(fwd->Forward(ids.data(), n, pos.data(), *kv, 1, logits.data()));
+  all.insert(all.end(), logits.begin(), logits.end());
+  for (size_t s = n; s < ids.size(); ++s) {
+    SNAPFILL_RETURN_IF_ERROR(fwd->Forward(&ids[s], 1, &pos[s], *kv, 1, logits.data()));
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+// The CPU backend's logits against the reference's: the NMSE below
+// `max_nmse`, each logit within `max_rel` of the largest reference logit,
+// and logits that are not degenerate.
+void ExpectClose(const std::vector<float>& cpu, const std::vector<float>& ref, double max_nmse, double max_rel) {
+  ASSERT_EQ(cpu.size(), ref.size());
+  double err = 0, norm = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = cpu[i] - ref[i];
+    err += d * d;
+    norm += double(ref[i]) * ref[i];
+    scale = std::max(scale, std::fabs(double(ref[i])));
+  }
+  EXPECT_LT(err / norm, max_nmse);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(cpu[i], ref[i], max_rel * scale) << "logit " << i;
+  EXPECT_GT(scale, 0.1);  // logits are not degenerate
+}
 
 struct Case {
   bool f16;
@@ -35,11 +83,7 @@ TEST_P(GoldenTinyTest, CpuBackendMatchesReference) {
   opts.num_kv_heads = p.num_kv_heads;
   opts.head_dim = p.head_dim;
   opts.model_dim = 64;
-  auto bytes = MakeTinyLlamaGguf(opts);
-  SNAPFILL_ASSERT_OK(bytes);
-  auto file = GgufFile::FromBytes(std::move(*bytes));
-  SNAPFILL_ASSERT_OK(file);
-  auto model = LlamaModel::Load(std::move(*file));
+  auto model = LoadTiny(opts);
   SNAPFILL_ASSERT_OK(model);
   const int64_t vocab = (*model)->config().vocab_size;
 
@@ -51,43 +95,16 @@ TEST_P(GoldenTinyTest, CpuBackendMatchesReference) {
   const int n = 41, decode_steps = 4;
   std::vector<int32_t> ids(n + decode_steps);
   for (int i = 0; i < n + decode_steps; ++i) ids[i] = (i * 53 + 7) % vocab;
-  std::vector<int32_t> pos(ids.size());
-  std::iota(pos.begin(), pos.end(), 0);
-
-  std::vector<std::vector<float>> outputs;
-  for (Backend* b : {cpu->get(), ref.get()}) {
-    auto fwd = LlamaForward::Create(**model, b, 16);  // 41 tokens in 3 pieces
-    SNAPFILL_ASSERT_OK(fwd);
-    auto kv = (*fwd)->NewKvCache(ids.size());
-    SNAPFILL_ASSERT_OK(kv);
-    std::vector<float> all;
-    std::vector<float> logits(vocab);
-    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, logits.data()));
-    all.insert(all.end(), logits.begin(), logits.end());
-    for (int s = 0; s < decode_steps; ++s) {
-      SNAPFILL_ASSERT_OK(
-          (*fwd)->Forward(&ids[n + s], 1, &pos[n + s], **kv, 1, logits.data()));
-      all.insert(all.end(), logits.begin(), logits.end());
-    }
-    outputs.push_back(std::move(all));
-  }
+  auto got = PrefillThenDecode(**model, cpu->get(), ids, n, 16);  // 41 tokens in 3 pieces
+  SNAPFILL_ASSERT_OK(got);
+  auto want = PrefillThenDecode(**model, ref.get(), ids, n, 16);
+  SNAPFILL_ASSERT_OK(want);
   // f32 accumulation in the optimized kernels against double in the
   // reference: each logit is a chain of ~10 dot products of length <= 128
   // over 3 layers; relative error a few times 128 * 2^-24 per product, so
   // NMSE well under 1e-9. Bound the NMSE at 1e-8 and each logit at 1e-3 of
   // the row's scale.
-  double err = 0, norm = 0, scale = 0;
-  for (size_t i = 0; i < outputs[0].size(); ++i) {
-    const double d = outputs[0][i] - outputs[1][i];
-    err += d * d;
-    norm += double(outputs[1][i]) * outputs[1][i];
-    scale = std::max(scale, std::fabs(double(outputs[1][i])));
-  }
-  EXPECT_LT(err / norm, 1e-8);
-  for (size_t i = 0; i < outputs[0].size(); ++i) {
-    ASSERT_NEAR(outputs[0][i], outputs[1][i], 1e-3 * scale) << "logit " << i;
-  }
-  EXPECT_GT(scale, 0.1);  // logits are not degenerate
+  ExpectClose(*got, *want, 1e-8, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -132,11 +149,7 @@ TEST_P(GoldenTinyQuantTest, CpuBackendMatchesReference) {
   opts.ffn_dim = p.ffn_dim;
   opts.num_heads = p.num_heads;
   opts.num_kv_heads = p.num_heads / 2;
-  auto bytes = MakeTinyLlamaGguf(opts);
-  SNAPFILL_ASSERT_OK(bytes);
-  auto file = GgufFile::FromBytes(std::move(*bytes));
-  SNAPFILL_ASSERT_OK(file);
-  auto model = LlamaModel::Load(std::move(*file));
+  auto model = LoadTiny(opts);
   SNAPFILL_ASSERT_OK(model);
   const int64_t vocab = (*model)->config().vocab_size;
 
@@ -146,35 +159,11 @@ TEST_P(GoldenTinyQuantTest, CpuBackendMatchesReference) {
   const int n = 37, decode_steps = 3;
   std::vector<int32_t> ids(n + decode_steps);
   for (int i = 0; i < n + decode_steps; ++i) ids[i] = (i * 31 + 5) % vocab;
-  std::vector<int32_t> pos(ids.size());
-  std::iota(pos.begin(), pos.end(), 0);
-  std::vector<std::vector<float>> outputs;
-  for (Backend* b : {cpu->get(), ref.get()}) {
-    auto fwd = LlamaForward::Create(**model, b, 32);  // 37 tokens: 32 (tiles) and 5 (small m)
-    SNAPFILL_ASSERT_OK(fwd);
-    auto kv = (*fwd)->NewKvCache(ids.size());
-    SNAPFILL_ASSERT_OK(kv);
-    std::vector<float> all, logits(vocab);
-    SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, logits.data()));
-    all.insert(all.end(), logits.begin(), logits.end());
-    for (int s = 0; s < decode_steps; ++s) {
-      SNAPFILL_ASSERT_OK((*fwd)->Forward(&ids[n + s], 1, &pos[n + s], **kv, 1, logits.data()));
-      all.insert(all.end(), logits.begin(), logits.end());
-    }
-    outputs.push_back(std::move(all));
-  }
-  double err = 0, norm = 0, scale = 0;
-  for (size_t i = 0; i < outputs[0].size(); ++i) {
-    const double d = outputs[0][i] - outputs[1][i];
-    err += d * d;
-    norm += double(outputs[1][i]) * outputs[1][i];
-    scale = std::max(scale, std::fabs(double(outputs[1][i])));
-  }
-  EXPECT_LT(err / norm, 1e-3);
-  for (size_t i = 0; i < outputs[0].size(); ++i) {
-    ASSERT_NEAR(outputs[0][i], outputs[1][i], 0.03 * scale) << "logit " << i;
-  }
-  EXPECT_GT(scale, 0.1);
+  auto got = PrefillThenDecode(**model, cpu->get(), ids, n, 32);  // 37 tokens: 32 (tiles) and 5 (small m)
+  SNAPFILL_ASSERT_OK(got);
+  auto want = PrefillThenDecode(**model, ref.get(), ids, n, 32);
+  SNAPFILL_ASSERT_OK(want);
+  ExpectClose(*got, *want, 1e-3, 0.03);
 }
 
 INSTANTIATE_TEST_SUITE_P(
