@@ -2,7 +2,8 @@
 //   BM_MatMul_Cpu/<type>/m/k/n: Y[m, n] = X[m, k] · W[n, k]ᵀ, W in <type>.
 // Shapes: q/o projections (576 -> 576), FFN up/gate (576 -> 1536), FFN down
 // (1536 -> 576), output head (576 -> 49152); m = 1 (decode) and 512 (prefill);
-// k/v projection (576 -> 192) at m = 1.
+// k/v projection (576 -> 192) at m = 1; and a Llama-sized FFN in Q4_K / Q6_K
+// (2048 -> 5632 -> 2048) at m = 512.
 // Counters: GFLOP/s = 2·m·n·k per iteration; items = tokens. Threads: whatever
 // OMP_NUM_THREADS / omp_get_max_threads() gives (set it to pin the count).
 // No correctness checks here: tests/kernels/matmul_test.cc covers them.
@@ -61,6 +62,10 @@ void Shapes(benchmark::internal::Benchmark* b) {
   }
   // k/v projections at decode (576 -> 192): the smallest product of a token.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0}) b->Args({static_cast<int64_t>(t), 1, 576, 192});
+  // A Llama-family K-quant file's FFN (TinyLlama / Llama-2: 2048 -> 5632 ->
+  // 2048; llama.cpp's Q4_K_M has Q4_K gate/up and Q6_K down), prefill.
+  b->Args({static_cast<int64_t>(GgmlType::kQ4_K), 512, 2048, 5632});
+  b->Args({static_cast<int64_t>(GgmlType::kQ6_K), 512, 5632, 2048});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_MatMul_Cpu)->Apply(Shapes);
