@@ -235,6 +235,12 @@ std::vector<Case> AllCases() {
     cases.push_back({t, 64, 192, kq ? 1536 : 1536, cpu::MatMulImpl::kAvx2});
     cases.push_back({t, 19, 17, kq ? 512 : 160, cpu::MatMulImpl::kAvx2, 7, 3, 4});
   }
+  // The float weights' panels in 8 × 8 tiles and a tail: k no multiple of 8,
+  // a partial second half of the 16 rows, strides.
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16}) {
+    cases.push_back({t, 13, 21, 100, cpu::MatMulImpl::kAvx2});
+    cases.push_back({t, 7, 11, 45, cpu::MatMulImpl::kAvx2, 7, 3, 4});
+  }
   // Non-contiguous x / y / weight rows.
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32,
                      GgmlType::kF16, GgmlType::kQ5_1, GgmlType::kQ5_K}) {
