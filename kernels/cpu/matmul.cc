@@ -14,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,24 @@
 namespace snapfill::cpu::internal {
 // MatMulImpl, for every level's copy.
 std::atomic<int> g_matmul_impl{static_cast<int>(MatMulImpl::kAuto)};
+
+// The packed operands' scratch starts on a cache line: malloc gives 16-byte
+// alignment, so half of the kernels' 32-byte loads split a line.
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT(google-explicit-constructor): rebinding
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const {
+    return true;
+  }
+};
+template <class T>
+using LineVector = std::vector<T, LineAllocator<T>>;
 }  // namespace snapfill::cpu::internal
 
 #define SNAPFILL_CPU_VARIANT_BODY "kernels/cpu/matmul_variant.inc"
