@@ -40,7 +40,7 @@ namespace snapfill::cpu::internal {
 std::atomic<int> g_matmul_impl{static_cast<int>(MatMulImpl::kAuto)};
 
 // The packed operands' scratch starts on a cache line: malloc gives 16-byte
-// alignment, so half of the kernels' 32-byte loads split a line.
+// alignment, with which a kernel's 32-byte loads can split lines.
 template <class T>
 struct LineAllocator {
   using value_type = T;
