@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <deque>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
