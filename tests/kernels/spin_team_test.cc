@@ -3,7 +3,9 @@
 // follow each other without losing one, after the workers went to sleep
 // too; a run from inside a run, or beside another thread's, runs on the
 // calling thread alone; its barrier holds every thread until all arrive;
-// cpu::ParallelFor covers every index once.
+// cpu::ParallelFor covers every index once; StealingRanges gives each
+// thread its own span first, every item once, and lets a thread done first
+// take what a held-back thread left.
 #include "kernels/cpu/spin_team.h"
 
 #include <omp.h>
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -227,6 +230,71 @@ TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
   });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(ok);
+}
+
+// StealingRanges on one thread (what a run that falls back to the calling
+// thread gets): thread 0's span, then the others' in thread order, each
+// taken half of what is left at a time, never less than the chunk, and cut
+// at the span's end; every item once.
+TEST(StealingRangesTest, OneThreadTakesEverySpanInOrder) {
+  using Pieces = std::vector<std::pair<int64_t, int64_t>>;
+  auto pieces = [](int64_t n, int nt, int64_t chunk, int t) {
+    StealingRanges ranges(n, nt, chunk);
+    Pieces got;
+    ranges.ForEach(t, [&](int64_t first, int64_t last) { got.emplace_back(first, last); });
+    return got;
+  };
+  // Spans [0, 4), [4, 7), [7, 10).
+  EXPECT_EQ(pieces(10, 3, 1, 0), (Pieces{{0, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}, {7, 8}, {8, 9}, {9, 10}}));
+  EXPECT_EQ(pieces(10, 3, 3, 0), (Pieces{{0, 3}, {3, 4}, {4, 7}, {7, 10}}));
+  EXPECT_EQ(pieces(10, 3, 100, 0), (Pieces{{0, 4}, {4, 7}, {7, 10}}));
+  // Thread 2 of 3 starts with its own span, then wraps to thread 0's.
+  EXPECT_EQ(pieces(10, 3, 1, 2), (Pieces{{7, 8}, {8, 9}, {9, 10}, {0, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}}));
+  // A long span: halves first, then chunks, in about log2(span / chunk) pieces.
+  const Pieces big = pieces(1024, 1, 8, 0);
+  EXPECT_EQ(big.front(), (std::pair<int64_t, int64_t>{0, 512}));
+  EXPECT_EQ(big.back().second, 1024);
+  EXPECT_LE(big.size(), 9u);
+  for (size_t i = 1; i < big.size(); ++i) EXPECT_EQ(big[i].first, big[i - 1].second);
+  // No items, or fewer than threads: nothing twice, nothing made up.
+  EXPECT_TRUE(pieces(0, 2, 4, 0).empty());
+  EXPECT_EQ(pieces(1, 3, 4, 1), (Pieces{{0, 1}}));
+}
+
+// On the team: every item once; each thread's first chunk is the start of
+// its own span; and when thread 0 is held back before it starts, the other
+// thread takes thread 0's span too.
+TEST(StealingRangesTest, TeamTakesEveryItemOnceAndHelpsTheSlowThread) {
+  if (!TwoThreads()) GTEST_SKIP() << "one thread";
+  SpinTeam& team = SpinTeam::Get();
+  const int nt = team.Threads(2);
+  ASSERT_EQ(nt, 2);
+  constexpr int64_t kItems = 1000;
+  for (const bool hold_back : {false, true}) {
+    StealingRanges ranges(kItems, nt, 7);
+    std::vector<std::atomic<int>> hits(kItems), by(kItems);
+    std::vector<int64_t> first_of(nt, -1);
+    team.Run(nt, [&](int t, int) {
+      if (hold_back && t == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ranges.ForEach(t, [&](int64_t first, int64_t last) {
+        if (first_of[t] < 0) first_of[t] = first;
+        for (int64_t i = first; i < last; ++i) {
+          hits[i].fetch_add(1);
+          by[i].store(t);
+        }
+      });
+    });
+    for (int64_t i = 0; i < kItems; ++i) ASSERT_EQ(hits[i].load(), 1) << "item " << i;
+    if (!hold_back) {
+      EXPECT_EQ(first_of[0], 0);
+      EXPECT_EQ(first_of[1], kItems / 2);
+    } else {
+      EXPECT_EQ(first_of[1], kItems / 2);
+      int64_t taken = 0;
+      for (int64_t i = 0; i < kItems / 2; ++i) taken += by[i].load() == 1;
+      EXPECT_GT(taken, 0) << "thread 1 took none of the held-back thread's span";
+    }
+  }
 }
 
 }  // namespace
