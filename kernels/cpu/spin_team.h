@@ -31,6 +31,7 @@
 #define SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -150,22 +151,26 @@ class DynamicItems {
 // 16 KiB chunks cost about 2% of a decode step), but the run no longer waits
 // for a thread that one vCPU's slow phase held back (docs/BENCHMARKS.md,
 // sitting 34). Made before the run of nt threads, shared by them, used for
-// one loop.
+// one loop. The counters of up to kInlineSpans threads live in the object
+// itself: a decode step makes about 150 of these, so no allocation for them.
 class StealingRanges {
  public:
-  StealingRanges(int64_t n, int nt, int64_t chunk) : chunk_(std::max<int64_t>(chunk, 1)), spans_(nt) {
-    for (int t = 0; t < nt; ++t) {
-      const StaticRange r(n, t, nt);
+  StealingRanges(int64_t n, int nt, int64_t chunk)
+      : chunk_(std::max<int64_t>(chunk, 1)), nt_(nt), heap_(nt > kInlineSpans ? nt : 0),
+        spans_(nt > kInlineSpans ? heap_.data() : inline_.data()) {
+    for (int t = 0; t < nt_; ++t) {
+      const StaticRange r(n, t, nt_);
       spans_[t].next.store(r.first, std::memory_order_relaxed);
       spans_[t].last = r.last;
     }
   }
+  StealingRanges(const StealingRanges&) = delete;
+  StealingRanges& operator=(const StealingRanges&) = delete;
   // f(first, last) for every piece [first, last) thread t of the run gets.
   template <class F>
   void ForEach(int t, F&& f) {
-    const int nt = static_cast<int>(spans_.size());
-    for (int i = 0; i < nt; ++i) {
-      Span& s = spans_[(t + i) % nt];
+    for (int i = 0; i < nt_; ++i) {
+      Span& s = spans_[(t + i) % nt_];
       for (int64_t seen = s.next.load(std::memory_order_relaxed); seen < s.last;
            seen = s.next.load(std::memory_order_relaxed)) {
         const int64_t take = std::max(chunk_, (s.last - seen) / 2);
@@ -181,8 +186,12 @@ class StealingRanges {
     std::atomic<int64_t> next{0};
     int64_t last = 0;
   };
+  static constexpr int kInlineSpans = 4;
   const int64_t chunk_;
-  std::vector<Span> spans_;
+  const int nt_;
+  std::array<Span, kInlineSpans> inline_;
+  std::vector<Span> heap_;  // nt > kInlineSpans
+  Span* spans_;
 };
 
 }  // namespace snapfill::cpu::internal

@@ -256,6 +256,14 @@ TEST(StealingRangesTest, OneThreadTakesEverySpanInOrder) {
   EXPECT_EQ(big.back().second, 1024);
   EXPECT_LE(big.size(), 9u);
   for (size_t i = 1; i < big.size(); ++i) EXPECT_EQ(big[i].first, big[i - 1].second);
+  // More threads than the counters kept inline (the rest on the heap):
+  // still every span in order, every item once.
+  const Pieces many = pieces(100, 6, 100, 0);
+  ASSERT_EQ(many.size(), 6u);
+  for (size_t i = 0; i < many.size(); ++i) {
+    EXPECT_EQ(many[i].first, i == 0 ? 0 : many[i - 1].second);
+  }
+  EXPECT_EQ(many.back().second, 100);
   // No items, or fewer than threads: nothing twice, nothing made up.
   EXPECT_TRUE(pieces(0, 2, 4, 0).empty());
   EXPECT_EQ(pieces(1, 3, 4, 1), (Pieces{{0, 1}}));
