@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "bench/bench_weights.h"
+#include "kernels/cpu/peak.h"
 #include "benchmark/benchmark.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -456,124 +457,49 @@ BENCHMARK(BM_AmxPeak)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The three instructions as (accumulator type, first value, one step). The
-// loop below is compiled for all three instruction sets and runs only where
-// BM_VectorPeak found the one it uses.
-#define SNAPFILL_PEAK_TARGET __attribute__((target("avx512f,avx512vnni,avx512bf16"), always_inline))
-struct FmaOp {
-  using T = __m512;
-  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_ps(0.001f * i); }
-  SNAPFILL_PEAK_TARGET static T Step(T a) {
-    return _mm512_fmadd_ps(a, _mm512_set1_ps(0.999f), _mm512_set1_ps(0.0001f));
+// The peak loops are kernels/cpu/peak.h's (12 independent chains of one
+// instruction on each thread), but for kind 5, the AVX2 kernels' dot of two
+// instructions, which is measured only here.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256i DotStep256(__m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_set1_epi8(-2)), _mm256_set1_epi16(1));
+}
+__attribute__((target("avx2,fma"), noinline)) float DotPeakLoop256(int64_t iters) {
+  __m256i a0 = _mm256_set1_epi8(0), a1 = _mm256_set1_epi8(1), a2 = _mm256_set1_epi8(2), a3 = _mm256_set1_epi8(3),
+          a4 = _mm256_set1_epi8(4), a5 = _mm256_set1_epi8(5), a6 = _mm256_set1_epi8(6), a7 = _mm256_set1_epi8(7),
+          a8 = _mm256_set1_epi8(8), a9 = _mm256_set1_epi8(9), a10 = _mm256_set1_epi8(10), a11 = _mm256_set1_epi8(11);
+  for (int64_t it = 0; it < iters; ++it) {
+    a0 = DotStep256(a0), a1 = DotStep256(a1), a2 = DotStep256(a2), a3 = DotStep256(a3);
+    a4 = DotStep256(a4), a5 = DotStep256(a5), a6 = DotStep256(a6), a7 = DotStep256(a7);
+    a8 = DotStep256(a8), a9 = DotStep256(a9), a10 = DotStep256(a10), a11 = DotStep256(a11);
   }
-};
-struct VnniOp {
-  using T = __m512i;
-  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_epi32(i); }
-  SNAPFILL_PEAK_TARGET static T Step(T a) {
-    return _mm512_dpbusd_epi32(a, _mm512_set1_epi8(3), _mm512_set1_epi8(-2));
-  }
-};
-struct Bf16Op {
-  using T = __m512;
-  SNAPFILL_PEAK_TARGET static T Init(int i) { return _mm512_set1_ps(0.001f * i); }
-  SNAPFILL_PEAK_TARGET static T Step(T a) {
-    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.25f));
-    const __m512bh y = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.001f), _mm512_set1_ps(0.002f));
-    return _mm512_dpbf16_ps(a, x, y);
-  }
-};
+  const __m256i all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+  float sink = 0;
+  for (const __m256i& v : all) sink += static_cast<float>(_mm256_extract_epi32(v, 0));
+  return sink;
+}
 
-// 12 independent accumulator chains in named registers (an array was kept
-// on the stack), so the loop runs at the units' throughput, not at the
-// instruction's latency; without fast-math the chains cannot be folded.
-// Defined once per instruction set (the function's target must include its
-// Op's); the sink is lane 0 of each chain (_mm512_reduce_* trips a gcc 12
-// warning here).
-#define SNAPFILL_PEAK_LOOP(NAME, ISA)                                                          \
-  template <class Op>                                                                          \
-  __attribute__((target(ISA))) float NAME(int64_t iters) {                                     \
-    using T = typename Op::T;                                                                  \
-    T a0 = Op::Init(0), a1 = Op::Init(1), a2 = Op::Init(2), a3 = Op::Init(3), a4 = Op::Init(4), \
-      a5 = Op::Init(5), a6 = Op::Init(6), a7 = Op::Init(7), a8 = Op::Init(8), a9 = Op::Init(9), \
-      a10 = Op::Init(10), a11 = Op::Init(11);                                                  \
-    for (int64_t it = 0; it < iters; ++it) {                                                   \
-      a0 = Op::Step(a0), a1 = Op::Step(a1), a2 = Op::Step(a2), a3 = Op::Step(a3);              \
-      a4 = Op::Step(a4), a5 = Op::Step(a5), a6 = Op::Step(a6), a7 = Op::Step(a7);              \
-      a8 = Op::Step(a8), a9 = Op::Step(a9), a10 = Op::Step(a10), a11 = Op::Step(a11);          \
-    }                                                                                          \
-    const T all[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};                      \
-    float sink = 0;                                                                            \
-    for (const T& v : all) {                                                                   \
-      float lane0;                                                                             \
-      std::memcpy(&lane0, &v, sizeof(lane0));                                                  \
-      sink += lane0;                                                                           \
-    }                                                                                          \
-    return sink;                                                                               \
-  }
-SNAPFILL_PEAK_LOOP(PeakLoop, "avx512f,avx512vnni,avx512bf16")
-#undef SNAPFILL_PEAK_TARGET
-
-// The AVX2 instructions, in ymm, through the same 12-chain loop.
-#define SNAPFILL_PEAK2_TARGET __attribute__((target("avx2,fma"), always_inline))
-struct Fma256Op {
-  using T = __m256;
-  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_ps(0.001f * i); }
-  SNAPFILL_PEAK2_TARGET static T Step(T a) {
-    return _mm256_fmadd_ps(a, _mm256_set1_ps(0.999f), _mm256_set1_ps(0.0001f));
-  }
-};
-struct Maddubs256Op {  // the chain feeds each result back as the u8 operand
-  using T = __m256i;
-  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_epi8(static_cast<char>(i)); }
-  SNAPFILL_PEAK2_TARGET static T Step(T a) { return _mm256_maddubs_epi16(a, _mm256_set1_epi8(-2)); }
-};
-struct Dot256Op {  // vpmaddubsw then vpmaddwd: the AVX2 kernels' block dot
-  using T = __m256i;
-  SNAPFILL_PEAK2_TARGET static T Init(int i) { return _mm256_set1_epi8(static_cast<char>(i)); }
-  SNAPFILL_PEAK2_TARGET static T Step(T a) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_set1_epi8(-2)), _mm256_set1_epi16(1));
-  }
-};
-
-SNAPFILL_PEAK_LOOP(PeakLoop256, "avx2,fma")
-#undef SNAPFILL_PEAK2_TARGET
-
-// AVX-VNNI (VEX) in ymm, with a loop of its own target.
-struct Vnni256Op {
-  using T = __m256i;
-  __attribute__((target("avx2,avxvnni"), always_inline)) static T Init(int i) { return _mm256_set1_epi32(i); }
-  __attribute__((target("avx2,avxvnni"), always_inline)) static T Step(T a) {
-    return _mm256_dpbusd_avx_epi32(a, _mm256_set1_epi8(3), _mm256_set1_epi8(-2));
-  }
-};
-SNAPFILL_PEAK_LOOP(PeakLoopVnni256, "avx2,avxvnni")
-#undef SNAPFILL_PEAK_LOOP
+// BM_VectorPeak's kinds as peak.h's instructions (kNone: kind 5).
+constexpr PeakInstruction kPeakKinds[7] = {PeakInstruction::kFmaZmm,    PeakInstruction::kDpbusdZmm,
+                                           PeakInstruction::kDpbf16Zmm, PeakInstruction::kFmaYmm,
+                                           PeakInstruction::kMaddubsYmm, PeakInstruction::kNone,
+                                           PeakInstruction::kDpbusdYmm};
 
 float RunPeakLoop(int kind, int64_t iters) {
-  switch (kind) {
-    case 0: return PeakLoop<FmaOp>(iters);
-    case 1: return PeakLoop<VnniOp>(iters);
-    case 2: return PeakLoop<Bf16Op>(iters);
-    case 3: return PeakLoop256<Fma256Op>(iters);
-    case 4: return PeakLoop256<Maddubs256Op>(iters);
-    case 5: return PeakLoop256<Dot256Op>(iters);
-    default: return PeakLoopVnni256<Vnni256Op>(iters);
-  }
+  if (kind == 5) return DotPeakLoop256(iters);
+  uint32_t lane0[12];
+  cpu::PeakChains(kPeakKinds[kind], iters, lane0);
+  float sink = 0;
+  for (uint32_t v : lane0) sink += static_cast<float>(v & 0xFF);
+  return sink;
 }
 
 void BM_VectorPeak(benchmark::State& state) {
   const int kind = static_cast<int>(state.range(0));
-  const char* names[] = {"fp32 vfmadd231ps zmm", "int8 vpdpbusd zmm", "bf16 vdpbf16ps zmm",
-                         "fp32 vfmadd231ps ymm", "int8 vpmaddubsw ymm", "int8 vpmaddubsw+vpmaddwd ymm",
-                         "int8 vpdpbusd ymm (AVX-VNNI)"};
-  const bool supported = kind == 0   ? __builtin_cpu_supports("avx512f")
-                         : kind == 1 ? __builtin_cpu_supports("avx512vnni")
-                         : kind == 2 ? __builtin_cpu_supports("avx512bf16")
-                         : kind == 6 ? __builtin_cpu_supports("avxvnni") != 0
-                                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool supported = kind == 5 ? cpu::PeakSupported(PeakInstruction::kMaddubsYmm)
+                                   : cpu::PeakSupported(kPeakKinds[kind]);
+  const std::string name = kind == 5 ? "vpmaddubsw+vpmaddwd ymm" : PeakInstructionName(kPeakKinds[kind]);
   if (!supported) {
-    state.SkipWithError((std::string(names[kind]) + " unavailable on this CPU").c_str());
+    state.SkipWithError((name + " unavailable on this CPU").c_str());
     return;
   }
   constexpr int64_t kIters = 1 << 20;
@@ -584,11 +510,11 @@ void BM_VectorPeak(benchmark::State& state) {
     sink += RunPeakLoop(kind, kIters);
     benchmark::DoNotOptimize(sink);
   }
-  const double ops_per_instr = kind == 0 ? 32 : kind == 1 ? 128 : kind == 3 ? 16 : 64;  // per Step
+  const double ops_per_instr = kind == 5 ? 64 : PeakOpsPerInstruction(kPeakKinds[kind]);  // per step
   state.counters["GOP/s"] = benchmark::Counter(12.0 * kIters * threads * ops_per_instr * 1e-9,
                                                benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
-  state.SetLabel(names[kind]);
+  state.SetLabel(name);
 }
 BENCHMARK(BM_VectorPeak)->ArgName("kind")->DenseRange(0, 6)->Unit(benchmark::kMillisecond)->UseRealTime();
 #endif
