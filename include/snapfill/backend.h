@@ -276,6 +276,32 @@ class Backend {
   // The same as (op name, seconds) pairs, in a fixed order; empty without
   // profiling. `snapfill bench` reads the attention share r from it.
   virtual std::vector<std::pair<std::string, double>> ProfileSeconds() const { return {}; }
+  // With profiling, the work each op kind did since the backend was made,
+  // in ops (a multiply-add counts 2), as (op name, ops) in ProfileSeconds'
+  // order: matmul 2·m·n·k per product; attention 4·head_dim·num_heads per
+  // (query, visible key) pair (q·k and p·v); window_scores 2·head_dim·
+  // num_heads per pair (q·k); 0 for the element-wise ops. Empty without
+  // profiling.
+  virtual std::vector<std::pair<std::string, double>> ProfileOps() const { return {}; }
+  // Of matmul's ops, those of products that ran on int8 dots (weight types
+  // that quantize their activations, in the default arithmetic).
+  virtual double ProfileInt8MatMulOps() const { return 0; }
+
+  // The peak rate of an instruction this backend's kernels run on, measured
+  // here on its threads; instruction "" and rate 0 where it measures none.
+  struct Peak {
+    std::string instruction;
+    double ops_per_second = 0;
+  };
+  struct Peaks {
+    int threads = 0;
+    Peak int8_products;      // the products of quantized types (int8 dots)
+    Peak f32;                // f32 FMA: the float types' products, decode attention, the votes
+    Peak prefill_attention;  // the attention of a chunk (f32 FMA, or bf16 dots)
+  };
+  // Measures them now (about 0.1 s each). None on AMX tiles, the portable
+  // kernels or another device.
+  virtual Peaks MeasurePeaks() { return {}; }
 
  protected:
   // With norm.weight: RmsNorm of x's m rows of dim into norm.xn, and x,

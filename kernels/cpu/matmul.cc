@@ -68,6 +68,9 @@ using LineVector = std::vector<T, LineAllocator<T>>;
 namespace snapfill::cpu {
 
 bool MatMulSupports(GgmlType type) { return IsSupportedWeightType(type); }
+bool MatMulQuantizesActivations(GgmlType type) {
+  return MatMulSupports(type) && generic::MatMulQuantizesActivations(type);  // (RowsToF32: one list for all levels)
+}
 
 void SetMatMulImplForTesting(MatMulImpl impl) {
   internal::g_matmul_impl.store(static_cast<int>(impl), std::memory_order_relaxed);

@@ -26,6 +26,12 @@ namespace snapfill::cpu {
 // Returns true if MatMul and DequantizeRow accept `type`.
 bool MatMulSupports(GgmlType type);
 
+// Returns true if the products of `type` quantize their activations to
+// int8 and run on integer dots (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ggml's
+// arithmetic); false for the types whose rows are widened to f32 (F32, F16,
+// BF16 and the Q5 types: f32 FMA, or bf16 on AMX). The same at every level.
+bool MatMulQuantizesActivations(GgmlType type);
+
 // Y[i, j] = Σ_t X[i, t] · W[j, t].
 //   x: [m, k] f32, row stride x_stride floats
 //   w: [n rows] of k elements of `w_type`, row j at w + j * w_row_bytes

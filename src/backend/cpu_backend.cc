@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/peak.h"
 #include "kernels/quant_blocks.h"
 #include "snapfill/backend.h"
 #include "snapfill/status.h"
@@ -88,10 +89,15 @@ class CpuBackend final : public Backend {
     if (!profile_) return "";
     double total = 0;
     for (double s : seconds_) total += s;
-    std::string out = absl::StrFormat("%-14s %10s %8s %8s\n", "op", "seconds", "share", "calls");
+    std::string out =
+        absl::StrFormat("%-14s %10s %8s %8s %12s %10s\n", "op", "seconds", "share", "calls", "GOP", "GOP/s");
     for (int i = 0; i < kNumOps; ++i) {
-      absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d\n", kOpNames[i], seconds_[i],
+      absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d", kOpNames[i], seconds_[i],
                             total > 0 ? 100 * seconds_[i] / total : 0.0, calls_[i]);
+      if (ops_[i] > 0) {
+        absl::StrAppendFormat(&out, " %12.1f %10.1f", ops_[i] * 1e-9, seconds_[i] > 0 ? ops_[i] * 1e-9 / seconds_[i] : 0.0);
+      }
+      out += "\n";
     }
     absl::StrAppendFormat(&out, "%-14s %10.3f\n", "backend total", total);
     return out;
@@ -102,6 +108,38 @@ class CpuBackend final : public Backend {
     if (!profile_) return out;
     for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
     return out;
+  }
+
+  std::vector<std::pair<std::string, double>> ProfileOps() const override {
+    std::vector<std::pair<std::string, double>> out;
+    if (!profile_) return out;
+    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], ops_[i]);
+    return out;
+  }
+  double ProfileInt8MatMulOps() const override { return int8_matmul_ops_; }
+
+  // The instructions of the active level's kernels (cpu/peak.h); the exact
+  // backend runs every product and the attention in f32.
+  Peaks MeasurePeaks() override {
+    Peaks p;
+    p.threads = num_threads_;
+    auto measure = [&](PeakInstruction instruction) {
+      Peak peak;
+      if (instruction == PeakInstruction::kNone) return peak;
+      peak.instruction = PeakInstructionName(instruction);
+      peak.ops_per_second = cpu::MeasurePeak(instruction, num_threads_);
+      return peak;
+    };
+    p.f32 = measure(cpu::F32Instruction());
+    if (exact_) {
+      p.int8_products = {};
+      p.prefill_attention = p.f32;
+      return p;
+    }
+    p.int8_products = measure(cpu::Int8ProductsInstruction());
+    const PeakInstruction attention = cpu::PrefillAttentionInstruction();
+    p.prefill_attention = attention == cpu::F32Instruction() ? p.f32 : measure(attention);
+    return p;
   }
 
   Device device() const override { return Device::kCpu; }
@@ -120,6 +158,21 @@ class CpuBackend final : public Backend {
                                                      " y_stride=", y_stride));
     }
     return absl::OkStatus();
+  }
+
+  // Profiling: the ops of one product of m rows by w (ProfileOps).
+  void CountMatMul(const WeightView& w, int64_t m) {
+    if (!profile_) return;
+    const double ops = 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
+    ops_[kMatMul] += ops;
+    if (!exact_ && cpu::MatMulQuantizesActivations(w.type)) int8_matmul_ops_ += ops;
+  }
+  // (query, key) pairs of an attention of num_q queries over num_keys keys,
+  // the last num_q of them the queries' own (causal): the keys before the
+  // chunk are visible to every query, and query i sees i + 1 of the chunk's.
+  static double VisiblePairs(int64_t num_q, int64_t num_keys) {
+    return static_cast<double>(num_q) * static_cast<double>(num_keys - num_q) +
+           static_cast<double>(num_q) * static_cast<double>(num_q + 1) / 2;
   }
 
   absl::Status MatMulShared(const float* x, int64_t m, int64_t x_stride, const SharedOut* outs,
@@ -141,6 +194,7 @@ class CpuBackend final : public Backend {
     for (int c = 0; c < count; ++c) {
       const WeightView& w = *outs[c].w;
       co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride, BatchCopy(w)};
+      CountMatMul(w, m);
     }
     cpu::MatMulShared(x, m, outs[0].w->cols, x_stride, outs[0].w->type, co, count);
     return absl::OkStatus();
@@ -159,6 +213,7 @@ class CpuBackend final : public Backend {
     bool shared = true;
     for (int c = 0; c < count; ++c) {
       const WeightView& w = *outs[c].w;
+      CountMatMul(w, 1);
       co[c] = {DecodePacked(w), w.rows, outs[c].y};
       shared = shared && co[c].packed != nullptr && w.type == outs[0].w->type && w.cols == outs[0].w->cols;
     }
@@ -187,6 +242,7 @@ class CpuBackend final : public Backend {
     OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     if (m == 0) return absl::OkStatus();
+    CountMatMul(w, m);
     // A batch: decoding may start over after it (perhaps with another model
     // where this one was), so decode copies are checked again.
     if (m > 1) ++epoch_;
@@ -286,6 +342,7 @@ class CpuBackend final : public Backend {
     OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
+    CountMatMul(w, m);
     cpu::MatMulAdd(x, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride);
     return absl::OkStatus();
   }
@@ -296,6 +353,7 @@ class CpuBackend final : public Backend {
     OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
+    CountMatMul(w, m);
     cpu::MatMulSwiGlu(gate, up, m, w.cols, x_stride, w.data, w.type, w.rows, w.row_bytes, y, y_stride, add);
     return absl::OkStatus();
   }
@@ -316,6 +374,9 @@ class CpuBackend final : public Backend {
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
     ++epoch_;  // a batch, as in MatMul
+    CountMatMul(gate, m);
+    CountMatMul(up, m);
+    CountMatMul(down, m);
     cpu::RowNorm rn;
     rn.weight = norm.weight;
     rn.eps = norm.eps;
@@ -341,6 +402,7 @@ class CpuBackend final : public Backend {
       SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, outs[c].y_stride));
       co[c] = {w.data, w.rows, w.row_bytes, outs[c].y, outs[c].y_stride};
     }
+    for (int c = 0; c < count; ++c) CountMatMul(*outs[c].w, m);
     ++epoch_;  // a batch, as in MatMul
     cpu::RowNorm rn;
     rn.weight = norm.weight;
@@ -387,6 +449,7 @@ class CpuBackend final : public Backend {
         out_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError("attention: stride smaller than a row");
     }
+    if (profile_) ops_[kAttention] += 4.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
     if (num_q == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
       cpu::AttentionDecodeF16(q, kv.k16, kv.v16, kv.head_stride, kv.key_stride, out, kv.num_keys, num_heads,
                               num_kv_heads, head_dim, scale);
@@ -409,6 +472,7 @@ class CpuBackend final : public Backend {
                                                      " queries, ", kv.num_keys, " keys, ",
                                                      num_heads, "/", num_kv_heads, " heads"));
     }
+    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
     cpu::WindowScores(q, q_stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride,
                       num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
     return absl::OkStatus();
@@ -521,6 +585,8 @@ class CpuBackend final : public Backend {
   bool profile_;
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
+  double ops_[kNumOps] = {};     // ProfileOps
+  double int8_matmul_ops_ = 0;   // ProfileInt8MatMulOps
   bool pack_decode_;
   bool half_kv_;
   // exact_matmul: weight matrices dequantized to f32, by their data.

@@ -112,6 +112,26 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
   EXPECT_GT(j["full_cache"]["decode_share_of_prediction"].get<double>(), 0);
   EXPECT_GT(j["full_cache"]["cache_entries"].get<int64_t>(),
             j["schedules"][0]["cache_entries"].get<int64_t>());
+  // The prefill's work, counted by each run's profile: FM and IM read the
+  // same chunks, so their products are the same ops to the last one, and
+  // IM's smaller memory gives its attention fewer keys.
+  const auto& fm = j["schedules"][0];
+  const auto& im = j["schedules"][1];
+  ASSERT_TRUE(fm.contains("prefill_matmul_ops")) << fm.dump();
+  EXPECT_GT(fm["prefill_matmul_ops"].get<double>(), 0);
+  EXPECT_EQ(im["prefill_matmul_ops"].get<double>(), fm["prefill_matmul_ops"].get<double>());
+  EXPECT_LT(im["prefill_attention_ops"].get<double>(), fm["prefill_attention_ops"].get<double>());
+  EXPECT_GT(im["prefill_attention_ops"].get<double>(), 0);
+  EXPECT_GT(fm["prefill_window_ops"].get<double>(), 0);
+  // Where this machine's instructions were measured (not the portable
+  // kernels), the floor is that work at their peaks, and its share of the
+  // prefill's time is given.
+  for (const auto& s : j["schedules"]) {
+    if (s["prefill_floor_seconds"].get<double>() == 0) continue;
+    EXPECT_GT(s["prefill_matmul_ops_per_second"].get<double>(), 0);
+    EXPECT_GT(s["prefill_floor_share"].get<double>(), 0);
+  }
+  EXPECT_NE(r.out.find("prefill against this machine's peaks"), std::string::npos) << r.out;
 }
 
 // With two threads the probes after a run use two: the round trip of a line

@@ -39,6 +39,7 @@
 #include "tools/cli/common.h"
 #include "tools/cli/flags.h"
 #include "tools/cli/plot.h"
+#include "tools/cli/roofline.h"
 
 namespace snapfill::cli {
 namespace {
@@ -58,10 +59,40 @@ struct Measured {
                                    // right after each run with a decode rate (its prediction's rate)
   std::vector<double> dram_bandwidth;  // with it, the read rate of a 512 MiB buffer (memory itself)
   std::vector<double> round_trip;  // CPU-to-CPU round trip (ns) probed with it; 0 with one thread
+  std::vector<Work> work;                // each run's prefill work (its --profile)
+  std::vector<Backend::Peaks> peaks;     // each run's peaks, measured right after it
   double mean_memory = 0, attention_share = 0;
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
   uint64_t peak_rss = 0, predicted_peak = 0;
 };
+
+// The prefill work and the peaks of one `run --report` (written with
+// --profile).
+void AddWork(const Json& j, Measured& m) {
+  if (!j.contains("prefill_work") || !j.contains("peaks")) return;
+  const Json& w = j["prefill_work"];
+  Work work;
+  work.matmul_ops = w.value("matmul_ops", 0.0);
+  work.int8_matmul_ops = w.value("int8_matmul_ops", 0.0);
+  work.attention_ops = w.value("attention_ops", 0.0);
+  work.window_ops = w.value("window_ops", 0.0);
+  work.matmul_seconds = w.value("matmul_seconds", 0.0);
+  work.attention_seconds = w.value("attention_seconds", 0.0);
+  work.window_seconds = w.value("window_seconds", 0.0);
+  const Json& p = j["peaks"];
+  Backend::Peaks peaks;
+  peaks.threads = p.value("threads", 0);
+  auto one = [&](const char* name, Backend::Peak& peak) {
+    if (!p.contains(name)) return;
+    peak.instruction = p[name].value("instruction", std::string());
+    peak.ops_per_second = p[name].value("ops_per_second", 0.0);
+  };
+  one("int8_products", peaks.int8_products);
+  one("f32", peaks.f32);
+  one("prefill_attention", peaks.prefill_attention);
+  m.work.push_back(work);
+  m.peaks.push_back(peaks);
+}
 
 // Decode tokens/s of one `run --report`, at steady state: the tokens after
 // the first, over their time less the first step's, which also makes the
@@ -437,6 +468,7 @@ absl::Status RunBench() {
       m.input_tokens = j.value("input_tokens", int64_t{0});
       m.predicted_peak = j.value("predicted_peak_bytes", uint64_t{0});
       m.peak_rss = std::max(m.peak_rss, result.second);
+      AddWork(j, m);
       double total = 0, attention = 0;
       for (auto it = j["profile"].begin(); it != j["profile"].end(); ++it) {
         total += it.value().get<double>();
@@ -514,6 +546,52 @@ absl::Status RunBench() {
   };
   std::vector<double> all_dram;  // every run's memory probe, for the JSON's median
 
+  // The prefill against the peaks of this machine's instructions, each run
+  // against its own (probed right after it): the medians over the runs of
+  // the products' and the attention's rates, their shares of the peak of
+  // the instruction each runs on (the products' only where all of them ran
+  // on int8 dots, or none), and the floor (Work at the peaks: FloorSeconds)
+  // over the prefill's time.
+  struct Roofline {
+    bool measured = false;
+    double matmul_ops = 0, attention_ops = 0, window_ops = 0;
+    double matmul_rate = 0, attention_rate = 0, matmul_share = 0, attention_share = 0, floor = 0, floor_share = 0;
+  };
+  auto roofline = [&](const Measured& m) {
+    Roofline r;
+    std::vector<double> mr, ar, ms, as, fl, fs;
+    for (size_t i = 0; i < m.work.size() && i < m.peaks.size(); ++i) {
+      const Work& w = m.work[i];
+      const Backend::Peaks& p = m.peaks[i];
+      r.measured = true;
+      r.matmul_ops = w.matmul_ops;
+      r.attention_ops = w.attention_ops;
+      r.window_ops = w.window_ops;
+      if (w.matmul_seconds > 0) mr.push_back(w.matmul_ops / w.matmul_seconds);
+      if (w.attention_seconds > 0) ar.push_back(w.attention_ops / w.attention_seconds);
+      const double int8 = w.matmul_ops > 0 ? w.int8_matmul_ops / w.matmul_ops : 0;
+      const Backend::Peak& mp = int8 >= 0.99 ? p.int8_products : p.f32;
+      if (w.matmul_seconds > 0 && mp.ops_per_second > 0 && (int8 >= 0.99 || int8 <= 0.01)) {
+        ms.push_back(w.matmul_ops / w.matmul_seconds / mp.ops_per_second);
+      }
+      if (w.attention_seconds > 0 && p.prefill_attention.ops_per_second > 0) {
+        as.push_back(w.attention_ops / w.attention_seconds / p.prefill_attention.ops_per_second);
+      }
+      const double floor = FloorSeconds(w, p, /*prefill=*/true);
+      if (floor > 0) {
+        fl.push_back(floor);
+        if (i < m.prefill.size() && m.prefill[i] > 0) fs.push_back(floor / m.prefill[i]);
+      }
+    }
+    r.matmul_rate = Median(mr);
+    r.attention_rate = Median(ar);
+    r.matmul_share = Median(ms);
+    r.attention_share = Median(as);
+    r.floor = Median(fl);
+    r.floor_share = Median(fs);
+    return r;
+  };
+
   const double m_max = absl::GetFlag(FLAGS_memory);
   Json out;
   out["input"] = absl::GetFlag(FLAGS_input);
@@ -559,6 +637,17 @@ absl::Status RunBench() {
     r["decode_tokens_per_second"] = Median(m.decode_tps);
     r["decode_tokens_per_second_runs"] = m.decode_tps;
     r["cache_entries"] = m.cache_entries;
+    if (const Roofline rl = roofline(m); rl.measured) {
+      r["prefill_matmul_ops"] = rl.matmul_ops;
+      r["prefill_attention_ops"] = rl.attention_ops;
+      r["prefill_window_ops"] = rl.window_ops;
+      r["prefill_matmul_ops_per_second"] = rl.matmul_rate;
+      r["prefill_attention_ops_per_second"] = rl.attention_rate;
+      r["prefill_matmul_share_of_peak"] = rl.matmul_share;
+      r["prefill_attention_share_of_peak"] = rl.attention_share;
+      r["prefill_floor_seconds"] = rl.floor;
+      r["prefill_floor_share"] = rl.floor_share;
+    }
     decode_json(m, r);
     all_dram.insert(all_dram.end(), m.dram_bandwidth.begin(), m.dram_bandwidth.end());
     out["schedules"].push_back(r);
@@ -572,6 +661,24 @@ absl::Status RunBench() {
                 "%lld, that run's measured attention share (attention + SnapKV votes over all "
                 "backend time)\n",
                 m.attention_share, (long long)m.chunk);
+  }
+  if (std::any_of(rows.begin(), rows.end(), [&](const Measured& m) { return roofline(m).measured; })) {
+    const Measured& first = *std::find_if(rows.begin(), rows.end(), [](const Measured& m) { return !m.peaks.empty(); });
+    std::printf("\nprefill against this machine's peaks (median of each run against its own peaks, probed right "
+                "after it; ops count a multiply-add as 2; floor = the prefill's products, attention and votes at "
+                "those peaks, nothing else; first run's %s)\n",
+                PeaksLine(first.peaks.front()).c_str());
+    std::printf("%-16s %12s %10s %8s %14s %10s %8s %10s %10s %10s\n", "schedule", "matmul TOP", "GOP/s", "of peak",
+                "attention TOP", "GOP/s", "of peak", "floor s", "prefill s", "floor/pre");
+    auto pct = [](double share) { return share > 0 ? absl::StrFormat("%.0f%%", 100 * share) : std::string("-"); };
+    for (const Measured& m : rows) {
+      const Roofline r = roofline(m);
+      if (!r.measured) continue;
+      std::printf("%-16s %12.2f %10.1f %8s %14.2f %10.1f %8s %10.1f %10.1f %10s\n", m.config.label.c_str(),
+                  r.matmul_ops * 1e-12, r.matmul_rate * 1e-9, pct(r.matmul_share).c_str(), r.attention_ops * 1e-12,
+                  r.attention_rate * 1e-9, pct(r.attention_share).c_str(), r.floor, Median(m.prefill),
+                  pct(r.floor_share).c_str());
+    }
   }
   if (full_tokens > 0) {
     std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "

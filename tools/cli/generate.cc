@@ -18,6 +18,7 @@
 #include "src/model/llama_forward.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
+#include "tools/cli/roofline.h"
 #include "tools/cli/flags.h"
 
 namespace snapfill::cli {
@@ -129,7 +130,7 @@ absl::Status RunGenerate() {
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (absl::GetFlag(FLAGS_timing)) PrintTiming(r, "");
-  std::fprintf(stderr, "%s", backend->ProfileReport().c_str());
+  std::fprintf(stderr, "%s", ProfileReportWithPeaks(*backend, /*prefill=*/false).c_str());
   return absl::OkStatus();
 }
 

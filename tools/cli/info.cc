@@ -6,10 +6,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "snapfill/status.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
+#include "tools/cli/roofline.h"
 #include "tools/cli/flags.h"
 
 namespace snapfill::cli {
@@ -70,6 +72,24 @@ absl::Status RunInfo() {
   // kernels (bench's probes).
   std::printf("thread waits:    %s\n", cpu::ThreadWaits().c_str());
   std::printf("OpenMP waits:    %s (outside the kernels)\n", waits.c_str());
+  // The instructions' peaks here, and what they allow the products of a
+  // token of prefill (tools/cli/roofline.h).
+  const Backend::Peaks peaks = backend->MeasurePeaks();
+  if (const std::string line = PeaksLine(peaks); !line.empty()) {
+    std::printf("peaks:           %s\n", line.substr(line.find(':') + 2).c_str());
+    const double qd = static_cast<double>(c.num_heads * c.head_dim), kvd = static_cast<double>(c.num_kv_heads * c.head_dim);
+    const double dim = static_cast<double>(c.model_dim);
+    const double ops = 2.0 * c.num_layers * (dim * (qd + 2 * kvd) + qd * dim + 3.0 * dim * c.ffn_dim);
+    // (The feed-forward matrices' type: most of the work.)
+    const bool int8 = cpu::MatMulQuantizesActivations(model->layer(0).w_gate.type);
+    const Backend::Peak& products = int8 ? peaks.int8_products : peaks.f32;
+    if (products.ops_per_second > 0) {
+      std::printf("prefill ceiling: %.0f tokens/s for the layers' products alone (%.1f MOP a token at %s's "
+                  "peak; the attention adds %.1f kOP a token per key it sees)\n",
+                  products.ops_per_second / ops, ops * 1e-6, products.instruction.c_str(),
+                  4.0 * c.num_layers * c.num_heads * c.head_dim * 1e-3);
+    }
+  }
   auto tok = Tokenizer::FromGguf(f);
   if (tok.ok()) {
     std::printf("tokenizer:       %s (pre-tokenizer %s), %d tokens\n",

@@ -27,6 +27,7 @@
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
+#include "tools/cli/roofline.h"
 #include "tools/cli/flags.h"
 #include "tools/cli/memory_budget.h"
 
@@ -204,6 +205,8 @@ struct RunReport {
   double first_step_seconds = 0;
   uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
   std::vector<std::pair<std::string, double>> profile;
+  Work prefill_work;      // the prefill's ops and seconds (--profile)
+  Backend::Peaks peaks;   // measured after the run (--profile)
 };
 
 std::string RunReportJson(const RunReport& r) {
@@ -218,6 +221,19 @@ std::string RunReportJson(const RunReport& r) {
   for (size_t i = 0; i < r.profile.size(); ++i) {
     absl::StrAppendFormat(&s, "%s\"%s\":%.6f", i ? "," : "", r.profile[i].first,
                           r.profile[i].second);
+  }
+  const Work& w = r.prefill_work;
+  absl::StrAppendFormat(&s,
+                        "},\"prefill_work\":{\"matmul_ops\":%.17g,\"int8_matmul_ops\":%.17g,\"attention_ops\":%.17g,"
+                        "\"window_ops\":%.17g,\"matmul_seconds\":%.6f,\"attention_seconds\":%.6f,"
+                        "\"window_seconds\":%.6f},\"peaks\":{\"threads\":%d",
+                        w.matmul_ops, w.int8_matmul_ops, w.attention_ops, w.window_ops, w.matmul_seconds,
+                        w.attention_seconds, w.window_seconds, r.peaks.threads);
+  for (const auto& [name, peak] : {std::pair<const char*, const Backend::Peak*>{"int8_products", &r.peaks.int8_products},
+                                   {"f32", &r.peaks.f32},
+                                   {"prefill_attention", &r.peaks.prefill_attention}}) {
+    absl::StrAppendFormat(&s, ",\"%s\":{\"instruction\":\"%s\",\"ops_per_second\":%.6g}", name, peak->instruction,
+                          peak->ops_per_second);
   }
   return s + "}}\n";
 }
@@ -405,6 +421,9 @@ absl::Status RunRun() {
   double prefill_seconds = 0;
   SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &prefill_seconds));
   RemoveCheckpoint();
+  // The prefill's own work (the profile goes on through the decode).
+  const Work prefill_work = WorkFromProfile(p.backend->ProfileSeconds(), p.backend->ProfileOps(),
+                                            p.backend->ProfileInt8MatMulOps());
   SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->TakeDecoderCache());
   SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), 1));
   GenerateOptions gopts;
@@ -441,7 +460,14 @@ absl::Status RunRun() {
                  (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
                  HumanBytes(PeakRssBytes()).c_str());
   }
-  std::fprintf(stderr, "%s", p.backend->ProfileReport().c_str());
+  // With --profile: the table, then the prefill's work against the peaks
+  // of this machine's instructions, measured now.
+  const std::string profile = p.backend->ProfileReport();
+  Backend::Peaks peaks;
+  if (!profile.empty()) {
+    peaks = p.backend->MeasurePeaks();
+    std::fprintf(stderr, "%sprefill: %s", profile.c_str(), WorkAgainstPeaks(prefill_work, peaks, /*prefill=*/true).c_str());
+  }
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
     const SchedulePlan& plan = p.engine->plan();
     RunReport rr;
@@ -458,6 +484,8 @@ absl::Status RunRun() {
     rr.peak_rss_bytes = PeakRssBytes();
     rr.predicted_peak_bytes = p.peak.total();
     rr.profile = p.backend->ProfileSeconds();
+    rr.prefill_work = prefill_work;
+    rr.peaks = peaks;
     SNAPFILL_RETURN_IF_ERROR(
         WriteFileAtomically(report, RunReportJson(rr), /*overwrite=*/true));
   }
@@ -493,7 +521,7 @@ absl::Status RunPrefill() {
                  p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str());
   }
-  std::fprintf(stderr, "%s", p.backend->ProfileReport().c_str());
+  std::fprintf(stderr, "%s", ProfileReportWithPeaks(*p.backend, /*prefill=*/true).c_str());
   return absl::OkStatus();
 }
 
