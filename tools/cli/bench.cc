@@ -569,10 +569,9 @@ absl::Status RunBench() {
       r.window_ops = w.window_ops;
       if (w.matmul_seconds > 0) mr.push_back(w.matmul_ops / w.matmul_seconds);
       if (w.attention_seconds > 0) ar.push_back(w.attention_ops / w.attention_seconds);
-      const double int8 = w.matmul_ops > 0 ? w.int8_matmul_ops / w.matmul_ops : 0;
-      const Backend::Peak& mp = int8 >= 0.99 ? p.int8_products : p.f32;
-      if (w.matmul_seconds > 0 && mp.ops_per_second > 0 && (int8 >= 0.99 || int8 <= 0.01)) {
-        ms.push_back(w.matmul_ops / w.matmul_seconds / mp.ops_per_second);
+      const Backend::Peak* mp = MatMulPeak(w, p);
+      if (w.matmul_seconds > 0 && mp != nullptr && mp->ops_per_second > 0) {
+        ms.push_back(w.matmul_ops / w.matmul_seconds / mp->ops_per_second);
       }
       if (w.attention_seconds > 0 && p.prefill_attention.ops_per_second > 0) {
         as.push_back(w.attention_ops / w.attention_seconds / p.prefill_attention.ops_per_second);
@@ -591,6 +590,8 @@ absl::Status RunBench() {
     r.floor_share = Median(fs);
     return r;
   };
+  std::vector<Roofline> rooflines;  // rows' order
+  for (const Measured& m : rows) rooflines.push_back(roofline(m));
 
   const double m_max = absl::GetFlag(FLAGS_memory);
   Json out;
@@ -601,7 +602,8 @@ absl::Status RunBench() {
   out["decode_bytes_per_kv_entry"] = entry_bytes;
   std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
               "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
-  for (const Measured& m : rows) {
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const Measured& m = rows[row];
     const double ttft = Median(m.ttft);
     double speedup = 0, eq4 = 0, peak_vs_fm = 0;
     const Measured* base = baseline(m);
@@ -637,7 +639,7 @@ absl::Status RunBench() {
     r["decode_tokens_per_second"] = Median(m.decode_tps);
     r["decode_tokens_per_second_runs"] = m.decode_tps;
     r["cache_entries"] = m.cache_entries;
-    if (const Roofline rl = roofline(m); rl.measured) {
+    if (const Roofline& rl = rooflines[row]; rl.measured) {
       r["prefill_matmul_ops"] = rl.matmul_ops;
       r["prefill_attention_ops"] = rl.attention_ops;
       r["prefill_window_ops"] = rl.window_ops;
@@ -662,7 +664,7 @@ absl::Status RunBench() {
                 "backend time)\n",
                 m.attention_share, (long long)m.chunk);
   }
-  if (std::any_of(rows.begin(), rows.end(), [&](const Measured& m) { return roofline(m).measured; })) {
+  if (std::any_of(rooflines.begin(), rooflines.end(), [](const Roofline& r) { return r.measured; })) {
     const Measured& first = *std::find_if(rows.begin(), rows.end(), [](const Measured& m) { return !m.peaks.empty(); });
     std::printf("\nprefill against this machine's peaks (median of each run against its own peaks, probed right "
                 "after it; ops count a multiply-add as 2; floor = the prefill's products, attention and votes at "
@@ -671,8 +673,9 @@ absl::Status RunBench() {
     std::printf("%-16s %12s %10s %8s %14s %10s %8s %10s %10s %10s\n", "schedule", "matmul TOP", "GOP/s", "of peak",
                 "attention TOP", "GOP/s", "of peak", "floor s", "prefill s", "floor/pre");
     auto pct = [](double share) { return share > 0 ? absl::StrFormat("%.0f%%", 100 * share) : std::string("-"); };
-    for (const Measured& m : rows) {
-      const Roofline r = roofline(m);
+    for (size_t row = 0; row < rows.size(); ++row) {
+      const Measured& m = rows[row];
+      const Roofline& r = rooflines[row];
       if (!r.measured) continue;
       std::printf("%-16s %12.2f %10.1f %8s %14.2f %10.1f %8s %10.1f %10.1f %10s\n", m.config.label.c_str(),
                   r.matmul_ops * 1e-12, r.matmul_rate * 1e-9, pct(r.matmul_share).c_str(), r.attention_ops * 1e-12,

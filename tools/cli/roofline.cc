@@ -1,7 +1,6 @@
 #include "tools/cli/roofline.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/str_format.h"
 
@@ -48,6 +47,11 @@ Work WorkFromProfile(const std::vector<std::pair<std::string, double>>& seconds,
   return w;
 }
 
+const Backend::Peak* MatMulPeak(const Work& work, const Backend::Peaks& peaks) {
+  const double int8 = work.matmul_ops > 0 ? work.int8_matmul_ops / work.matmul_ops : 0;
+  return int8 >= 0.99 ? &peaks.int8_products : int8 <= 0.01 ? &peaks.f32 : nullptr;
+}
+
 double FloorSeconds(const Work& work, const Backend::Peaks& peaks, bool prefill) {
   const double parts[] = {At(work.int8_matmul_ops, peaks.int8_products), At(FloatMatMulOps(work), peaks.f32),
                           At(work.attention_ops, AttentionPeak(peaks, prefill)), At(work.window_ops, peaks.f32)};
@@ -87,11 +91,11 @@ std::string WorkAgainstPeaks(const Work& w, const Backend::Peaks& p, bool prefil
     return absl::StrFormat(" = %.0f%% of %s", 100.0 * ops / seconds / peak.ops_per_second, peak.instruction);
   };
   if (w.matmul_ops > 0) {
-    const double int8_share = w.int8_matmul_ops / w.matmul_ops;
-    const Backend::Peak* peak = int8_share >= 0.99 ? &p.int8_products : int8_share <= 0.01 ? &p.f32 : nullptr;
+    const Backend::Peak* peak = MatMulPeak(w, p);
     absl::StrAppendFormat(&out, "matmul %s%s", Rate(w.matmul_ops, w.matmul_seconds),
                           peak != nullptr ? share(w.matmul_ops, w.matmul_seconds, *peak)
-                                          : absl::StrFormat(" (%.0f%% of its ops on int8 types)", 100 * int8_share));
+                                          : absl::StrFormat(" (%.0f%% of its ops on int8 types)",
+                                                            100 * w.int8_matmul_ops / w.matmul_ops));
   }
   if (w.attention_ops > 0) {
     absl::StrAppendFormat(&out, "%sattention %s%s", w.matmul_ops > 0 ? "; " : "", Rate(w.attention_ops, w.attention_seconds),

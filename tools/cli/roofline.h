@@ -34,6 +34,11 @@ Work WorkFromProfile(const std::vector<std::pair<std::string, double>>& seconds,
 // kernels).
 double FloorSeconds(const Work& work, const Backend::Peaks& peaks, bool prefill = true);
 
+// The peak the products compare with: the int8 peak where (nearly) all
+// their ops ran on int8 dots, the f32 one where (nearly) none did; null
+// for a mix of both.
+const Backend::Peak* MatMulPeak(const Work& work, const Backend::Peaks& peaks);
+
 // "peaks here (2 threads): int8 products vpmaddubsw ymm 452.3 GOP/s, f32
 // vfmadd231ps ymm 185.2 GFLOP/s, prefill attention on the f32 FMA"; "" if
 // nothing was measured.
