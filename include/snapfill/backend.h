@@ -36,6 +36,11 @@ struct WeightView {
   int64_t rows = 0;   // output features (n)
   int64_t cols = 0;   // input features (k), contiguous
   size_t row_bytes = 0;
+  // Where the same bytes can be read with pread (fd >= 0): a backend that
+  // copies the matrix (a decode layout, a device upload) reads them from
+  // here, so the mapping's pages behind `data` never enter the resident set.
+  int fd = -1;
+  uint64_t file_offset = 0;
 };
 
 struct BackendOptions {

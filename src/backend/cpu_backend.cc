@@ -1,7 +1,9 @@
 // CPU backend: checks shapes, then calls kernels/cpu.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -500,11 +502,28 @@ class CpuBackend final : public Backend {
     uint8_t sample[3][64] = {};
   };
 
+  // Copies bytes [at, at + n) of w: with pread where w names its file, so
+  // that the mapping's pages behind w.data stay out of the resident set
+  // (the copy takes their place); from w.data otherwise, or if the read
+  // fails (the same bytes, only mapped).
+  static void ReadWeight(const WeightView& w, size_t at, size_t n, uint8_t* dst) {
+    if (w.fd >= 0) {
+      size_t done = 0;
+      while (done < n) {
+        const ssize_t got = ::pread(w.fd, dst + done, n - done, static_cast<off_t>(w.file_offset + at + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        done += static_cast<size_t>(got);
+      }
+      if (done == n) return;
+    }
+    std::memcpy(dst, static_cast<const uint8_t*>(w.data) + at, n);
+  }
+
   static void Sample(const WeightView& w, uint8_t out[3][64]) {
-    const auto* p = static_cast<const uint8_t*>(w.data);
     const size_t bytes = w.rows * w.row_bytes;
     const size_t at[3] = {0, bytes / 2, bytes - 64};
-    for (int i = 0; i < 3; ++i) std::memcpy(out[i], p + std::min(at[i], bytes - 64), 64);
+    for (int i = 0; i < 3; ++i) ReadWeight(w, std::min(at[i], bytes - 64), 64, out[i]);
   }
 
   // For a batch product of w: its decode-layout copy where the batch kernels
@@ -570,9 +589,19 @@ class CpuBackend final : public Backend {
     // Slices of whole 16-row groups are sub-matrices of the layout.
     const auto* src = static_cast<const uint8_t*>(w.data);
     const size_t group_bytes = cpu::DecodePackedBytes(w.type, kDecodeGroupRows, w.cols);
+    // Each slice is read into a buffer first (ReadWeight) rather than
+    // through the mapping.
+    std::unique_ptr<uint8_t, void (*)(void*)> slice(
+        static_cast<uint8_t*>(std::aligned_alloc(64, (std::min(kPackSliceRows, w.rows) * w.row_bytes + 63) / 64 * 64)),
+        std::free);
     for (int64_t r0 = 0; r0 < w.rows; r0 += kPackSliceRows) {
       const int64_t rows = std::min(kPackSliceRows, w.rows - r0);
-      cpu::PackForDecode(src + r0 * w.row_bytes, w.type, rows, w.cols, w.row_bytes,
+      const uint8_t* from = src + r0 * w.row_bytes;
+      if (slice != nullptr) {
+        ReadWeight(w, r0 * w.row_bytes, rows * w.row_bytes, slice.get());
+        from = slice.get();
+      }
+      cpu::PackForDecode(from, w.type, rows, w.cols, w.row_bytes,
                          p.data.get() + r0 / kDecodeGroupRows * group_bytes);
       if (copied) copied(src + r0 * w.row_bytes, rows * w.row_bytes);
     }

@@ -16,7 +16,8 @@
 
 namespace snapfill {
 
-// FingerprintBytes(file.bytes()).
+// FingerprintBytes(file.bytes()), read with pread rather than through the
+// mapping so that it leaves no page of the file resident.
 std::string ModelFingerprint(const GgufFile& file);
 // "xxh3:" + hex XXH3-64 of `bytes`.
 std::string FingerprintBytes(std::string_view bytes);

@@ -343,6 +343,54 @@ int64_t GgufTensorInfo::num_elements() const {
 
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) munmap(mapping_, static_cast<size_t>(size_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t GgufFile::Populate(const void* data, uint64_t bytes) const {
+  if (mapping_ == nullptr || bytes == 0) return 0;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
+  const auto begin = std::max(reinterpret_cast<uintptr_t>(data), lo);
+  const auto end = std::min(reinterpret_cast<uintptr_t>(data) + bytes, hi);
+  if (end <= begin) return 0;
+  const uintptr_t first = begin / page * page, last = (end + page - 1) / page * page;
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+  if (madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_READ) != 0) {
+    // Older kernels: a read of each page faults it in.
+    volatile uint8_t sink = 0;
+    for (uintptr_t p = std::max(first, lo); p < last; p += page) {
+      sink = sink + *reinterpret_cast<const volatile uint8_t*>(p);
+    }
+  }
+  return last - first;
+}
+
+absl::Status GgufFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes) const {
+  if (offset > size_ || bytes > size_ - offset) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": read of ", bytes, " bytes at ", offset,
+                                              " is past the end (", size_, " bytes)"));
+  }
+  if (fd_ < 0) {
+    if (bytes > 0) std::memcpy(dst, base_ + offset, bytes);
+    return absl::OkStatus();
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  while (bytes > 0) {
+    const ssize_t got = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoStatus(errno, absl::StrCat(path_, ": read failed"));
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat(path_, ": file ends at ", offset,
+                                              ", shorter than when it was opened (", size_,
+                                              " bytes)"));
+    }
+    out += got;
+    offset += static_cast<uint64_t>(got);
+    bytes -= static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
 }
 
 uint64_t GgufFile::ReleasePages(const void* data, uint64_t bytes) const {
@@ -387,9 +435,18 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   file->size_ = static_cast<uint64_t>(st.st_size);
   void* m = ::mmap(nullptr, static_cast<size_t>(file->size_), PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (m == MAP_FAILED) return ErrnoStatus(err, absl::StrCat(path, ": mmap failed"));
+  if (m == MAP_FAILED) {
+    ::close(fd);
+    return ErrnoStatus(err, absl::StrCat(path, ": mmap failed"));
+  }
+  file->fd_ = fd;
   file->mapping_ = m;
+  // Page-sized mappings only: a read in place maps the page it needs (and
+  // fault-around's few neighbours), never a 2 MiB folio of the page cache
+  // whose other pages belong to tensors read through copies. Where the
+  // kernel ignores it, LlamaForward's Populate/ReleasePages still settle
+  // the resident set once the copies are made.
+  madvise(m, static_cast<size_t>(file->size_), MADV_NOHUGEPAGE);
   file->base_ = static_cast<const uint8_t*>(m);
   absl::Status s = file->Parse();
   if (!s.ok()) return WithContext(s, path);

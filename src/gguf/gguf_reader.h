@@ -120,6 +120,23 @@ class GgufFile {
   // from the page cache with the same contents. Returns the bytes given back;
   // 0 for an in-memory file (FromBytes), whose bytes only exist there.
   uint64_t ReleasePages(const void* data, uint64_t bytes) const;
+  // Maps the pages of [data, data + bytes) into the resident set now
+  // (MADV_POPULATE_READ, else a read of each page), so that what a tensor
+  // read in place holds resident is all of it, not whichever pages its reads
+  // and the kernel's fault-around (or a huge page of the page cache) happened
+  // to map. Returns the bytes populated; 0 for an in-memory file.
+  uint64_t Populate(const void* data, uint64_t bytes) const;
+  // Copies `bytes` bytes of the file from `offset` into `dst` with pread, not
+  // through the mapping, so the file's pages do not enter the resident set
+  // (in-memory files: a copy). OutOfRange past the end; DataLoss on a read
+  // error or a file cut short since it was opened.
+  absl::Status ReadAt(uint64_t offset, void* dst, uint64_t bytes) const;
+  // The descriptor ReadAt reads (-1 for an in-memory file), and the file
+  // offset of a pointer into the mapping.
+  int fd() const { return fd_; }
+  uint64_t OffsetOf(const void* p) const {
+    return static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(p) - base_);
+  }
   // All bytes of the file (the mapping), e.g. to fingerprint it.
   std::string_view bytes() const {
     return std::string_view(reinterpret_cast<const char*>(base_), size_);
@@ -153,6 +170,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;  // start of the mapping (or of owned_)
   uint64_t size_ = 0;
   void* mapping_ = nullptr;        // mmap result, unmapped in the destructor
+  int fd_ = -1;                    // kept open for ReadAt, closed in the destructor
   std::string owned_;              // FromBytes storage (base_ is 64-byte aligned in it)
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

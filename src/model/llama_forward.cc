@@ -102,21 +102,60 @@ absl::StatusOr<std::unique_ptr<KvCache>> LlamaForward::NewKvCache(int64_t capaci
 
 void LlamaForward::PrepareDecode() {
   decode_prepared_ = true;
-  for (const WeightView* w : model_.DecodeMatrices()) {
-    backend_->PrepareDecodeCopy(*w, [this](const void* data, size_t bytes) {
-      model_.gguf().ReleasePages(data, bytes);
-    });
-  }
+  SettleWeights(/*decode=*/true);
 }
 
 void LlamaForward::PrepareBatch() {
   batch_prepared_ = true;
+  SettleWeights(/*decode=*/false);
+}
+
+bool LlamaForward::ReadsCopy(const Backend& backend, const WeightView& w, bool decode) {
+  return decode ? backend.DecodeCopyBytes(w) > 0 : backend.BatchReadsDecodeCopy(w);
+}
+
+void LlamaForward::SettleWeights(bool decode) {
+  const GgufFile& file = model_.gguf();
+  const WeightView& embd = model_.token_embd();
+  auto bytes = [](const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; };
+  // What is read in place is mapped whole first; the copies are then read
+  // with pread and their ranges given back last, which also drops any page
+  // of theirs that a neighbour's populate mapped.
+  file.Populate(embd.data, bytes(embd));
+  std::vector<const WeightView*> copied;
   for (const WeightView* w : model_.DecodeMatrices()) {
-    if (!backend_->BatchReadsDecodeCopy(*w)) continue;
-    backend_->PrepareDecodeCopy(*w, [this](const void* data, size_t bytes) {
-      model_.gguf().ReleasePages(data, bytes);
-    });
+    if (ReadsCopy(*backend_, *w, decode)) {
+      copied.push_back(w);
+    } else {
+      file.Populate(w->data, bytes(*w));
+    }
   }
+  for (const WeightView* w : copied) {
+    // A tied output head's bytes are token_embd's, whose rows the lookups
+    // keep reading in place.
+    const bool keep = w->data == embd.data;
+    const bool made = backend_->PrepareDecodeCopy(*w, [&](const void* data, size_t n) {
+      if (!keep) file.ReleasePages(data, n);
+    });
+    if (!made) file.Populate(w->data, bytes(*w));
+  }
+}
+
+uint64_t LlamaForward::ResidentWeightBytes(const LlamaModel& model, const Backend& backend,
+                                           bool decode) {
+  const WeightView& embd = model.token_embd();
+  uint64_t total = static_cast<uint64_t>(embd.rows) * embd.row_bytes;
+  for (const WeightView* w : model.DecodeMatrices()) {
+    if (ReadsCopy(backend, *w, decode)) {
+      total += backend.DecodeCopyBytes(*w);
+    } else if (w->data != embd.data) {
+      total += static_cast<uint64_t>(w->rows) * w->row_bytes;
+    }
+  }
+  // The norms' copies.
+  const LlamaConfig& c = model.config();
+  total += static_cast<uint64_t>(2 * c.num_layers + 1) * c.model_dim * sizeof(float);
+  return total;
 }
 
 absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32_t* pos,

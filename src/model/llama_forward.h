@@ -35,6 +35,11 @@ class LlamaForward {
   // Whether `backend` runs every layer of `model` fused for batches of m
   // rows (Backend::FusesLayer for each layer's weights).
   static bool FusesLayers(const LlamaModel& model, const Backend& backend, int64_t m);
+  // Bytes the weights hold resident once a forward over `model` on
+  // `backend` has prepared its batches (decode = false) or its one-token
+  // steps (decode = true): token_embd and every matrix read in place, whole,
+  // the backend's copies of the others, and the norms' copies.
+  static uint64_t ResidentWeightBytes(const LlamaModel& model, const Backend& backend, bool decode);
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
                                                               Backend* backend,
                                                               int64_t max_tokens);
@@ -112,6 +117,12 @@ class LlamaForward {
   // without checking the matrices' bytes again).
   void PrepareBatch();
   bool batch_prepared_ = false;
+  // Both: every matrix the backend reads in place (and token_embd, whose
+  // rows the lookups read) has its pages populated, and every other is
+  // copied with pread and its pages given back, so what the weights hold
+  // resident is ResidentWeightBytes, whatever the page cache held.
+  void SettleWeights(bool decode);
+  static bool ReadsCopy(const Backend& backend, const WeightView& w, bool decode);
 
   const LlamaModel& model_;
   Backend* backend_;

@@ -55,17 +55,26 @@ absl::StatusOr<WeightView> BindMatrix(const GgufFile& f, const std::string& name
   w.rows = rows;
   w.cols = cols;
   w.row_bytes = static_cast<size_t>(RowBytes(t->type, cols));
+  w.fd = f.fd();
+  w.file_offset = f.OffsetOf(t->data);
   return w;
 }
 
-absl::StatusOr<const float*> BindVector(const GgufFile& f, const std::string& name, int64_t n) {
+// Binds an F32 vector (a norm's weights) as a copy read with pread into
+// `owned`: these small tensors lie between the matrices in the file, and a
+// read in place would map their neighbours' pages (a whole 2 MiB folio of
+// the page cache, on some kernels) beside the backend's copies of them.
+absl::StatusOr<const float*> BindVector(const GgufFile& f, const std::string& name, int64_t n,
+                                        std::vector<std::vector<float>>* owned) {
   const GgufTensorInfo* t = f.FindTensor(name);
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
   if (t->type != GgmlType::kF32 || t->num_elements() != n) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " must be F32 with ", n,
                                                    " elements, got ", t->num_elements()));
   }
-  return reinterpret_cast<const float*>(t->data);
+  std::vector<float>& v = owned->emplace_back(static_cast<size_t>(n));
+  SNAPFILL_RETURN_IF_ERROR(f.ReadAt(f.OffsetOf(t->data), v.data(), n * sizeof(float)));
+  return v.data();  // moving `owned`'s vectors keeps their buffers
 }
 
 absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
@@ -173,7 +182,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<Ggu
   }
   c.vocab_size = embd->shape[1];
   SNAPFILL_ASSIGN_OR_RETURN(m->token_embd_, BindMatrix(f, "token_embd.weight", c.vocab_size, c.model_dim));
-  SNAPFILL_ASSIGN_OR_RETURN(m->output_norm_, BindVector(f, "output_norm.weight", c.model_dim));
+  SNAPFILL_ASSIGN_OR_RETURN(m->output_norm_, BindVector(f, "output_norm.weight", c.model_dim, &m->vectors_));
   if (f.FindTensor("output.weight") != nullptr) {
     SNAPFILL_ASSIGN_OR_RETURN(m->output_, BindMatrix(f, "output.weight", c.vocab_size, c.model_dim));
   } else {
@@ -189,12 +198,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<Ggu
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LlamaLayerWeights& l = m->layers_.emplace_back();
     const std::string p = absl::StrCat("blk.", i, ".");
-    SNAPFILL_ASSIGN_OR_RETURN(l.attn_norm, BindVector(f, p + "attn_norm.weight", c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.attn_norm, BindVector(f, p + "attn_norm.weight", c.model_dim, &m->vectors_));
     SNAPFILL_ASSIGN_OR_RETURN(l.wq, BindMatrix(f, p + "attn_q.weight", q_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wk, BindMatrix(f, p + "attn_k.weight", kv_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wv, BindMatrix(f, p + "attn_v.weight", kv_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wo, BindMatrix(f, p + "attn_output.weight", c.model_dim, q_dim));
-    SNAPFILL_ASSIGN_OR_RETURN(l.ffn_norm, BindVector(f, p + "ffn_norm.weight", c.model_dim));
+    SNAPFILL_ASSIGN_OR_RETURN(l.ffn_norm, BindVector(f, p + "ffn_norm.weight", c.model_dim, &m->vectors_));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_gate, BindMatrix(f, p + "ffn_gate.weight", c.ffn_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_up, BindMatrix(f, p + "ffn_up.weight", c.ffn_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_down, BindMatrix(f, p + "ffn_down.weight", c.model_dim, c.ffn_dim));

@@ -35,7 +35,7 @@ struct LlamaConfig {
 };
 
 struct LlamaLayerWeights {
-  const float* attn_norm = nullptr;  // [model_dim]
+  const float* attn_norm = nullptr;  // [model_dim] (copies owned by the model)
   WeightView wq;                     // [num_heads * head_dim, model_dim]
   WeightView wk;                     // [num_kv_heads * head_dim, model_dim]
   WeightView wv;                     // [num_kv_heads * head_dim, model_dim]
@@ -75,6 +75,7 @@ class LlamaModel {
   WeightView output_;
   const float* output_norm_ = nullptr;
   std::vector<LlamaLayerWeights> layers_;
+  std::vector<std::vector<float>> vectors_;  // the norms' weights, copied (BindVector)
   uint64_t weight_bytes_ = 0;
 };
 

@@ -1,8 +1,11 @@
 #include "tests/testing/files.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +34,23 @@ std::vector<std::string> ListDir(const std::string& dir) {
   ::closedir(d);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+uint64_t MappedResidentBytes(const void* data, uint64_t bytes) {
+  const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uint64_t>(data) / page;
+  const auto end = (reinterpret_cast<uint64_t>(data) + bytes + page - 1) / page;
+  const int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  uint64_t present = 0;
+  std::vector<uint64_t> entries(4096);
+  for (uint64_t p = begin; p < end; p += entries.size()) {
+    const uint64_t n = std::min<uint64_t>(entries.size(), end - p);
+    if (pread(fd, entries.data(), n * 8, static_cast<off_t>(p * 8)) != static_cast<ssize_t>(n * 8)) break;
+    for (uint64_t i = 0; i < n; ++i) present += (entries[i] >> 63) & 1;
+  }
+  close(fd);
+  return present * page;
 }
 
 }  // namespace snapfill::testing

@@ -2,6 +2,7 @@
 #ifndef SNAPFILL_TESTS_TESTING_FILES_H_
 #define SNAPFILL_TESTS_TESTING_FILES_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,9 @@ std::string ReadAll(const std::string& path);
 void WriteRaw(const std::string& path, const std::string& data);
 // Names in `dir`, without "." and "..", sorted.
 std::vector<std::string> ListDir(const std::string& dir);
+// Bytes of the pages of [data, data + bytes) that this process has mapped
+// now (/proc/self/pagemap's present bit), whole pages counted.
+uint64_t MappedResidentBytes(const void* data, uint64_t bytes);
 
 }  // namespace snapfill::testing
 

@@ -108,15 +108,6 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   return CreateBackend(Device::kCpu, opts);
 }
 
-uint64_t DecodeCopyGrowth(const LlamaModel& model, const Backend& backend) {
-  uint64_t total = 0;
-  for (const WeightView* w : model.DecodeMatrices()) {
-    const uint64_t copy = backend.DecodeCopyBytes(*w), rows = static_cast<uint64_t>(w->rows) * w->row_bytes;
-    if (copy > rows) total += copy - rows;
-  }
-  return total;
-}
-
 absl::StatusOr<SamplingParams> SamplingFromFlags() {
   SamplingParams s;
   s.temperature = static_cast<float>(absl::GetFlag(FLAGS_temp));

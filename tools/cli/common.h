@@ -37,11 +37,6 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags();
 // The CPU backend with --threads and --pack_decode.
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 
-// What decoding `model` adds to the resident set through `backend`'s decode
-// copy of the weight matrices: the copy takes the place of the file's pages
-// (LlamaForward gives them back as it copies), so only what the copy's
-// layout adds.
-uint64_t DecodeCopyGrowth(const LlamaModel& model, const Backend& backend);
 
 // --temp, --top_k, --top_p, --seed, validated.
 absl::StatusOr<SamplingParams> SamplingFromFlags();

@@ -50,6 +50,8 @@ struct PeakPrediction {
 };
 
 // `process_bytes`: the resident set now.
+// `weight_bytes`: what the weights hold resident (LlamaForward::
+// ResidentWeightBytes), `decode_copy_bytes` what decoding adds to it.
 PeakPrediction PredictPeak(const LlamaConfig& model, uint64_t weight_bytes,
                            const PrefillFootprint& footprint, uint64_t process_bytes,
                            uint64_t decode_copy_bytes = 0, bool half_decode_kv = false);

@@ -43,7 +43,8 @@ struct Prepared {
   double tokenize_seconds = 0;
   PeakPrediction peak;
   std::string sizes_note;  // how --max_memory chose the sizes
-  uint64_t decode_copy_bytes = 0;  // what the backend's decode copy adds (run only)
+  uint64_t weight_bytes = 0;       // what the weights hold resident during the prefill
+  uint64_t decode_copy_bytes = 0;  // what the backend's decode copies add to that (run only)
   bool half_decode_kv = false;     // decode reads fp16 KV entries that replace the f32 ones (run only)
 };
 
@@ -81,7 +82,7 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
         fp->plan.peak_attention_length > mc.context_length) {
       continue;
     }
-    const PeakPrediction peak = PredictPeak(mc, p.model.model->weight_bytes(), *fp,
+    const PeakPrediction peak = PredictPeak(mc, p.weight_bytes, *fp,
                                             process_bytes, p.decode_copy_bytes, p.half_decode_kv);
     smallest = peak;
     any = true;
@@ -139,8 +140,10 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
+  p.weight_bytes = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/false);
   if (with_question) {
-    p.decode_copy_bytes = DecodeCopyGrowth(*p.model.model, *p.backend);
+    const uint64_t decode = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/true);
+    p.decode_copy_bytes = decode > p.weight_bytes ? decode - p.weight_bytes : 0;
     p.half_decode_kv = p.backend->HalfDecodeKv();
   }
   Stopwatch tok;
@@ -178,7 +181,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
       PrefillFootprint fp,
       PrefillEngine::Footprint(p.model.model->config(), p.config, total,
                                LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
-  p.peak = PredictPeak(p.model.model->config(), p.model.model->weight_bytes(), fp, process_bytes,
+  p.peak = PredictPeak(p.model.model->config(), p.weight_bytes, fp, process_bytes,
                        p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
@@ -189,9 +192,9 @@ void PrintPlan(const Prepared& p) {
   const SchedulePlan& plan = p.engine->plan();
   std::printf("%s", FormatPlan(plan).c_str());
   std::printf("input: %zu tokens (tokenized in %.2f s)\n", p.tokens.size(), p.tokenize_seconds);
-  std::printf("memory: %s for the compressed KV, %s scratch, weights %s (mapped)\n",
+  std::printf("memory: %s for the compressed KV, %s scratch, weights %s resident (%s in the file)\n",
               HumanBytes(p.engine->memory_bytes()).c_str(),
-              HumanBytes(p.engine->scratch_bytes()).c_str(),
+              HumanBytes(p.engine->scratch_bytes()).c_str(), HumanBytes(p.weight_bytes).c_str(),
               HumanBytes(p.model.model->weight_bytes()).c_str());
   if (!p.sizes_note.empty()) std::printf("%s\n", p.sizes_note.c_str());
   std::printf("%s\n", p.peak.Format().c_str());
