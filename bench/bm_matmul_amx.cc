@@ -42,7 +42,7 @@
 //   oneDNN's bf16 matmul at the same shapes is in bm_onednn (a binary of
 //     its own: linked into this one, libdnnl made some of our products
 //     here 20-25% slower (2,048 × 576 → 192, two runs) without a call into
-//     it; docs/BENCHMARKS.md sitting 26).
+//     it; docs/history/BENCHMARKS-log.md).
 // Threads: omp_get_max_threads() (OMP_NUM_THREADS pins it; OpenBLAS gets the
 // same count). No correctness checks here: tests/kernels/matmul_amx_test.cc
 // covers them.

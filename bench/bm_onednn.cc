@@ -12,7 +12,7 @@
 // Built only where CMake finds oneDNN (tools/install_deps.sh installs it);
 // a binary of its own because, linked into bm_matmul_amx, libdnnl made some
 // of the products there 20-25% slower (2,048 × 576 → 192, two runs) without
-// a call into it (docs/BENCHMARKS.md sitting 26). Threads: oneDNN's OpenMP
+// a call into it (docs/history/BENCHMARKS-log.md). Threads: oneDNN's OpenMP
 // runtime, omp_get_max_threads() (OMP_NUM_THREADS pins it).
 #include <omp.h>
 

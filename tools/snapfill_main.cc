@@ -75,8 +75,8 @@ std::string FlagName(const std::string& a) {
 // 2-core machine), those spins burn the time slices that the thread everyone
 // waits for needs: two 2-thread prefills at once ran at 23% of one alone
 // each, instead of about half. 1,000 rounds gave 44% each there and cost
-// nothing alone (prefill and decode, measured; docs/BENCHMARKS.md sitting
-// 14). libgomp reads its settings when it loads, before main, so unless the
+// nothing alone (prefill and decode, measured;
+// docs/history/BENCHMARKS-log.md). libgomp reads its settings when it loads, before main, so unless the
 // user chose (GOMP_SPINCOUNT or OMP_WAIT_POLICY), this sets GOMP_SPINCOUNT
 // and runs the program again; if that fails it takes the setting back and
 // goes on with the defaults (`snapfill info` says which).

@@ -73,7 +73,7 @@ struct BackendOptions {
   // instead of 4. Off with exact_matmul. Off here (the library computes
   // in f32 unless asked); the CLI's --decode_kv_f16 turns it on by default:
   // about 10% faster decode over a compressed cache of 1,155 entries, 25-50%
-  // over a full 8K cache (docs/BENCHMARKS.md, sittings 15 and 16).
+  // over a full 8K cache (docs/history/BENCHMARKS-log.md).
   bool half_decode_kv = false;
 };
 

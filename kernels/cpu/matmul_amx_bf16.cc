@@ -79,7 +79,7 @@ constexpr int64_t kBTileBytes = 1024;   // one K block (32 elements) of 16 weigh
 // reading half of X and writing half of Y (2,048 tokens: q, k, v 1.48-1.52 →
 // 0.91 ms; o with its add at 1,024 tokens 0.45-0.46 → 0.29-0.30), where
 // panels of at most 4 row pairs (144 KiB at k = 576) split them by rows;
-// docs/BENCHMARKS.md sitting 26.
+// docs/history/BENCHMARKS-log.md.
 constexpr int64_t kPanelBytes = 768 * 1024;
 constexpr int64_t kBlockPairs = 8;      // token pairs (32 tokens each) per unit, at most
 // K blocks per kernel call, at most: a token pair's A tiles of 18 blocks
@@ -360,7 +360,7 @@ SNAPFILL_AMXBF16_TARGET void UnpackGroupByRows(const uint8_t* w, size_t row_byte
 using UnpackFn = void (*)(const uint8_t*, size_t, int, int64_t, uint8_t*, int64_t);
 
 // Q4_0 / Q4_1 by gathers (no transpose; 5-16% faster products at 512-1,024
-// tokens, docs/BENCHMARKS.md sitting 25), Q8_0 and the others by rows and a
+// tokens, docs/history/BENCHMARKS-log.md), Q8_0 and the others by rows and a
 // transpose. (AmxBf16SupportsType lists the types.)
 UnpackFn PickUnpack(GgmlType type) {
   switch (type) {
@@ -402,7 +402,7 @@ SNAPFILL_AMXBF16_TARGET inline void ConvertContiguous(const float* x, int64_t n,
 // (element-wise, so the same bits as over whole rows), then vcvtneps2bf16 as
 // ConvertXTiles would. One step per call, from Kernel's side work, so that
 // it runs while the tile unit works on the next pair (BM_FeedForward_Prefill
-// docs/BENCHMARKS.md sitting 27); Finish does what is left.
+// docs/history/BENCHMARKS-log.md); Finish does what is left.
 class SwiGluSteps {
  public:
   void Start(float* g, const float* u, uint16_t* h) {
@@ -498,7 +498,7 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a, SideWork&& side = SideW
   // first op (A0·B0) finds both operands loaded one op earlier.
   // The token pair's A tiles are read again by the panel's next row pair
   // and stay in L1; the B tiles go through with the non-temporal hint so
-  // they do not evict them (docs/amx_notes.md, "Sitting 24": 7.2 -> 5.6 ns
+  // they do not evict them (docs/history/amx_notes.md: 7.2 -> 5.6 ns
   // per op at k = 576 in a stand-alone loop).
   const uint8_t* xa = a.xa;
   const uint8_t* bp = a.bp;
@@ -757,8 +757,8 @@ void RunProductUnits(const uint16_t* xb, int64_t m, int64_t nb, const AmxBf16Out
     // every row pair of the panel; consecutive calls write neighbouring
     // columns of the same Y rows. (Measured against row pairs outer, and
     // against K cut into parts where A fits L1 anyway, which lost to the
-    // parts' extra C stores: docs/BENCHMARKS.md sittings 6 and 24; parts
-    // pay only past kPartBlocks, sitting 27.)
+    // parts' extra C stores: docs/history/BENCHMARKS-log.md; parts
+    // pay only past kPartBlocks.)
     for (int64_t tp = tp0; tp < tp1; ++tp) {
       for (int64_t part = 0; part < parts; ++part) {
         const int64_t b0 = nb * part / parts, b1 = nb * (part + 1) / parts;

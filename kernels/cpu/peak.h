@@ -4,7 +4,7 @@
 // the instruction's latency: an FMA of 4 cycles on 2 pipes needs 8), on
 // every thread of the kernels' team, as the kernels themselves run. The
 // profile and `snapfill bench` set what the products and the attention
-// reach beside these (docs/BENCHMARKS.md, sitting 35); `snapfill info`
+// reach beside these (docs/history/BENCHMARKS-log.md); `snapfill info`
 // prints them.
 // The instructions and the ops each does: kernels/peak_instruction.h.
 //

@@ -8,7 +8,7 @@
 // Under OpenMP each region's threads wait for the next one in libgomp,
 // which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel; snapfill
 // keeps that count at 1,000 (about 9 µs on the AMX VM) so that several jobs
-// can share the cores (docs/BENCHMARKS.md, sittings 14 and 26). The gaps
+// can share the cores (docs/history/BENCHMARKS-log.md). The gaps
 // between regions are longer than that often enough (the sampling between
 // decode steps, a region one thread ends first, the selection between the
 // votes and the copies) that the other thread slept several times a token
@@ -19,7 +19,7 @@
 // another job that needs this CPU gets it), and only after
 // kIdleBeforeSleep without any work do they sleep (on a futex); with
 // OMP_WAIT_POLICY=passive they sleep at once, as OpenMP's threads would.
-// Measured against OpenMP (docs/BENCHMARKS.md, sitting 28, alternating):
+// Measured against OpenMP (docs/history/BENCHMARKS-log.md, alternating):
 // decode 12-16% faster, two decoding jobs at once 34-49% faster each,
 // prefill 6-12% faster at 64K tokens, two prefills at once 1-5% faster.
 //
@@ -149,8 +149,8 @@ class DynamicItems {
 // touches a counter no other thread touches until its span runs out, in
 // about log2(span / chunk) atomic adds (each waits for the loads in flight:
 // 16 KiB chunks cost about 2% of a decode step), but the run no longer waits
-// for a thread that one vCPU's slow phase held back (docs/BENCHMARKS.md,
-// sitting 34). Made before the run of nt threads, shared by them, used for
+// for a thread that one vCPU's slow phase held back
+// (docs/history/BENCHMARKS-log.md). Made before the run of nt threads, shared by them, used for
 // one loop. The counters of up to kInlineSpans threads live in the object
 // itself: a decode step makes about 150 of these, so no allocation for them.
 class StealingRanges {

@@ -6,7 +6,7 @@
 // with PagedArray a step that uses less (IMDC's memory starts small; its
 // chunks shrink as the memory grows) also holds less, so peak resident memory
 // follows what the schedule actually uses instead of the largest of each
-// buffer (docs/BENCHMARKS.md, "peak memory of IMDC").
+// buffer (docs/history/BENCHMARKS-log.md, "peak memory of IMDC").
 //
 // Not a container: no growth and no copies.
 // T must be trivially copyable; the contents start as zero bytes.

@@ -191,7 +191,7 @@ absl::StatusOr<std::pair<Json, uint64_t>> RunChild(const std::vector<std::string
 // decode step hands lines over (the fork, the join, each thread's half of
 // an output), so that phase slows the step's fixed costs while it speeds
 // its reads; the probe tells the phases apart where the bandwidth alone
-// cannot (docs/BENCHMARKS.md, sitting 23).
+// cannot (docs/history/BENCHMARKS-log.md).
 double CpuRoundTripNs() {
   if (omp_get_max_threads() < 2) return 0;
   constexpr int kBatches = 5, kHandOffs = 4000;

@@ -3,8 +3,8 @@
 // instructions the kernels run on (Backend::MeasurePeaks). The floor is the
 // time the work would take if every product and every attention ran at its
 // instruction's peak on all threads, with nothing else to do; a run's time
-// over its floor says how far from the silicon it ran (docs/BENCHMARKS.md,
-// sitting 35). Used by --profile and `snapfill bench`.
+// over its floor says how far from the silicon it ran
+// (docs/history/BENCHMARKS-log.md). Used by --profile and `snapfill bench`.
 #ifndef SNAPFILL_TOOLS_CLI_ROOFLINE_H_
 #define SNAPFILL_TOOLS_CLI_ROOFLINE_H_
 
