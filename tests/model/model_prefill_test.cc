@@ -1,5 +1,5 @@
 // The chunk loop on the default model, short versions of the long runs
-// (the 1M-token run is in docs/BENCHMARKS.md, not in the test suite).
+// (the 1M-token run is a benchmark, docs/BENCHMARKS.md, not a test).
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
