@@ -346,19 +346,30 @@ GgufFile::~GgufFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-uint64_t GgufFile::Populate(const void* data, uint64_t bytes) const {
-  if (mapping_ == nullptr || bytes == 0) return 0;
+// [data, data + bytes) clipped to the mapping [lo, hi), its ends rounded to
+// pages: outward (every page it touches) or inward (the pages wholly inside).
+// false if nothing is left.
+static bool PageSpan(uintptr_t lo, uintptr_t hi, const void* data, uint64_t bytes, bool outward,
+              uintptr_t* first, uintptr_t* last) {
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
   const auto begin = std::max(reinterpret_cast<uintptr_t>(data), lo);
   const auto end = std::min(reinterpret_cast<uintptr_t>(data) + bytes, hi);
-  if (end <= begin) return 0;
-  const uintptr_t first = begin / page * page, last = (end + page - 1) / page * page;
+  if (end <= begin) return false;
+  *first = outward ? begin / page * page : (begin + page - 1) / page * page;
+  *last = outward ? (end + page - 1) / page * page : end / page * page;
+  return *last > *first;
+}
+
+uint64_t GgufFile::Populate(const void* data, uint64_t bytes) const {
+  uintptr_t first = 0, last = 0;
+  const auto lo = reinterpret_cast<uintptr_t>(base_);
+  if (mapping_ == nullptr || !PageSpan(lo, lo + size_, data, bytes, /*outward=*/true, &first, &last)) return 0;
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14
 #endif
   if (madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_READ) != 0) {
     // Older kernels: a read of each page faults it in.
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     volatile uint8_t sink = 0;
     for (uintptr_t p = std::max(first, lo); p < last; p += page) {
       sink = sink + *reinterpret_cast<const volatile uint8_t*>(p);
@@ -394,13 +405,9 @@ absl::Status GgufFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes) const 
 }
 
 uint64_t GgufFile::ReleasePages(const void* data, uint64_t bytes) const {
-  if (mapping_ == nullptr || bytes == 0) return 0;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto lo = reinterpret_cast<uintptr_t>(base_), hi = lo + size_;
-  const auto begin = std::max(reinterpret_cast<uintptr_t>(data), lo);
-  const auto end = std::min(reinterpret_cast<uintptr_t>(data) + bytes, hi);
-  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
-  if (last <= first) return 0;
+  uintptr_t first = 0, last = 0;
+  const auto lo = reinterpret_cast<uintptr_t>(base_);
+  if (mapping_ == nullptr || !PageSpan(lo, lo + size_, data, bytes, /*outward=*/false, &first, &last)) return 0;
   if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0) return 0;
   return last - first;
 }

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "src/base/sys_stats.h"
 #include "src/gguf/gguf_writer.h"
+#include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -320,6 +321,43 @@ TEST(GgufReaderTest, ReleasedPagesReadTheSame) {
   ASSERT_NE(memb, nullptr);
   EXPECT_EQ((*mem)->ReleasePages(memb->data, memb->size_bytes), 0u);
   EXPECT_EQ(before, std::string(reinterpret_cast<const char*>(memb->data), memb->size_bytes));
+}
+
+// ReadAt copies the file's bytes with pread, mapping none of them; Populate
+// maps a range whole; reads past the end are refused; an in-memory file
+// copies from its bytes and has nothing to populate.
+TEST(GgufReaderTest, ReadAtCopiesWithoutMappingAndPopulateMaps) {
+  const std::string path = RealModelPath();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) GTEST_SKIP() << "real model not found at " << path;
+  auto f = GgufFile::Open(path);
+  SNAPFILL_ASSERT_OK(f);
+  ASSERT_GE((*f)->fd(), 0);
+  const GgufTensorInfo* emb = (*f)->FindTensor("token_embd.weight");
+  ASSERT_NE(emb, nullptr);
+  const uint64_t at = (*f)->OffsetOf(emb->data);
+  // Only what parsing the header mapped around the tensor's start.
+  const uint64_t before = testing::MappedResidentBytes(emb->data, emb->size_bytes);
+  EXPECT_LT(before, emb->size_bytes / 8);
+  std::string copy(emb->size_bytes, '\0');
+  SNAPFILL_ASSERT_OK((*f)->ReadAt(at, copy.data(), copy.size()));
+  EXPECT_EQ(testing::MappedResidentBytes(emb->data, emb->size_bytes), before) << "pread mapped pages";
+  EXPECT_GE((*f)->Populate(emb->data, emb->size_bytes), emb->size_bytes);
+  EXPECT_GE(testing::MappedResidentBytes(emb->data, emb->size_bytes), emb->size_bytes);
+  EXPECT_EQ(copy, std::string(reinterpret_cast<const char*>(emb->data), emb->size_bytes));
+  char byte;
+  EXPECT_EQ((*f)->ReadAt((*f)->file_size(), &byte, 1).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*f)->ReadAt((*f)->file_size() - 1, &byte, 2).code(), absl::StatusCode::kOutOfRange);
+  SNAPFILL_EXPECT_OK((*f)->ReadAt((*f)->file_size(), &byte, 0));
+
+  auto mem = GgufFile::FromBytes(std::string((*f)->bytes()));
+  SNAPFILL_ASSERT_OK(mem);
+  EXPECT_EQ((*mem)->fd(), -1);
+  const GgufTensorInfo* memb = (*mem)->FindTensor("token_embd.weight");
+  std::string mem_copy(memb->size_bytes, '\0');
+  SNAPFILL_ASSERT_OK((*mem)->ReadAt((*mem)->OffsetOf(memb->data), mem_copy.data(), mem_copy.size()));
+  EXPECT_EQ(mem_copy, copy);
+  EXPECT_EQ((*mem)->Populate(memb->data, memb->size_bytes), 0u);
 }
 
 TEST(GgufReaderTest, OpensTheRealModel) {
