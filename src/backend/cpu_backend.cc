@@ -1,9 +1,7 @@
 // CPU backend: checks shapes, then calls kernels/cpu.
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -13,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/matmul.h"
@@ -507,16 +506,7 @@ class CpuBackend final : public Backend {
   // (the copy takes their place); from w.data otherwise, or if the read
   // fails (the same bytes, only mapped).
   static void ReadWeight(const WeightView& w, size_t at, size_t n, uint8_t* dst) {
-    if (w.fd >= 0) {
-      size_t done = 0;
-      while (done < n) {
-        const ssize_t got = ::pread(w.fd, dst + done, n - done, static_cast<off_t>(w.file_offset + at + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        done += static_cast<size_t>(got);
-      }
-      if (done == n) return;
-    }
+    if (w.fd >= 0 && ReadAllAt(w.fd, dst, n, w.file_offset + at, "the weights' file").ok()) return;
     std::memcpy(dst, static_cast<const uint8_t*>(w.data) + at, n);
   }
 

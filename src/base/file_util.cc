@@ -93,6 +93,25 @@ absl::Status WriteAll(int fd, std::string_view data, std::string_view path) {
   return absl::OkStatus();
 }
 
+absl::Status ReadAllAt(int fd, void* dst, uint64_t bytes, uint64_t offset, std::string_view path) {
+  auto* out = static_cast<uint8_t*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return FileErrnoStatus(errno, "cannot read", path);
+    }
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat(std::string(path), " ends at byte ", offset, ", ", bytes,
+                                              " bytes short of what was to be read"));
+    }
+    out += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // A writer killed before it could clean up (SIGKILL, power loss) leaves

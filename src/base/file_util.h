@@ -80,6 +80,11 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view data,
 // point it at /dev/full.
 absl::Status WriteAll(int fd, std::string_view data, std::string_view path);
 
+// Reads exactly `bytes` bytes of `fd` from `offset` into `dst` with pread
+// (retrying short reads and EINTR; the file position is not used). Errors
+// name `path`; DataLoss if the file ends first.
+absl::Status ReadAllAt(int fd, void* dst, uint64_t bytes, uint64_t offset, std::string_view path);
+
 // The Status for a failed system call: the code from the errno, the message
 // "<what> <path>: <strerror>", or "disk full while writing <path>: <strerror>"
 // for ENOSPC and EDQUOT whatever `what` was.

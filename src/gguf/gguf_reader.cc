@@ -25,6 +25,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "snapfill/status.h"
+#include "src/base/file_util.h"
 
 namespace snapfill {
 namespace {
@@ -387,21 +388,7 @@ absl::Status GgufFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes) const 
     if (bytes > 0) std::memcpy(dst, base_ + offset, bytes);
     return absl::OkStatus();
   }
-  auto* out = static_cast<uint8_t*>(dst);
-  while (bytes > 0) {
-    const ssize_t got = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return ErrnoStatus(errno, absl::StrCat(path_, ": read failed"));
-    if (got == 0) {
-      return absl::DataLossError(absl::StrCat(path_, ": file ends at ", offset,
-                                              ", shorter than when it was opened (", size_,
-                                              " bytes)"));
-    }
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    bytes -= static_cast<uint64_t>(got);
-  }
-  return absl::OkStatus();
+  return ReadAllAt(fd_, dst, bytes, offset, path_);
 }
 
 uint64_t GgufFile::ReleasePages(const void* data, uint64_t bytes) const {

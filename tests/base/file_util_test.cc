@@ -59,6 +59,26 @@ TEST_F(FileUtilTest, WritesNewFileAndLeavesNoTemporary) {
   EXPECT_EQ(ListDir(dir_), std::vector<std::string>{"out.bin"});
 }
 
+// ReadAllAt reads exactly the bytes asked for at an offset, whatever the
+// file position, and names the file when it ends first.
+TEST_F(FileUtilTest, ReadAllAtReadsTheRangeOrSaysTheFileEnded) {
+  const std::string path = Path("in.bin");
+  std::string data(300000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 256);
+  WriteRaw(path, data);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  std::string got(200000, '\0');
+  SNAPFILL_ASSERT_OK(ReadAllAt(fd, got.data(), got.size(), 99999, path));
+  EXPECT_EQ(got, data.substr(99999, 200000));
+  EXPECT_EQ(::lseek(fd, 0, SEEK_CUR), 0) << "the file position moved";
+  const absl::Status past = ReadAllAt(fd, got.data(), 10, data.size() - 5, path);
+  EXPECT_EQ(past.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(past.message()), HasSubstr(path));
+  ::close(fd);
+  EXPECT_FALSE(ReadAllAt(fd, got.data(), 1, 0, path).ok()) << "a closed descriptor";
+}
+
 TEST_F(FileUtilTest, RelativePathInCurrentDirectory) {
   char cwd[4096];
   ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
