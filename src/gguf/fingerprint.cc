@@ -10,9 +10,14 @@
 
 namespace snapfill {
 
+namespace {
+
+std::string Format(XXH64_hash_t h) { return absl::StrFormat("xxh3:%016x", static_cast<uint64_t>(h)); }
+
+}  // namespace
+
 std::string FingerprintBytes(std::string_view bytes) {
-  const XXH64_hash_t h = XXH3_64bits(bytes.data(), bytes.size());
-  return absl::StrFormat("xxh3:%016x", static_cast<uint64_t>(h));
+  return Format(XXH3_64bits(bytes.data(), bytes.size()));
 }
 
 std::string ModelFingerprint(const GgufFile& file) {
@@ -37,7 +42,7 @@ std::string ModelFingerprint(const GgufFile& file) {
   XXH3_freeState(state);
   // A read error: the mapping's bytes give the same hash (or fail loudly).
   if (!read_all) return FingerprintBytes(file.bytes());
-  return absl::StrFormat("xxh3:%016x", static_cast<uint64_t>(h));
+  return Format(h);
 }
 
 }  // namespace snapfill

@@ -26,6 +26,8 @@ void AddInPlace(Backend& b, float* x, const float* y, int64_t rows, int64_t dim)
   b.ParallelFor((n + kPiece - 1) / kPiece, add);
 }
 
+uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; }
+
 }  // namespace
 
 LlamaForward::LlamaForward(const LlamaModel& model, Backend* backend, int64_t max_tokens)
@@ -110,51 +112,48 @@ void LlamaForward::PrepareBatch() {
   SettleWeights(/*decode=*/false);
 }
 
-bool LlamaForward::ReadsCopy(const Backend& backend, const WeightView& w, bool decode) {
-  return decode ? backend.DecodeCopyBytes(w) > 0 : backend.BatchReadsDecodeCopy(w);
+std::vector<LlamaForward::Placement> LlamaForward::Placements(const LlamaModel& model,
+                                                              const Backend& backend, bool decode) {
+  const WeightView& embd = model.token_embd();
+  // token_embd first: the lookups always read its rows in place.
+  std::vector<Placement> out = {{&embd, /*copy=*/false, /*shares_embd=*/false}};
+  for (const WeightView* w : model.DecodeMatrices()) {
+    const bool copy = decode ? backend.DecodeCopyBytes(*w) > 0 : backend.BatchReadsDecodeCopy(*w);
+    out.push_back({w, copy, w->data == embd.data});
+  }
+  return out;
 }
 
 void LlamaForward::SettleWeights(bool decode) {
   const GgufFile& file = model_.gguf();
-  const WeightView& embd = model_.token_embd();
-  auto bytes = [](const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; };
+  const std::vector<Placement> placements = Placements(model_, *backend_, decode);
   // What is read in place is mapped whole first; the copies are then read
   // with pread and their ranges given back last, which also drops any page
   // of theirs that a neighbour's populate mapped.
-  file.Populate(embd.data, bytes(embd));
-  std::vector<const WeightView*> copied;
-  for (const WeightView* w : model_.DecodeMatrices()) {
-    if (ReadsCopy(*backend_, *w, decode)) {
-      copied.push_back(w);
-    } else {
-      file.Populate(w->data, bytes(*w));
-    }
+  for (const Placement& p : placements) {
+    if (!p.copy) file.Populate(p.w->data, Bytes(*p.w));
   }
-  for (const WeightView* w : copied) {
+  for (const Placement& p : placements) {
+    if (!p.copy) continue;
     // A tied output head's bytes are token_embd's, whose rows the lookups
     // keep reading in place.
-    const bool keep = w->data == embd.data;
-    const bool made = backend_->PrepareDecodeCopy(*w, [&](const void* data, size_t n) {
-      if (!keep) file.ReleasePages(data, n);
+    const bool made = backend_->PrepareDecodeCopy(*p.w, [&](const void* data, size_t n) {
+      if (!p.shares_embd) file.ReleasePages(data, n);
     });
-    if (!made) file.Populate(w->data, bytes(*w));
+    if (!made) file.Populate(p.w->data, Bytes(*p.w));
   }
 }
 
 uint64_t LlamaForward::ResidentWeightBytes(const LlamaModel& model, const Backend& backend,
                                            bool decode) {
-  const WeightView& embd = model.token_embd();
-  uint64_t total = static_cast<uint64_t>(embd.rows) * embd.row_bytes;
-  for (const WeightView* w : model.DecodeMatrices()) {
-    if (ReadsCopy(backend, *w, decode)) {
-      total += backend.DecodeCopyBytes(*w);
-    } else if (w->data != embd.data) {
-      total += static_cast<uint64_t>(w->rows) * w->row_bytes;
+  uint64_t total = model.copied_vector_bytes();
+  for (const Placement& p : Placements(model, backend, decode)) {
+    if (p.copy) {
+      total += backend.DecodeCopyBytes(*p.w);
+    } else if (!p.shares_embd) {
+      total += Bytes(*p.w);
     }
   }
-  // The norms' copies.
-  const LlamaConfig& c = model.config();
-  total += static_cast<uint64_t>(2 * c.num_layers + 1) * c.model_dim * sizeof(float);
   return total;
 }
 

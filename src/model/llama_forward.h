@@ -122,7 +122,16 @@ class LlamaForward {
   // copied with pread and its pages given back, so what the weights hold
   // resident is ResidentWeightBytes, whatever the page cache held.
   void SettleWeights(bool decode);
-  static bool ReadsCopy(const Backend& backend, const WeightView& w, bool decode);
+  // Where each matrix is read in the batches (decode = false) or the
+  // one-token steps: in place, or through the backend's copy. token_embd
+  // comes first and is always read in place; `shares_embd` marks a tied
+  // output head. SettleWeights acts on it, ResidentWeightBytes counts it.
+  struct Placement {
+    const WeightView* w;
+    bool copy;
+    bool shares_embd;
+  };
+  static std::vector<Placement> Placements(const LlamaModel& model, const Backend& backend, bool decode);
 
   const LlamaModel& model_;
   Backend* backend_;

@@ -66,6 +66,12 @@ class LlamaModel {
   // layer's seven and the output head (which may share token_embd's data,
   // never a layer's).
   std::vector<const WeightView*> DecodeMatrices() const;
+  // Bytes of the vectors (the norms' weights) the model copied at load.
+  uint64_t copied_vector_bytes() const {
+    uint64_t n = 0;
+    for (const std::vector<float>& v : vectors_) n += v.size() * sizeof(float);
+    return n;
+  }
 
  private:
   LlamaModel() = default;

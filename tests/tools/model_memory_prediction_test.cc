@@ -94,10 +94,9 @@ void WarmThroughMapping(const std::string& path) {
   void* m = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
   ASSERT_NE(m, MAP_FAILED);
-  uint64_t sum = 0;
-  for (off_t i = 0; i < st.st_size; i += 4096) sum += static_cast<const uint8_t*>(m)[i];
+  volatile uint8_t sink = 0;
+  for (off_t i = 0; i < st.st_size; i += 4096) sink = sink + static_cast<const uint8_t*>(m)[i];
   munmap(m, st.st_size);
-  EXPECT_GE(sum, 0u);
 }
 
 // Two threads that spin until destroyed: another 2-thread job on the cores.
