@@ -43,6 +43,17 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--sinks=", config.sink_tokens, " must be >= 0"));
   }
+  if (!(config.query_share >= 0.0 && config.query_share <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--query_share=", config.query_share, " must be in [0, 1]"));
+  }
+  if (config.query_select != Selection::kToken && config.query_select != Selection::kSpan) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--select: unknown selection ", static_cast<int>(config.query_select)));
+  }
+  if (config.span < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--span=", config.span, " must be >= 1"));
+  }
   return absl::OkStatus();
 }
 
@@ -87,6 +98,13 @@ absl::StatusOr<Pooling> ParsePooling(std::string_view name) {
       absl::StrCat("--pooling=", std::string(name), ": expected avg or max"));
 }
 
+absl::StatusOr<Selection> ParseSelection(std::string_view name) {
+  if (name == "token") return Selection::kToken;
+  if (name == "span") return Selection::kSpan;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--select=", std::string(name), ": expected token or span"));
+}
+
 const char* PrunerKindName(PrunerKind kind) {
   switch (kind) {
     case PrunerKind::kSnapKv:
@@ -105,6 +123,16 @@ const char* PoolingName(Pooling pooling) {
       return "avg";
     case Pooling::kMax:
       return "max";
+  }
+  return "unknown";
+}
+
+const char* SelectionName(Selection selection) {
+  switch (selection) {
+    case Selection::kToken:
+      return "token";
+    case Selection::kSpan:
+      return "span";
   }
   return "unknown";
 }

@@ -51,6 +51,11 @@ namespace snapfill {
 
 enum class PrunerKind { kSnapKv, kStreaming, kFull };
 enum class Pooling { kAvg, kMax };
+// How the question's votes pick entries (question-guided compression):
+// single tokens by pooled vote, or spans around the highest pooled votes
+// (every token within span/2 of a picked peak), so that a kept fact keeps
+// all its tokens (a number is one token per digit in SmolLM2's vocabulary).
+enum class Selection { kToken, kSpan };
 
 struct PrunerConfig {
   PrunerKind kind = PrunerKind::kSnapKv;
@@ -66,10 +71,20 @@ struct PrunerConfig {
   // Tokens of the input with original position < sink_tokens are pinned
   // (see the header comment for how each pruner counts them). --sinks
   int64_t sink_tokens = 0;
+  // Question-guided compression (SnapKV only; used when the engine passes
+  // SelectionInput::query_votes). Of the entries an evicting step picks
+  // beyond the window and the sinks, round(query_share * k) are chosen by
+  // the question's votes and the rest by the chunk's own window votes,
+  // among those the question did not take. --query_share
+  double query_share = 1.0;
+  // How the question's share is picked (the window's is always by token,
+  // so a run without a question selects exactly as SnapKV). --select, --span
+  Selection query_select = Selection::kSpan;
+  int64_t span = 32;
 };
 
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,
-// --sinks) when a value is out of range.
+// --sinks, --query_share, --span) when a value is out of range.
 absl::Status ValidatePrunerConfig(const PrunerConfig& config);
 
 // Returns InvalidArgument unless `budget` (entries kept per head per step,
@@ -94,8 +109,11 @@ inline int64_t EffectiveWindow(int64_t window, int64_t chunk_size) {
 absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name);
 // "avg" | "max"; InvalidArgument otherwise.
 absl::StatusOr<Pooling> ParsePooling(std::string_view name);
+// "token" | "span"; InvalidArgument otherwise.
+absl::StatusOr<Selection> ParseSelection(std::string_view name);
 const char* PrunerKindName(PrunerKind kind);
 const char* PoolingName(Pooling pooling);
+const char* SelectionName(Selection selection);
 
 // One layer's candidates at one step. Non-owning.
 struct SelectionInput {
@@ -109,8 +127,16 @@ struct SelectionInput {
   // for candidate j (cpu::WindowScores over all m + c candidates with the
   // last EffectiveWindow(window, c) chunk queries). Read only by pruners
   // whose needs_votes() is true; entries of window candidates are unused.
+  // May be null when query_votes is given and PrunerConfig::query_share
+  // is 1 (the question picks everything).
   const float* votes = nullptr;
   int64_t votes_stride = 0;
+  // [num_kv_heads][query_votes_stride]: the question's votes for each
+  // candidate (the question's tokens placed after the chunk, their queries
+  // voting over memory ∪ chunk ∪ question; only the first num_candidates
+  // are read). Null without a question.
+  const float* query_votes = nullptr;
+  int64_t query_votes_stride = 0;
   // [num_kv_heads][positions_stride], original position of each candidate.
   // Read only when sink_tokens > 0 (may be null otherwise).
   const int32_t* positions = nullptr;

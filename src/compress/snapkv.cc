@@ -11,7 +11,16 @@
 // The budget counts non-sink entries, so an evicting step keeps exactly
 // budget + (#sinks) per head. Nothing is evicted when the non-sink
 // candidates fit in the budget.
+//
+// Question-guided (SelectionInput::query_votes, DESIGN.md §7): step 4's k
+// entries of R are split. round(query_share * k) are picked by the
+// question's pooled votes, as single tokens or as spans around its peaks
+// (--select); the rest by the window's pooled votes among the entries the
+// question left. Without query votes the selection is exactly the above.
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -44,8 +53,15 @@ class SnapKvPruner final : public Pruner {
 
   absl::Status Select(const SelectionInput& in, std::vector<std::vector<int32_t>>* keep) override {
     const int64_t sinks_cfg = config_.sink_tokens;
-    SNAPFILL_RETURN_IF_ERROR(CheckSelectionInput(in, /*needs_votes=*/true, sinks_cfg > 0));
+    // The question alone picks when its share is whole: no window votes then.
+    const bool question_only = in.query_votes != nullptr && config_.query_share >= 1.0;
+    SNAPFILL_RETURN_IF_ERROR(CheckSelectionInput(in, /*needs_votes=*/!question_only, sinks_cfg > 0));
     const int64_t n = in.num_candidates;
+    if (in.query_votes != nullptr && in.query_votes_stride < n) {
+      return absl::InvalidArgumentError(absl::StrCat("SnapKV: the question's votes have stride ",
+                                                     in.query_votes_stride, " for ", n,
+                                                     " candidates"));
+    }
     const int64_t w = EffectiveWindow(config_.window, n - in.num_memory);
     if (in.budget < w) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -85,26 +101,91 @@ class SnapKvPruner final : public Pruner {
     std::vector<float> rest_votes;    // [num_rest] (with sinks)
     std::vector<float> pooled;        // [num_rest]
     std::vector<int32_t> top;         // [k] indices into R, ascending
+    // Question-guided selection only.
+    std::vector<int32_t> order;       // [num_rest] R by pooled question vote, best first
+    std::vector<uint8_t> taken;       // [num_rest]
   };
+
+  // R's votes from `all` (KV head h's votes over every candidate), in
+  // candidate order: read in place without sinks, else gathered into
+  // sc.rest_votes. Internal on a non-finite vote.
+  absl::StatusOr<const float*> RestVotes(const float* all, int64_t h, int64_t num_rest,
+                                         Scratch& sc) const {
+    if (config_.sink_tokens <= 0) {
+      for (int64_t j = 0; j < num_rest; ++j) {
+        if (!std::isfinite(all[j])) return NonFiniteVote(h, j, all[j]);
+      }
+      return all;
+    }
+    sc.rest_votes.resize(num_rest);
+    for (int64_t i = 0; i < num_rest; ++i) {
+      const int32_t j = sc.rest_index[i];
+      if (!std::isfinite(all[j])) return NonFiniteVote(h, j, all[j]);
+      sc.rest_votes[i] = all[j];
+    }
+    return sc.rest_votes.data();
+  }
+
+  // sc.pooled = pool1d(votes[0, num_rest)) as configured.
+  void Pool(const float* votes, int64_t num_rest, Scratch& sc) const {
+    sc.pooled.resize(num_rest);
+    if (config_.pool_kernel <= 1) {
+      std::copy(votes, votes + num_rest, sc.pooled.begin());
+    } else if (config_.pooling == Pooling::kAvg) {
+      cpu::AvgPool1d(votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+    } else {
+      cpu::MaxPool1d(votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+    }
+  }
+
+  // Marks `quota` entries of R in sc.taken by sc.pooled (the question's):
+  // the highest single entries (token), or around the highest entries not
+  // yet taken, every entry within span/2 of it, nearest first (span).
+  void PickQuestion(int64_t num_rest, int64_t quota, Scratch& sc) const {
+    if (config_.query_select == Selection::kToken) {
+      sc.top.resize(quota);
+      cpu::TopKIndices(sc.pooled.data(), num_rest, quota, sc.top.data());
+      for (int32_t i : sc.top) sc.taken[i] = 1;
+      return;
+    }
+    sc.order.resize(num_rest);
+    std::iota(sc.order.begin(), sc.order.end(), 0);
+    const float* pooled = sc.pooled.data();
+    // Higher vote first, then lower index (the ranking TopKIndices uses).
+    std::sort(sc.order.begin(), sc.order.end(), [pooled](int32_t a, int32_t b) {
+      return pooled[a] > pooled[b] || (pooled[a] == pooled[b] && a < b);
+    });
+    const int64_t half = config_.span / 2;
+    int64_t left = quota;
+    for (int64_t r = 0; r < num_rest && left > 0; ++r) {
+      const int64_t peak = sc.order[r];
+      if (sc.taken[peak]) continue;
+      sc.taken[peak] = 1;
+      --left;
+      for (int64_t d = 1; d <= half && left > 0; ++d) {
+        if (peak - d >= 0 && !sc.taken[peak - d]) {
+          sc.taken[peak - d] = 1;
+          --left;
+        }
+        if (left > 0 && peak + d < num_rest && !sc.taken[peak + d]) {
+          sc.taken[peak + d] = 1;
+          --left;
+        }
+      }
+    }
+  }
 
   // Steps 2-4 (see the top of the file) for KV head h, into out.
   absl::Status SelectHead(const SelectionInput& in, int64_t h, int64_t w, int64_t window_begin, int64_t num_sinks,
                           Scratch& sc, std::vector<int32_t>& out) const {
     const int64_t sinks_cfg = config_.sink_tokens;
     const int64_t n = in.num_candidates;
-    const float* votes = in.votes + h * in.votes_stride;
-    // R's votes in candidate order and their candidate indices; the
-    // window's non-sinks counted. Without sinks R is [0, window_begin),
-    // its votes read in place and its indices the identity.
-    const float* rest_votes = votes;
+    // R in candidate order with its candidate indices; the window's
+    // non-sinks counted. Without sinks R is [0, window_begin) and its
+    // indices the identity.
     int64_t num_rest = window_begin, window_non_sinks = w;
-    if (sinks_cfg <= 0) {
-      for (int64_t j = 0; j < num_rest; ++j) {
-        if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
-      }
-    } else {
+    if (sinks_cfg > 0) {
       sc.rest_index.clear();
-      sc.rest_votes.clear();
       window_non_sinks = 0;
       for (int64_t j = 0; j < n; ++j) {
         if (IsSink(in, sinks_cfg, h, j)) continue;
@@ -112,27 +193,47 @@ class SnapKvPruner final : public Pruner {
           ++window_non_sinks;
           continue;
         }
-        if (!std::isfinite(votes[j])) return NonFiniteVote(h, j, votes[j]);
         sc.rest_index.push_back(static_cast<int32_t>(j));
-        sc.rest_votes.push_back(votes[j]);
       }
-      rest_votes = sc.rest_votes.data();
       num_rest = static_cast<int64_t>(sc.rest_index.size());
     }
     const int64_t k = in.budget - window_non_sinks;
     // n - num_sinks > budget, i.e. num_rest + window_non_sinks > budget.
     SNAPFILL_CHECK(k >= 0 && k < num_rest) << "k=" << k << " num_rest=" << num_rest;
 
-    sc.pooled.resize(num_rest);
-    if (config_.pool_kernel <= 1) {
-      std::copy(rest_votes, rest_votes + num_rest, sc.pooled.begin());
-    } else if (config_.pooling == Pooling::kAvg) {
-      cpu::AvgPool1d(rest_votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+    // The question's share of R's k entries, the window's the rest.
+    const int64_t k_query =
+        in.query_votes == nullptr
+            ? 0
+            : std::clamp<int64_t>(std::llround(config_.query_share * static_cast<double>(k)), 0, k);
+    if (in.query_votes == nullptr) {
+      SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
+      Pool(rest_votes, num_rest, sc);
+      sc.top.resize(k);
+      cpu::TopKIndices(sc.pooled.data(), num_rest, k, sc.top.data());
     } else {
-      cpu::MaxPool1d(rest_votes, sc.pooled.data(), num_rest, config_.pool_kernel);
+      sc.taken.assign(num_rest, 0);
+      SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
+                                RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
+      Pool(query_votes, num_rest, sc);
+      if (k_query > 0) PickQuestion(num_rest, k_query, sc);
+      if (k > k_query) {
+        // The window's top among what the question left.
+        SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
+        Pool(rest_votes, num_rest, sc);
+        for (int64_t i = 0; i < num_rest; ++i) {
+          if (sc.taken[i]) sc.pooled[i] = -std::numeric_limits<float>::infinity();
+        }
+        sc.top.resize(k - k_query);
+        cpu::TopKIndices(sc.pooled.data(), num_rest, k - k_query, sc.top.data());
+        for (int32_t i : sc.top) sc.taken[i] = 1;
+      }
+      sc.top.clear();
+      for (int64_t i = 0; i < num_rest; ++i) {
+        if (sc.taken[i]) sc.top.push_back(static_cast<int32_t>(i));
+      }
+      SNAPFILL_CHECK(static_cast<int64_t>(sc.top.size()) == k) << "took " << sc.top.size() << " of " << k;
     }
-    sc.top.resize(k);
-    cpu::TopKIndices(sc.pooled.data(), num_rest, k, sc.top.data());
 
     // Merge sinks, the top-k of R and the window in ascending order: R's
     // kept entries are sc.rest_index[sc.top[t]], ascending in t; the window

@@ -27,6 +27,10 @@ int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
 // at least this many floats to copy (below, the copy is shorter than waking
 // the team).
 constexpr int64_t kCopyParts = 2;
+
+// The longest question that question-guided compression runs after every
+// chunk (its rows cost as many chunk rows).
+constexpr int64_t kMaxQueryTokens = 4096;
 constexpr int64_t kParallelCopyFloats = 1 << 14;
 
 // f(item) for every item in [0, n): on the backend's threads where
@@ -75,7 +79,24 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
     sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
     sc.first_memory = 0;
   }
+  if (static_cast<int64_t>(c.query_tokens.size()) > kMaxQueryTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the question has ", c.query_tokens.size(), " tokens; question-guided compression runs it "
+        "after every chunk and takes at most ", kMaxQueryTokens,
+        " (--query_aware=false reads a longer one with the input only)"));
+  }
+  for (int32_t id : c.query_tokens) {
+    if (id < 0 || id >= mc.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("the question holds token id ", id,
+                                                     ", outside the vocabulary of ", mc.vocab_size));
+    }
+  }
   return c;
+}
+
+// The question's rows in every batch: SnapKV alone reads votes.
+int64_t QueryRows(const PrefillConfig& c) {
+  return c.pruner.kind == PrunerKind::kSnapKv ? static_cast<int64_t>(c.query_tokens.size()) : 0;
 }
 
 }  // namespace
@@ -108,13 +129,18 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
         absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
   }
   f.memory_bytes = entry_bytes * (f.memory_capacity + c.decode_reserve);
-  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens;
-  // Raw and rotated keys, values, votes (floats); positions per head and
-  // rotation positions (int32).
-  f.candidate_bytes = cand * mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
-                      cand * (mc.num_kv_heads + 1) * sizeof(int32_t);
+  // The question's rows follow the chunk in the candidates and the batch.
+  const int64_t query_rows = QueryRows(c);
+  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
+  // Raw and rotated keys, values, votes (and the question's votes) as
+  // floats; positions per head and rotation positions (int32).
+  const int64_t vote_floats = query_rows > 0 ? 2 : 1;
+  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
+                                    (mc.num_kv_heads + 1) * sizeof(int32_t);
+  f.candidate_bytes = cand * cand_entry_bytes;
   // (Scored chunks take logits of whole batches, through xn.)
-  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens, fused_layers, c.score_tokens);
+  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens + query_rows, fused_layers,
+                                                  c.score_tokens);
   const uint64_t score_bytes =
       c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
                      : 0;
@@ -126,13 +152,11 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // moves budget between layers with the same total, counted here as the
   // linear budget of every layer.
   const uint64_t layer_entry_bytes = entry_bytes / mc.num_layers;
-  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + 1) * sizeof(float) +
-                                    (mc.num_kv_heads + 1) * sizeof(int32_t);
   const int64_t sinks = c.schedule.sink_tokens;
   std::vector<int64_t> written(mc.num_layers, 0);  // memory entries written per layer so far
   int64_t cand_written = 0;
   for (const ScheduleStep& s : f.plan.steps) {
-    cand_written = std::max(cand_written, s.attention_length);
+    cand_written = std::max(cand_written, s.attention_length + query_rows);
     const int64_t read = s.start_token + s.chunk_tokens;
     uint64_t memory = 0;
     for (int64_t l = 0; l < mc.num_layers; ++l) {
@@ -142,7 +166,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       memory += written[l] * layer_entry_bytes;
     }
     const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
-                          LlamaForward::ScratchBytes(mc, s.chunk_tokens, fused_layers, c.score_tokens) +
+                          LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers,
+                                                     c.score_tokens) +
                           score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
   }
@@ -172,14 +197,20 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   SNAPFILL_ASSIGN_OR_RETURN(
       e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                    capacity + e->config_.decode_reserve}));
-  SNAPFILL_ASSIGN_OR_RETURN(e->forward_,
-                            LlamaForward::Create(model, backend, e->plan_.max_chunk_tokens));
+  e->query_rows_ = QueryRows(e->config_);
+  SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
+                                                              e->plan_.max_chunk_tokens + e->query_rows_));
+  if (e->query_rows_ > 0) {
+    e->batch_.resize(e->plan_.max_chunk_tokens + e->query_rows_);
+    std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
+  }
   e->prefill_capacity_ = capacity;
-  e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens;
+  e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens + e->query_rows_;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
   if (!e->cand_k_raw_.Allocate(cand * mc.head_dim) || !e->cand_k_rot_.Allocate(cand * mc.head_dim) ||
       !e->cand_v_.Allocate(cand * mc.head_dim) || !e->cand_pos_.Allocate(cand) ||
-      !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_)) {
+      !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_) ||
+      (e->query_rows_ > 0 && !e->query_votes_.Allocate(cand))) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the candidates of ", e->cand_capacity_, " entries"));
   }
@@ -193,7 +224,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
 
 uint64_t PrefillEngine::scratch_bytes() const {
   return forward_->scratch_bytes() +
-         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size()) *
+         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size()) *
              sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -249,8 +280,14 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     // The final hidden states of every row when they are scored, else only
     // of the input's last token (its logits), after the last chunk.
     const int64_t logits_rows = last ? 1 : 0;
+    const int32_t* batch = tokens.data() + step.start_token;
+    if (query_rows_ > 0) {  // the question, then the chunk (see batch_)
+      std::copy(batch, batch + step.chunk_tokens, batch_.begin() + query_rows_);
+      batch = batch_.data();
+    }
+    telemetry_.query_rows = query_rows_;
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
-        tokens.data() + step.start_token, step.chunk_tokens, attend, logits_rows, last_logits_.data(),
+        batch, query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
         config_.score_tokens ? step.chunk_tokens : logits_rows));
     if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens, step));
     retention_ = telemetry_.retention;
@@ -266,20 +303,25 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
 }
 
 absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k,
-                                              float* v, int64_t kv_stride, int64_t n, int64_t out_rows,
+                                              float* v, int64_t kv_stride, int64_t rows, int64_t out_rows,
                                               float* out) {
   const LlamaConfig& c = model_.config();
   const int64_t d = c.head_dim;
   const int64_t m = memory_->size(layer);
+  // The batch: the question's qn rows, then the chunk's n (see batch_).
+  const int64_t qn = query_rows_;
+  const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
+  // The question's keys follow the candidates, at rows [num, num + qn).
+  const int64_t total = num + qn;
   const int64_t start = plan_.steps[step_].start_token;
   const int64_t head_stride = cand_capacity_ * d;
   const bool original = config_.keep_original_positions;
 
-  // 1. Gather memory ∪ chunk per KV head (keys before RoPE), and a copy of
-  //    the keys to rotate. Both threads copy: rows [0, num) of each head in
-  //    kCopyParts parts (the copies were 1.5% of the main thread's samples
-  //    in a 64K prefill, with the other thread waiting).
+  // 1. Gather memory ∪ chunk (∪ question) per KV head (keys before RoPE),
+  //    and a copy of the keys to rotate. Both threads copy: rows [0, total)
+  //    of each head in kCopyParts parts (the copies were 1.5% of the main
+  //    thread's samples in a 64K prefill, with the other thread waiting).
   const int64_t items = c.num_kv_heads * kCopyParts;
   // The memory's rows, looked up before the threads start: KvCache's
   // accessors may write (k() and v() restore released entries and mark the
@@ -294,56 +336,78 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   }
   auto gather = [&](int64_t item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
-    const int64_t r0 = num * part / kCopyParts, r1 = num * (part + 1) / kCopyParts;
+    const int64_t r0 = total * part / kCopyParts, r1 = total * (part + 1) / kCopyParts;
     float* kr = cand_k_raw_.data() + h * head_stride;
     float* vv = cand_v_.data() + h * head_stride;
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    const int64_t mem1 = std::min(r1, m);  // memory rows [r0, mem1), chunk rows from max(r0, m)
+    const int64_t mem1 = std::min(r1, m);  // memory rows [r0, mem1), batch rows from max(r0, m)
     if (r0 < mem1) {
       std::memcpy(kr + r0 * d, mem_k_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(vv + r0 * d, mem_v_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(pp + r0, mem_pos_[h] + r0, (mem1 - r0) * sizeof(int32_t));
     }
     for (int64_t r = std::max(r0, m); r < r1; ++r) {
+      // Chunk token t is batch row qn + t; question token i (r = num + i)
+      // batch row i, at the input position after the chunk's.
       const int64_t t = r - m;
-      std::memcpy(kr + r * d, k + t * kv_stride + h * d, d * sizeof(float));
-      std::memcpy(vv + r * d, v + t * kv_stride + h * d, d * sizeof(float));
+      const int64_t row = r < num ? qn + t : r - num;
+      std::memcpy(kr + r * d, k + row * kv_stride + h * d, d * sizeof(float));
+      std::memcpy(vv + r * d, v + row * kv_stride + h * d, d * sizeof(float));
       pp[r] = static_cast<int32_t>(start + t);
     }
     // (The candidates only, not the capacity.)
     std::memcpy(cand_k_rot_.data() + h * head_stride + r0 * d, kr + r0 * d, (r1 - r0) * d * sizeof(float));
   };
-  RunItems(*backend_, items, items > 1 && num * d >= kParallelCopyFloats, gather);
+  RunItems(*backend_, items, items > 1 && total * d >= kParallelCopyFloats, gather);
   // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
-  //    the largest position is m + c; or each entry at its input position.
-  std::iota(rot_pos_.begin(), rot_pos_.begin() + num, 0);
+  //    the largest position is m + c (+ the question); or each entry at its
+  //    input position.
+  std::iota(rot_pos_.begin(), rot_pos_.begin() + total, 0);
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     const int32_t* pos = original ? cand_pos_.data() + h * cand_capacity_ : rot_pos_.data();
-    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cand_k_rot_.data() + h * head_stride, num, 1, d, d,
+    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cand_k_rot_.data() + h * head_stride, total, 1, d, d,
                                             pos, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
                                             c.rope_neox));
   }
-  // Chunk queries sit after the memory: position m + t (or start + t).
-  const int32_t* qpos = original ? cand_pos_.data() + m : rot_pos_.data() + m;
-  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, n, c.num_heads, d, q_stride, qpos, c.rope_dim,
+  // Chunk queries sit after the memory: position m + t (or start + t); the
+  // question's after the chunk, at num + i (or start + n + i).
+  const int32_t* qpos = original ? cand_pos_.data() : rot_pos_.data();
+  float* chunk_q = q + qn * q_stride;
+  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(chunk_q, n, c.num_heads, d, q_stride, qpos + m, c.rope_dim,
                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+  if (qn > 0) {
+    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, qn, c.num_heads, d, q_stride, qpos + num, c.rope_dim,
+                                            c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+  }
 
   // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk),
   //    for the last out_rows queries, those whose outputs are read: every
   //    one but in the last layer, where only the rows whose logits are
   //    wanted. Query i of them sees the keys up to num - out_rows + i, as
-  //    row n - out_rows + i of the chunk.
+  //    row n - out_rows + i of the chunk. The question's rows (those of
+  //    them among the last out_rows) attend over memory ∪ chunk and the
+  //    question causally; the chunk never sees the question.
   KvView view;
   view.k = cand_k_rot_.data();
   view.v = cand_v_.data();
   view.head_stride = head_stride;
   view.key_stride = d;
   view.num_keys = num;
+  KvView with_question = view;
+  with_question.num_keys = total;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  if (out_rows > 0) {
-    const int64_t skip = n - out_rows;
+  const int64_t chunk_out = std::min(out_rows, n);
+  const int64_t question_out = out_rows - chunk_out;
+  if (chunk_out > 0) {
+    const int64_t skip = rows - chunk_out;
     SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride,
-                                                 q_stride, out_rows, c.num_heads, c.num_kv_heads, d, scale));
+                                                 q_stride, chunk_out, c.num_heads, c.num_kv_heads, d, scale));
+  }
+  if (question_out > 0) {
+    const int64_t skip = qn - question_out;
+    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q + skip * q_stride, q_stride, with_question,
+                                                 out + skip * q_stride, q_stride, question_out,
+                                                 c.num_heads, c.num_kv_heads, d, scale));
   }
 
   // 4. Compress right away: this layer's chunk KV is not needed any more.
@@ -354,10 +418,18 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   in.budget = budgets_[layer];
   in.positions = cand_pos_.data();
   in.positions_stride = cand_capacity_;
-  if (pruner_->needs_votes()) {
+  if (qn > 0) {
+    // The question's votes: all its queries, over memory ∪ chunk ∪ question.
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(q, q_stride, with_question, query_votes_.data(),
+                                                    cand_capacity_, qn, c.num_heads, c.num_kv_heads,
+                                                    d, scale));
+    in.query_votes = query_votes_.data();
+    in.query_votes_stride = cand_capacity_;
+  }
+  if (pruner_->needs_votes() && !(qn > 0 && config_.pruner.query_share >= 1.0)) {
     // Votes from a separate small pass over the last w queries only.
     const int64_t w = std::min<int64_t>(plan_.config.window, n);
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(q + (n - w) * q_stride, q_stride, view,
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(chunk_q + (n - w) * q_stride, q_stride, view,
                                                     votes_.data(), cand_capacity_, w, c.num_heads,
                                                     c.num_kv_heads, d, scale));
     in.votes = votes_.data();
@@ -430,7 +502,7 @@ absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
   for (int64_t first = step.start_token; first < last_position; first += score_rows_) {
     const int64_t rows = std::min(score_rows_, last_position - first);
     SNAPFILL_RETURN_IF_ERROR(
-        forward_->BatchLogits(first - step.start_token, rows, score_logits_.data()));
+        forward_->BatchLogits(query_rows_ + first - step.start_token, rows, score_logits_.data()));
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t target = tokens[first + r + 1];
       if (target < 0 || target >= vocab) {

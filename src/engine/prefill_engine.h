@@ -47,6 +47,15 @@ struct PrefillConfig {
   // will append after the prefill (TakeDecoderCache), so the memory becomes
   // the decoder's cache without a copy.
   int64_t decode_reserve = 0;
+  // Question-guided compression (DESIGN.md §7): the tokens that will follow
+  // the input (the question as the prompt closes it). At every step they
+  // run after the chunk as extra rows of the batch, at the positions after
+  // it, attending over memory ∪ chunk and themselves; their queries vote
+  // for what the memory keeps (PrunerConfig::query_share of it, picked as
+  // PrunerConfig::query_select says), and their K/V are dropped after the
+  // votes, never kept. Empty: SnapKV's own window alone votes. Used by the
+  // SnapKV pruner only (the others do not read votes).
+  std::vector<int32_t> query_tokens;
 };
 
 // What happened at one step (one chunk), for progress and --telemetry.
@@ -55,6 +64,7 @@ struct StepTelemetry {
   int64_t start_token = 0;
   int64_t chunk_tokens = 0;
   int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
+  int64_t query_rows = 0;              // the question's rows run after the chunk (query_tokens)
   std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression
   std::vector<double> retention;       // [num_layers] |M_{i-1} ∩ M_i| / |M_i|, mean over heads
   // [num_layers][step + 1]: memory entries (summed over KV heads) that came
@@ -163,11 +173,12 @@ class PrefillEngine {
 
  private:
   PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config);
-  // The chunk loop's attention step (LlamaForward::AttendFn): attention
-  // output of the chunk's last out_rows rows, and the layer's memory
+  // The chunk loop's attention step (LlamaForward::AttendFn) over a batch
+  // of `rows` = query_rows_ question rows then the chunk's: attention
+  // output of the batch's last out_rows rows, and the layer's memory
   // compressed from memory ∪ chunk.
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
-                                 int64_t kv_stride, int64_t n, int64_t out_rows, float* out);
+                                 int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);
@@ -197,7 +208,14 @@ class PrefillEngine {
   PagedArray<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
   PagedArray<int32_t> rot_pos_;      // [cand_capacity] rotation positions
   PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
+  PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
+  // Question-guided: the question's rows per batch (0 without one), and the
+  // batch of a step: the question's tokens, then the chunk's. The question
+  // goes first so that the rows whose final hidden states the forward
+  // keeps (the last ones) stay the chunk's.
+  int64_t query_rows_ = 0;
+  std::vector<int32_t> batch_;
   // A layer's memory rows per KV head, for AttendAndCompress's threads.
   std::vector<float*> mem_k_, mem_v_;
   std::vector<int32_t*> mem_pos_;

@@ -358,6 +358,141 @@ TEST(SnapKvPrunerTest, ManyHeadsAtOnceAsEachAlone) {
   }
 }
 
+// --- SnapKV guided by a question -------------------------------------------
+
+PrunerConfig Guided(int64_t window, int64_t kernel, double share, Selection select, int64_t span = 4,
+                    int64_t sinks = 0) {
+  PrunerConfig config = SnapKv(window, kernel, Pooling::kAvg, sinks);
+  config.query_share = share;
+  config.query_select = select;
+  config.span = span;
+  return config;
+}
+
+TEST(GuidedSnapKvTest, TheQuestionPicksItsTopTokensThenTheWindowTheRest) {
+  // 12 chunk tokens, window 2 -> window {10, 11}; budget 6 -> k = 4 of R =
+  // 0..9 (kernel 1). Share 0.5 -> the question picks 2: its votes peak at 7
+  // (0.9) and 2 (0.8). The window picks 2 of the rest: its own votes peak
+  // at 7 (taken), then 4 (0.6) and 0 (0.5).
+  std::vector<float> window_votes = {0.5f, 0.1f, 0.0f, 0.2f, 0.6f, 0.1f, 0.0f, 0.9f, 0.3f, 0.0f, 0, 0};
+  std::vector<float> query_votes = {0.0f, 0.1f, 0.8f, 0.0f, 0.0f, 0.2f, 0.0f, 0.9f, 0.0f, 0.3f, 0, 0};
+  SelectionInput in = OneHead(window_votes, 0, 6);
+  in.query_votes = query_votes.data();
+  in.query_votes_stride = in.num_candidates;
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 0.5, Selection::kToken))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 2, 4, 7, 10, 11));
+  // Share 1: the question picks all 4 (7, 2, 9, 5) and needs no window votes.
+  in.votes = nullptr;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kToken))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(2, 5, 7, 9, 10, 11));
+  // Share below 1 reads the window's votes: none given is an error.
+  EXPECT_EQ(MakePruner(Guided(2, 1, 0.5, Selection::kToken))->Select(in, &keep).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GuidedSnapKvTest, SpansKeepTheNeighboursOfTheStrongestVotes) {
+  // R = 0..29 (window 2 of 32), k = 10, span 4 (2 each side). The question's
+  // votes peak at 20 (1.0) and 5 (0.5): the span around 20 takes 20, 19, 21,
+  // 18, 22; the one around 5 takes 5, 4, 6, 3, 7. Token selection would
+  // take 20, 5 and then the first eight zero-vote entries 0, 1, 2, ...
+  std::vector<float> query_votes(32, 0.0f);
+  query_votes[20] = 1.0f;
+  query_votes[5] = 0.5f;
+  std::vector<float> window_votes(32, 0.0f);
+  SelectionInput in = OneHead(window_votes, 0, 12);
+  in.query_votes = query_votes.data();
+  in.query_votes_stride = 32;
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kSpan, 4))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(3, 4, 5, 6, 7, 18, 19, 20, 21, 22, 30, 31));
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kToken, 4))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 20, 30, 31));
+  // Spans stop at R's ends and skip what is taken: the peak at 0 takes 0,
+  // 1, 2; the peak at 1 is taken already, so the next (3, the first zero
+  // vote left) takes the last slot (k = 4).
+  std::fill(query_votes.begin(), query_votes.end(), 0.0f);
+  query_votes[0] = 1.0f;
+  query_votes[1] = 0.9f;
+  in.budget = 6;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kSpan, 4))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 30, 31));
+}
+
+// A question with no share selects as SnapKV alone, bit for bit, whatever
+// its votes; and any share keeps the counts, order, sinks and window.
+TEST(GuidedSnapKvTest, NoShareIsSnapKvAndEveryShareKeepsTheInvariants) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t heads = 1 + trial % 3, m = trial % 3 == 0 ? 0 : 5 + trial, c = 12 + trial % 9;
+    const int64_t window = 1 + trial % 6, sinks = trial % 2 == 0 ? 0 : 1 + trial % 3;
+    const int64_t n = m + c, budget = window + trial % 17;
+    std::vector<float> votes(heads * n), query(heads * (n + 5));
+    for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;
+    for (float& v : query) v = std::floor(unif(rng) * 8) / 8;
+    std::vector<int32_t> positions(heads * n);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) positions[h * n + j] = static_cast<int32_t>(j * 3);
+    }
+    SelectionInput plain = Heads(heads, n, m, budget, votes, n, positions, n);
+    SelectionInput guided = plain;
+    guided.query_votes = query.data();
+    guided.query_votes_stride = n + 5;
+    const int64_t kernel = 1 + 2 * (trial % 3);
+    Keep want, got;
+    SNAPFILL_ASSERT_OK(MakePruner(SnapKv(window, kernel, Pooling::kAvg, sinks))->Select(plain, &want));
+    for (Selection select : {Selection::kToken, Selection::kSpan}) {
+      SNAPFILL_ASSERT_OK(MakePruner(Guided(window, kernel, 0.0, select, 5, sinks))->Select(guided, &got));
+      EXPECT_EQ(got, want) << "trial " << trial;
+      for (double share : {0.3, 1.0}) {
+        SNAPFILL_ASSERT_OK(MakePruner(Guided(window, kernel, share, select, 5, sinks))->Select(guided, &got));
+        ASSERT_EQ(got.size(), want.size());
+        for (int64_t h = 0; h < heads; ++h) {
+          ASSERT_EQ(got[h].size(), want[h].size()) << "trial " << trial << " share " << share;
+          for (size_t i = 1; i < got[h].size(); ++i) ASSERT_LT(got[h][i - 1], got[h][i]);
+          // Sinks first and the window last, as SnapKV keeps them.
+          for (size_t i = 0; i < want[h].size(); ++i) {
+            const int32_t j = want[h][i];
+            if (positions[j] < sinks || j >= n - std::min(window, c)) {
+              EXPECT_NE(std::find(got[h].begin(), got[h].end(), j), got[h].end()) << j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GuidedSnapKvTest, ConfigurationIsCheckedAndNamed) {
+  PrunerConfig config;
+  config.query_share = 1.5;
+  EXPECT_THAT(std::string(ValidatePrunerConfig(config).message()), HasSubstr("--query_share=1.5"));
+  config.query_share = std::nan("");
+  EXPECT_EQ(ValidatePrunerConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config = PrunerConfig{};
+  config.span = 0;
+  EXPECT_THAT(std::string(ValidatePrunerConfig(config).message()), HasSubstr("--span=0"));
+  for (Selection select : {Selection::kToken, Selection::kSpan}) {
+    auto parsed = ParseSelection(SelectionName(select));
+    SNAPFILL_ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, select);
+  }
+  EXPECT_THAT(std::string(ParseSelection("sentence").status().message()), HasSubstr("--select=sentence"));
+  // The question's votes must cover the candidates.
+  std::vector<float> votes(8, 0.1f), query(8, 0.2f);
+  SelectionInput in = OneHead(votes, 0, 4);
+  in.query_votes = query.data();
+  in.query_votes_stride = 7;
+  Keep keep;
+  EXPECT_EQ(MakePruner(Guided(2, 1, 1.0, Selection::kToken))->Select(in, &keep).code(),
+            absl::StatusCode::kInvalidArgument);
+  in.query_votes_stride = 8;
+  query[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(MakePruner(Guided(2, 1, 1.0, Selection::kToken))->Select(in, &keep).code(),
+            absl::StatusCode::kInternal);
+}
+
 // --- StreamingLLM -------------------------------------------------------------
 
 PrunerConfig Streaming(int64_t sinks) {

@@ -3,11 +3,14 @@
 // plan and the telemetry adds up.
 #include "src/engine/prefill_engine.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
@@ -172,6 +175,137 @@ TEST(PrefillEngineTest, CompressionFollowsThePlan) {
     EXPECT_EQ((*engine)->next_position(), 96);
     for (float x : (*engine)->last_logits()) ASSERT_TRUE(std::isfinite(x));
   }
+}
+
+// Question-guided compression (PrefillConfig::query_tokens). The
+// question's rows run after each chunk and never feed the chunk's rows:
+// with no share of the picks, the run is the run without a question, bit
+// for bit (memory, logits, every token's score).
+TEST(PrefillEngineTest, AQuestionWithNoShareLeavesTheRunAsWithout) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const int n = 1100;
+  const auto ids = Tokens(n, model->config().vocab_size);
+  PrefillConfig config;
+  config.schedule.kind = ScheduleKind::kIncrementalDecremental;
+  config.schedule.chunk = 128;
+  config.schedule.memory = 96;
+  config.schedule.window = 16;
+  config.schedule.sink_tokens = 4;
+  config.score_tokens = true;
+  auto run = [&](const PrefillConfig& c, std::vector<float>* nll) {
+    auto engine = PrefillEngine::Create(*model, backend->get(), c, n);
+    SNAPFILL_CHECK(engine.ok()) << engine.status();
+    nll->clear();
+    SNAPFILL_CHECK((*engine)
+                       ->Run(ids,
+                             [&](const StepTelemetry& t) {
+                               EXPECT_EQ(t.query_rows, static_cast<int64_t>(c.query_tokens.size()));
+                               nll->insert(nll->end(), t.token_nll.begin(), t.token_nll.end());
+                               return true;
+                             })
+                       .ok());
+    return std::move(engine).value();
+  };
+  std::vector<float> nll_plain, nll_question;
+  auto plain = run(config, &nll_plain);
+  PrefillConfig guided = config;
+  guided.query_tokens = Tokens(21, model->config().vocab_size);
+  guided.pruner.query_share = 0.0;
+  auto question = run(guided, &nll_question);
+  EXPECT_EQ(nll_question, nll_plain);
+  EXPECT_EQ(question->last_logits(), plain->last_logits());
+  const LlamaConfig& mc = model->config();
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    ASSERT_EQ(question->memory().size(l), plain->memory().size(l));
+    const int64_t m = plain->memory().size(l);
+    for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+      EXPECT_EQ(std::vector<int32_t>(question->memory().pos(l, h), question->memory().pos(l, h) + m),
+                std::vector<int32_t>(plain->memory().pos(l, h), plain->memory().pos(l, h) + m));
+      EXPECT_EQ(0, std::memcmp(question->memory().k(l, h), plain->memory().k(l, h), m * mc.head_dim * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(question->memory().v(l, h), plain->memory().v(l, h), m * mc.head_dim * sizeof(float)));
+    }
+  }
+}
+
+// With the whole share the question picks what is kept: the memory
+// differs from SnapKV's own, follows the plan's sizes, and holds input
+// entries only (the question's K/V, at the positions after each chunk,
+// would repeat the next chunk's positions or pass the input's end).
+TEST(PrefillEngineTest, TheQuestionPicksAndIsNeverKept) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const int n = 1100;
+  const auto ids = Tokens(n, model->config().vocab_size);
+  const LlamaConfig& mc = model->config();
+  for (Selection select : {Selection::kToken, Selection::kSpan}) {
+    PrefillConfig config;
+    config.schedule.kind = ScheduleKind::kFixed;
+    config.schedule.chunk = 128;
+    config.schedule.memory = 96;
+    config.schedule.window = 16;
+    config.pruner.query_select = select;
+    auto plain = PrefillEngine::Create(*model, backend->get(), config, n);
+    SNAPFILL_ASSERT_OK(plain);
+    SNAPFILL_ASSERT_OK((*plain)->Run(ids, nullptr));
+    // The question: the input's first tokens again, which its queries find.
+    config.query_tokens.assign(ids.begin(), ids.begin() + 24);
+    auto guided = PrefillEngine::Create(*model, backend->get(), config, n);
+    SNAPFILL_ASSERT_OK(guided);
+    SNAPFILL_ASSERT_OK((*guided)->Run(ids, nullptr));
+    int64_t differ = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      ASSERT_EQ((*guided)->memory().size(l), 96);
+      for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+        const int32_t* pos = (*guided)->memory().pos(l, h);
+        const int32_t* base = (*plain)->memory().pos(l, h);
+        for (int j = 1; j < 96; ++j) ASSERT_LT(pos[j - 1], pos[j]) << "layer " << l << " head " << h;
+        EXPECT_LT(pos[95], n);
+        EXPECT_EQ(pos[95], n - 1);  // the window is kept
+        differ += !std::equal(pos, pos + 96, base);
+      }
+    }
+    EXPECT_GT(differ, 0) << SelectionName(select);
+  }
+}
+
+TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  PrefillConfig config;
+  config.schedule.chunk = 128;
+  config.schedule.memory = 96;
+  config.schedule.window = 16;
+  auto plain = PrefillEngine::Footprint(model->config(), config, 2000);
+  SNAPFILL_ASSERT_OK(plain);
+  config.query_tokens = Tokens(40, model->config().vocab_size);
+  auto guided = PrefillEngine::Footprint(model->config(), config, 2000);
+  SNAPFILL_ASSERT_OK(guided);
+  // 40 more rows of activations and candidates at every step.
+  EXPECT_GT(guided->activation_bytes, plain->activation_bytes);
+  EXPECT_GT(guided->candidate_bytes, plain->candidate_bytes);
+  EXPECT_GT(guided->resident_peak, plain->resident_peak);
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
+  SNAPFILL_ASSERT_OK(engine);
+  EXPECT_GE((*engine)->scratch_bytes(), guided->candidate_bytes + guided->activation_bytes);
+  // Pruners that read no votes run no question.
+  config.pruner.kind = PrunerKind::kStreaming;
+  auto streaming = PrefillEngine::Footprint(model->config(), config, 2000);
+  config.query_tokens.clear();
+  auto streaming_plain = PrefillEngine::Footprint(model->config(), config, 2000);
+  EXPECT_EQ(streaming->activation_bytes, streaming_plain->activation_bytes);
+
+  config = PrefillConfig{};
+  config.query_tokens.assign(5000, 1);
+  auto too_long = PrefillEngine::Create(*model, backend->get(), config, 2000);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_long.status().message()), ::testing::HasSubstr("5000 tokens"));
+  config.query_tokens = {3, static_cast<int32_t>(model->config().vocab_size)};
+  auto bad_id = PrefillEngine::Create(*model, backend->get(), config, 2000);
+  EXPECT_EQ(bad_id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_id.status().message()), ::testing::HasSubstr("outside the vocabulary"));
 }
 
 // Full attention evicts nothing, so memory schedules do not apply: whatever

@@ -7,8 +7,9 @@ const std::vector<Command>& Commands() {
       {"run",
        "Read a long input chunk by chunk into a compressed KV cache (SnapKV under an FM, IM or "
        "IMDC schedule), then answer --question or continue the text.",
-       {"input", "question", "model", "schedule", "growth", "memory", "chunk", "first_memory",
-        "window", "pool_kernel", "pooling", "pruner", "sinks", "original_positions", "n",
+       {"input", "question", "query_aware", "query_share", "select", "span", "model", "schedule",
+        "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling", "pruner",
+        "sinks", "original_positions", "n",
         "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "pack_decode", "decode_kv_f16",
         "telemetry", "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume",
         "force", "max_tokens", "report", "ignore_eos", "timing", "profile", "verbosity"},
@@ -40,7 +41,8 @@ const std::vector<Command>& Commands() {
       {"needle",
        "Needle-in-a-haystack grid: input length x needle depth, a random key per trial, "
        "accuracy of the greedy answer; beside full attention where the input fits.",
-       {"input", "lengths", "depths", "seeds", "baseline", "json", "png", "model", "schedule",
+       {"input", "lengths", "depths", "seeds", "baseline", "json", "png", "query_aware",
+        "query_share", "select", "span", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
         "pruner", "sinks", "original_positions", "chat_template", "system", "threads",
         "pack_decode", "decode_kv_f16", "batch", "progress", "verbosity"},

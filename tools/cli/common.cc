@@ -130,22 +130,33 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.kind, ParsePrunerKind(absl::GetFlag(FLAGS_pruner)));
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.pooling, ParsePooling(absl::GetFlag(FLAGS_pooling)));
   c.pruner.pool_kernel = absl::GetFlag(FLAGS_pool_kernel);
+  c.pruner.query_share = absl::GetFlag(FLAGS_query_share);
+  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_select, ParseSelection(absl::GetFlag(FLAGS_select)));
+  c.pruner.span = absl::GetFlag(FLAGS_span);
   c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
   return c;
 }
 
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens) {
+  // Question-guided compression's settings, only where a question guides
+  // (so the configuration of a run without one reads as before).
+  std::string query;
+  if (!c.query_tokens.empty()) {
+    query = absl::StrFormat(",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d",
+                            c.query_tokens.size(), c.pruner.query_share,
+                            SelectionName(c.pruner.query_select), c.pruner.span);
+  }
   return absl::StrFormat(
       "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
       "\"memory\":%d,\"chunk\":%d,\"first_memory\":%d,\"window\":%d,\"pruner\":\"%s\","
-      "\"pool_kernel\":%d,\"pooling\":\"%s\",\"sinks\":%d,\"positions\":\"%s\"}",
+      "\"pool_kernel\":%d,\"pooling\":\"%s\",\"sinks\":%d,\"positions\":\"%s\"%s}",
       model_path.empty() ? "" : absl::StrCat("\"model\":\"", model_path, "\","),
       input_tokens, std::string(ScheduleKindName(c.schedule.kind)),
       std::string(GrowthName(c.schedule.growth)), c.schedule.memory, c.schedule.chunk,
       c.schedule.first_memory, c.schedule.window, PrunerKindName(c.pruner.kind),
       c.pruner.pool_kernel, PoolingName(c.pruner.pooling), c.schedule.sink_tokens,
-      c.keep_original_positions ? "original" : "re-encoded");
+      c.keep_original_positions ? "original" : "re-encoded", query);
 }
 
 std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {

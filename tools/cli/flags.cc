@@ -35,6 +35,17 @@ ABSL_FLAG(int64_t, batch, 512, "Tokens per forward batch when a prompt is read i
 ABSL_FLAG(std::string, input, "", "The long input: a text file (- for stdin)");
 ABSL_FLAG(std::string, question, "",
           "Question appended after the input, so that the final window is the question");
+ABSL_FLAG(bool, query_aware, true,
+          "With a question: compress every chunk by the question's votes (its tokens run after "
+          "each chunk, vote, and are dropped), not by the chunk's own last tokens alone; "
+          "=false reads the question only at the end");
+ABSL_FLAG(double, query_share, 1.0,
+          "Question-guided compression: share of each chunk's picks made by the question's "
+          "votes; the rest by the chunk's own window (SnapKV)");
+ABSL_FLAG(std::string, select, "span",
+          "Question-guided compression: the question picks single tokens (token) or spans "
+          "around its strongest votes (span), so that a kept fact keeps all its tokens");
+ABSL_FLAG(int64_t, span, 32, "--select=span: tokens per span around each picked peak");
 ABSL_FLAG(std::string, schedule, "imdc",
           "Size schedule: fm (fixed memory) | im (incremental memory) | imdc (incremental "
           "memory, decremental chunk)");

@@ -265,6 +265,11 @@ std::string ConfigLabel(const PrefillConfig& c) {
                                PrunerKindName(c.pruner.kind));
   if (c.pruner.kind != PrunerKind::kFull) absl::StrAppend(&s, " m", c.schedule.memory);
   absl::StrAppend(&s, " c", c.schedule.chunk);
+  if (!c.query_tokens.empty() && c.pruner.kind == PrunerKind::kSnapKv) {
+    absl::StrAppend(&s, " question-guided (share ", c.pruner.query_share, ", ",
+                    SelectionName(c.pruner.query_select),
+                    c.pruner.query_select == Selection::kSpan ? absl::StrCat(" ", c.pruner.span) : "", ")");
+  }
   return s;
 }
 
@@ -304,6 +309,11 @@ absl::Status RunNeedle() {
     return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " has ",
                                                    haystack.size(), " tokens; the haystack "
                                                    "needs at least ", kMinHaystack));
+  }
+  if (absl::GetFlag(FLAGS_query_aware)) {
+    // As `run --question`: the question guides every chunk's compression.
+    SNAPFILL_ASSIGN_OR_RETURN(config.query_tokens,
+                              BuildContinuation(*model.tokenizer, model.chat_template, kQuestion));
   }
   const int64_t haystack_tokens = haystack.size();
   const int64_t context = model.model->config().context_length;

@@ -151,6 +151,11 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   SNAPFILL_ASSIGN_OR_RETURN(
       DocumentPrompt prompt, BuildDocumentPrompt(*p.model.tokenizer, p.model.chat_template, text,
                                                  question, absl::GetFlag(FLAGS_system)));
+  if (with_question && !question.empty() && absl::GetFlag(FLAGS_query_aware)) {
+    // The question as it closes the prompt guides every chunk's compression.
+    SNAPFILL_ASSIGN_OR_RETURN(p.config.query_tokens,
+                              BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
+  }
   p.tokenize_seconds = tok.Seconds();
   p.tokens = std::move(prompt.tokens);
   if (!with_question) p.tokens.resize(prompt.document_end);
