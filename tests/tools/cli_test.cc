@@ -222,5 +222,27 @@ TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
                     "checksum");
 }
 
+// A question guides every chunk unless --query_aware=false: the plan says
+// so and counts its rows; telemetry records them; bad settings name the flag.
+TEST_F(CliTest, AQuestionGuidesTheCompression) {
+  const std::string base = "run --model " + tiny_ + " --input " + text_ +
+                           " --memory 64 --chunk 128 --window 8 -n 2 --progress=false ";
+  Result r = Run(base + "--question 'what is it' --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("question-guided: the question's"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("span 32"), std::string::npos) << r.out;
+  r = Run(base + "--question 'what is it' --dry_run --query_aware=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("question-guided"), std::string::npos) << r.out;
+  const std::string telemetry = dir_ + "/guided.jsonl";
+  r = Run(base + "--question 'what is it' --select token --query_share 0.5 --telemetry " + telemetry);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string records = testing::ReadAll(telemetry);
+  EXPECT_NE(records.find("\"query_rows\":"), std::string::npos) << records;
+  EXPECT_FAILS_WITH(Run(base + "--question why --query_share 1.5"), 2, "--query_share=1.5");
+  EXPECT_FAILS_WITH(Run(base + "--question why --select sentence"), 2, "--select=sentence");
+  EXPECT_FAILS_WITH(Run(base + "--question why --span 0"), 2, "--span=0");
+}
+
 }  // namespace
 }  // namespace snapfill

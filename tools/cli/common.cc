@@ -169,6 +169,7 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
     absl::StrAppendFormat(&s, "%s%.4f", i ? "," : "", t.retention[i]);
   }
   s += "]";
+  if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
   if (with_origin) {
     s += ",\"origin\":[";
     for (size_t l = 0; l < t.origin.size(); ++l) {

@@ -202,6 +202,18 @@ void PrintPlan(const Prepared& p) {
               HumanBytes(p.engine->scratch_bytes()).c_str(), HumanBytes(p.weight_bytes).c_str(),
               HumanBytes(p.model.model->weight_bytes()).c_str());
   if (!p.sizes_note.empty()) std::printf("%s\n", p.sizes_note.c_str());
+  const PrefillConfig& c = p.engine->config();
+  if (!c.query_tokens.empty() && c.pruner.kind == PrunerKind::kSnapKv) {
+    // What question-guided compression adds: its rows in every batch.
+    const int64_t q = c.query_tokens.size();
+    const int64_t steps = p.engine->plan().steps.size();
+    std::printf("question-guided: the question's %lld tokens vote after each of the %lld chunks "
+                "(%lld more rows, +%.1f%%; share %g, %s%s)\n",
+                (long long)q, (long long)steps, (long long)(q * steps),
+                100.0 * q * steps / std::max<double>(1, p.tokens.size()), c.pruner.query_share,
+                SelectionName(c.pruner.query_select),
+                c.pruner.query_select == Selection::kSpan ? absl::StrCat(" ", c.pruner.span).c_str() : "");
+  }
   std::printf("%s\n", p.peak.Format().c_str());
 }
 
