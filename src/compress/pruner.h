@@ -72,10 +72,12 @@ struct PrunerConfig {
   // (see the header comment for how each pruner counts them). --sinks
   int64_t sink_tokens = 0;
   // Question-guided compression (SnapKV only; used when the engine passes
-  // SelectionInput::query_votes). Of the entries an evicting step picks
-  // beyond the window and the sinks, round(query_share * k) are chosen by
-  // the question's votes and the rest by the chunk's own window votes,
-  // among those the question did not take. --query_share
+  // SelectionInput::query_votes). The window's share of the chunk's last w
+  // entries stays pinned, round((1 - query_share) * w) of them (all of
+  // them at the input's last step); of the entries an evicting step picks
+  // beyond those and the sinks, round(query_share * k) are chosen by the
+  // question's votes and the rest by the chunk's own window votes, among
+  // those the question did not take. --query_share
   double query_share = 1.0;
   // How the question's share is picked (the window's is always by token,
   // so a run without a question selects exactly as SnapKV). --select, --span
@@ -137,6 +139,10 @@ struct SelectionInput {
   // are read). Null without a question.
   const float* query_votes = nullptr;
   int64_t query_votes_stride = 0;
+  // The input's last step: its chunk ends with the tokens the decoder goes
+  // on from (in `run`, the question and the assistant's turn), so SnapKV
+  // keeps its window whatever the question's share.
+  bool final_step = false;
   // [num_kv_heads][positions_stride], original position of each candidate.
   // Read only when sink_tokens > 0 (may be null otherwise).
   const int32_t* positions = nullptr;

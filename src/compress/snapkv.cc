@@ -12,11 +12,13 @@
 // budget + (#sinks) per head. Nothing is evicted when the non-sink
 // candidates fit in the budget.
 //
-// Question-guided (SelectionInput::query_votes, DESIGN.md §7): step 4's k
-// entries of R are split. round(query_share * k) are picked by the
-// question's pooled votes, as single tokens or as spans around its peaks
-// (--select); the rest by the window's pooled votes among the entries the
-// question left. Without query votes the selection is exactly the above.
+// Question-guided (SelectionInput::query_votes, DESIGN.md §7): W shrinks to
+// the window's share, its last round((1 - query_share) * w) candidates
+// (whole again at the input's last step), and step 4's k entries of R are
+// split: round(query_share * k) are picked by the question's pooled votes,
+// as single tokens or as spans around its peaks (--select); the rest by the
+// window's pooled votes among the entries the question left. Without query
+// votes the selection is exactly the above.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -62,12 +64,19 @@ class SnapKvPruner final : public Pruner {
                                                      in.query_votes_stride, " for ", n,
                                                      " candidates"));
     }
-    const int64_t w = EffectiveWindow(config_.window, n - in.num_memory);
-    if (in.budget < w) {
+    const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
+    if (in.budget < window) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "SnapKV budget ", in.budget, " is below the window of ", w, " (--window=", config_.window,
+          "SnapKV budget ", in.budget, " is below the window of ", window, " (--window=", config_.window,
           ", chunk of ", n - in.num_memory, " tokens); the window's entries are always kept"));
     }
+    // The window's entries kept as they are: all of them, but under a
+    // question only the window's share (a question alone keeps no recent
+    // entries it did not vote for), except at the last step.
+    const int64_t w =
+        in.query_votes == nullptr || in.final_step
+            ? window
+            : std::llround((1.0 - config_.query_share) * static_cast<double>(window));
     SNAPFILL_ASSIGN_OR_RETURN(const int64_t num_sinks, CountSinks(in, sinks_cfg));
     if (n - num_sinks <= in.budget) {
       KeepAll(in, keep);

@@ -416,6 +416,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   in.num_candidates = num;
   in.num_memory = m;
   in.budget = budgets_[layer];
+  in.final_step = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
   in.positions = cand_pos_.data();
   in.positions_stride = cand_capacity_;
   if (qn > 0) {

@@ -370,22 +370,36 @@ PrunerConfig Guided(int64_t window, int64_t kernel, double share, Selection sele
 }
 
 TEST(GuidedSnapKvTest, TheQuestionPicksItsTopTokensThenTheWindowTheRest) {
-  // 12 chunk tokens, window 2 -> window {10, 11}; budget 6 -> k = 4 of R =
-  // 0..9 (kernel 1). Share 0.5 -> the question picks 2: its votes peak at 7
-  // (0.9) and 2 (0.8). The window picks 2 of the rest: its own votes peak
-  // at 7 (taken), then 4 (0.6) and 0 (0.5).
+  // The input's last step: 12 chunk tokens, window 2 -> window {10, 11}
+  // kept; budget 6 -> k = 4 of R = 0..9 (kernel 1). Share 0.5 -> the
+  // question picks 2: its votes peak at 7 (0.9) and 2 (0.8). The window
+  // picks 2 of the rest: its own votes peak at 7 (taken), then 4 (0.6) and
+  // 0 (0.5).
   std::vector<float> window_votes = {0.5f, 0.1f, 0.0f, 0.2f, 0.6f, 0.1f, 0.0f, 0.9f, 0.3f, 0.0f, 0, 0};
   std::vector<float> query_votes = {0.0f, 0.1f, 0.8f, 0.0f, 0.0f, 0.2f, 0.0f, 0.9f, 0.0f, 0.3f, 0, 0};
   SelectionInput in = OneHead(window_votes, 0, 6);
   in.query_votes = query_votes.data();
   in.query_votes_stride = in.num_candidates;
+  in.final_step = true;
   Keep keep;
   SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 0.5, Selection::kToken))->Select(in, &keep));
   EXPECT_THAT(keep[0], ElementsAre(0, 2, 4, 7, 10, 11));
-  // Share 1: the question picks all 4 (7, 2, 9, 5) and needs no window votes.
+  // An earlier step pins only the window's share of it: round(0.5 * 2) = 1,
+  // {11}; k = 5 of R = 0..10, round(2.5) = 3 by the question (7, 2, 9),
+  // 2 by the window (4, 0).
+  in.final_step = false;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 0.5, Selection::kToken))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 2, 4, 7, 9, 11));
+  // Share 1 needs no window votes. At the last step the question picks 4
+  // (7, 2, 9, 5) beside the window; before it, all 6 of R = 0..11: 7, 2, 9,
+  // 5, 1, then the lowest index of the zero votes, 0.
   in.votes = nullptr;
+  in.final_step = true;
   SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kToken))->Select(in, &keep));
   EXPECT_THAT(keep[0], ElementsAre(2, 5, 7, 9, 10, 11));
+  in.final_step = false;
+  SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kToken))->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 5, 7, 9));
   // Share below 1 reads the window's votes: none given is an error.
   EXPECT_EQ(MakePruner(Guided(2, 1, 0.5, Selection::kToken))->Select(in, &keep).code(),
             absl::StatusCode::kInvalidArgument);
@@ -403,6 +417,7 @@ TEST(GuidedSnapKvTest, SpansKeepTheNeighboursOfTheStrongestVotes) {
   SelectionInput in = OneHead(window_votes, 0, 12);
   in.query_votes = query_votes.data();
   in.query_votes_stride = 32;
+  in.final_step = true;  // the window {30, 31} kept
   Keep keep;
   SNAPFILL_ASSERT_OK(MakePruner(Guided(2, 1, 1.0, Selection::kSpan, 4))->Select(in, &keep));
   EXPECT_THAT(keep[0], ElementsAre(3, 4, 5, 6, 7, 18, 19, 20, 21, 22, 30, 31));
@@ -451,10 +466,11 @@ TEST(GuidedSnapKvTest, NoShareIsSnapKvAndEveryShareKeepsTheInvariants) {
         for (int64_t h = 0; h < heads; ++h) {
           ASSERT_EQ(got[h].size(), want[h].size()) << "trial " << trial << " share " << share;
           for (size_t i = 1; i < got[h].size(); ++i) ASSERT_LT(got[h][i - 1], got[h][i]);
-          // Sinks first and the window last, as SnapKV keeps them.
+          // Sinks and the window's share of the window, as SnapKV keeps them.
+          const int64_t pinned = std::llround((1.0 - share) * std::min(window, c));
           for (size_t i = 0; i < want[h].size(); ++i) {
             const int32_t j = want[h][i];
-            if (positions[j] < sinks || j >= n - std::min(window, c)) {
+            if (positions[j] < sinks || j >= n - pinned) {
               EXPECT_NE(std::find(got[h].begin(), got[h].end(), j), got[h].end()) << j;
             }
           }
