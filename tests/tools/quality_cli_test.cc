@@ -1,8 +1,9 @@
 // The quality harness commands (snapfill ppl, needle, plot) on a tiny random
 // model this test writes: the JSON they write holds what it should (every
-// token but the first scored once, the grid's shape, one key per trial), the
-// full-attention loss does not depend on the chunk size, bad flags are bad
-// usage (exit 2) with a message naming the flag, and the plots are PNGs.
+// token but the first scored once, the grid's shape, one key per trial, each
+// task's planted values), the full-attention loss does not depend on the
+// chunk size, bad flags are bad usage (exit 2) with a message naming the
+// flag, and the plots are PNGs.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -195,6 +197,122 @@ TEST_F(QualityCliTest, NeedleGridJson) {
   EXPECT_EQ(j["cells"][2]["runs"][0]["needle_depth"], 1.0);
 }
 
+// Every task over a grid: prompts of the cell's length, the planted values
+// recorded with the needles that hold them, the needle the question asks
+// about at the cell's depth, a grid and an accuracy line per task; the
+// passkey trials are those of a passkey-only run.
+TEST_F(QualityCliTest, NeedleTasksJson) {
+  const std::string json = dir_ + "/tasks.json", passkey = dir_ + "/passkey.json";
+  const std::string grid = " --lengths 500,700 --depths 0,0.5,1 --seeds 2 --memory 48 --chunk 64 "
+                           "--window 8 --progress=false --json ";
+  const std::string base = "needle --model " + tiny_ + " --input " + text_;
+  Result r = Run(base + " --tasks passkey,multikey,multivalue,vartrack,fact" + grid + json);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> names = {"passkey", "multikey", "multivalue", "vartrack", "fact"};
+  const std::vector<size_t> needles = {1, 4, 4, 10, 1};
+  size_t grids = 0;
+  for (size_t at = r.out.find("depth \\ length"); at != std::string::npos;
+       at = r.out.find("depth \\ length", at + 1)) {
+    ++grids;
+  }
+  EXPECT_EQ(grids, names.size()) << r.out;
+  const Json j = ReadJson(json);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_FALSE(j.contains("question"));  // one per task
+  ASSERT_EQ(j["tasks"].size(), names.size());
+  ASSERT_EQ(j["cells"].size(), names.size() * 6);
+  for (size_t ti = 0; ti < names.size(); ++ti) {
+    SCOPED_TRACE(names[ti]);
+    const Json& task = j["tasks"][ti];
+    EXPECT_EQ(task["task"], names[ti]);
+    EXPECT_EQ(task["trials"], 12);
+    EXPECT_NE(r.out.find("accuracy " + names[ti] + ": "), std::string::npos) << r.out;
+    int found = 0;
+    for (size_t ci = ti * 6; ci < ti * 6 + 6; ++ci) {
+      const Json& c = j["cells"][ci];
+      EXPECT_EQ(c["task"], names[ti]);
+      ASSERT_EQ(c["runs"].size(), 2u);
+      for (const Json& t : c["runs"]) {
+        EXPECT_NEAR(t["tokens"].get<double>(), c["length"].get<double>(), 2);
+        ASSERT_EQ(t["needles"].size(), needles[ti]);
+        const Json& first = t["needles"][0];
+        // The needle at the cell's depth is the one asked about, snapped
+        // back to a sentence end (the haystack's sentences are short).
+        EXPECT_TRUE(first["asked"].get<bool>());
+        EXPECT_EQ(t["needle_depth"], first["depth"]);
+        EXPECT_LE(first["depth"].get<double>(), c["depth"].get<double>() + 0.01);
+        EXPECT_GE(first["depth"].get<double>(), c["depth"].get<double>() - 0.2);
+        const std::string question = t["question"];
+        std::string asked_text, other_text;
+        for (const Json& n : t["needles"]) {
+          EXPECT_GE(n["depth"].get<double>(), 0.0);
+          EXPECT_LE(n["depth"].get<double>(), 1.0);
+          EXPECT_GE(n["offset"].get<int64_t>(), 0);
+          (n["asked"].get<bool>() ? asked_text : other_text) += n["text"].get<std::string>() + "\n";
+        }
+        // Every value to answer is planted in an asked needle, every
+        // distractor's in another.
+        const std::vector<std::string> expected = t["expected"];
+        ASSERT_FALSE(expected.empty());
+        for (const std::string& v : expected) {
+          EXPECT_NE(asked_text.find(v), std::string::npos) << v << " in " << asked_text;
+        }
+        for (const std::string& v : t.value("distractors", std::vector<std::string>())) {
+          EXPECT_NE(other_text.find(v), std::string::npos) << v << " in " << other_text;
+          EXPECT_EQ(asked_text.find(v), std::string::npos) << v;
+        }
+        const std::string first_text = first["text"];
+        if (names[ti] == "passkey") {
+          EXPECT_EQ(t["key"], expected[0]);
+          EXPECT_EQ(first_text, "The special magic number is " + expected[0] + ".");
+        } else if (names[ti] == "multikey" || names[ti] == "multivalue") {
+          // "... for <name> is <number>.": the question names the name.
+          const size_t for_at = first_text.find(" for ") + 5;
+          const std::string name = first_text.substr(for_at, first_text.find(" is ") - for_at);
+          EXPECT_NE(question.find(" for " + name + " "), std::string::npos) << question;
+          EXPECT_EQ(expected.size(), names[ti] == "multikey" ? 1u : 4u);
+          EXPECT_NE(first_text.find(expected[0]), std::string::npos);
+        } else if (names[ti] == "vartrack") {
+          // "VAR <X1> = <value>.": the question asks for the value.
+          const std::string value = first_text.substr(first_text.find("= ") + 2, 5);
+          EXPECT_NE(question.find(value), std::string::npos) << question;
+          EXPECT_EQ(expected.size(), 5u);
+        }
+        EXPECT_EQ(t["found"].get<bool>(), t["matched"].get<int>() == static_cast<int>(expected.size()));
+        found += t["found"].get<bool>();
+      }
+      EXPECT_DOUBLE_EQ(c["accuracy"].get<double>(),
+                       (c["runs"][0]["found"].get<bool>() + c["runs"][1]["found"].get<bool>()) / 2.0);
+    }
+    EXPECT_EQ(task["found"], found);
+  }
+  // The passkey trials are those of a passkey-only run of the grid.
+  ASSERT_EQ(Run(base + grid + passkey).exit_code, 0);
+  const Json p = ReadJson(passkey);
+  ASSERT_EQ(p["cells"].size(), 6u);
+  EXPECT_EQ(p["question"], "What is the special magic number mentioned in the text?");
+  for (size_t ci = 0; ci < 6; ++ci) {
+    for (size_t ri = 0; ri < 2; ++ri) {
+      const Json& a = p["cells"][ci]["runs"][ri];
+      const Json& b = j["cells"][ci]["runs"][ri];
+      for (const char* field : {"key", "tokens", "needle_depth", "answer", "found"}) {
+        EXPECT_EQ(a[field], b[field]) << field;
+      }
+    }
+  }
+}
+
+TEST_F(QualityCliTest, NeedleHelpNamesEveryTask) {
+  const Result r = Run("needle --help");
+  EXPECT_EQ(r.exit_code, 0);
+  const size_t at = r.out.find("--tasks");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  for (const char* task : {"passkey", "multikey", "multivalue", "vartrack", "fact"}) {
+    EXPECT_NE(line.find(task), std::string::npos) << task << " in " << line;
+  }
+}
+
 TEST_F(QualityCliTest, NeedleBadFlags) {
   const std::string base = "needle --model " + tiny_ + " --input " + text_ + " --progress=false ";
   EXPECT_FAILS_WITH(Run(base + "--depths 1.5"), 2, "--depths: \"1.5\"");
@@ -203,6 +321,13 @@ TEST_F(QualityCliTest, NeedleBadFlags) {
   EXPECT_FAILS_WITH(Run(base + "--lengths 1024,abc"), 2, "--lengths: \"abc\"");
   EXPECT_FAILS_WITH(Run(base + "--lengths 20"), 2, "too short");
   EXPECT_FAILS_WITH(Run(base + "--seeds 0"), 2, "--seeds");
+  EXPECT_FAILS_WITH(Run(base + "--tasks passkey,needles"), 2, "--tasks: \"needles\"");
+  EXPECT_FAILS_WITH(Run(base + "--tasks ,"), 2, "--tasks");
+  // 160 tokens hold the passkey (NeedleGridJson) but not multivalue's four
+  // needles: refused before any trial runs.
+  const Result r = Run(base + "--tasks passkey,multivalue --lengths 160,240");
+  EXPECT_FAILS_WITH(r, 2, "--lengths 160 is too short for task multivalue");
+  EXPECT_EQ(r.out, "");
   EXPECT_FAILS_WITH(Run("needle --model " + tiny_), 2, "--input");
 }
 
@@ -232,6 +357,20 @@ TEST_F(QualityCliTest, PlotsArePngs) {
   r = Run("plot --needle " + needle + " --out_dir " + out);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(IsPng(out + "/needle.png"));
+  // Several tasks: a heat map per task, named after it.
+  const std::string tasks = dir_ + "/t.json";
+  r = Run("needle --model " + tiny_ + " --input " + text_ +
+          " --tasks passkey,fact --lengths 160 --depths 0,1 --seeds 1 --memory 48 --chunk 64 "
+          "--window 8 --progress=false --json " + tasks + " --png " + dir_ + "/t.png");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(IsPng(dir_ + "/t_passkey.png"));
+  EXPECT_TRUE(IsPng(dir_ + "/t_fact.png"));
+  r = Run("plot --needle " + tasks + " --out_dir " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"needle_passkey.png", "needle_fact.png"}) {
+    EXPECT_TRUE(IsPng(out + "/" + name)) << name;
+    EXPECT_NE(r.out.find(name), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(QualityCliTest, PlotBadInputs) {

@@ -39,9 +39,10 @@ const std::vector<Command>& Commands() {
         "original_positions", "threads", "pack_decode", "telemetry", "progress", "verbosity"},
        &RunPpl},
       {"needle",
-       "Needle-in-a-haystack grid: input length x needle depth, a random key per trial, "
-       "accuracy of the greedy answer; beside full attention where the input fits.",
-       {"input", "lengths", "depths", "seeds", "baseline", "json", "png", "query_aware",
+       "Needle-in-a-haystack grid: input length x needle depth x task (passkey and RULER's "
+       "retrieval tasks), random values per trial, accuracy of the greedy answer; beside full "
+       "attention where the input fits.",
+       {"input", "tasks", "lengths", "depths", "seeds", "baseline", "json", "png", "query_aware",
         "query_share", "select", "span", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
         "pruner", "sinks", "original_positions", "chat_template", "system", "threads",

@@ -97,6 +97,11 @@ ABSL_FLAG(std::string, lengths, "1024,2048,4096",
           "needle: input lengths in tokens (prompt, needle and question included), comma-separated");
 ABSL_FLAG(std::string, depths, "0,0.25,0.5,0.75,1",
           "needle: needle depths in [0, 1] (0 = start of the text, 1 = just before the question)");
+ABSL_FLAG(std::string, tasks, "passkey",
+          "needle: the retrieval tasks, comma-separated: passkey (one special magic number), "
+          "multikey (4 names' numbers, one asked), multivalue (4 numbers of one name, all "
+          "asked), vartrack (the variables a chain of 5 assignments gives a value, beside a "
+          "distractor chain), fact (a fact in a prose sentence, asked about)");
 ABSL_FLAG(int32_t, seeds, 3,
           "needle: trials per cell, each with its own key and haystack offset");
 ABSL_FLAG(bool, baseline, true,

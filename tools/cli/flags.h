@@ -69,6 +69,7 @@ ABSL_DECLARE_FLAG(std::string, json);
 ABSL_DECLARE_FLAG(int64_t, max_tokens);
 ABSL_DECLARE_FLAG(std::string, lengths);
 ABSL_DECLARE_FLAG(std::string, depths);
+ABSL_DECLARE_FLAG(std::string, tasks);
 ABSL_DECLARE_FLAG(int32_t, seeds);
 ABSL_DECLARE_FLAG(bool, baseline);
 ABSL_DECLARE_FLAG(std::string, png);

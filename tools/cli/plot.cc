@@ -443,9 +443,14 @@ absl::Status PlotLoss(const std::vector<std::string>& paths, const std::string& 
   return RunGnuplot(script, files);
 }
 
-// The grids of a needle JSON file: the run's and, if present, the
-// baseline's.
-absl::StatusOr<std::vector<NeedleGrid>> NeedleGridsFromJson(const Json& j) {
+// The grids of a needle JSON file per task, in the order the cells first
+// name them: the run's and, if present, the baseline's.
+struct TaskGrids {
+  std::string task;
+  std::vector<NeedleGrid> grids;
+};
+
+absl::StatusOr<std::vector<TaskGrids>> NeedleGridsFromJson(const Json& j) {
   auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("needle JSON: ", what));
   };
@@ -453,47 +458,74 @@ absl::StatusOr<std::vector<NeedleGrid>> NeedleGridsFromJson(const Json& j) {
       !j["depths"].is_array() || !j.contains("cells") || !j["cells"].is_array()) {
     return bad("needs \"lengths\", \"depths\" and \"cells\" arrays (not needle output?)");
   }
-  NeedleGrid run, base;
-  run.lengths = base.lengths = j["lengths"].get<std::vector<int64_t>>();
+  NeedleGrid empty;
+  empty.lengths = j["lengths"].get<std::vector<int64_t>>();
   for (const Json& d : j["depths"]) {
     if (!d.is_number()) return bad("a depth is not a number");
-    run.depths.push_back(d.get<double>());
+    empty.depths.push_back(d.get<double>());
   }
-  base.depths = run.depths;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  run.accuracy.assign(run.depths.size(), std::vector<double>(run.lengths.size(), nan));
-  base.accuracy = run.accuracy;
-  bool any_base = false;
+  empty.accuracy.assign(empty.depths.size(), std::vector<double>(empty.lengths.size(), nan));
+  struct Grids {
+    std::string task;
+    NeedleGrid run, base;
+    bool any_base = false;
+  };
+  std::vector<Grids> tasks;
   for (const Json& c : j["cells"]) {
     if (!c.is_object() || !c.contains("length") || !c["length"].is_number_integer() ||
         !c.contains("depth") || !c["depth"].is_number()) {
       return bad("a cell lacks an integer \"length\" or a numeric \"depth\"");
     }
-    const auto l = std::find(run.lengths.begin(), run.lengths.end(), c["length"].get<int64_t>());
-    const auto d = std::find(run.depths.begin(), run.depths.end(), c["depth"].get<double>());
-    if (l == run.lengths.end() || d == run.depths.end()) return bad("a cell is off the grid");
-    const size_t li = l - run.lengths.begin(), di = d - run.depths.begin();
+    if (c.contains("task") && !c["task"].is_string()) return bad("a cell's \"task\" is not a string");
+    const std::string task = c.value("task", std::string("passkey"));
+    auto g = std::find_if(tasks.begin(), tasks.end(), [&](const Grids& t) { return t.task == task; });
+    if (g == tasks.end()) g = tasks.insert(tasks.end(), Grids{task, empty, empty});
+    const auto l = std::find(empty.lengths.begin(), empty.lengths.end(), c["length"].get<int64_t>());
+    const auto d = std::find(empty.depths.begin(), empty.depths.end(), c["depth"].get<double>());
+    if (l == empty.lengths.end() || d == empty.depths.end()) return bad("a cell is off the grid");
+    const size_t li = l - empty.lengths.begin(), di = d - empty.depths.begin();
     if (c.contains("accuracy") && c["accuracy"].is_number()) {
-      run.accuracy[di][li] = c["accuracy"].get<double>();
+      g->run.accuracy[di][li] = c["accuracy"].get<double>();
     }
     if (c.contains("baseline_accuracy") && c["baseline_accuracy"].is_number()) {
-      base.accuracy[di][li] = c["baseline_accuracy"].get<double>();
-      any_base = true;
+      g->base.accuracy[di][li] = c["baseline_accuracy"].get<double>();
+      g->any_base = true;
     }
   }
-  run.title = j.value("label", std::string("compressed"));
-  base.title = "full attention, one pass (baseline)";
-  std::vector<NeedleGrid> grids = {run};
-  if (any_base) grids.push_back(base);
-  return grids;
+  if (tasks.empty()) return bad("no cells");
+  const std::string label = j.value("label", std::string("compressed"));
+  std::vector<TaskGrids> out;
+  for (Grids& g : tasks) {
+    g.run.title = absl::StrCat(g.task, ": ", label);
+    g.base.title = absl::StrCat(g.task, ": full attention, one pass (baseline)");
+    TaskGrids t{g.task, {std::move(g.run)}};
+    if (g.any_base) t.grids.push_back(std::move(g.base));
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
-// (e) The needle JSON's grids: the run's and, if present, the baseline's.
-absl::Status PlotNeedleFile(const std::string& path, const std::string& png) {
-  SNAPFILL_ASSIGN_OR_RETURN(Json j, LoadJsonFile(path, "--needle"));
-  SNAPFILL_ASSIGN_OR_RETURN(std::vector<NeedleGrid> grids, NeedleGridsFromJson(j));
-  return PlotNeedleHeatMaps(grids, png);
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> PlotNeedleJson(const Json& j, const std::string& png) {
+  SNAPFILL_ASSIGN_OR_RETURN(std::vector<TaskGrids> tasks, NeedleGridsFromJson(j));
+  std::vector<std::string> written;
+  for (const TaskGrids& t : tasks) {
+    std::string path = png;
+    if (tasks.size() > 1) {
+      const std::filesystem::path p(png);
+      path = (p.parent_path() / (p.stem().string() + "_" + FileSafe(t.task) +
+                                 p.extension().string()))
+                 .string();
+    }
+    SNAPFILL_RETURN_IF_ERROR(PlotNeedleHeatMaps(t.grids, path));
+    written.push_back(path);
+  }
+  return written;
 }
+
+namespace {
 
 std::vector<std::string> SplitList(const std::string& s) {
   return absl::StrSplit(s, ',', absl::SkipWhitespace());
@@ -558,8 +590,9 @@ absl::Status RunPlot() {
     written.push_back(out("loss.png"));
   }
   if (!needle.empty()) {
-    SNAPFILL_RETURN_IF_ERROR(PlotNeedleFile(needle, out("needle.png")));
-    written.push_back(out("needle.png"));
+    SNAPFILL_ASSIGN_OR_RETURN(const Json j, LoadJsonFile(needle, "--needle"));
+    SNAPFILL_ASSIGN_OR_RETURN(std::vector<std::string> maps, PlotNeedleJson(j, out("needle.png")));
+    written.insert(written.end(), maps.begin(), maps.end());
   }
   for (const std::string& w : written) std::printf("%s\n", w.c_str());
   return absl::OkStatus();

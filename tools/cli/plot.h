@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace snapfill::cli {
 
@@ -44,6 +46,15 @@ struct NeedleGrid {
 // Draws the grids side by side (one panel each) as heat maps, red at 0 and
 // green at 1, the accuracy written in each cell, into `png`.
 absl::Status PlotNeedleHeatMaps(const std::vector<NeedleGrid>& grids, const std::string& png);
+
+// The heat maps of a needle JSON (`snapfill needle --json`; a file without
+// "task" in its cells is one passkey task), one PNG per task with the
+// baseline's grid beside the run's where it has one: `png` itself for a
+// file of one task, else `png` with "_<task>" before its extension.
+// Returns the paths written; InvalidArgument naming what is missing for a
+// JSON that is not needle output.
+absl::StatusOr<std::vector<std::string>> PlotNeedleJson(const nlohmann::json& j,
+                                                        const std::string& png);
 
 }  // namespace snapfill::cli
 
