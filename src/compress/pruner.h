@@ -83,6 +83,10 @@ struct PrunerConfig {
   // so a run without a question selects exactly as SnapKV). --select, --span
   Selection query_select = Selection::kSpan;
   int64_t span = 32;
+  // The question's votes summed over a layer's KV heads, so that every head
+  // keeps what any of them found (the heads that answer need not be those
+  // that voted), or each head's own. --query_heads shared|each
+  bool shared_query_votes = true;
 };
 
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,

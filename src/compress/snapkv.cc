@@ -84,6 +84,20 @@ class SnapKvPruner final : public Pruner {
     }
 
     const int64_t window_begin = n - w;
+    // Shared question votes: one row, the sum over the heads, read by all.
+    SelectionInput shared_in;
+    const SelectionInput* selection = &in;
+    if (in.query_votes != nullptr && config_.shared_query_votes && in.num_kv_heads > 1) {
+      shared_votes_.assign(n, 0.0f);
+      for (int64_t h = 0; h < in.num_kv_heads; ++h) {
+        const float* row = in.query_votes + h * in.query_votes_stride;
+        for (int64_t j = 0; j < n; ++j) shared_votes_[j] += row[j];
+      }
+      shared_in = in;
+      shared_in.query_votes = shared_votes_.data();
+      shared_in.query_votes_stride = 0;
+      selection = &shared_in;
+    }
     keep->resize(in.num_kv_heads);
     scratch_.resize(in.num_kv_heads);
     std::vector<absl::Status> status(in.num_kv_heads);
@@ -92,7 +106,7 @@ class SnapKvPruner final : public Pruner {
     // the engine's copies of the kept entries (a thread idle for longer
     // waits asleep, and waking it costs more than a head's selection).
     auto select = [&](int64_t h) {
-      status[h] = SelectHead(in, h, w, window_begin, num_sinks, scratch_[h], (*keep)[h]);
+      status[h] = SelectHead(*selection, h, w, window_begin, num_sinks, scratch_[h], (*keep)[h]);
     };
     if (in.num_kv_heads > 1 && n >= kParallelCandidates) {
       cpu::ParallelFor(in.num_kv_heads, select);
@@ -270,6 +284,7 @@ class SnapKvPruner final : public Pruner {
 
   PrunerConfig config_;
   std::vector<Scratch> scratch_;  // per KV head, reused across calls (one Select at a time)
+  std::vector<float> shared_votes_;  // [num_candidates] the heads' question votes summed
 };
 
 }  // namespace

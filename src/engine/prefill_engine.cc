@@ -27,11 +27,11 @@ int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
 // at least this many floats to copy (below, the copy is shorter than waking
 // the team).
 constexpr int64_t kCopyParts = 2;
+constexpr int64_t kParallelCopyFloats = 1 << 14;
 
 // The longest question that question-guided compression runs after every
 // chunk (its rows cost as many chunk rows).
 constexpr int64_t kMaxQueryTokens = 4096;
-constexpr int64_t kParallelCopyFloats = 1 << 14;
 
 // f(item) for every item in [0, n): on the backend's threads where
 // `parallel` (the CPU backend's are those of its kernels, still spinning

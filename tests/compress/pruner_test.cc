@@ -434,6 +434,36 @@ TEST(GuidedSnapKvTest, SpansKeepTheNeighboursOfTheStrongestVotes) {
   EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 30, 31));
 }
 
+// Shared question votes: what one head's question queries found, every
+// head keeps.
+TEST(GuidedSnapKvTest, SharedVotesKeepWhatAnyHeadFound) {
+  // Two heads over 12 candidates, window 2 kept (last step), k = 2 of
+  // R = 0..9, by token. Head 0's question votes peak at 3 (0.9) and 6
+  // (0.2); head 1's at 8 (0.8) and 1 (0.3). Summed: 3 (0.9), 8 (0.8).
+  const int64_t n = 12;
+  std::vector<float> votes(2 * n, 0.0f), query(2 * n, 0.0f);
+  query[3] = 0.9f;
+  query[6] = 0.2f;
+  query[n + 8] = 0.8f;
+  query[n + 1] = 0.3f;
+  std::vector<int32_t> positions(2 * n);
+  std::iota(positions.begin(), positions.begin() + n, 0);
+  std::iota(positions.begin() + n, positions.end(), 0);
+  SelectionInput in = Heads(2, n, 0, 4, votes, n, positions, n);
+  in.query_votes = query.data();
+  in.query_votes_stride = n;
+  in.final_step = true;
+  PrunerConfig config = Guided(2, 1, 1.0, Selection::kToken);
+  Keep keep;
+  SNAPFILL_ASSERT_OK(MakePruner(config)->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(3, 8, 10, 11));
+  EXPECT_THAT(keep[1], ElementsAre(3, 8, 10, 11));
+  config.shared_query_votes = false;
+  SNAPFILL_ASSERT_OK(MakePruner(config)->Select(in, &keep));
+  EXPECT_THAT(keep[0], ElementsAre(3, 6, 10, 11));
+  EXPECT_THAT(keep[1], ElementsAre(1, 8, 10, 11));
+}
+
 // A question with no share selects as SnapKV alone, bit for bit, whatever
 // its votes; and any share keeps the counts, order, sinks and window.
 TEST(GuidedSnapKvTest, NoShareIsSnapKvAndEveryShareKeepsTheInvariants) {

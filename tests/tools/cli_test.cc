@@ -242,6 +242,7 @@ TEST_F(CliTest, AQuestionGuidesTheCompression) {
   EXPECT_FAILS_WITH(Run(base + "--question why --query_share 1.5"), 2, "--query_share=1.5");
   EXPECT_FAILS_WITH(Run(base + "--question why --select sentence"), 2, "--select=sentence");
   EXPECT_FAILS_WITH(Run(base + "--question why --span 0"), 2, "--span=0");
+  EXPECT_FAILS_WITH(Run(base + "--question why --query_heads both"), 2, "--query_heads=both");
 }
 
 }  // namespace

@@ -133,6 +133,12 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   c.pruner.query_share = absl::GetFlag(FLAGS_query_share);
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_select, ParseSelection(absl::GetFlag(FLAGS_select)));
   c.pruner.span = absl::GetFlag(FLAGS_span);
+  const std::string heads = absl::GetFlag(FLAGS_query_heads);
+  if (heads != "shared" && heads != "each") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--query_heads=", heads, ": expected shared or each"));
+  }
+  c.pruner.shared_query_votes = heads == "shared";
   c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
   return c;
 }
@@ -143,9 +149,10 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
   // (so the configuration of a run without one reads as before).
   std::string query;
   if (!c.query_tokens.empty()) {
-    query = absl::StrFormat(",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d",
-                            c.query_tokens.size(), c.pruner.query_share,
-                            SelectionName(c.pruner.query_select), c.pruner.span);
+    query = absl::StrFormat(
+        ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
+        c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
+        c.pruner.shared_query_votes ? "shared" : "each");
   }
   return absl::StrFormat(
       "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","

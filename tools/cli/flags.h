@@ -39,6 +39,7 @@ ABSL_DECLARE_FLAG(bool, query_aware);
 ABSL_DECLARE_FLAG(double, query_share);
 ABSL_DECLARE_FLAG(std::string, select);
 ABSL_DECLARE_FLAG(int64_t, span);
+ABSL_DECLARE_FLAG(std::string, query_heads);
 ABSL_DECLARE_FLAG(std::string, pruner);
 ABSL_DECLARE_FLAG(int64_t, sinks);
 ABSL_DECLARE_FLAG(bool, original_positions);

@@ -444,6 +444,7 @@ absl::Status RunNeedle() {
     cfg["query_share"] = config.pruner.query_share;
     cfg["select"] = SelectionName(config.pruner.query_select);
     cfg["span"] = config.pruner.span;
+    cfg["query_heads"] = config.pruner.shared_query_votes ? "shared" : "each";
   }
   j["config"] = cfg.is_discarded() ? Json::object() : cfg;
   j["context_length"] = context;
