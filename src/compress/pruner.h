@@ -86,7 +86,7 @@ struct PrunerConfig {
   // The question's votes summed over a layer's KV heads, so that every head
   // keeps what any of them found (the heads that answer need not be those
   // that voted), or each head's own. --query_heads shared|each
-  bool shared_query_votes = true;
+  bool shared_query_votes = false;
 };
 
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,

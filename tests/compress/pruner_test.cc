@@ -454,6 +454,7 @@ TEST(GuidedSnapKvTest, SharedVotesKeepWhatAnyHeadFound) {
   in.query_votes_stride = n;
   in.final_step = true;
   PrunerConfig config = Guided(2, 1, 1.0, Selection::kToken);
+  config.shared_query_votes = true;
   Keep keep;
   SNAPFILL_ASSERT_OK(MakePruner(config)->Select(in, &keep));
   EXPECT_THAT(keep[0], ElementsAre(3, 8, 10, 11));

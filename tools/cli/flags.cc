@@ -46,7 +46,7 @@ ABSL_FLAG(std::string, select, "span",
           "Question-guided compression: the question picks single tokens (token) or spans "
           "around its strongest votes (span), so that a kept fact keeps all its tokens");
 ABSL_FLAG(int64_t, span, 32, "--select=span: tokens per span around each picked peak");
-ABSL_FLAG(std::string, query_heads, "shared",
+ABSL_FLAG(std::string, query_heads, "each",
           "Question-guided compression: the question's votes summed over each layer's KV heads, "
           "so every head keeps what any found (shared), or each head by its own (each)");
 ABSL_FLAG(std::string, schedule, "imdc",
