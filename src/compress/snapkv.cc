@@ -236,10 +236,12 @@ class SnapKvPruner final : public Pruner {
       cpu::TopKIndices(sc.pooled.data(), num_rest, k, sc.top.data());
     } else {
       sc.taken.assign(num_rest, 0);
-      SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
-                                RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
-      Pool(query_votes, num_rest, sc);
-      if (k_query > 0) PickQuestion(num_rest, k_query, sc);
+      if (k_query > 0) {
+        SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
+                                  RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
+        Pool(query_votes, num_rest, sc);
+        PickQuestion(num_rest, k_query, sc);
+      }
       if (k > k_query) {
         // The window's top among what the question left.
         SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));

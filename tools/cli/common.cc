@@ -143,6 +143,13 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   return c;
 }
 
+std::string QuestionSelectionLabel(const PrunerConfig& p) {
+  return absl::StrCat("share ", p.query_share, ", ", SelectionName(p.query_select),
+                      p.query_select == Selection::kSpan ? absl::StrCat(" ", p.span) : "");
+}
+
+const char* QueryHeadsName(const PrunerConfig& p) { return p.shared_query_votes ? "shared" : "each"; }
+
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens) {
   // Question-guided compression's settings, only where a question guides
@@ -152,7 +159,7 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
     query = absl::StrFormat(
         ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
         c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
-        c.pruner.shared_query_votes ? "shared" : "each");
+        QueryHeadsName(c.pruner));
   }
   return absl::StrFormat(
       "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","

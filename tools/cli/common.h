@@ -49,6 +49,12 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags();
 
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.
+// How the question picks under question-guided compression, for labels:
+// "share 1, span 32" or "share 0.5, token".
+std::string QuestionSelectionLabel(const PrunerConfig& p);
+// "shared" | "each" (--query_heads).
+const char* QueryHeadsName(const PrunerConfig& p);
+
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens);
 

@@ -197,9 +197,7 @@ std::string ConfigLabel(const PrefillConfig& c) {
   if (c.pruner.kind != PrunerKind::kFull) absl::StrAppend(&s, " m", c.schedule.memory);
   absl::StrAppend(&s, " c", c.schedule.chunk);
   if (absl::GetFlag(FLAGS_query_aware) && c.pruner.kind == PrunerKind::kSnapKv) {
-    absl::StrAppend(&s, " question-guided (share ", c.pruner.query_share, ", ",
-                    SelectionName(c.pruner.query_select),
-                    c.pruner.query_select == Selection::kSpan ? absl::StrCat(" ", c.pruner.span) : "", ")");
+    absl::StrAppend(&s, " question-guided (", QuestionSelectionLabel(c.pruner), ")");
   }
   return s;
 }
@@ -444,7 +442,7 @@ absl::Status RunNeedle() {
     cfg["query_share"] = config.pruner.query_share;
     cfg["select"] = SelectionName(config.pruner.query_select);
     cfg["span"] = config.pruner.span;
-    cfg["query_heads"] = config.pruner.shared_query_votes ? "shared" : "each";
+    cfg["query_heads"] = QueryHeadsName(config.pruner);
   }
   j["config"] = cfg.is_discarded() ? Json::object() : cfg;
   j["context_length"] = context;

@@ -208,11 +208,10 @@ void PrintPlan(const Prepared& p) {
     const int64_t q = c.query_tokens.size();
     const int64_t steps = p.engine->plan().steps.size();
     std::printf("question-guided: the question's %lld tokens vote after each of the %lld chunks "
-                "(%lld more rows, +%.1f%%; share %g, %s%s)\n",
+                "(%lld more rows, +%.1f%%; %s)\n",
                 (long long)q, (long long)steps, (long long)(q * steps),
-                100.0 * q * steps / std::max<double>(1, p.tokens.size()), c.pruner.query_share,
-                SelectionName(c.pruner.query_select),
-                c.pruner.query_select == Selection::kSpan ? absl::StrCat(" ", c.pruner.span).c_str() : "");
+                100.0 * q * steps / std::max<double>(1, p.tokens.size()),
+                QuestionSelectionLabel(c.pruner).c_str());
   }
   std::printf("%s\n", p.peak.Format().c_str());
 }
