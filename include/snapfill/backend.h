@@ -246,6 +246,20 @@ class Backend {
                                     float* votes, int64_t votes_stride, int64_t num_q,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                     float scale) = 0;
+  // The recall tier's two ops (DESIGN.md §8). QueryLogSumExp: each of the
+  // num_q queries' log softmax denominator over the kv.num_keys keys it
+  // sees (Attention's visibility), lse: [num_heads][num_q]. RecallScores:
+  // for each KV head and each of keys.num_keys stored keys (all visible),
+  // the softmax weight the queries would give it beside the keys behind
+  // `lse`, summed over the queries and averaged over the KV group's query
+  // heads; scores: [num_kv_heads][scores_stride].
+  virtual absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse,
+                                      int64_t num_q, int64_t num_heads, int64_t num_kv_heads,
+                                      int64_t head_dim, float scale) = 0;
+  virtual absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse,
+                                    const KvView& keys, float* scores, int64_t scores_stride,
+                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                    float scale) = 0;
   // Whether one-query Attention (decode) wants the KV's fp16 copy
   // (BackendOptions::half_decode_kv): the caller then passes a KvView with
   // k16 / v16 set, which Attention reads instead of k / v.

@@ -178,6 +178,47 @@ void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_h
   }
 }
 
+void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                    int64_t kv_key_stride, int64_t num_q, int64_t num_keys, int64_t num_heads,
+                    int64_t num_kv_heads, int64_t head_dim, float scale, float* lse) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<double> s;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* kh = k + (h / group) * kv_head_stride;
+    for (int64_t i = 0; i < num_q; ++i) {
+      Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_keys - num_q + i + 1, head_dim, scale, s);
+      const double m = *std::max_element(s.begin(), s.end());
+      double sum = 0.0;
+      for (double v : s) sum += std::exp(v - m);
+      lse[h * num_q + i] = static_cast<float>(m + std::log(sum));
+    }
+  }
+}
+
+void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                  int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                  int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale) {
+  assert(num_heads % num_kv_heads == 0);
+  const int64_t group = num_heads / num_kv_heads;
+  std::vector<double> s;
+  std::vector<double> acc(num_keys);
+  for (int64_t kvh = 0; kvh < num_kv_heads; ++kvh) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    const float* kh = k + kvh * kv_head_stride;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      for (int64_t i = 0; i < num_q; ++i) {
+        Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_keys, head_dim, scale, s);
+        for (int64_t j = 0; j < num_keys; ++j) acc[j] += std::exp(s[j] - lse[h * num_q + i]);
+      }
+    }
+    for (int64_t j = 0; j < num_keys; ++j) {
+      scores[kvh * scores_stride + j] = static_cast<float>(acc[j] / static_cast<double>(group));
+    }
+  }
+}
+
 void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
   assert(kernel % 2 == 1);
   const int64_t pad = kernel / 2;

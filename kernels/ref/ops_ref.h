@@ -52,6 +52,25 @@ void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_h
                   int64_t num_keys, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   float scale);
 
+// The log of each query's softmax denominator over the keys it sees, with
+// Attention's visibility (query i of num_q sees keys j <= num_keys - num_q
+// + i): lse[h * num_q + i] = log Σ_j exp(scale · q_{i,h} · k_{kvh(h),j}),
+// [num_heads][num_q]. In double, rounded to f32 at the end.
+void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
+                    int64_t kv_key_stride, int64_t num_q, int64_t num_keys, int64_t num_heads,
+                    int64_t num_kv_heads, int64_t head_dim, float scale, float* lse);
+
+// What the recall tier ranks stored keys by: the attention weight each of
+// num_keys keys (every one visible to every query) would take from the
+// queries if it joined the keys that gave them `lse` (QueryLogSumExp),
+// summed over the queries and averaged over the KV group's query heads:
+// scores[kvh * scores_stride + j] = (1 / group) Σ_{h of kvh} Σ_i
+// exp(scale · q_{i,h} · k_{kvh,j} - lse[h * num_q + i]).
+void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                  int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                  int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  float scale);
+
 // Stride-1 pooling with kernel/2 padding on both sides; output length n.
 // Avg: pads count as zeros, always divided by kernel (PyTorch avg_pool1d
 // count_include_pad=True). Max: pads ignored. kernel must be odd.

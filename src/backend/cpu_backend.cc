@@ -479,6 +479,37 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse, int64_t num_q,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > kv.num_keys ||
+        q_stride < num_heads * head_dim || kv.key_stride < head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("query_log_sum_exp: bad shapes: ", num_q, " queries, ",
+                                                     kv.num_keys, " keys, ", num_heads, "/", num_kv_heads,
+                                                     " heads"));
+    }
+    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
+    cpu::QueryLogSumExp(q, q_stride, kv.k, kv.head_stride, kv.key_stride, num_q, kv.num_keys, num_heads,
+                        num_kv_heads, head_dim, scale, lse);
+    return absl::OkStatus();
+  }
+
+  absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const KvView& keys,
+                            float* scores, int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, float scale) override {
+    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || scores_stride < keys.num_keys ||
+        q_stride < num_heads * head_dim || keys.key_stride < head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("recall_scores: bad shapes: ", num_q, " queries, ",
+                                                     keys.num_keys, " keys, ", num_heads, "/", num_kv_heads,
+                                                     " heads"));
+    }
+    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * num_q * keys.num_keys;
+    cpu::RecallScores(q, q_stride, num_q, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
+                      scores_stride, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
+
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:

@@ -671,5 +671,57 @@ INSTANTIATE_TEST_SUITE_P(Shapes, WindowScoresTest, ::testing::ValuesIn(VoteCases
                            return CaseName(info.param);
                          });
 
+// ---------------------------------------------------------------------------
+// QueryLogSumExp and RecallScores (the recall tier's ranking)
+
+class RecallScoresTest : public ::testing::TestWithParam<AttnCase> {};
+
+// The log-denominators match the double twin; and with them, scoring the
+// very keys the queries saw gives back WindowScores' votes (each query's
+// softmax over its visible keys), which ties the two ops to the vote the
+// rest of the engine uses. Keys past a query's visibility are not in that
+// identity, so the check runs with one query (all keys visible).
+TEST_P(RecallScoresTest, MatchesRef) {
+  const AttnData a = MakeData(GetParam(), 41);
+  const AttnCase& c = a.c;
+  std::vector<float> lse(c.num_heads * c.num_q, -1.0f), lse_ref(lse.size());
+  cpu::QueryLogSumExp(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, c.num_q, c.num_keys,
+                      c.num_heads, c.num_kv_heads, c.head_dim, a.scale, lse.data());
+  ref::QueryLogSumExp(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, c.num_q, c.num_keys,
+                      c.num_heads, c.num_kv_heads, c.head_dim, a.scale, lse_ref.data());
+  for (size_t i = 0; i < lse.size(); ++i) {
+    EXPECT_NEAR(lse[i], lse_ref[i], 1e-4 * (1 + std::abs(lse_ref[i]))) << "row " << i;
+  }
+  const int64_t stride = c.num_keys + 2;
+  std::vector<float> got(c.num_kv_heads * stride, kVoteSentinel), want(c.num_kv_heads * c.num_keys);
+  cpu::RecallScores(a.Q(), a.q_stride, c.num_q, lse_ref.data(), a.K(), a.kv_head_stride, a.kv_key_stride,
+                    c.num_keys, got.data(), stride, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+  ref::RecallScores(a.Q(), a.q_stride, c.num_q, lse_ref.data(), a.K(), a.kv_head_stride, a.kv_key_stride,
+                    c.num_keys, want.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    for (int64_t j = 0; j < c.num_keys; ++j) {
+      const float w = want[h * c.num_keys + j];
+      EXPECT_NEAR(got[h * stride + j], w, 1e-4 * w + 1e-30) << "KV head " << h << " key " << j;
+    }
+    EXPECT_EQ(got[h * stride + c.num_keys], kVoteSentinel) << "wrote into the padding";
+  }
+  if (c.num_q == 1) {
+    std::vector<float> votes(c.num_kv_heads * c.num_keys);
+    ref::WindowScores(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, votes.data(), c.num_keys,
+                      1, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+    for (size_t j = 0; j < votes.size(); ++j) EXPECT_NEAR(want[j], votes[j], 1e-5 * votes[j] + 1e-12);
+  }
+}
+
+std::vector<AttnCase> RecallCases() {
+  return {{1, 5, 2, 1, 16},      {1, 300, 9, 3, 64},   {30, 2100, 9, 3, 64},
+          {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128}, {3, 70, 4, 4, 17}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RecallScoresTest, ::testing::ValuesIn(RecallCases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& info) {
+                           return CaseName(info.param);
+                         });
+
 }  // namespace
 }  // namespace snapfill

@@ -59,6 +59,19 @@ class RefBackend final : public Backend {
                    kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
     return absl::OkStatus();
   }
+  absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse, int64_t num_q,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
+    ref::QueryLogSumExp(q, q_stride, kv.k, kv.head_stride, kv.key_stride, num_q, kv.num_keys, num_heads,
+                        num_kv_heads, head_dim, scale, lse);
+    return absl::OkStatus();
+  }
+  absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const KvView& keys,
+                            float* scores, int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, float scale) override {
+    ref::RecallScores(q, q_stride, num_q, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
+                      scores_stride, num_heads, num_kv_heads, head_dim, scale);
+    return absl::OkStatus();
+  }
   absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
                             int64_t votes_stride, int64_t num_q, int64_t num_heads,
                             int64_t num_kv_heads, int64_t head_dim, float scale) override {
