@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "snapfill/dtype.h"
+#include "src/base/half.h"
 
 namespace snapfill {
 
@@ -134,59 +135,7 @@ inline void GetScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   }
 }
 
-inline uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float BitsToFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
-inline float Fp16ToFp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1F;
-  uint32_t mant = h & 0x3FF;
-  if (exp == 0x1F) return BitsToFloat(sign | 0x7F800000u | (mant << 13));  // inf / NaN
-  if (exp != 0) return BitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
-  if (mant == 0) return BitsToFloat(sign);  // ±0
-  // Subnormal: value = mant * 2^-24, exactly representable in f32.
-  const float v = static_cast<float>(mant) * BitsToFloat(0x33800000u);  // 2^-24
-  return sign ? -v : v;
-}
-
-// binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
-// with rounding mode 0 and ggml's scalar fallback produce). Overflow gives
-// ±inf; NaN stays NaN.
-inline uint16_t Fp32ToFp16(float f) {
-  const uint32_t x = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
-  const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return sign | 0x7E00;  // NaN (quiet)
-  if (ax >= 0x477FF000u) return sign | 0x7C00;  // rounds to >= 65536: inf
-  if (ax < 0x38800000u) {
-    // Result is subnormal or zero: h = round(|f| / 2^-24) with ties to even.
-    if (ax < 0x33000000u) return sign;  // < 2^-25: rounds to 0 (2^-25 exactly ties to 0)
-    const uint32_t e = ax >> 23;  // biased exponent, 102..112
-    const uint32_t m = (ax & 0x7FFFFF) | 0x800000;
-    const uint32_t shift = 126 - e;  // value = m * 2^(e-150) → units of 2^-24: m >> (126-e)
-    uint32_t r = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1))) ++r;
-    return sign | static_cast<uint16_t>(r);
-  }
-  // Normal: rebias exponent, round the 13 dropped mantissa bits to even.
-  uint32_t r = ax - 0x38000000u;  // exponent 127 -> 15
-  const uint32_t rem = r & 0x1FFF;
-  r >>= 13;
-  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;  // may carry into exponent: fine
-  return sign | static_cast<uint16_t>(r);
-}
-
+// (FloatBits, BitsToFloat and the fp16 conversions: src/base/half.h.)
 inline float Bf16ToFp32(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
 
 // binary32 -> bfloat16, round-to-nearest-even; NaN is kept quiet (as ggml's

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/quant_blocks.h"
+#include "src/base/half.h"
 
 namespace snapfill {
 

@@ -294,7 +294,6 @@ const std::set<std::pair<std::string, std::string>>& Known() {
   static const std::set<std::pair<std::string, std::string>> kKnown = {
       {"src/model/tiny_llama.cc", "kernels/ref/quant_ref.h"},
       {"src/compress/snapkv.cc", "kernels/cpu/ops.h"},
-      {"src/kv/kv_cache.cc", "kernels/quant_blocks.h"},
       {"tools/cli/info.cc", "kernels/cpu/matmul.h"},
       {"tools/cli/info.cc", "kernels/cpu/ops.h"},
       {"tools/cli/memory_budget.cc", "kernels/cpu/ops.h"},

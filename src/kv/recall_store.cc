@@ -1,0 +1,390 @@
+#include "src/kv/recall_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "snapfill/status.h"
+#include "src/base/file_util.h"
+#include "src/base/half.h"
+
+namespace snapfill {
+namespace {
+
+constexpr char kMetaName[] = "recall.meta";
+constexpr char kMetaHead[] = "snapfill-recall 1";
+
+std::string Hex(uint64_t x) { return absl::StrFormat("%016x", x); }
+
+// The header's lines: what Reopen compares, in the order it names them.
+std::string MetaText(const RecallStoreInfo& info) {
+  return absl::StrCat(kMetaHead, "\nmodel=", info.model_fingerprint, "\ninput_digest=", Hex(info.input_digest),
+                      "\ninput_tokens=", info.input_tokens, "\nplan_digest=", Hex(info.plan_digest),
+                      "\nlayers=", info.num_layers, "\nkv_heads=", info.num_kv_heads, "\nhead_dim=", info.head_dim,
+                      "\nformat=", RecallFormatName(info.format), "\n");
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadMeta(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return FileErrnoStatus(errno, "cannot read", path);
+  std::string line;
+  if (!std::getline(in, line) || line != kMetaHead) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a snapfill recall store header"));
+  }
+  std::map<std::string, std::string> kv;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos) {
+      return absl::FailedPreconditionError(absl::StrCat(path, ": malformed line \"", line, "\""));
+    }
+    kv[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return kv;
+}
+
+bool IsDirectory(const std::string& path, bool* exists) {
+  struct stat st {};
+  *exists = ::stat(path.c_str(), &st) == 0;
+  return *exists && S_ISDIR(st.st_mode);
+}
+
+// The names in `dir` other than . and ..; errno status on failure.
+absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return FileErrnoStatus(errno, "cannot read the directory", dir);
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+absl::Status WriteFailed(int err, const std::string& path) {
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the recall store ran out of disk writing ", path, ": ", std::strerror(err),
+        " (--dry_run prints the space it needs; free some or point --recall_dir elsewhere)"));
+  }
+  return FileErrnoStatus(err, "cannot write", path);
+}
+
+}  // namespace
+
+absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name) {
+  if (name == "f16") return RecallFormat::kF16;
+  if (name == "q8") return RecallFormat::kQ8;
+  return absl::InvalidArgumentError(absl::StrCat("--recall_format=", std::string(name), ": expected f16 or q8"));
+}
+
+const char* RecallFormatName(RecallFormat format) { return format == RecallFormat::kF16 ? "f16" : "q8"; }
+
+RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(std::move(dir)), info_(info) {
+  key_fds_.assign(info.num_layers, -1);
+  value_fds_.assign(info.num_layers, -1);
+  slots_.assign(info.num_layers, 0);
+}
+
+RecallStore::~RecallStore() {
+  for (int fd : key_fds_) if (fd >= 0) ::close(fd);
+  for (int fd : value_fds_) if (fd >= 0) ::close(fd);
+}
+
+uint64_t RecallStore::VectorBytes() const {
+  return info_.format == RecallFormat::kF16 ? 2 * info_.head_dim : sizeof(float) + info_.head_dim;
+}
+uint64_t RecallStore::KeySlotBytes() const { return info_.num_kv_heads * (sizeof(int32_t) + VectorBytes()); }
+uint64_t RecallStore::ValueSlotBytes() const { return info_.num_kv_heads * VectorBytes(); }
+
+uint64_t RecallStore::SlotBytes(const RecallStoreInfo& info) {
+  RecallStore s("", info);
+  return s.KeySlotBytes() + s.ValueSlotBytes();
+}
+
+uint64_t RecallStore::bytes() const {
+  uint64_t slots = 0;
+  for (int64_t n : slots_) slots += n;
+  return slots * (KeySlotBytes() + ValueSlotBytes());
+}
+
+std::string RecallStore::FilePath(int64_t layer, const char* kind) const {
+  return absl::StrFormat("%s/layer-%02d.%s", dir_, layer, kind);
+}
+
+absl::Status RecallStore::OpenFiles(bool create) {
+  const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+  for (int64_t l = 0; l < info_.num_layers; ++l) {
+    for (auto [fds, kind] : {std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
+      const std::string path = FilePath(l, kind);
+      const int fd = ::open(path.c_str(), flags, 0600);
+      if (fd < 0) {
+        return FileErrnoStatus(errno, create ? "cannot create" : "cannot open", path);
+      }
+      (*fds)[l] = fd;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Create(const std::string& dir,
+                                                                 const RecallStoreInfo& info) {
+  if (info.num_layers <= 0 || info.num_kv_heads <= 0 || info.head_dim <= 0) {
+    return absl::InvalidArgumentError("recall store: empty shape");
+  }
+  if (dir.empty()) return absl::InvalidArgumentError("--recall_dir is empty");
+  std::unique_ptr<RecallStore> s(new RecallStore(dir, info));
+  bool exists = false;
+  if (IsDirectory(dir, &exists)) {
+    SNAPFILL_ASSIGN_OR_RETURN(const std::vector<std::string> names, ListDir(dir));
+    if (!names.empty()) {
+      const bool store = std::find(names.begin(), names.end(), kMetaName) != names.end();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--recall_dir ", dir, store ? " holds the recall store of an earlier run" : " is not empty",
+          "; remove it or choose another directory (a new store needs an absent or empty one)"));
+    }
+  } else if (exists) {
+    return absl::FailedPreconditionError(absl::StrCat("--recall_dir ", dir, " exists and is not a directory"));
+  } else {
+    if (::mkdir(dir.c_str(), 0700) != 0) return FileErrnoStatus(errno, "--recall_dir: cannot create", dir);
+    s->made_dir_ = true;
+  }
+  absl::Status st = s->OpenFiles(/*create=*/true);
+  // (made_dir: whether Remove, after a resume too, takes the directory.)
+  if (st.ok()) {
+    st = WriteFileAtomically(absl::StrCat(dir, "/", kMetaName),
+                             absl::StrCat(MetaText(info), "made_dir=", s->made_dir_ ? 1 : 0, "\n"),
+                             /*overwrite=*/false);
+  }
+  if (!st.ok()) {
+    s->Remove().IgnoreError();
+    return st;
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::string& dir,
+                                                                 const RecallStoreInfo& info,
+                                                                 const std::vector<int64_t>& slots) {
+  if (static_cast<int64_t>(slots.size()) != info.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recall store: ", slots.size(), " slot counts for ", info.num_layers, " layers"));
+  }
+  const std::string meta_path = absl::StrCat(dir, "/", kMetaName);
+  if (::access(meta_path.c_str(), F_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--recall_dir ", dir, " holds no recall store (", meta_path,
+        " is missing): resume with the --recall_dir the checkpoint was written with"));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(auto meta, ReadMeta(meta_path));
+  std::istringstream want(MetaText(info));
+  std::string line;
+  std::getline(want, line);  // the head line, checked by ReadMeta
+  while (std::getline(want, line)) {
+    const size_t eq = line.find('=');
+    const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    const auto it = meta.find(key);
+    const std::string found = it == meta.end() ? "(missing)" : it->second;
+    if (found != value) {
+      const char* what = key == "model"                                           ? "another model"
+                         : key == "input_digest" || key == "input_tokens"          ? "another input"
+                         : key == "plan_digest"                                    ? "another plan"
+                                                                                    : "another shape or format";
+      return absl::FailedPreconditionError(absl::StrCat("the recall store in ", dir, " belongs to ", what, ": its ",
+                                                        key, " is ", found, ", this run's ", value));
+    }
+  }
+  std::unique_ptr<RecallStore> s(new RecallStore(dir, info));
+  s->made_dir_ = meta["made_dir"] == "1";
+  SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
+  for (int64_t l = 0; l < info.num_layers; ++l) {
+    for (auto [fd, bytes, kind] : {std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
+                                   std::tuple{s->value_fds_[l], s->ValueSlotBytes(), "values"}}) {
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", s->FilePath(l, kind));
+      const uint64_t want_bytes = static_cast<uint64_t>(slots[l]) * bytes;
+      if (static_cast<uint64_t>(st.st_size) < want_bytes) {
+        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, kind), " holds ",
+                                                st.st_size / bytes, " entries; the checkpoint recorded ", slots[l]));
+      }
+      // Entries written after the checkpoint are written again by the resumed run.
+      if (::ftruncate(fd, static_cast<off_t>(want_bytes)) != 0) {
+        return FileErrnoStatus(errno, "cannot truncate", s->FilePath(l, kind));
+      }
+    }
+    s->slots_[l] = slots[l];
+  }
+  return s;
+}
+
+void RecallStore::Encode(const float* x, uint8_t* out) const {
+  const int64_t d = info_.head_dim;
+  if (info_.format == RecallFormat::kF16) {
+    for (int64_t i = 0; i < d; ++i) {
+      const uint16_t h = Fp32ToFp16(x[i]);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+    return;
+  }
+  float amax = 0.0f;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[i]));
+  const float scale = amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  std::memcpy(out, &scale, sizeof(float));
+  for (int64_t i = 0; i < d; ++i) {
+    const float q = std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+    out[sizeof(float) + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  }
+}
+
+void RecallStore::Decode(const uint8_t* in, float* x) const {
+  const int64_t d = info_.head_dim;
+  if (info_.format == RecallFormat::kF16) {
+    for (int64_t i = 0; i < d; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      x[i] = Fp16ToFp32(h);
+    }
+    return;
+  }
+  float scale;
+  std::memcpy(&scale, in, sizeof(float));
+  for (int64_t i = 0; i < d; ++i) x[i] = static_cast<float>(static_cast<int8_t>(in[sizeof(float) + i])) * scale;
+}
+
+absl::Status RecallStore::WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
+                                   int64_t layer) {
+  uint64_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd, data + done, n - done, static_cast<off_t>(offset + done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return WriteFailed(errno, FilePath(layer, what));
+    }
+    done += static_cast<uint64_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t offset, const char* what,
+                                  int64_t layer) {
+  return ReadAllAt(fd, data, n, offset, FilePath(layer, what));
+}
+
+absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k,
+                                 const float* v, int64_t head_stride, const int32_t* pos, int64_t pos_stride) {
+  if (layer < 0 || layer >= info_.num_layers || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("recall store: append of ", n, " to layer ", layer));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
+  const uint64_t vec = VectorBytes();
+  // Keys: per slot the heads' positions, then their keys.
+  buffer_.resize(n * std::max(KeySlotBytes(), ValueSlotBytes()));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* rec = buffer_.data() + i * KeySlotBytes();
+    for (int64_t h = 0; h < heads; ++h) {
+      const int32_t p = pos[h * pos_stride + idx[h][i]];
+      std::memcpy(rec + h * sizeof(int32_t), &p, sizeof(int32_t));
+      Encode(k + h * head_stride + idx[h][i] * d, rec + heads * sizeof(int32_t) + h * vec);
+    }
+  }
+  SNAPFILL_RETURN_IF_ERROR(
+      WriteAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), "keys", layer));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* rec = buffer_.data() + i * ValueSlotBytes();
+    for (int64_t h = 0; h < heads; ++h) Encode(v + h * head_stride + idx[h][i] * d, rec + h * vec);
+  }
+  SNAPFILL_RETURN_IF_ERROR(WriteAll(value_fds_[layer], buffer_.data(), n * ValueSlotBytes(),
+                                    slots_[layer] * ValueSlotBytes(), "values", layer));
+  slots_[layer] += n;
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos) {
+  if (layer < 0 || layer >= info_.num_layers || first < 0 || n < 0 || first + n > slots_[layer]) {
+    return absl::OutOfRangeError(absl::StrCat("recall store: slots [", first, ", ", first + n, ") of layer ",
+                                              layer, ", which holds ", layer >= 0 && layer < info_.num_layers
+                                                                           ? slots_[layer] : 0));
+  }
+  const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
+  const uint64_t vec = VectorBytes();
+  buffer_.resize(n * KeySlotBytes());
+  SNAPFILL_RETURN_IF_ERROR(
+      ReadAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), first * KeySlotBytes(), "keys", layer));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* rec = buffer_.data() + i * KeySlotBytes();
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(pos + h * n + i, rec + h * sizeof(int32_t), sizeof(int32_t));
+      Decode(rec + heads * sizeof(int32_t) + h * vec, k + (h * n + i) * d);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, float* k, float* v, int32_t* pos) {
+  if (layer < 0 || layer >= info_.num_layers || head < 0 || head >= info_.num_kv_heads || slot < 0 ||
+      slot >= slots_[layer]) {
+    return absl::OutOfRangeError(absl::StrCat("recall store: slot ", slot, " of layer ", layer, " head ", head));
+  }
+  const int64_t heads = info_.num_kv_heads;
+  const uint64_t vec = VectorBytes();
+  buffer_.resize(std::max<uint64_t>(vec, sizeof(int32_t)));
+  uint8_t* buf = buffer_.data();
+  SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, sizeof(int32_t), slot * KeySlotBytes() + head * sizeof(int32_t),
+                                   "keys", layer));
+  std::memcpy(pos, buf, sizeof(int32_t));
+  SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, vec,
+                                   slot * KeySlotBytes() + heads * sizeof(int32_t) + head * vec, "keys", layer));
+  Decode(buf, k);
+  SNAPFILL_RETURN_IF_ERROR(ReadAll(value_fds_[layer], buf, vec, slot * ValueSlotBytes() + head * vec, "values", layer));
+  Decode(buf, v);
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::Sync() {
+  for (int64_t l = 0; l < info_.num_layers; ++l) {
+    if (::fdatasync(key_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "keys"));
+    if (::fdatasync(value_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "values"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::Remove() {
+  absl::Status status;
+  for (int64_t l = 0; l < info_.num_layers; ++l) {
+    for (auto [fds, kind] : {std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
+      if ((*fds)[l] >= 0) {
+        ::close((*fds)[l]);
+        (*fds)[l] = -1;
+      }
+      const std::string path = FilePath(l, kind);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT && status.ok()) {
+        status = FileErrnoStatus(errno, "cannot remove", path);
+      }
+    }
+  }
+  const std::string meta = absl::StrCat(dir_, "/", kMetaName);
+  if (::unlink(meta.c_str()) != 0 && errno != ENOENT && status.ok()) {
+    status = FileErrnoStatus(errno, "cannot remove", meta);
+  }
+  if (made_dir_ && ::rmdir(dir_.c_str()) != 0 && status.ok()) {
+    status = FileErrnoStatus(errno, "cannot remove the directory", dir_);
+  }
+  std::fill(slots_.begin(), slots_.end(), 0);
+  return status;
+}
+
+}  // namespace snapfill

@@ -1,0 +1,132 @@
+// The recall tier's store (DESIGN.md §8): every entry the chunk loop evicts,
+// kept on disk so that the question, once it is known, can bring back the
+// entries it attends to most.
+//
+// Layout: a directory with a text header `recall.meta` and, per layer, two
+// append-only files written sequentially:
+//   layer-LL.keys    one record per eviction slot: the original position
+//                    of each KV head's entry (int32 × num_kv_heads), then
+//                    each head's key before RoPE
+//   layer-LL.values  the same slots' values
+// Every step evicts the same count in every KV head of a layer, so the
+// heads advance in lockstep and record i holds each head's i-th eviction.
+// A key or value is stored as
+//   f16  head_dim IEEE halves (round to nearest even; exact back to f32)
+//   q8   an f32 scale = max|x| / 127, then head_dim int8 = round(x / scale):
+//        each element within max|x| / 254 of the original (half a step)
+// Reads use pread in blocks, never a mapping, so the store's pages stay
+// out of the process's resident set (they live in the page cache, which
+// the kernel reclaims as it needs).
+//
+// The store knows whose it is: the model's fingerprint, the input's token
+// digest and the plan's digest are in the header, and Reopen refuses a
+// store of another run. Nothing the user had is touched: Create wants a
+// directory that is absent or empty; Remove deletes only the store's files,
+// and the directory when Create made it.
+#ifndef SNAPFILL_KV_RECALL_STORE_H_
+#define SNAPFILL_KV_RECALL_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace snapfill {
+
+enum class RecallFormat { kF16, kQ8 };
+
+// "f16" | "q8"; InvalidArgument otherwise.
+absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name);
+const char* RecallFormatName(RecallFormat format);
+
+// What a store holds and whose it is.
+struct RecallStoreInfo {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  RecallFormat format = RecallFormat::kF16;
+  std::string model_fingerprint;
+  uint64_t input_digest = 0;
+  int64_t input_tokens = 0;
+  uint64_t plan_digest = 0;
+};
+
+class RecallStore {
+ public:
+  // Bytes one eviction slot of one layer takes on disk (every KV head's
+  // position, key and value).
+  static uint64_t SlotBytes(const RecallStoreInfo& info);
+
+  // A new, empty store in `dir` (created if absent; an existing directory
+  // must be empty). InvalidArgument for a bad shape, FailedPrecondition for
+  // a directory that is not empty (naming a store found there),
+  // PermissionDenied / NotFound / ResourceExhausted from the filesystem,
+  // each naming the path.
+  static absl::StatusOr<std::unique_ptr<RecallStore>> Create(const std::string& dir,
+                                                             const RecallStoreInfo& info);
+  // The store of a run stopped at a checkpoint, cut back to the `slots`
+  // each layer had then ([num_layers]): FailedPrecondition if the header
+  // names another model, input, plan, shape or format, DataLoss if a file
+  // holds fewer slots than the checkpoint recorded.
+  static absl::StatusOr<std::unique_ptr<RecallStore>> Reopen(const std::string& dir,
+                                                             const RecallStoreInfo& info,
+                                                             const std::vector<int64_t>& slots);
+  ~RecallStore();
+  RecallStore(const RecallStore&) = delete;
+  RecallStore& operator=(const RecallStore&) = delete;
+
+  const RecallStoreInfo& info() const { return info_; }
+  const std::string& dir() const { return dir_; }
+  // Eviction slots written to `layer` so far (entries per KV head).
+  int64_t slots(int64_t layer) const { return slots_[layer]; }
+  const std::vector<int64_t>& all_slots() const { return slots_; }
+  // Bytes on disk (header aside).
+  uint64_t bytes() const;
+
+  // Appends n slots to `layer`: for KV head h, its entries idx[h][0..n)
+  // of the candidate buffers k / v (row r of head h at k + h * head_stride
+  // + r * head_dim) with positions pos + h * pos_stride. ResourceExhausted
+  // when the disk is full (or a file-size limit is reached), naming the
+  // store; the store is then unusable.
+  absl::Status Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k, const float* v,
+                      int64_t head_stride, const int32_t* pos, int64_t pos_stride);
+
+  // Slots [first, first + n) of `layer`: keys as f32 into k ([num_kv_heads]
+  // [n][head_dim]) and positions into pos ([num_kv_heads][n]).
+  absl::Status ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos);
+  // KV head `head`'s key, value and position at slot `slot` of `layer`.
+  absl::Status ReadEntry(int64_t layer, int64_t head, int64_t slot, float* k, float* v, int32_t* pos);
+
+  // Makes what was written durable (before a checkpoint records the slots).
+  absl::Status Sync();
+  // Deletes the store's files (and the directory if Create made it).
+  absl::Status Remove();
+
+ private:
+  RecallStore(std::string dir, const RecallStoreInfo& info);
+  absl::Status OpenFiles(bool create);
+  uint64_t VectorBytes() const;  // one key or value as stored
+  uint64_t KeySlotBytes() const;
+  uint64_t ValueSlotBytes() const;
+  absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
+                        int64_t layer);
+  absl::Status ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t offset, const char* what, int64_t layer);
+  void Encode(const float* x, uint8_t* out) const;
+  void Decode(const uint8_t* in, float* x) const;
+  std::string FilePath(int64_t layer, const char* kind) const;
+
+  std::string dir_;
+  RecallStoreInfo info_;
+  bool made_dir_ = false;
+  std::vector<int> key_fds_, value_fds_;  // [num_layers]
+  std::vector<int64_t> slots_;            // [num_layers]
+  std::vector<uint8_t> buffer_;           // one Append's or read's records
+};
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_KV_RECALL_STORE_H_
