@@ -33,6 +33,13 @@ constexpr int64_t kParallelCopyFloats = 1 << 14;
 // chunk (its rows cost as many chunk rows).
 constexpr int64_t kMaxQueryTokens = 4096;
 
+// The recall tier reads the store in blocks of this many slots (every KV
+// head's key of a slot: 1.5 MiB of f32 keys at SmolLM2's 3 KV heads).
+constexpr int64_t kRecallBlock = 2048;
+// It keeps this many of the best-scored entries per KV head for every one
+// it brings back: enough peaks to fill the budget even when spans overlap.
+constexpr int64_t kRecallPeaksPerEntry = 2;
+
 // f(item) for every item in [0, n): on the backend's threads where
 // `parallel` (the CPU backend's are those of its kernels, still spinning
 // from the operation before), else in order on this thread.
@@ -91,6 +98,18 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
                                                      ", outside the vocabulary of ", mc.vocab_size));
     }
   }
+  if (c.recall_budget < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 0"));
+  }
+  if (c.recall_budget > 0 && c.pruner.kind != PrunerKind::kSnapKv) {
+    return absl::InvalidArgumentError(absl::StrCat("recall brings entries back by the question's votes, which "
+                                                   "only the snapkv pruner reads (--pruner=",
+                                                   PrunerKindName(c.pruner.kind), ")"));
+  }
+  if (c.recall_budget > 0 && c.query_tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "recall needs the question: give --question (with --query_aware, the default)");
+  }
   return c;
 }
 
@@ -128,7 +147,9 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     return absl::InvalidArgumentError(
         absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
   }
-  f.memory_bytes = entry_bytes * (f.memory_capacity + c.decode_reserve);
+  // Recalled entries join the memory at the last step, beyond the budget.
+  f.final_entries += c.recall_budget;
+  f.memory_bytes = entry_bytes * (f.memory_capacity + c.recall_budget + c.decode_reserve);
   // The question's rows follow the chunk in the candidates and the batch.
   const int64_t query_rows = QueryRows(c);
   const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
@@ -145,6 +166,21 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
                      : 0;
   f.activation_bytes += score_bytes;
+  if (c.recall_budget > 0) {
+    // A block of stored keys (f32, with positions, rotation positions and
+    // scores), the question's log-denominators, and per KV head the peaks
+    // and the span positions around them.
+    const int64_t peaks = kRecallPeaksPerEntry * c.recall_budget;
+    f.recall_bytes = kRecallBlock * (mc.num_kv_heads * (mc.head_dim + 2) + 1) * sizeof(float) +
+                     mc.num_heads * query_rows * sizeof(float) +
+                     mc.num_kv_heads * peaks * (c.pruner.span + 2) * 2 * sizeof(int64_t);
+    RecallStoreInfo info;
+    info.num_layers = mc.num_layers;
+    info.num_kv_heads = mc.num_kv_heads;
+    info.head_dim = mc.head_dim;
+    info.format = c.recall_format;
+    f.recall_disk_bytes = static_cast<uint64_t>(mc.num_layers) * total_tokens * RecallStore::SlotBytes(info);
+  }
 
   // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
   // layer the memory holds s + min(budget, tokens read so far) entries after
@@ -171,6 +207,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                           score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
   }
+  // The last step's recall: its scratch and the entries it adds.
+  f.resident_peak += f.recall_bytes + c.recall_budget * entry_bytes;
   return f;
 }
 
@@ -194,9 +232,20 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
         capacity, fp.memory_bytes / double(1 << 30), phys / double(1 << 30),
         full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
   }
+  if (e->config_.recall_budget > 0) {
+    const RecallStore* store = e->config_.recall_store;
+    if (store == nullptr) return absl::InvalidArgumentError("recall_budget > 0 without a recall store");
+    const RecallStoreInfo& info = store->info();
+    if (info.num_layers != mc.num_layers || info.num_kv_heads != mc.num_kv_heads || info.head_dim != mc.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("the recall store in ", store->dir(), " is shaped ",
+                                                     info.num_layers, " x ", info.num_kv_heads, " x ",
+                                                     info.head_dim, "; the model is ", mc.num_layers, " x ",
+                                                     mc.num_kv_heads, " x ", mc.head_dim));
+    }
+  }
   SNAPFILL_ASSIGN_OR_RETURN(
       e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                   capacity + e->config_.decode_reserve}));
+                                   capacity + e->config_.recall_budget + e->config_.decode_reserve}));
   e->query_rows_ = QueryRows(e->config_);
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
                                                               e->plan_.max_chunk_tokens + e->query_rows_));
@@ -477,6 +526,201 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   telemetry_.memory[layer] = kept;
   telemetry_.retention[layer] = retained / c.num_kv_heads;
   telemetry_.attention_length = std::max(telemetry_.attention_length, num);
+
+  // 5. The recall tier: what this step evicted goes to the store, and at
+  //    the last step the question brings back what it attends to most.
+  if (RecallStore* store = config_.recall_store; store != nullptr && kept < num) {
+    evict_.resize(c.num_kv_heads);
+    std::vector<const int32_t*> lists(c.num_kv_heads);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::vector<int32_t>& e = evict_[h];
+      e.clear();
+      int64_t t = 0;
+      for (int32_t j = 0; j < num; ++j) {
+        if (t < kept && keep_[h][t] == j) {
+          ++t;
+        } else {
+          e.push_back(j);
+        }
+      }
+      lists[h] = e.data();
+    }
+    SNAPFILL_RETURN_IF_ERROR(store->Append(layer, num - kept, lists.data(), cand_k_raw_.data(), cand_v_.data(),
+                                           head_stride, cand_pos_.data(), cand_capacity_));
+  }
+  if (in.final_step && config_.recall_budget > 0 && qn > 0) {
+    SNAPFILL_RETURN_IF_ERROR(Recall(layer, q, q_stride, with_question));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, const KvView& seen) {
+  Stopwatch watch;
+  const LlamaConfig& c = model_.config();
+  const int64_t d = c.head_dim, heads = c.num_kv_heads, qn = query_rows_;
+  RecallStore& store = *config_.recall_store;
+  const int64_t slots = store.slots(layer);
+  const int64_t want = std::min(config_.recall_budget, slots);
+  const int64_t kept = memory_->size(layer);
+  if (want <= 0) return absl::OkStatus();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool original = config_.keep_original_positions;
+  // The question's softmax denominators over what it saw (memory ∪ chunk ∪
+  // itself): a stored key's score is the weight it would take among them.
+  recall_lse_.resize(c.num_heads * qn);
+  SNAPFILL_RETURN_IF_ERROR(
+      backend_->QueryLogSumExp(q, q_stride, seen, recall_lse_.data(), qn, c.num_heads, heads, d, scale));
+
+  // 1. Score every stored key; keep each head's best `peaks` (a min-heap
+  //    on score, then on higher position: the ranking the pruner uses).
+  struct Peak {
+    float score;
+    int32_t pos;
+    int64_t slot;
+  };
+  auto better = [](const Peak& a, const Peak& b) { return a.score > b.score || (a.score == b.score && a.pos < b.pos); };
+  const int64_t peaks = std::min(slots, kRecallPeaksPerEntry * want);
+  std::vector<std::vector<Peak>> best(heads);
+  recall_k_.resize(heads * kRecallBlock * d);
+  recall_pos_.resize(heads * kRecallBlock);
+  recall_rot_.resize(kRecallBlock);
+  recall_scores_.resize(heads * kRecallBlock);
+  for (int64_t first = 0; first < slots; first += kRecallBlock) {
+    const int64_t nb = std::min(kRecallBlock, slots - first);
+    SNAPFILL_RETURN_IF_ERROR(store.ReadKeys(layer, first, nb, recall_k_.data(), recall_pos_.data()));
+    for (int64_t h = 0; h < heads; ++h) {
+      // Each key at the place it would take among the memory's entries (by
+      // its input position), as the decoder will see it; or at its input
+      // position where the run keeps those.
+      const int32_t* mem_pos = memory_->pos(layer, h);
+      const int32_t* pos = recall_pos_.data() + h * nb;
+      for (int64_t i = 0; i < nb; ++i) {
+        recall_rot_[i] = original ? pos[i] : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, pos[i]) - mem_pos);
+      }
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(recall_k_.data() + h * nb * d, nb, 1, d, d, recall_rot_.data(),
+                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    }
+    KvView keys;
+    keys.k = recall_k_.data();
+    keys.head_stride = nb * d;
+    keys.key_stride = d;
+    keys.num_keys = nb;
+    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(q, q_stride, qn, recall_lse_.data(), keys, recall_scores_.data(),
+                                                    nb, c.num_heads, heads, d, scale));
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<Peak>& b = best[h];
+      for (int64_t i = 0; i < nb; ++i) {
+        const Peak p{recall_scores_[h * nb + i], recall_pos_[h * nb + i], first + i};
+        if (!std::isfinite(p.score)) {
+          return absl::InternalError(absl::StrCat("recall: stored entry ", p.slot, " of layer ", layer,
+                                                  " scores ", p.score));
+        }
+        if (static_cast<int64_t>(b.size()) < peaks) {
+          b.push_back(p);
+          std::push_heap(b.begin(), b.end(), better);
+        } else if (better(p, b.front())) {
+          std::pop_heap(b.begin(), b.end(), better);
+          b.back() = p;
+          std::push_heap(b.begin(), b.end(), better);
+        }
+      }
+    }
+  }
+
+  // 2. Spans (PrunerConfig::query_select): the positions within span/2 of
+  //    every peak, and which slot holds each of them (a pass over the
+  //    positions alone). A position the store does not hold is in the
+  //    memory already, or the question's.
+  const int64_t half = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span / 2 : 0;
+  std::vector<std::vector<int32_t>> around(heads);    // sorted, unique
+  std::vector<std::vector<int64_t>> slot_of(heads);  // parallel to around: the slot, or -1
+  for (int64_t h = 0; h < heads; ++h) {
+    std::sort(best[h].begin(), best[h].end(), better);
+    std::vector<int32_t>& a = around[h];
+    for (const Peak& p : best[h]) {
+      for (int64_t o = -half; o <= half; ++o) a.push_back(static_cast<int32_t>(p.pos + o));
+    }
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    slot_of[h].assign(a.size(), -1);
+  }
+  if (half > 0) {
+    for (int64_t first = 0; first < slots; first += kRecallBlock) {
+      const int64_t nb = std::min(kRecallBlock, slots - first);
+      SNAPFILL_RETURN_IF_ERROR(store.ReadPositions(layer, first, nb, recall_pos_.data()));
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<int32_t>& a = around[h];
+        for (int64_t i = 0; i < nb; ++i) {
+          const auto it = std::lower_bound(a.begin(), a.end(), recall_pos_[h * nb + i]);
+          if (it != a.end() && *it == recall_pos_[h * nb + i]) slot_of[h][it - a.begin()] = first + i;
+        }
+      }
+    }
+  } else {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (const Peak& p : best[h]) {
+        slot_of[h][std::lower_bound(around[h].begin(), around[h].end(), p.pos) - around[h].begin()] = p.slot;
+      }
+    }
+  }
+
+  // 3. Pick: each peak in order, then its stored neighbours nearest first,
+  //    `want` entries per head (peaks >= want, so the quota always fills).
+  std::vector<int64_t> chosen;
+  std::vector<uint8_t> taken;
+  std::vector<float> rk(want * d), rv(want * d);
+  std::vector<int32_t> rp(want);
+  std::vector<int64_t> order(want);
+  for (int64_t h = 0; h < heads; ++h) {
+    const std::vector<int32_t>& a = around[h];
+    taken.assign(a.size(), 0);
+    chosen.clear();
+    auto take = [&](int32_t pos) {
+      const auto it = std::lower_bound(a.begin(), a.end(), pos);
+      if (it == a.end() || *it != pos) return;
+      const int64_t i = it - a.begin();
+      if (taken[i] || slot_of[h][i] < 0) return;
+      taken[i] = 1;
+      chosen.push_back(slot_of[h][i]);
+    };
+    for (const Peak& p : best[h]) {
+      if (static_cast<int64_t>(chosen.size()) >= want) break;
+      take(p.pos);
+      for (int64_t o = 1; o <= half && static_cast<int64_t>(chosen.size()) < want; ++o) {
+        take(static_cast<int32_t>(p.pos - o));
+        if (static_cast<int64_t>(chosen.size()) < want) take(static_cast<int32_t>(p.pos + o));
+      }
+    }
+    if (static_cast<int64_t>(chosen.size()) != want) {
+      return absl::InternalError(absl::StrCat("recall picked ", chosen.size(), " of ", want, " entries in layer ",
+                                              layer, " head ", h));
+    }
+    // 4. Read them and merge them into the memory by input position.
+    for (int64_t i = 0; i < want; ++i) {
+      SNAPFILL_RETURN_IF_ERROR(store.ReadEntry(layer, h, chosen[i], rk.data() + i * d, rv.data() + i * d, &rp[i]));
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return rp[x] < rp[y]; });
+    float* mk = memory_->k(layer, h);
+    float* mv = memory_->v(layer, h);
+    int32_t* mp = memory_->pos(layer, h);
+    int64_t i = kept - 1, j = want - 1;
+    for (int64_t o = kept + want - 1; j >= 0; --o) {
+      if (i >= 0 && mp[i] > rp[order[j]]) {
+        std::memmove(mk + o * d, mk + i * d, d * sizeof(float));
+        std::memmove(mv + o * d, mv + i * d, d * sizeof(float));
+        mp[o] = mp[i--];
+      } else {
+        std::memcpy(mk + o * d, rk.data() + order[j] * d, d * sizeof(float));
+        std::memcpy(mv + o * d, rv.data() + order[j] * d, d * sizeof(float));
+        mp[o] = rp[order[j--]];
+      }
+    }
+  }
+  memory_->set_size(layer, kept + want);
+  telemetry_.memory[layer] = kept + want;
+  telemetry_.recalled = std::max(telemetry_.recalled, want);
+  telemetry_.recall_seconds += watch.Seconds();
   return absl::OkStatus();
 }
 

@@ -27,6 +27,7 @@
 #include "src/base/paged_array.h"
 #include "src/compress/pruner.h"
 #include "src/kv/kv_cache.h"
+#include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
 
 namespace snapfill {
@@ -56,6 +57,16 @@ struct PrefillConfig {
   // votes, never kept. Empty: SnapKV's own window alone votes. Used by the
   // SnapKV pruner only (the others do not read votes).
   std::vector<int32_t> query_tokens;
+  // The recall tier (DESIGN.md §8). With a store, every entry a step
+  // evicts is appended to it; at the input's last step the question's
+  // queries score every stored key in each layer and bring back the
+  // `recall_budget` entries per layer and KV head they attend to most
+  // (spans around the strongest, as PrunerConfig::query_select and span
+  // say), merged into the memory by position. Needs query_tokens and the
+  // SnapKV pruner. Not owned; null: off.
+  RecallStore* recall_store = nullptr;
+  int64_t recall_budget = 0;
+  RecallFormat recall_format = RecallFormat::kF16;  // for Footprint's disk figure
 };
 
 // What happened at one step (one chunk), for progress and --telemetry.
@@ -65,6 +76,8 @@ struct StepTelemetry {
   int64_t chunk_tokens = 0;
   int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
   int64_t query_rows = 0;              // the question's rows run after the chunk (query_tokens)
+  int64_t recalled = 0;                // entries per layer and KV head brought back (the last step)
+  double recall_seconds = 0;           // scoring the store and bringing entries back
   std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression
   std::vector<double> retention;       // [num_layers] |M_{i-1} ∩ M_i| / |M_i|, mean over heads
   // [num_layers][step + 1]: memory entries (summed over KV heads) that came
@@ -97,8 +110,11 @@ struct PrefillFootprint {
   uint64_t memory_bytes = 0;       // the compressed memory
   uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
   uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
+  uint64_t recall_bytes = 0;       // the recall tier's blocks of stored keys and its picks
+  // At most this many bytes of evicted entries in the recall store.
+  uint64_t recall_disk_bytes = 0;
   // What is allocated (address space).
-  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes; }
+  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes + recall_bytes; }
   // What is resident at the worst step: buffers are paged and written only
   // as far as each step uses them, and the activations past the current
   // chunk are given back, so step i holds the memory entries written so far,
@@ -180,6 +196,10 @@ class PrefillEngine {
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                  int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
+  // The recall tier at the last step, for `layer` (whose memory holds the
+  // step's kept entries): scores the store with the question's queries q
+  // (rotated), which saw `seen`, and merges the best into the memory.
+  absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, const KvView& seen);
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);
 
@@ -210,6 +230,12 @@ class PrefillEngine {
   PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
+  // Recall: each head's evicted candidates of a step; blocks of stored
+  // keys ([num_kv_heads][block][head_dim]), their positions, rotation
+  // positions and scores; the question's log-denominators.
+  std::vector<std::vector<int32_t>> evict_;
+  std::vector<float> recall_k_, recall_scores_, recall_lse_;
+  std::vector<int32_t> recall_pos_, recall_rot_;
   // Question-guided: the question's rows per batch (0 without one), and the
   // batch of a step: the question's tokens, then the chunk's. The question
   // goes first so that the rows whose final hidden states the forward

@@ -93,12 +93,14 @@ absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name) {
 const char* RecallFormatName(RecallFormat format) { return format == RecallFormat::kF16 ? "f16" : "q8"; }
 
 RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(std::move(dir)), info_(info) {
+  pos_fds_.assign(info.num_layers, -1);
   key_fds_.assign(info.num_layers, -1);
   value_fds_.assign(info.num_layers, -1);
   slots_.assign(info.num_layers, 0);
 }
 
 RecallStore::~RecallStore() {
+  for (int fd : pos_fds_) if (fd >= 0) ::close(fd);
   for (int fd : key_fds_) if (fd >= 0) ::close(fd);
   for (int fd : value_fds_) if (fd >= 0) ::close(fd);
 }
@@ -106,18 +108,19 @@ RecallStore::~RecallStore() {
 uint64_t RecallStore::VectorBytes() const {
   return info_.format == RecallFormat::kF16 ? 2 * info_.head_dim : sizeof(float) + info_.head_dim;
 }
-uint64_t RecallStore::KeySlotBytes() const { return info_.num_kv_heads * (sizeof(int32_t) + VectorBytes()); }
+uint64_t RecallStore::KeySlotBytes() const { return info_.num_kv_heads * VectorBytes(); }
+uint64_t RecallStore::PosSlotBytes() const { return info_.num_kv_heads * sizeof(int32_t); }
 uint64_t RecallStore::ValueSlotBytes() const { return info_.num_kv_heads * VectorBytes(); }
 
 uint64_t RecallStore::SlotBytes(const RecallStoreInfo& info) {
   RecallStore s("", info);
-  return s.KeySlotBytes() + s.ValueSlotBytes();
+  return s.PosSlotBytes() + s.KeySlotBytes() + s.ValueSlotBytes();
 }
 
 uint64_t RecallStore::bytes() const {
   uint64_t slots = 0;
   for (int64_t n : slots_) slots += n;
-  return slots * (KeySlotBytes() + ValueSlotBytes());
+  return slots * (PosSlotBytes() + KeySlotBytes() + ValueSlotBytes());
 }
 
 std::string RecallStore::FilePath(int64_t layer, const char* kind) const {
@@ -127,7 +130,7 @@ std::string RecallStore::FilePath(int64_t layer, const char* kind) const {
 absl::Status RecallStore::OpenFiles(bool create) {
   const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
   for (int64_t l = 0; l < info_.num_layers; ++l) {
-    for (auto [fds, kind] : {std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
+    for (auto [fds, kind] : {std::pair{&pos_fds_, "pos"}, std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
       const std::string path = FilePath(l, kind);
       const int fd = ::open(path.c_str(), flags, 0600);
       if (fd < 0) {
@@ -210,7 +213,8 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
   s->made_dir_ = meta["made_dir"] == "1";
   SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
   for (int64_t l = 0; l < info.num_layers; ++l) {
-    for (auto [fd, bytes, kind] : {std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
+    for (auto [fd, bytes, kind] : {std::tuple{s->pos_fds_[l], s->PosSlotBytes(), "pos"},
+                                   std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
                                    std::tuple{s->value_fds_[l], s->ValueSlotBytes(), "values"}}) {
       struct stat st {};
       if (::fstat(fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", s->FilePath(l, kind));
@@ -291,15 +295,18 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   if (n == 0) return absl::OkStatus();
   const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
   const uint64_t vec = VectorBytes();
-  // Keys: per slot the heads' positions, then their keys.
-  buffer_.resize(n * std::max(KeySlotBytes(), ValueSlotBytes()));
+  buffer_.resize(n * std::max(PosSlotBytes(), std::max(KeySlotBytes(), ValueSlotBytes())));
   for (int64_t i = 0; i < n; ++i) {
-    uint8_t* rec = buffer_.data() + i * KeySlotBytes();
     for (int64_t h = 0; h < heads; ++h) {
       const int32_t p = pos[h * pos_stride + idx[h][i]];
-      std::memcpy(rec + h * sizeof(int32_t), &p, sizeof(int32_t));
-      Encode(k + h * head_stride + idx[h][i] * d, rec + heads * sizeof(int32_t) + h * vec);
+      std::memcpy(buffer_.data() + (i * heads + h) * sizeof(int32_t), &p, sizeof(int32_t));
     }
+  }
+  SNAPFILL_RETURN_IF_ERROR(
+      WriteAll(pos_fds_[layer], buffer_.data(), n * PosSlotBytes(), slots_[layer] * PosSlotBytes(), "pos", layer));
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* rec = buffer_.data() + i * KeySlotBytes();
+    for (int64_t h = 0; h < heads; ++h) Encode(k + h * head_stride + idx[h][i] * d, rec + h * vec);
   }
   SNAPFILL_RETURN_IF_ERROR(
       WriteAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), "keys", layer));
@@ -313,12 +320,31 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   return absl::OkStatus();
 }
 
-absl::Status RecallStore::ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos) {
+absl::Status RecallStore::CheckRange(int64_t layer, int64_t first, int64_t n) const {
   if (layer < 0 || layer >= info_.num_layers || first < 0 || n < 0 || first + n > slots_[layer]) {
     return absl::OutOfRangeError(absl::StrCat("recall store: slots [", first, ", ", first + n, ") of layer ",
-                                              layer, ", which holds ", layer >= 0 && layer < info_.num_layers
-                                                                           ? slots_[layer] : 0));
+                                              layer, ", which holds ",
+                                              layer >= 0 && layer < info_.num_layers ? slots_[layer] : 0));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::ReadPositions(int64_t layer, int64_t first, int64_t n, int32_t* pos) {
+  SNAPFILL_RETURN_IF_ERROR(CheckRange(layer, first, n));
+  const int64_t heads = info_.num_kv_heads;
+  buffer_.resize(n * PosSlotBytes());
+  SNAPFILL_RETURN_IF_ERROR(
+      ReadAll(pos_fds_[layer], buffer_.data(), n * PosSlotBytes(), first * PosSlotBytes(), "pos", layer));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(pos + h * n + i, buffer_.data() + (i * heads + h) * sizeof(int32_t), sizeof(int32_t));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos) {
+  SNAPFILL_RETURN_IF_ERROR(ReadPositions(layer, first, n, pos));
   const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
   const uint64_t vec = VectorBytes();
   buffer_.resize(n * KeySlotBytes());
@@ -326,10 +352,7 @@ absl::Status RecallStore::ReadKeys(int64_t layer, int64_t first, int64_t n, floa
       ReadAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), first * KeySlotBytes(), "keys", layer));
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* rec = buffer_.data() + i * KeySlotBytes();
-    for (int64_t h = 0; h < heads; ++h) {
-      std::memcpy(pos + h * n + i, rec + h * sizeof(int32_t), sizeof(int32_t));
-      Decode(rec + heads * sizeof(int32_t) + h * vec, k + (h * n + i) * d);
-    }
+    for (int64_t h = 0; h < heads; ++h) Decode(rec + h * vec, k + (h * n + i) * d);
   }
   return absl::OkStatus();
 }
@@ -343,11 +366,10 @@ absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, f
   const uint64_t vec = VectorBytes();
   buffer_.resize(std::max<uint64_t>(vec, sizeof(int32_t)));
   uint8_t* buf = buffer_.data();
-  SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, sizeof(int32_t), slot * KeySlotBytes() + head * sizeof(int32_t),
-                                   "keys", layer));
+  SNAPFILL_RETURN_IF_ERROR(
+      ReadAll(pos_fds_[layer], buf, sizeof(int32_t), slot * PosSlotBytes() + head * sizeof(int32_t), "pos", layer));
   std::memcpy(pos, buf, sizeof(int32_t));
-  SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, vec,
-                                   slot * KeySlotBytes() + heads * sizeof(int32_t) + head * vec, "keys", layer));
+  SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, vec, slot * KeySlotBytes() + head * vec, "keys", layer));
   Decode(buf, k);
   SNAPFILL_RETURN_IF_ERROR(ReadAll(value_fds_[layer], buf, vec, slot * ValueSlotBytes() + head * vec, "values", layer));
   Decode(buf, v);
@@ -356,6 +378,7 @@ absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, f
 
 absl::Status RecallStore::Sync() {
   for (int64_t l = 0; l < info_.num_layers; ++l) {
+    if (::fdatasync(pos_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "pos"));
     if (::fdatasync(key_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "keys"));
     if (::fdatasync(value_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "values"));
   }
@@ -365,7 +388,7 @@ absl::Status RecallStore::Sync() {
 absl::Status RecallStore::Remove() {
   absl::Status status;
   for (int64_t l = 0; l < info_.num_layers; ++l) {
-    for (auto [fds, kind] : {std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
+    for (auto [fds, kind] : {std::pair{&pos_fds_, "pos"}, std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
       if ((*fds)[l] >= 0) {
         ::close((*fds)[l]);
         (*fds)[l] = -1;

@@ -2,12 +2,13 @@
 // kept on disk so that the question, once it is known, can bring back the
 // entries it attends to most.
 //
-// Layout: a directory with a text header `recall.meta` and, per layer, two
-// append-only files written sequentially:
-//   layer-LL.keys    one record per eviction slot: the original position
-//                    of each KV head's entry (int32 × num_kv_heads), then
-//                    each head's key before RoPE
-//   layer-LL.values  the same slots' values
+// Layout: a directory with a text header `recall.meta` and, per layer,
+// three append-only files written sequentially, one record per eviction
+// slot in each:
+//   layer-LL.pos     each KV head's entry's original position (int32)
+//   layer-LL.keys    each KV head's key before RoPE
+//   layer-LL.values  each KV head's value
+// (positions apart, so that a pass over them reads 4 bytes per entry).
 // Every step evicts the same count in every KV head of a layer, so the
 // heads advance in lockstep and record i holds each head's i-th eviction.
 // A key or value is stored as
@@ -98,6 +99,8 @@ class RecallStore {
   // Slots [first, first + n) of `layer`: keys as f32 into k ([num_kv_heads]
   // [n][head_dim]) and positions into pos ([num_kv_heads][n]).
   absl::Status ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos);
+  // Slots [first, first + n) of `layer`: positions only.
+  absl::Status ReadPositions(int64_t layer, int64_t first, int64_t n, int32_t* pos);
   // KV head `head`'s key, value and position at slot `slot` of `layer`.
   absl::Status ReadEntry(int64_t layer, int64_t head, int64_t slot, float* k, float* v, int32_t* pos);
 
@@ -110,7 +113,9 @@ class RecallStore {
   RecallStore(std::string dir, const RecallStoreInfo& info);
   absl::Status OpenFiles(bool create);
   uint64_t VectorBytes() const;  // one key or value as stored
+  uint64_t PosSlotBytes() const;
   uint64_t KeySlotBytes() const;
+  absl::Status CheckRange(int64_t layer, int64_t first, int64_t n) const;
   uint64_t ValueSlotBytes() const;
   absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
                         int64_t layer);
@@ -122,7 +127,7 @@ class RecallStore {
   std::string dir_;
   RecallStoreInfo info_;
   bool made_dir_ = false;
-  std::vector<int> key_fds_, value_fds_;  // [num_layers]
+  std::vector<int> pos_fds_, key_fds_, value_fds_;  // [num_layers]
   std::vector<int64_t> slots_;            // [num_layers]
   std::vector<uint8_t> buffer_;           // one Append's or read's records
 };

@@ -1,0 +1,262 @@
+// The recall tier on a tiny random Llama: every evicted entry reaches the
+// store and nothing else changes; at the last step the question brings
+// back `recall_budget` stored entries per layer and KV head, merged by
+// position with the values they had; a run stopped and resumed with its
+// store cut back to the checkpoint ends with the same memory bit for bit.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "snapfill/status.h"
+#include "src/base/half.h"
+#include "src/engine/prefill_engine.h"
+#include "src/kv/recall_store.h"
+#include "src/model/tiny_llama.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
+
+namespace snapfill {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RecallTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TinyLlamaOptions opts;
+    opts.num_layers = 3;
+    opts.context_length = 4096;
+    model_ = testing::LoadTinyModel(opts);
+    auto backend = CreateBackend(Device::kCpu, {});
+    SNAPFILL_ASSERT_OK(backend);
+    backend_ = std::move(*backend);
+    ids_ = testing::TestTokens(kTokens, model_->config().vocab_size);
+    std::string tmpl = ::testing::TempDir() + "/recall_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf '" + root_ + "'").c_str()); }
+
+  PrefillConfig Config() const {
+    PrefillConfig config;
+    config.schedule.kind = ScheduleKind::kFixed;
+    config.schedule.chunk = 128;
+    config.schedule.memory = 96;
+    config.schedule.window = 16;
+    // The question: the input's first tokens again, which its queries find.
+    config.query_tokens.assign(ids_.begin(), ids_.begin() + 24);
+    return config;
+  }
+  RecallStoreInfo Info() const {
+    const LlamaConfig& mc = model_->config();
+    RecallStoreInfo info;
+    info.num_layers = mc.num_layers;
+    info.num_kv_heads = mc.num_kv_heads;
+    info.head_dim = mc.head_dim;
+    info.input_tokens = kTokens;
+    return info;
+  }
+  std::unique_ptr<RecallStore> NewStore(const std::string& name) {
+    auto store = RecallStore::Create(root_ + "/" + name, Info());
+    SNAPFILL_CHECK(store.ok()) << store.status();
+    return std::move(*store);
+  }
+  std::unique_ptr<PrefillEngine> Run(const PrefillConfig& config) {
+    auto engine = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+    SNAPFILL_CHECK(engine.ok()) << engine.status();
+    const absl::Status s = (*engine)->Run(ids_, nullptr);
+    SNAPFILL_CHECK(s.ok()) << s;
+    return std::move(*engine);
+  }
+  static std::vector<int32_t> Positions(const KvCache& m, int64_t l, int64_t h) {
+    return std::vector<int32_t>(m.pos(l, h), m.pos(l, h) + m.size(l));
+  }
+
+  static constexpr int64_t kTokens = 1100;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<int32_t> ids_;
+  std::string root_;
+};
+
+void ExpectSameMemory(const KvCache& a, const KvCache& b) {
+  const KvCacheShape& s = a.shape();
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    ASSERT_EQ(a.size(l), b.size(l)) << "layer " << l;
+    for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+      const int64_t n = a.size(l);
+      ASSERT_TRUE(std::equal(a.pos(l, h), a.pos(l, h) + n, b.pos(l, h))) << "layer " << l << " head " << h;
+      ASSERT_EQ(std::memcmp(a.k(l, h), b.k(l, h), n * s.head_dim * sizeof(float)), 0) << "layer " << l;
+      ASSERT_EQ(std::memcmp(a.v(l, h), b.v(l, h), n * s.head_dim * sizeof(float)), 0) << "layer " << l;
+    }
+  }
+}
+
+// Storing changes nothing; every position of the input is either in the
+// final memory or in the store, once.
+TEST_F(RecallTest, AStoreAloneChangesNothingAndHoldsEveryEvictedEntry) {
+  const auto plain = Run(Config());
+  auto store = NewStore("s");
+  PrefillConfig config = Config();
+  config.recall_store = store.get();
+  const auto stored = Run(config);
+  ExpectSameMemory(plain->memory(), stored->memory());
+  const LlamaConfig& mc = model_->config();
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    const int64_t slots = store->slots(l);
+    EXPECT_EQ(slots + stored->memory().size(l), kTokens) << "layer " << l;
+    std::vector<int32_t> pos(mc.num_kv_heads * slots);
+    SNAPFILL_ASSERT_OK(store->ReadPositions(l, 0, slots, pos.data()));
+    for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+      std::vector<int32_t> all = Positions(stored->memory(), l, h);
+      all.insert(all.end(), pos.begin() + h * slots, pos.begin() + (h + 1) * slots);
+      std::sort(all.begin(), all.end());
+      ASSERT_EQ(static_cast<int64_t>(all.size()), kTokens);
+      for (int64_t t = 0; t < kTokens; ++t) ASSERT_EQ(all[t], t) << "layer " << l << " head " << h;
+    }
+  }
+}
+
+// The recalled entries join the memory in position order, `budget` per
+// layer and KV head, each from the store; in layer 0 (whose keys and
+// values depend on the token alone) they hold what a run that keeps every
+// entry holds there, to f16 rounding.
+TEST_F(RecallTest, TheQuestionBringsBackStoredEntriesByPosition) {
+  const LlamaConfig& mc = model_->config();
+  const auto plain = Run(Config());
+  PrefillConfig full_config = Config();
+  full_config.pruner.kind = PrunerKind::kFull;
+  full_config.query_tokens.clear();
+  const auto full = Run(full_config);
+  for (Selection select : {Selection::kToken, Selection::kSpan}) {
+    SCOPED_TRACE(SelectionName(select));
+    auto store = NewStore(SelectionName(select));
+    PrefillConfig config = Config();
+    config.pruner.query_select = select;
+    config.pruner.span = 8;
+    config.recall_store = store.get();
+    config.recall_budget = 40;
+    auto guided_plain_config = Config();
+    guided_plain_config.pruner.query_select = select;
+    guided_plain_config.pruner.span = 8;
+    const auto without = Run(guided_plain_config);
+    const auto with = Run(config);
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      ASSERT_EQ(with->memory().size(l), without->memory().size(l) + 40) << "layer " << l;
+      for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+        const std::vector<int32_t> pos = Positions(with->memory(), l, h);
+        const std::vector<int32_t> base = Positions(without->memory(), l, h);
+        for (size_t j = 1; j < pos.size(); ++j) ASSERT_LT(pos[j - 1], pos[j]) << "layer " << l << " head " << h;
+        // Everything the run kept is still there, and 40 more.
+        std::vector<int32_t> recalled;
+        std::set_difference(pos.begin(), pos.end(), base.begin(), base.end(), std::back_inserter(recalled));
+        ASSERT_EQ(recalled.size(), 40u) << "layer " << l << " head " << h;
+        ASSERT_TRUE(std::includes(pos.begin(), pos.end(), base.begin(), base.end()));
+        if (l != 0) continue;
+        const int64_t d = mc.head_dim;
+        for (int32_t p : recalled) {
+          const int64_t j = std::lower_bound(pos.begin(), pos.end(), p) - pos.begin();
+          ASSERT_EQ(full->memory().pos(0, h)[p], p);
+          const float* k = with->memory().k(0, h) + j * d;
+          const float* v = with->memory().v(0, h) + j * d;
+          const float* fk = full->memory().k(0, h) + p * d;
+          const float* fv = full->memory().v(0, h) + p * d;
+          for (int64_t t = 0; t < d; ++t) {
+            ASSERT_NEAR(k[t], fk[t], 2e-3 * std::abs(fk[t]) + 1e-4) << "position " << p;
+            ASSERT_NEAR(v[t], fv[t], 2e-3 * std::abs(fv[t]) + 1e-4) << "position " << p;
+            ASSERT_EQ(k[t], Fp16ToFp32(Fp32ToFp16(k[t]))) << "an f16 value from the store";
+          }
+        }
+      }
+    }
+    // (The plain run's memory differs from `without` only by the question.)
+    EXPECT_EQ(plain->memory().size(0), without->memory().size(0));
+  }
+}
+
+// Stopped after step 4 with a checkpoint taken after step 2: the store is
+// cut back to step 2's slots and the resumed run ends as one never stopped.
+TEST_F(RecallTest, AResumedRunEndsWithTheSameMemory) {
+  auto whole_store = NewStore("whole");
+  PrefillConfig config = Config();
+  config.recall_store = whole_store.get();
+  config.recall_budget = 16;
+  const auto whole = Run(config);
+
+  auto store = NewStore("stopped");
+  config.recall_store = store.get();
+  auto first = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+  SNAPFILL_ASSERT_OK(first);
+  std::unique_ptr<KvCache> saved;
+  std::vector<double> retention;
+  std::vector<int64_t> slots;
+  const absl::Status stopped = (*first)->Run(ids_, [&](const StepTelemetry& t) {
+    if (t.step == 2) {
+      saved = (*first)->memory().Clone();
+      retention = (*first)->retention();
+      slots = store->all_slots();
+    }
+    return t.step < 4;
+  });
+  ASSERT_TRUE(absl::IsCancelled(stopped)) << stopped;
+  ASSERT_GT(store->slots(0), slots[0]) << "steps after the checkpoint wrote more";
+  store.reset();
+
+  auto reopened = RecallStore::Reopen(root_ + "/stopped", Info(), slots);
+  SNAPFILL_ASSERT_OK(reopened);
+  config.recall_store = reopened->get();
+  auto second = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+  SNAPFILL_ASSERT_OK(second);
+  SNAPFILL_ASSERT_OK((*second)->Restore(3, retention, *saved));
+  SNAPFILL_ASSERT_OK((*second)->Run(ids_, nullptr));
+  ExpectSameMemory(whole->memory(), (*second)->memory());
+  EXPECT_EQ((*reopened)->all_slots(), whole_store->all_slots());
+}
+
+TEST_F(RecallTest, IsCountedAndChecked) {
+  const LlamaConfig& mc = model_->config();
+  PrefillConfig config = Config();
+  auto plain = PrefillEngine::Footprint(mc, config, kTokens);
+  SNAPFILL_ASSERT_OK(plain);
+  config.recall_budget = 40;
+  auto recall = PrefillEngine::Footprint(mc, config, kTokens);
+  SNAPFILL_ASSERT_OK(recall);
+  EXPECT_EQ(recall->final_entries, plain->final_entries + 40);
+  EXPECT_GT(recall->memory_bytes, plain->memory_bytes);
+  EXPECT_GT(recall->recall_bytes, 0u);
+  EXPECT_EQ(recall->recall_disk_bytes, mc.num_layers * kTokens * RecallStore::SlotBytes(Info()));
+  EXPECT_GT(recall->resident_peak, plain->resident_peak);
+
+  // Without a store, a question or SnapKV: refused before anything runs.
+  auto no_store = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+  EXPECT_TRUE(absl::IsInvalidArgument(no_store.status())) << no_store.status();
+  PrefillConfig no_question = config;
+  no_question.query_tokens.clear();
+  auto q = PrefillEngine::Footprint(mc, no_question, kTokens);
+  ASSERT_FALSE(q.ok());
+  EXPECT_THAT(q.status().message(), HasSubstr("needs the question"));
+  PrefillConfig streaming = config;
+  streaming.pruner.kind = PrunerKind::kStreaming;
+  EXPECT_TRUE(absl::IsInvalidArgument(PrefillEngine::Footprint(mc, streaming, kTokens).status()));
+  // A store shaped for another model.
+  RecallStoreInfo other = Info();
+  other.head_dim *= 2;
+  auto wrong = RecallStore::Create(root_ + "/wrong", other);
+  SNAPFILL_ASSERT_OK(wrong);
+  config.recall_store = wrong->get();
+  auto shaped = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+  ASSERT_FALSE(shaped.ok());
+  EXPECT_THAT(shaped.status().message(), HasSubstr("is shaped"));
+}
+
+}  // namespace
+}  // namespace snapfill
