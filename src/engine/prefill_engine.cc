@@ -232,17 +232,6 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
         capacity, fp.memory_bytes / double(1 << 30), phys / double(1 << 30),
         full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
   }
-  if (e->config_.recall_budget > 0) {
-    const RecallStore* store = e->config_.recall_store;
-    if (store == nullptr) return absl::InvalidArgumentError("recall_budget > 0 without a recall store");
-    const RecallStoreInfo& info = store->info();
-    if (info.num_layers != mc.num_layers || info.num_kv_heads != mc.num_kv_heads || info.head_dim != mc.head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("the recall store in ", store->dir(), " is shaped ",
-                                                     info.num_layers, " x ", info.num_kv_heads, " x ",
-                                                     info.head_dim, "; the model is ", mc.num_layers, " x ",
-                                                     mc.num_kv_heads, " x ", mc.head_dim));
-    }
-  }
   SNAPFILL_ASSIGN_OR_RETURN(
       e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                    capacity + e->config_.recall_budget + e->config_.decode_reserve}));
@@ -271,6 +260,21 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   return e;
 }
 
+absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
+  const LlamaConfig& mc = model_.config();
+  if (store != nullptr) {
+    const RecallStoreInfo& info = store->info();
+    if (info.num_layers != mc.num_layers || info.num_kv_heads != mc.num_kv_heads || info.head_dim != mc.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("the recall store in ", store->dir(), " is shaped ",
+                                                     info.num_layers, " x ", info.num_kv_heads, " x ",
+                                                     info.head_dim, "; the model is ", mc.num_layers, " x ",
+                                                     mc.num_kv_heads, " x ", mc.head_dim));
+    }
+  }
+  recall_store_ = store;
+  return absl::OkStatus();
+}
+
 uint64_t PrefillEngine::scratch_bytes() const {
   return forward_->scratch_bytes() +
          (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size()) *
@@ -293,6 +297,9 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
   }
   const LlamaConfig& mc = model_.config();
   const bool full = config_.pruner.kind == PrunerKind::kFull;
+  if (config_.recall_budget > 0 && recall_store_ == nullptr) {
+    return absl::FailedPreconditionError("recall_budget > 0 but no recall store is attached");
+  }
   // A finished run starts over; a restored one goes on.
   if (steps_done_ >= static_cast<int64_t>(plan_.steps.size())) steps_done_ = 0;
   if (steps_done_ == 0) {
@@ -529,7 +536,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
 
   // 5. The recall tier: what this step evicted goes to the store, and at
   //    the last step the question brings back what it attends to most.
-  if (RecallStore* store = config_.recall_store; store != nullptr && kept < num) {
+  if (RecallStore* store = recall_store_; store != nullptr && kept < num) {
     evict_.resize(c.num_kv_heads);
     std::vector<const int32_t*> lists(c.num_kv_heads);
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
@@ -558,7 +565,7 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
   Stopwatch watch;
   const LlamaConfig& c = model_.config();
   const int64_t d = c.head_dim, heads = c.num_kv_heads, qn = query_rows_;
-  RecallStore& store = *config_.recall_store;
+  RecallStore& store = *recall_store_;
   const int64_t slots = store.slots(layer);
   const int64_t want = std::min(config_.recall_budget, slots);
   const int64_t kept = memory_->size(layer);
@@ -778,11 +785,11 @@ absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
   return absl::OkStatus();
 }
 
-uint64_t PrefillEngine::plan_digest() const {
+uint64_t PrefillEngine::PlanDigest(const SchedulePlan& plan) {
   XXH3_state_t* state = XXH3_createState();
   SNAPFILL_CHECK(state != nullptr);
   XXH3_64bits_reset(state);
-  for (const ScheduleStep& s : plan_.steps) {
+  for (const ScheduleStep& s : plan.steps) {
     const int64_t head[2] = {s.start_token, s.chunk_tokens};
     XXH3_64bits_update(state, head, sizeof(head));
     XXH3_64bits_update(state, s.budget.data(), s.budget.size() * sizeof(int64_t));

@@ -57,14 +57,12 @@ struct PrefillConfig {
   // votes, never kept. Empty: SnapKV's own window alone votes. Used by the
   // SnapKV pruner only (the others do not read votes).
   std::vector<int32_t> query_tokens;
-  // The recall tier (DESIGN.md §8). With a store, every entry a step
-  // evicts is appended to it; at the input's last step the question's
-  // queries score every stored key in each layer and bring back the
-  // `recall_budget` entries per layer and KV head they attend to most
-  // (spans around the strongest, as PrunerConfig::query_select and span
-  // say), merged into the memory by position. Needs query_tokens and the
-  // SnapKV pruner. Not owned; null: off.
-  RecallStore* recall_store = nullptr;
+  // The recall tier (DESIGN.md §8): at the input's last step the
+  // question's queries score every entry of the recall store (the engine's
+  // AttachRecallStore) in each layer and bring back the `recall_budget`
+  // entries per layer and KV head they attend to most (spans around the
+  // strongest, as PrunerConfig::query_select and span say), merged into the
+  // memory by position. Needs query_tokens and the SnapKV pruner; 0: off.
   int64_t recall_budget = 0;
   RecallFormat recall_format = RecallFormat::kF16;  // for Footprint's disk figure
 };
@@ -144,6 +142,13 @@ class PrefillEngine {
   const SchedulePlan& plan() const { return plan_; }
   const PrefillConfig& config() const { return config_; }
 
+  // The recall store (not owned) that every entry a step evicts from now on
+  // is appended to, and that config().recall_budget > 0 recalls from (Run
+  // refuses to start without one then). A run resumed with Restore() takes
+  // the store cut back to the checkpoint (RecallStore::Reopen).
+  // InvalidArgument if it is shaped for another model.
+  absl::Status AttachRecallStore(RecallStore* store);
+
   // Streams `tokens` (exactly total_tokens) through the model, from step
   // steps_done() on (0 unless Restore() was called). `on_step` (optional)
   // sees each step's telemetry after that step's memory is complete;
@@ -161,7 +166,8 @@ class PrefillEngine {
   const std::vector<double>& retention() const { return retention_; }
   // Digest of the plan (every step's start, chunk and budgets): a checkpoint
   // resumes only into the same plan.
-  uint64_t plan_digest() const;
+  uint64_t plan_digest() const { return PlanDigest(plan_); }
+  static uint64_t PlanDigest(const SchedulePlan& plan);
   // Puts the engine in the state of a run stopped after `steps_done` steps.
   // InvalidArgument (naming the field) if the memory's shape differs from
   // this engine's, a layer holds more than its capacity, steps_done is not
@@ -233,6 +239,7 @@ class PrefillEngine {
   // Recall: each head's evicted candidates of a step; blocks of stored
   // keys ([num_kv_heads][block][head_dim]), their positions, rotation
   // positions and scores; the question's log-denominators.
+  RecallStore* recall_store_ = nullptr;
   std::vector<std::vector<int32_t>> evict_;
   std::vector<float> recall_k_, recall_scores_, recall_lse_;
   std::vector<int32_t> recall_pos_, recall_rot_;

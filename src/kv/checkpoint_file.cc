@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "snapfill/status.h"
@@ -34,6 +35,7 @@ std::string TextBlock(const CheckpointState& s) {
     absl::StrAppendFormat(&text, "%s%a", i ? "," : "", s.retention[i]);
   }
   text += "\n";
+  if (!s.recall_slots.empty()) absl::StrAppend(&text, "recall_slots=", absl::StrJoin(s.recall_slots, ","), "\n");
   return text;
 }
 
@@ -67,6 +69,7 @@ absl::Status SaveCheckpointFile(const std::string& path, const CheckpointState& 
     return absl::InvalidArgumentError(absl::StrCat(what, ": the configuration has a line break"));
   }
   if (static_cast<int64_t>(state.retention.size()) != memory.shape().num_layers ||
+      (!state.recall_slots.empty() && static_cast<int64_t>(state.recall_slots.size()) != memory.shape().num_layers) ||
       state.steps_done < 1 || state.steps_done >= state.total_steps || state.threads < 1 ||
       state.next_token < 0 || state.next_token > state.input_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -111,7 +114,8 @@ absl::StatusOr<PrefillCheckpoint> ParseCheckpointFile(std::string_view bytes,
                           "total_steps", "retention"}) {
     if (!fields.count(key)) return damaged(absl::StrCat("state key \"", key, "\" is missing"));
   }
-  if (fields.size() != 7) return damaged("its state block has unknown keys");
+  // recall_slots: only a run with a recall store writes it.
+  if (fields.size() != 7 + fields.count("recall_slots")) return damaged("its state block has unknown keys");
   s.config = fields["config"];
   int64_t v = 0;
   if (!ParseInt(fields["input_digest"], 16, 0, 0, &v)) return damaged("bad input_digest");
@@ -141,6 +145,16 @@ absl::StatusOr<PrefillCheckpoint> ParseCheckpointFile(std::string_view bytes,
       return damaged(absl::StrCat("retention value \"", r.substr(0, 40), "\" is not in [0, 1]"));
     }
     s.retention.push_back(x);
+  }
+  if (fields.count("recall_slots")) {
+    const std::vector<std::string> slots = absl::StrSplit(fields["recall_slots"], ',');
+    if (static_cast<int64_t>(slots.size()) != layers) {
+      return damaged(absl::StrCat(slots.size(), " recall_slots values for ", layers, " layers"));
+    }
+    for (const std::string& x : slots) {
+      if (!ParseInt(x, 10, 0, int64_t{1} << 40, &v)) return damaged(absl::StrCat("bad recall_slots \"", x.substr(0, 40), "\""));
+      s.recall_slots.push_back(v);
+    }
   }
   s.model_fingerprint = std::move(c.header.model_fingerprint);
   s.input_tokens = c.header.input_tokens;

@@ -13,6 +13,8 @@
 //                    steps_done=<chunks read>
 //                    total_steps=<chunks in the plan>
 //                    retention=<one C99 hex float per layer, comma-separated>
+//                    recall_slots=<entries per layer in the recall store,
+//                                  comma-separated; only with --recall_dir>
 //   next_position  the input position of the next chunk's first token
 //   input_tokens   the input's length in tokens
 //   payload        the memory of every layer: keys before RoPE, values and
@@ -55,6 +57,9 @@ struct CheckpointState {
   int64_t total_steps = 0;
   int64_t next_token = 0;  // input position of the next chunk's first token
   std::vector<double> retention;  // [num_layers]
+  // [num_layers] slots of the recall store when the checkpoint was saved
+  // (RecallStore::Reopen cuts back to them); empty without one.
+  std::vector<int64_t> recall_slots;
 };
 
 struct PrefillCheckpoint {

@@ -70,9 +70,10 @@ class RecallTest : public ::testing::Test {
     SNAPFILL_CHECK(store.ok()) << store.status();
     return std::move(*store);
   }
-  std::unique_ptr<PrefillEngine> Run(const PrefillConfig& config) {
+  std::unique_ptr<PrefillEngine> Run(const PrefillConfig& config, RecallStore* store = nullptr) {
     auto engine = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
     SNAPFILL_CHECK(engine.ok()) << engine.status();
+    SNAPFILL_CHECK((*engine)->AttachRecallStore(store).ok());
     const absl::Status s = (*engine)->Run(ids_, nullptr);
     SNAPFILL_CHECK(s.ok()) << s;
     return std::move(*engine);
@@ -106,9 +107,7 @@ void ExpectSameMemory(const KvCache& a, const KvCache& b) {
 TEST_F(RecallTest, AStoreAloneChangesNothingAndHoldsEveryEvictedEntry) {
   const auto plain = Run(Config());
   auto store = NewStore("s");
-  PrefillConfig config = Config();
-  config.recall_store = store.get();
-  const auto stored = Run(config);
+  const auto stored = Run(Config(), store.get());
   ExpectSameMemory(plain->memory(), stored->memory());
   const LlamaConfig& mc = model_->config();
   for (int64_t l = 0; l < mc.num_layers; ++l) {
@@ -143,13 +142,12 @@ TEST_F(RecallTest, TheQuestionBringsBackStoredEntriesByPosition) {
     PrefillConfig config = Config();
     config.pruner.query_select = select;
     config.pruner.span = 8;
-    config.recall_store = store.get();
     config.recall_budget = 40;
     auto guided_plain_config = Config();
     guided_plain_config.pruner.query_select = select;
     guided_plain_config.pruner.span = 8;
     const auto without = Run(guided_plain_config);
-    const auto with = Run(config);
+    const auto with = Run(config, store.get());
     for (int64_t l = 0; l < mc.num_layers; ++l) {
       ASSERT_EQ(with->memory().size(l), without->memory().size(l) + 40) << "layer " << l;
       for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
@@ -188,14 +186,13 @@ TEST_F(RecallTest, TheQuestionBringsBackStoredEntriesByPosition) {
 TEST_F(RecallTest, AResumedRunEndsWithTheSameMemory) {
   auto whole_store = NewStore("whole");
   PrefillConfig config = Config();
-  config.recall_store = whole_store.get();
   config.recall_budget = 16;
-  const auto whole = Run(config);
+  const auto whole = Run(config, whole_store.get());
 
   auto store = NewStore("stopped");
-  config.recall_store = store.get();
   auto first = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
   SNAPFILL_ASSERT_OK(first);
+  SNAPFILL_ASSERT_OK((*first)->AttachRecallStore(store.get()));
   std::unique_ptr<KvCache> saved;
   std::vector<double> retention;
   std::vector<int64_t> slots;
@@ -213,9 +210,9 @@ TEST_F(RecallTest, AResumedRunEndsWithTheSameMemory) {
 
   auto reopened = RecallStore::Reopen(root_ + "/stopped", Info(), slots);
   SNAPFILL_ASSERT_OK(reopened);
-  config.recall_store = reopened->get();
   auto second = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
   SNAPFILL_ASSERT_OK(second);
+  SNAPFILL_ASSERT_OK((*second)->AttachRecallStore(reopened->get()));
   SNAPFILL_ASSERT_OK((*second)->Restore(3, retention, *saved));
   SNAPFILL_ASSERT_OK((*second)->Run(ids_, nullptr));
   ExpectSameMemory(whole->memory(), (*second)->memory());
@@ -238,7 +235,8 @@ TEST_F(RecallTest, IsCountedAndChecked) {
 
   // Without a store, a question or SnapKV: refused before anything runs.
   auto no_store = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
-  EXPECT_TRUE(absl::IsInvalidArgument(no_store.status())) << no_store.status();
+  SNAPFILL_ASSERT_OK(no_store);
+  EXPECT_TRUE(absl::IsFailedPrecondition((*no_store)->Run(ids_, nullptr))) << "no store attached";
   PrefillConfig no_question = config;
   no_question.query_tokens.clear();
   auto q = PrefillEngine::Footprint(mc, no_question, kTokens);
@@ -252,10 +250,9 @@ TEST_F(RecallTest, IsCountedAndChecked) {
   other.head_dim *= 2;
   auto wrong = RecallStore::Create(root_ + "/wrong", other);
   SNAPFILL_ASSERT_OK(wrong);
-  config.recall_store = wrong->get();
-  auto shaped = PrefillEngine::Create(*model_, backend_.get(), config, kTokens);
+  const absl::Status shaped = (*no_store)->AttachRecallStore(wrong->get());
   ASSERT_FALSE(shaped.ok());
-  EXPECT_THAT(shaped.status().message(), HasSubstr("is shaped"));
+  EXPECT_THAT(shaped.message(), HasSubstr("is shaped"));
 }
 
 }  // namespace

@@ -71,6 +71,7 @@ TEST(CheckpointFileTest, RoundTripIsExact) {
   EXPECT_EQ(t.total_steps, s.total_steps);
   EXPECT_EQ(t.next_token, s.next_token);
   EXPECT_EQ(t.retention, s.retention);  // bit-exact doubles
+  EXPECT_TRUE(t.recall_slots.empty());
   for (int l = 0; l < 3; ++l) {
     ASSERT_EQ(loaded->memory->size(l), memory->size(l));
     for (int h = 0; h < 2; ++h) {
@@ -89,6 +90,12 @@ TEST(CheckpointFileTest, RoundTripIsExact) {
   auto reloaded = LoadCheckpointFile(path);
   SNAPFILL_ASSERT_OK(reloaded);
   EXPECT_EQ(reloaded->state.steps_done, 5);
+  // A run with a recall store records its slots per layer.
+  later.recall_slots = {12, 0, 40000000000};
+  SNAPFILL_ASSERT_OK(SaveCheckpointFile(path, later, *memory));
+  auto with_recall = LoadCheckpointFile(path);
+  SNAPFILL_ASSERT_OK(with_recall);
+  EXPECT_EQ(with_recall->state.recall_slots, later.recall_slots);
 }
 
 TEST(CheckpointFileTest, EveryTruncationAndFlippedByteIsRefused) {
@@ -154,6 +161,8 @@ TEST(CheckpointFileTest, BadStateBlocksAreRefused) {
       {"config={}\n", "", "\"config\" is missing"},
       {"threads=2\n", "threads=2\nextra=1\n", "unknown keys"},
       {"threads=2\n", "threads=2\nno equals sign\n", "has no '='"},
+      {"threads=2\n", "threads=2\nrecall_slots=5\n", "1 recall_slots values for 2 layers"},
+      {"threads=2\n", "threads=2\nrecall_slots=5,-1\n", "bad recall_slots"},
   };
   const std::string path = Path("state");
   internal::KvFileHeader header{"m", good, 100, 1000};

@@ -265,5 +265,84 @@ TEST_F(ReliabilityTest, FullDiskLeavesNoPartialFileAndSaysSo) {
   EXPECT_EQ(log.find("job.ck\n"), std::string::npos) << "no partial checkpoint: " << log;
 }
 
+// The recall tier through `run`: a run killed with SIGKILL and resumed
+// (its store cut back to the checkpoint) answers as one never stopped;
+// every finished run removes its store; a resume pointed at another
+// directory is refused.
+TEST_F(ReliabilityTest, RecallKilledRunResumesToTheSameAnswer) {
+  const std::string run = "run --model " + model_ + " --input " + text_ +
+                          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false --timing=false"
+                          " --question 'what is it' -n 8 --ignore_eos --recall 16";
+  Result r = Run(run + " --recall_dir " + dir_ + "/ref_store");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string reference = r.out;
+  EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+  EXPECT_FALSE(Exists(dir_ + "/ref_store")) << "a finished run removes its store";
+
+  const std::string store = dir_ + "/store";
+  const std::string job = run + " --recall_dir " + store + " --checkpoint " + checkpoint_;
+  const pid_t pid = Spawn(job + " --checkpoint_every 2");
+  ASSERT_TRUE(WaitForCheckpoint(pid)) << "the run ended before its first checkpoint";
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  const int status = Wait(pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the run finished before it could be killed; make the job longer";
+  ASSERT_TRUE(Exists(store + "/recall.meta"));
+
+  r = Run(run + " --recall_dir " + dir_ + "/elsewhere --checkpoint " + checkpoint_ + " --resume");
+  EXPECT_FAILS_WITH(r, 1, "holds no recall store");
+  r = Run(job + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, reference);
+  EXPECT_FALSE(Exists(store));
+  EXPECT_FALSE(Exists(checkpoint_));
+}
+
+// Bad places for the store: each refused with a clear message before or
+// as it fails, the user's files untouched and no store left behind.
+TEST_F(ReliabilityTest, RecallRefusesBadStoresAndSaysWhy) {
+  const std::string run = "run --model " + model_ + " --input " + text_ +
+                          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false -n 2"
+                          " --question 'what is it' --recall 16 --recall_dir ";
+  Result r = Run(run + dir_ + "/s --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("recall: up to"), std::string::npos) << r.out;
+  EXPECT_FALSE(Exists(dir_ + "/s")) << "a dry run makes no store";
+
+  const std::string mine = dir_ + "/mine";
+  ASSERT_EQ(::mkdir(mine.c_str(), 0700), 0);
+  testing::WriteRaw(mine + "/notes.txt", "keep me");
+  EXPECT_FAILS_WITH(Run(run + mine), 1, "is not empty");
+  EXPECT_EQ(testing::ReadAll(mine + "/notes.txt"), "keep me");
+  EXPECT_EQ(testing::ListDir(mine).size(), 1u);
+
+  const std::string unwritable = ::geteuid() == 0 ? std::string("/sys/snapfill-cli-store") : dir_ + "/ro/s";
+  if (::geteuid() != 0) ASSERT_EQ(::mkdir((dir_ + "/ro").c_str(), 0500), 0);
+  r = Run(run + unwritable);
+  EXPECT_FAILS_WITH(r, 1, "cannot create");
+  EXPECT_NE(r.err.find(unwritable), std::string::npos) << r.err;
+
+  // A file-size limit stands in for a full disk (SIGXFSZ ignored, so the
+  // write fails with EFBIG rather than killing the process).
+  const std::string report = dir_ + "/report.json";
+  testing::WriteRaw(report, "the user's");
+  const std::string cmd = "trap '' XFSZ; ulimit -f 64; " + std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill " +
+                          run + dir_ + "/full --report " + report + " >" + dir_ + "/full.out 2>" + dir_ + "/full.err";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  const std::string err = testing::ReadAll(dir_ + "/full.err");
+  EXPECT_NE(err.find("ran out of disk"), std::string::npos) << err;
+  EXPECT_FALSE(Exists(dir_ + "/full")) << "the failed run removes its store";
+  EXPECT_EQ(testing::ReadAll(report), "the user's");
+
+  EXPECT_FAILS_WITH(Run("run --model " + model_ + " --input " + text_ + " -n 2 --recall_dir " + dir_ + "/q"), 2,
+                    "needs the question");
+  EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall 0"), 2, "--recall=0 must be >= 1");
+  EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall_format f32"), 2, "--recall_format=f32");
+}
+
 }  // namespace
 }  // namespace snapfill

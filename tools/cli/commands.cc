@@ -7,7 +7,8 @@ const std::vector<Command>& Commands() {
       {"run",
        "Read a long input chunk by chunk into a compressed KV cache (SnapKV under an FM, IM or "
        "IMDC schedule), then answer --question or continue the text.",
-       {"input", "question", "query_aware", "query_share", "select", "span", "query_heads", "model", "schedule",
+       {"input", "question", "query_aware", "query_share", "select", "span", "query_heads", "recall_dir", "recall",
+        "recall_format", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling", "pruner",
         "sinks", "original_positions", "n",
         "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "pack_decode", "decode_kv_f16",
@@ -43,7 +44,7 @@ const std::vector<Command>& Commands() {
        "retrieval tasks), random values per trial, accuracy of the greedy answer; beside full "
        "attention where the input fits.",
        {"input", "tasks", "lengths", "depths", "seeds", "baseline", "json", "png", "query_aware",
-        "query_share", "select", "span", "query_heads", "model", "schedule",
+        "query_share", "select", "span", "query_heads", "recall_dir", "recall", "recall_format", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
         "pruner", "sinks", "original_positions", "chat_template", "system", "threads",
         "pack_decode", "decode_kv_f16", "batch", "progress", "verbosity"},

@@ -140,6 +140,13 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   }
   c.pruner.shared_query_votes = heads == "shared";
   c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
+  if (!absl::GetFlag(FLAGS_recall_dir).empty()) {
+    c.recall_budget = absl::GetFlag(FLAGS_recall);
+    if (c.recall_budget < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 1"));
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(c.recall_format, ParseRecallFormat(absl::GetFlag(FLAGS_recall_format)));
+  }
   return c;
 }
 
@@ -160,6 +167,10 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
         ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
         c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
         QueryHeadsName(c.pruner));
+  }
+  if (c.recall_budget > 0) {
+    absl::StrAppendFormat(&query, ",\"recall\":%d,\"recall_format\":\"%s\"", c.recall_budget,
+                          RecallFormatName(c.recall_format));
   }
   return absl::StrFormat(
       "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
@@ -184,6 +195,9 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   }
   s += "]";
   if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
+  if (t.recalled > 0) {
+    absl::StrAppendFormat(&s, ",\"recalled\":%d,\"recall_seconds\":%.6f", t.recalled, t.recall_seconds);
+  }
   if (with_origin) {
     s += ",\"origin\":[";
     for (size_t l = 0; l < t.origin.size(); ++l) {

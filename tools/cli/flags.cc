@@ -49,6 +49,14 @@ ABSL_FLAG(int64_t, span, 32, "--select=span: tokens per span around each picked 
 ABSL_FLAG(std::string, query_heads, "each",
           "Question-guided compression: the question's votes summed over each layer's KV heads, "
           "so every head keeps what any found (shared), or each head by its own (each)");
+ABSL_FLAG(std::string, recall_dir, "",
+          "The recall tier: keep every evicted entry in a store in this directory (absent or "
+          "empty; removed at the end), and bring back what the question attends to most");
+ABSL_FLAG(int64_t, recall, 256,
+          "--recall_dir: entries per layer and KV head the question brings back, beside the memory");
+ABSL_FLAG(std::string, recall_format, "f16",
+          "--recall_dir: how the store keeps keys and values: f16 (exact to fp16) or q8 (8-bit, half "
+          "the disk)");
 ABSL_FLAG(std::string, schedule, "imdc",
           "Size schedule: fm (fixed memory) | im (incremental memory) | imdc (incremental "
           "memory, decremental chunk)");

@@ -34,6 +34,8 @@
 #include "src/engine/generate.h"
 #include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
+#include "src/kv/checkpoint_file.h"
+#include "src/kv/recall_store.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
 #include "tools/cli/flags.h"
@@ -150,7 +152,24 @@ class NeedleHarness {
     SNAPFILL_ASSIGN_OR_RETURN(
         std::unique_ptr<PrefillEngine> engine,
         PrefillEngine::Create(*model_.model, backend_, config, tokens.size()));
-    SNAPFILL_RETURN_IF_ERROR(engine->Run(tokens, nullptr));
+    // --recall_dir: a store of this trial's own, removed after it.
+    std::unique_ptr<RecallStore> store;
+    if (config.recall_budget > 0) {
+      const LlamaConfig& mc = model_.model->config();
+      RecallStoreInfo info;
+      info.num_layers = mc.num_layers;
+      info.num_kv_heads = mc.num_kv_heads;
+      info.head_dim = mc.head_dim;
+      info.format = config.recall_format;
+      info.input_digest = TokenDigest(tokens.data(), tokens.size());
+      info.input_tokens = static_cast<int64_t>(tokens.size());
+      info.plan_digest = engine->plan_digest();
+      SNAPFILL_ASSIGN_OR_RETURN(store, RecallStore::Create(absl::GetFlag(FLAGS_recall_dir), info));
+      SNAPFILL_RETURN_IF_ERROR(engine->AttachRecallStore(store.get()));
+    }
+    const absl::Status ran = engine->Run(tokens, nullptr);
+    if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
+    SNAPFILL_RETURN_IF_ERROR(ran);
     SNAPFILL_ASSIGN_OR_RETURN(auto kv, engine->MakeDecoderCache(answer_tokens));
     if (decoder_ == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(decoder_, LlamaForward::Create(*model_.model, backend_, 1));
@@ -198,6 +217,7 @@ std::string ConfigLabel(const PrefillConfig& c) {
   absl::StrAppend(&s, " c", c.schedule.chunk);
   if (absl::GetFlag(FLAGS_query_aware) && c.pruner.kind == PrunerKind::kSnapKv) {
     absl::StrAppend(&s, " question-guided (", QuestionSelectionLabel(c.pruner), ")");
+    if (c.recall_budget > 0) absl::StrAppend(&s, " recall ", c.recall_budget, " ", RecallFormatName(c.recall_format));
   }
   return s;
 }
@@ -317,10 +337,16 @@ absl::Status RunNeedle() {
               builder.CheckLength(length, MakeNeedleTrial(task, length, di, depths[di], seed)));
         }
       }
-      SNAPFILL_ASSIGN_OR_RETURN(
-          NeedlePrompt p, builder.Build(length, 0, MakeNeedleTrial(task, length, 0, depths[0], 0)));
+      const NeedleTrial first = MakeNeedleTrial(task, length, 0, depths[0], 0);
+      SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, 0, first));
+      // (Checked with a question, as every trial runs with its own.)
+      PrefillConfig checked = config;
+      if (absl::GetFlag(FLAGS_query_aware)) {
+        SNAPFILL_ASSIGN_OR_RETURN(checked.query_tokens, BuildContinuation(*model.tokenizer, model.chat_template,
+                                                                          first.question));
+      }
       SNAPFILL_RETURN_IF_ERROR(
-          PrefillEngine::Footprint(model.model->config(), config, p.prompt.tokens.size()).status());
+          PrefillEngine::Footprint(model.model->config(), checked, p.prompt.tokens.size()).status());
     }
   }
 

@@ -1,5 +1,6 @@
 // snapfill run / prefill: a long input through the chunk loop.
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
+#include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/commands.h"
@@ -46,7 +48,39 @@ struct Prepared {
   uint64_t weight_bytes = 0;       // what the weights hold resident during the prefill
   uint64_t decode_copy_bytes = 0;  // what the backend's decode copies add to that (run only)
   bool half_decode_kv = false;     // decode reads fp16 KV entries that replace the f32 ones (run only)
+  // --recall_dir: the store (created here, or reopened by --resume) and the
+  // most it may write.
+  std::unique_ptr<RecallStore> recall;
+  uint64_t recall_disk_bytes = 0;
 };
+
+// What the recall store records about the run: whose store it is.
+RecallStoreInfo RecallInfo(const Prepared& p) {
+  const LlamaConfig& mc = p.model.model->config();
+  RecallStoreInfo info;
+  info.num_layers = mc.num_layers;
+  info.num_kv_heads = mc.num_kv_heads;
+  info.head_dim = mc.head_dim;
+  info.format = p.config.recall_format;
+  info.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  info.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
+  info.input_tokens = static_cast<int64_t>(p.tokens.size());
+  info.plan_digest = p.engine->plan_digest();
+  return info;
+}
+
+// Free bytes where the store goes (its directory, or the one it will be
+// made in); 0 if that cannot be told.
+uint64_t FreeDiskBytes(const std::string& dir) {
+  struct statvfs st {};
+  std::string at = dir;
+  if (::statvfs(at.c_str(), &st) != 0) {
+    const size_t slash = at.find_last_of('/');
+    at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
+    if (::statvfs(at.c_str(), &st) != 0) return 0;
+  }
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
 
 // Whether the user gave --flag. This Abseil (20220623) keeps
 // CommandLineFlag::IsSpecifiedOnCommandLine private; the parser's own
@@ -190,6 +224,22 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
                        p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
+  p.recall_disk_bytes = fp.recall_disk_bytes;
+  const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
+  if (!recall_dir.empty() && !absl::GetFlag(FLAGS_dry_run)) {
+    const uint64_t free = FreeDiskBytes(recall_dir);
+    if (free > 0 && free < p.recall_disk_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--recall_dir ", recall_dir, ": the store may take up to ", HumanBytes(p.recall_disk_bytes), " for ",
+          total, " tokens and the filesystem has ", HumanBytes(free), " free",
+          p.config.recall_format == RecallFormat::kF16 ? " (--recall_format q8 takes about half)" : ""));
+    }
+    // A resumed run reopens the store its checkpoint names (RunPrefillLoop).
+    if (!absl::GetFlag(FLAGS_resume)) {
+      SNAPFILL_ASSIGN_OR_RETURN(p.recall, RecallStore::Create(recall_dir, RecallInfo(p)));
+      SNAPFILL_RETURN_IF_ERROR(p.engine->AttachRecallStore(p.recall.get()));
+    }
+  }
   return p;
 }
 
@@ -212,6 +262,15 @@ void PrintPlan(const Prepared& p) {
                 (long long)q, (long long)steps, (long long)(q * steps),
                 100.0 * q * steps / std::max<double>(1, p.tokens.size()),
                 QuestionSelectionLabel(c.pruner).c_str());
+  }
+  if (c.recall_budget > 0) {
+    const std::string dir = absl::GetFlag(FLAGS_recall_dir);
+    const uint64_t free = FreeDiskBytes(dir);
+    std::printf("recall: up to %s of evicted entries (%s) in %s%s; the question brings back %lld per layer and "
+                "KV head\n",
+                HumanBytes(p.recall_disk_bytes).c_str(), RecallFormatName(c.recall_format), dir.c_str(),
+                free > 0 ? absl::StrCat(", ", HumanBytes(free), " free there").c_str() : "",
+                (long long)c.recall_budget);
   }
   std::printf("%s\n", p.peak.Format().c_str());
 }
@@ -320,6 +379,12 @@ absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& pat
   }
   SNAPFILL_RETURN_IF_ERROR(
       p.engine->Restore(ck.state.steps_done, ck.state.retention, *ck.memory));
+  if (p.config.recall_budget > 0) {
+    // The store as it was at the checkpoint (what later steps wrote is cut).
+    SNAPFILL_ASSIGN_OR_RETURN(p.recall, RecallStore::Reopen(absl::GetFlag(FLAGS_recall_dir), RecallInfo(p),
+                                                            ck.state.recall_slots));
+    SNAPFILL_RETURN_IF_ERROR(p.engine->AttachRecallStore(p.recall.get()));
+  }
   std::fprintf(stderr, "snapfill: resuming from %s after step %lld/%zu (token %lld/%zu)\n",
                path.c_str(), (long long)ck.state.steps_done, steps.size(),
                (long long)ck.state.next_token, p.tokens.size());
@@ -327,7 +392,8 @@ absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& pat
 }
 
 // The prefill with a progress line and telemetry records.
-absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
+absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds = nullptr,
+                            int64_t* recalled = nullptr) {
   const SchedulePlan& plan = p.engine->plan();
   for (const std::string& w : plan.warnings) std::fprintf(stderr, "snapfill: warning: %s\n", w.c_str());
   std::unique_ptr<std::ofstream> telemetry;
@@ -363,6 +429,8 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
   double last_print = -1e9;
   Stopwatch watch;
   auto on_step = [&](const StepTelemetry& t) {
+    if (recall_seconds != nullptr) *recall_seconds += t.recall_seconds;
+    if (recalled != nullptr) *recalled = std::max(*recalled, t.recalled);
     if (telemetry) {
       const bool origin = t.step % origin_every == 0 || t.step + 1 == steps;
       *telemetry << TelemetryJson(t, origin);
@@ -395,6 +463,12 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds) {
       s.steps_done = p.engine->steps_done();
       s.next_token = t.start_token + t.chunk_tokens;
       s.retention = p.engine->retention();
+      if (p.recall != nullptr) {
+        // The store's entries are on disk before the checkpoint counts them.
+        checkpoint_status = p.recall->Sync();
+        if (!checkpoint_status.ok()) return false;
+        s.recall_slots = p.recall->all_slots();
+      }
       checkpoint_status = SaveCheckpointFile(checkpoint, s, p.engine->memory());
       if (!checkpoint_status.ok()) return false;
     }
@@ -438,7 +512,23 @@ absl::Status RunRun() {
 
   Stopwatch ttft;  // from the first token read to the first token generated
   double prefill_seconds = 0;
-  SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &prefill_seconds));
+  double recall_seconds = 0;
+  int64_t recalled = 0;
+  const absl::Status prefill = RunPrefillLoop(p, &prefill_seconds, &recall_seconds, &recalled);
+  if (p.recall != nullptr && (prefill.ok() || absl::GetFlag(FLAGS_checkpoint).empty())) {
+    // Done with it (or of no use without a checkpoint to resume): a
+    // stopped run with a checkpoint keeps it for --resume.
+    const uint64_t bytes = p.recall->bytes();
+    const absl::Status removed = p.recall->Remove();
+    if (prefill.ok()) {
+      std::fprintf(stderr, "recall: %lld entries per layer and KV head brought back from %s of evicted entries "
+                   "(%s) in %.1f s; the store is removed\n",
+                   (long long)recalled, HumanBytes(bytes).c_str(), RecallFormatName(p.config.recall_format),
+                   recall_seconds);
+    }
+    if (!removed.ok()) std::fprintf(stderr, "snapfill: warning: %s\n", std::string(removed.message()).c_str());
+  }
+  SNAPFILL_RETURN_IF_ERROR(prefill);
   RemoveCheckpoint();
   // The prefill's own work (the profile goes on through the decode).
   const Work prefill_work = WorkFromProfile(p.backend->ProfileSeconds(), p.backend->ProfileOps(),
