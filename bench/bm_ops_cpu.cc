@@ -208,6 +208,39 @@ BENCHMARK(BM_WindowScores_Cpu)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// The recall tier's scan: a block of stored keys scored by the question's
+// queries (num_q tokens x the model's heads), as at the last step of `run
+// --recall_dir`; at 1M tokens it scores about 1M keys per layer.
+void BM_RecallScores_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t num_q = state.range(0);
+  const int64_t num_keys = state.range(1);
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const std::vector<float> q = Random(num_q * q_stride, 4);
+  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 5);
+  std::vector<float> lse(m.num_heads * num_q, 8.0f);
+  std::vector<float> scores(m.num_kv_heads * num_keys);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    cpu::RecallScores(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim, m.head_dim, num_keys,
+                      scores.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
+  };
+  for (int i = 0; i < 3; ++i) run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * num_q * num_keys * m.head_dim * m.num_heads;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["keys/s"] = benchmark::Counter(static_cast<double>(num_keys), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_RecallScores_Cpu)
+    ->ArgNames({"q", "keys"})
+    ->ArgsProduct({{16, 32}, {2048}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void BM_RmsNorm_Cpu(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t dim = state.range(1);
