@@ -267,6 +267,9 @@ class Backend {
   // y[i] = x[i] as IEEE fp16, rounded to nearest even (the decode copy of
   // the KV cache). The base class converts element by element.
   virtual void ToHalf(const float* x, uint16_t* y, int64_t n);
+  // y[i] = x[i] widened from IEEE fp16 (exact). The base class converts
+  // element by element.
+  virtual void FromHalf(const uint16_t* x, float* y, int64_t n);
   // Bytes the backend keeps for `w` once a single token has been multiplied
   // by it (BackendOptions::pack_decode_weights); 0 if none.
   virtual uint64_t DecodeCopyBytes(const WeightView& w) const { return 0; }

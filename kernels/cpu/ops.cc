@@ -112,6 +112,7 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
 }
 
 void ToFp16(const float* x, uint16_t* y, int64_t n) { SNAPFILL_CPU_DISPATCH(ToFp16, x, y, n); }
+void FromFp16(const uint16_t* x, float* y, int64_t n) { SNAPFILL_CPU_DISPATCH(FromFp16, x, y, n); }
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   SNAPFILL_CPU_DISPATCH(SwiGlu, gate, up, out, n);

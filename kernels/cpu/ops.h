@@ -44,6 +44,10 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
 // y[i] = x[i] as IEEE fp16, rounded to nearest even (F16C where the level
 // has it; twin: Fp32ToFp16 of kernels/quant_blocks.h, bit for bit).
 void ToFp16(const float* x, uint16_t* y, int64_t n);
+// y[i] = x[i] widened from IEEE fp16 (exact; F16C where the level has it;
+// twin: Fp16ToFp32 of src/base/half.h, bit for bit but that F16C returns a
+// signaling NaN quiet).
+void FromFp16(const uint16_t* x, float* y, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);

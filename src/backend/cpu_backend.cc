@@ -54,6 +54,7 @@ class CpuBackend final : public Backend {
 
   bool HalfDecodeKv() const override { return half_kv_; }
   void ToHalf(const float* x, uint16_t* y, int64_t n) override { cpu::ToFp16(x, y, n); }
+  void FromHalf(const uint16_t* x, float* y, int64_t n) override { cpu::FromFp16(x, y, n); }
 
   std::string kernels() const override {
     if (exact_) return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), ", exact (f32 activations)");
@@ -647,6 +648,10 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+void Backend::FromHalf(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+}
 
 void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);

@@ -272,6 +272,11 @@ absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
     }
   }
   recall_store_ = store;
+  if (store != nullptr) {
+    // Whole blocks through the backend's vectorized conversions.
+    store->SetHalfConversions([b = backend_](const float* x, uint16_t* y, int64_t n) { b->ToHalf(x, y, n); },
+                              [b = backend_](const uint16_t* x, float* y, int64_t n) { b->FromHalf(x, y, n); });
+  }
   return absl::OkStatus();
 }
 
@@ -595,29 +600,30 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
   for (int64_t first = 0; first < slots; first += kRecallBlock) {
     const int64_t nb = std::min(kRecallBlock, slots - first);
     SNAPFILL_RETURN_IF_ERROR(store.ReadKeys(layer, first, nb, recall_k_.data(), recall_pos_.data()));
+    // (Slot-major: slot i's key of head h at (i * heads + h) * d.)
     for (int64_t h = 0; h < heads; ++h) {
       // Each key at the place it would take among the memory's entries (by
       // its input position), as the decoder will see it; or at its input
       // position where the run keeps those.
       const int32_t* mem_pos = memory_->pos(layer, h);
-      const int32_t* pos = recall_pos_.data() + h * nb;
       for (int64_t i = 0; i < nb; ++i) {
-        recall_rot_[i] = original ? pos[i] : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, pos[i]) - mem_pos);
+        const int32_t p = recall_pos_[i * heads + h];
+        recall_rot_[i] = original ? p : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, p) - mem_pos);
       }
-      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(recall_k_.data() + h * nb * d, nb, 1, d, d, recall_rot_.data(),
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(recall_k_.data() + h * d, nb, 1, d, heads * d, recall_rot_.data(),
                                               c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
     }
     KvView keys;
     keys.k = recall_k_.data();
-    keys.head_stride = nb * d;
-    keys.key_stride = d;
+    keys.head_stride = d;
+    keys.key_stride = heads * d;
     keys.num_keys = nb;
     SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(q, q_stride, qn, recall_lse_.data(), keys, recall_scores_.data(),
                                                     nb, c.num_heads, heads, d, scale));
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<Peak>& b = best[h];
       for (int64_t i = 0; i < nb; ++i) {
-        const Peak p{recall_scores_[h * nb + i], recall_pos_[h * nb + i], first + i};
+        const Peak p{recall_scores_[h * nb + i], recall_pos_[i * heads + h], first + i};
         if (!std::isfinite(p.score)) {
           return absl::InternalError(absl::StrCat("recall: stored entry ", p.slot, " of layer ", layer,
                                                   " scores ", p.score));
@@ -658,8 +664,9 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
       for (int64_t h = 0; h < heads; ++h) {
         const std::vector<int32_t>& a = around[h];
         for (int64_t i = 0; i < nb; ++i) {
-          const auto it = std::lower_bound(a.begin(), a.end(), recall_pos_[h * nb + i]);
-          if (it != a.end() && *it == recall_pos_[h * nb + i]) slot_of[h][it - a.begin()] = first + i;
+          const int32_t p = recall_pos_[i * heads + h];
+          const auto it = std::lower_bound(a.begin(), a.end(), p);
+          if (it != a.end() && *it == p) slot_of[h][it - a.begin()] = first + i;
         }
       }
     }

@@ -93,6 +93,12 @@ absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name) {
 const char* RecallFormatName(RecallFormat format) { return format == RecallFormat::kF16 ? "f16" : "q8"; }
 
 RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(std::move(dir)), info_(info) {
+  to_half_ = [](const float* x, uint16_t* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+  };
+  from_half_ = [](const uint16_t* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+  };
   pos_fds_.assign(info.num_layers, -1);
   key_fds_.assign(info.num_layers, -1);
   value_fds_.assign(info.num_layers, -1);
@@ -103,6 +109,11 @@ RecallStore::~RecallStore() {
   for (int fd : pos_fds_) if (fd >= 0) ::close(fd);
   for (int fd : key_fds_) if (fd >= 0) ::close(fd);
   for (int fd : value_fds_) if (fd >= 0) ::close(fd);
+}
+
+void RecallStore::SetHalfConversions(ToHalfFn to_half, FromHalfFn from_half) {
+  if (to_half) to_half_ = std::move(to_half);
+  if (from_half) from_half_ = std::move(from_half);
 }
 
 uint64_t RecallStore::VectorBytes() const {
@@ -233,39 +244,36 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
   return s;
 }
 
-void RecallStore::Encode(const float* x, uint8_t* out) const {
+void RecallStore::Encode(const float* x, int64_t vectors, uint8_t* out) const {
   const int64_t d = info_.head_dim;
   if (info_.format == RecallFormat::kF16) {
-    for (int64_t i = 0; i < d; ++i) {
-      const uint16_t h = Fp32ToFp16(x[i]);
-      std::memcpy(out + 2 * i, &h, 2);
-    }
+    to_half_(x, reinterpret_cast<uint16_t*>(out), vectors * d);
     return;
   }
-  float amax = 0.0f;
-  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[i]));
-  const float scale = amax / 127.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  std::memcpy(out, &scale, sizeof(float));
-  for (int64_t i = 0; i < d; ++i) {
-    const float q = std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
-    out[sizeof(float) + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+  for (int64_t t = 0; t < vectors; ++t, x += d, out += sizeof(float) + d) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[i]));
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    std::memcpy(out, &scale, sizeof(float));
+    int8_t* q = reinterpret_cast<int8_t*>(out + sizeof(float));
+    // |x · inv| <= 127 by construction; rint rounds half to even.
+    for (int64_t i = 0; i < d; ++i) q[i] = static_cast<int8_t>(std::rint(x[i] * inv));
   }
 }
 
-void RecallStore::Decode(const uint8_t* in, float* x) const {
+void RecallStore::Decode(const uint8_t* in, int64_t vectors, float* x) const {
   const int64_t d = info_.head_dim;
   if (info_.format == RecallFormat::kF16) {
-    for (int64_t i = 0; i < d; ++i) {
-      uint16_t h;
-      std::memcpy(&h, in + 2 * i, 2);
-      x[i] = Fp16ToFp32(h);
-    }
+    from_half_(reinterpret_cast<const uint16_t*>(in), x, vectors * d);
     return;
   }
-  float scale;
-  std::memcpy(&scale, in, sizeof(float));
-  for (int64_t i = 0; i < d; ++i) x[i] = static_cast<float>(static_cast<int8_t>(in[sizeof(float) + i])) * scale;
+  for (int64_t t = 0; t < vectors; ++t, x += d, in += sizeof(float) + d) {
+    float scale;
+    std::memcpy(&scale, in, sizeof(float));
+    const int8_t* q = reinterpret_cast<const int8_t*>(in + sizeof(float));
+    for (int64_t i = 0; i < d; ++i) x[i] = static_cast<float>(q[i]) * scale;
+  }
 }
 
 absl::Status RecallStore::WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
@@ -294,28 +302,25 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   }
   if (n == 0) return absl::OkStatus();
   const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
-  const uint64_t vec = VectorBytes();
-  buffer_.resize(n * std::max(PosSlotBytes(), std::max(KeySlotBytes(), ValueSlotBytes())));
+  // Slot-major records: slot i holds every head's entry idx[h][i].
+  std::vector<int32_t> p(n * heads);
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const int32_t p = pos[h * pos_stride + idx[h][i]];
-      std::memcpy(buffer_.data() + (i * heads + h) * sizeof(int32_t), &p, sizeof(int32_t));
+    for (int64_t h = 0; h < heads; ++h) p[i * heads + h] = pos[h * pos_stride + idx[h][i]];
+  }
+  SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(p.data()), n * PosSlotBytes(),
+                                    slots_[layer] * PosSlotBytes(), "pos", layer));
+  staging_.resize(n * heads * d);
+  buffer_.resize(n * KeySlotBytes());  // (values take as many bytes as keys)
+  for (auto [src, fds, kind] : {std::tuple{k, &key_fds_, "keys"}, std::tuple{v, &value_fds_, "values"}}) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(staging_.data() + (i * heads + h) * d, src + h * head_stride + idx[h][i] * d, d * sizeof(float));
+      }
     }
+    Encode(staging_.data(), n * heads, buffer_.data());
+    SNAPFILL_RETURN_IF_ERROR(
+        WriteAll((*fds)[layer], buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), kind, layer));
   }
-  SNAPFILL_RETURN_IF_ERROR(
-      WriteAll(pos_fds_[layer], buffer_.data(), n * PosSlotBytes(), slots_[layer] * PosSlotBytes(), "pos", layer));
-  for (int64_t i = 0; i < n; ++i) {
-    uint8_t* rec = buffer_.data() + i * KeySlotBytes();
-    for (int64_t h = 0; h < heads; ++h) Encode(k + h * head_stride + idx[h][i] * d, rec + h * vec);
-  }
-  SNAPFILL_RETURN_IF_ERROR(
-      WriteAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), "keys", layer));
-  for (int64_t i = 0; i < n; ++i) {
-    uint8_t* rec = buffer_.data() + i * ValueSlotBytes();
-    for (int64_t h = 0; h < heads; ++h) Encode(v + h * head_stride + idx[h][i] * d, rec + h * vec);
-  }
-  SNAPFILL_RETURN_IF_ERROR(WriteAll(value_fds_[layer], buffer_.data(), n * ValueSlotBytes(),
-                                    slots_[layer] * ValueSlotBytes(), "values", layer));
   slots_[layer] += n;
   return absl::OkStatus();
 }
@@ -331,29 +336,16 @@ absl::Status RecallStore::CheckRange(int64_t layer, int64_t first, int64_t n) co
 
 absl::Status RecallStore::ReadPositions(int64_t layer, int64_t first, int64_t n, int32_t* pos) {
   SNAPFILL_RETURN_IF_ERROR(CheckRange(layer, first, n));
-  const int64_t heads = info_.num_kv_heads;
-  buffer_.resize(n * PosSlotBytes());
-  SNAPFILL_RETURN_IF_ERROR(
-      ReadAll(pos_fds_[layer], buffer_.data(), n * PosSlotBytes(), first * PosSlotBytes(), "pos", layer));
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      std::memcpy(pos + h * n + i, buffer_.data() + (i * heads + h) * sizeof(int32_t), sizeof(int32_t));
-    }
-  }
-  return absl::OkStatus();
+  return ReadAll(pos_fds_[layer], reinterpret_cast<uint8_t*>(pos), n * PosSlotBytes(), first * PosSlotBytes(), "pos",
+                 layer);
 }
 
 absl::Status RecallStore::ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos) {
   SNAPFILL_RETURN_IF_ERROR(ReadPositions(layer, first, n, pos));
-  const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
-  const uint64_t vec = VectorBytes();
   buffer_.resize(n * KeySlotBytes());
   SNAPFILL_RETURN_IF_ERROR(
       ReadAll(key_fds_[layer], buffer_.data(), n * KeySlotBytes(), first * KeySlotBytes(), "keys", layer));
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* rec = buffer_.data() + i * KeySlotBytes();
-    for (int64_t h = 0; h < heads; ++h) Decode(rec + h * vec, k + (h * n + i) * d);
-  }
+  Decode(buffer_.data(), n * info_.num_kv_heads, k);
   return absl::OkStatus();
 }
 
@@ -370,9 +362,9 @@ absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, f
       ReadAll(pos_fds_[layer], buf, sizeof(int32_t), slot * PosSlotBytes() + head * sizeof(int32_t), "pos", layer));
   std::memcpy(pos, buf, sizeof(int32_t));
   SNAPFILL_RETURN_IF_ERROR(ReadAll(key_fds_[layer], buf, vec, slot * KeySlotBytes() + head * vec, "keys", layer));
-  Decode(buf, k);
+  Decode(buf, 1, k);
   SNAPFILL_RETURN_IF_ERROR(ReadAll(value_fds_[layer], buf, vec, slot * ValueSlotBytes() + head * vec, "values", layer));
-  Decode(buf, v);
+  Decode(buf, 1, v);
   return absl::OkStatus();
 }
 

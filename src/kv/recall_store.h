@@ -28,6 +28,7 @@
 #define SNAPFILL_KV_RECALL_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -81,6 +82,11 @@ class RecallStore {
   RecallStore& operator=(const RecallStore&) = delete;
 
   const RecallStoreInfo& info() const { return info_; }
+  // The f16 conversions of whole blocks (the backend's ToHalf / FromHalf,
+  // vectorized); the portable scalar ones until set. Bit-identical either way.
+  using ToHalfFn = std::function<void(const float* x, uint16_t* y, int64_t n)>;
+  using FromHalfFn = std::function<void(const uint16_t* x, float* y, int64_t n)>;
+  void SetHalfConversions(ToHalfFn to_half, FromHalfFn from_half);
   const std::string& dir() const { return dir_; }
   // Eviction slots written to `layer` so far (entries per KV head).
   int64_t slots(int64_t layer) const { return slots_[layer]; }
@@ -96,10 +102,11 @@ class RecallStore {
   absl::Status Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k, const float* v,
                       int64_t head_stride, const int32_t* pos, int64_t pos_stride);
 
-  // Slots [first, first + n) of `layer`: keys as f32 into k ([num_kv_heads]
-  // [n][head_dim]) and positions into pos ([num_kv_heads][n]).
+  // Slots [first, first + n) of `layer`, slot-major as stored: keys as f32
+  // into k ([n][num_kv_heads][head_dim]) and positions into pos
+  // ([n][num_kv_heads]).
   absl::Status ReadKeys(int64_t layer, int64_t first, int64_t n, float* k, int32_t* pos);
-  // Slots [first, first + n) of `layer`: positions only.
+  // Slots [first, first + n) of `layer`: positions only ([n][num_kv_heads]).
   absl::Status ReadPositions(int64_t layer, int64_t first, int64_t n, int32_t* pos);
   // KV head `head`'s key, value and position at slot `slot` of `layer`.
   absl::Status ReadEntry(int64_t layer, int64_t head, int64_t slot, float* k, float* v, int32_t* pos);
@@ -120,8 +127,9 @@ class RecallStore {
   absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
                         int64_t layer);
   absl::Status ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t offset, const char* what, int64_t layer);
-  void Encode(const float* x, uint8_t* out) const;
-  void Decode(const uint8_t* in, float* x) const;
+  // `vectors` keys or values of head_dim floats, as stored.
+  void Encode(const float* x, int64_t vectors, uint8_t* out) const;
+  void Decode(const uint8_t* in, int64_t vectors, float* x) const;
   std::string FilePath(int64_t layer, const char* kind) const;
 
   std::string dir_;
@@ -130,6 +138,9 @@ class RecallStore {
   std::vector<int> pos_fds_, key_fds_, value_fds_;  // [num_layers]
   std::vector<int64_t> slots_;            // [num_layers]
   std::vector<uint8_t> buffer_;           // one Append's or read's records
+  std::vector<float> staging_;            // one Append's keys or values, gathered
+  ToHalfFn to_half_;
+  FromHalfFn from_half_;
 };
 
 }  // namespace snapfill

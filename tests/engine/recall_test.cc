@@ -117,7 +117,7 @@ TEST_F(RecallTest, AStoreAloneChangesNothingAndHoldsEveryEvictedEntry) {
     SNAPFILL_ASSERT_OK(store->ReadPositions(l, 0, slots, pos.data()));
     for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
       std::vector<int32_t> all = Positions(stored->memory(), l, h);
-      all.insert(all.end(), pos.begin() + h * slots, pos.begin() + (h + 1) * slots);
+      for (int64_t i = 0; i < slots; ++i) all.push_back(pos[i * mc.num_kv_heads + h]);
       std::sort(all.begin(), all.end());
       ASSERT_EQ(static_cast<int64_t>(all.size()), kTokens);
       for (int64_t t = 0; t < kTokens; ++t) ASSERT_EQ(all[t], t) << "layer " << l << " head " << h;

@@ -79,6 +79,17 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     const std::string dir = root_ + "/" + RecallFormatName(format);
     auto store = RecallStore::Create(dir, info);
     SNAPFILL_ASSERT_OK(store);
+    // Block conversions as the engine sets them (here counted, to see them used).
+    int64_t converted = 0;
+    (*store)->SetHalfConversions(
+        [&](const float* x, uint16_t* y, int64_t n) {
+          converted += n;
+          for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+        },
+        [&](const uint16_t* x, float* y, int64_t n) {
+          converted += n;
+          for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+        });
     const int64_t d = info.head_dim, heads = info.num_kv_heads;
     Candidates c = MakeCandidates(heads, 10, d, 3);
     // Head 0 evicts rows 1, 4, 7; head 1 rows 0, 2, 9 (then 5, 6).
@@ -90,6 +101,7 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     EXPECT_EQ((*store)->slots(1), 5);
     EXPECT_EQ((*store)->slots(0), 0);
     EXPECT_EQ((*store)->bytes(), 5 * RecallStore::SlotBytes(info));
+    EXPECT_EQ(converted, format == RecallFormat::kF16 ? 2 * 5 * heads * d : 0);
 
     std::vector<float> k(heads * 5 * d);
     std::vector<int32_t> pos(heads * 5);
@@ -97,13 +109,13 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     std::vector<int32_t> pos_only(heads * 2);
     SNAPFILL_ASSERT_OK((*store)->ReadPositions(1, 3, 2, pos_only.data()));
     for (int64_t h = 0; h < heads; ++h) {
-      EXPECT_EQ(pos_only[h * 2], pos[h * 5 + 3]);
-      EXPECT_EQ(pos_only[h * 2 + 1], pos[h * 5 + 4]);
+      EXPECT_EQ(pos_only[h], pos[3 * heads + h]);
+      EXPECT_EQ(pos_only[heads + h], pos[4 * heads + h]);
     }
     for (int64_t h = 0; h < heads; ++h) {
       const std::vector<int32_t>& e = h == 0 ? e0 : e1;
       for (int64_t i = 0; i < 5; ++i) {
-        EXPECT_EQ(pos[h * 5 + i], c.pos[h * c.rows + e[i]]);
+        EXPECT_EQ(pos[i * heads + h], c.pos[h * c.rows + e[i]]);
         std::vector<float> kk(d), vv(d);
         int32_t p = -1;
         SNAPFILL_ASSERT_OK((*store)->ReadEntry(1, h, i, kk.data(), vv.data(), &p));
@@ -114,7 +126,7 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
         for (int64_t t = 0; t < d; ++t) kmax = std::max(kmax, std::abs(k0[t]));
         for (int64_t t = 0; t < d; ++t) vmax = std::max(vmax, std::abs(v0[t]));
         for (int64_t t = 0; t < d; ++t) {
-          EXPECT_EQ(k[(h * 5 + i) * d + t], kk[t]);  // the block read and the entry read agree
+          EXPECT_EQ(k[(i * heads + h) * d + t], kk[t]);  // the block read and the entry read agree
           if (format == RecallFormat::kF16) {
             EXPECT_EQ(kk[t], Fp16ToFp32(Fp32ToFp16(k0[t])));
             EXPECT_EQ(vv[t], Fp16ToFp32(Fp32ToFp16(v0[t])));
