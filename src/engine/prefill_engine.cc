@@ -33,12 +33,6 @@ constexpr int64_t kParallelCopyFloats = 1 << 14;
 // chunk (its rows cost as many chunk rows).
 constexpr int64_t kMaxQueryTokens = 4096;
 
-// The recall tier reads the store in blocks of this many slots (every KV
-// head's key of a slot: 1.5 MiB of f32 keys at SmolLM2's 3 KV heads).
-constexpr int64_t kRecallBlock = 2048;
-// It keeps this many of the best-scored entries per KV head for every one
-// it brings back: enough peaks to fill the budget even when spans overlap.
-constexpr int64_t kRecallPeaksPerEntry = 2;
 
 // f(item) for every item in [0, n): on the backend's threads where
 // `parallel` (the CPU backend's are those of its kernels, still spinning
@@ -170,16 +164,13 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     // A block of stored keys (f32, with positions, rotation positions and
     // scores), the question's log-denominators, and per KV head the peaks
     // and the span positions around them.
-    const int64_t peaks = kRecallPeaksPerEntry * c.recall_budget;
-    f.recall_bytes = kRecallBlock * (mc.num_kv_heads * (mc.head_dim + 2) + 1) * sizeof(float) +
-                     mc.num_heads * query_rows * sizeof(float) +
-                     mc.num_kv_heads * peaks * (c.pruner.span + 2) * 2 * sizeof(int64_t);
+    f.recall_bytes = Recaller::ScratchBytes(mc, query_rows, c.recall_budget, c.pruner.span);
     RecallStoreInfo info;
     info.num_layers = mc.num_layers;
     info.num_kv_heads = mc.num_kv_heads;
     info.head_dim = mc.head_dim;
     info.format = c.recall_format;
-    f.recall_disk_bytes = static_cast<uint64_t>(mc.num_layers) * total_tokens * RecallStore::SlotBytes(info);
+    f.recall_disk_bytes = RecallStore::MaxBytes(info, total_tokens);
   }
 
   // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
@@ -568,172 +559,16 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
 
 absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, const KvView& seen) {
   Stopwatch watch;
-  const LlamaConfig& c = model_.config();
-  const int64_t d = c.head_dim, heads = c.num_kv_heads, qn = query_rows_;
-  RecallStore& store = *recall_store_;
-  const int64_t slots = store.slots(layer);
-  const int64_t want = std::min(config_.recall_budget, slots);
-  const int64_t kept = memory_->size(layer);
-  if (want <= 0) return absl::OkStatus();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const bool original = config_.keep_original_positions;
-  // The question's softmax denominators over what it saw (memory ∪ chunk ∪
-  // itself): a stored key's score is the weight it would take among them.
-  recall_lse_.resize(c.num_heads * qn);
-  SNAPFILL_RETURN_IF_ERROR(
-      backend_->QueryLogSumExp(q, q_stride, seen, recall_lse_.data(), qn, c.num_heads, heads, d, scale));
-
-  // 1. Score every stored key; keep each head's best `peaks` (a min-heap
-  //    on score, then on higher position: the ranking the pruner uses).
-  struct Peak {
-    float score;
-    int32_t pos;
-    int64_t slot;
-  };
-  auto better = [](const Peak& a, const Peak& b) { return a.score > b.score || (a.score == b.score && a.pos < b.pos); };
-  const int64_t peaks = std::min(slots, kRecallPeaksPerEntry * want);
-  std::vector<std::vector<Peak>> best(heads);
-  recall_k_.resize(heads * kRecallBlock * d);
-  recall_pos_.resize(heads * kRecallBlock);
-  recall_rot_.resize(kRecallBlock);
-  recall_scores_.resize(heads * kRecallBlock);
-  for (int64_t first = 0; first < slots; first += kRecallBlock) {
-    const int64_t nb = std::min(kRecallBlock, slots - first);
-    SNAPFILL_RETURN_IF_ERROR(store.ReadKeys(layer, first, nb, recall_k_.data(), recall_pos_.data()));
-    // (Slot-major: slot i's key of head h at (i * heads + h) * d.)
-    for (int64_t h = 0; h < heads; ++h) {
-      // Each key at the place it would take among the memory's entries (by
-      // its input position), as the decoder will see it; or at its input
-      // position where the run keeps those.
-      const int32_t* mem_pos = memory_->pos(layer, h);
-      for (int64_t i = 0; i < nb; ++i) {
-        const int32_t p = recall_pos_[i * heads + h];
-        recall_rot_[i] = original ? p : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, p) - mem_pos);
-      }
-      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(recall_k_.data() + h * d, nb, 1, d, heads * d, recall_rot_.data(),
-                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    }
-    KvView keys;
-    keys.k = recall_k_.data();
-    keys.head_stride = d;
-    keys.key_stride = heads * d;
-    keys.num_keys = nb;
-    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(q, q_stride, qn, recall_lse_.data(), keys, recall_scores_.data(),
-                                                    nb, c.num_heads, heads, d, scale));
-    for (int64_t h = 0; h < heads; ++h) {
-      std::vector<Peak>& b = best[h];
-      for (int64_t i = 0; i < nb; ++i) {
-        const Peak p{recall_scores_[h * nb + i], recall_pos_[i * heads + h], first + i};
-        if (!std::isfinite(p.score)) {
-          return absl::InternalError(absl::StrCat("recall: stored entry ", p.slot, " of layer ", layer,
-                                                  " scores ", p.score));
-        }
-        if (static_cast<int64_t>(b.size()) < peaks) {
-          b.push_back(p);
-          std::push_heap(b.begin(), b.end(), better);
-        } else if (better(p, b.front())) {
-          std::pop_heap(b.begin(), b.end(), better);
-          b.back() = p;
-          std::push_heap(b.begin(), b.end(), better);
-        }
-      }
-    }
-  }
-
-  // 2. Spans (PrunerConfig::query_select): the positions within span/2 of
-  //    every peak, and which slot holds each of them (a pass over the
-  //    positions alone). A position the store does not hold is in the
-  //    memory already, or the question's.
-  const int64_t half = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span / 2 : 0;
-  std::vector<std::vector<int32_t>> around(heads);    // sorted, unique
-  std::vector<std::vector<int64_t>> slot_of(heads);  // parallel to around: the slot, or -1
-  for (int64_t h = 0; h < heads; ++h) {
-    std::sort(best[h].begin(), best[h].end(), better);
-    std::vector<int32_t>& a = around[h];
-    for (const Peak& p : best[h]) {
-      for (int64_t o = -half; o <= half; ++o) a.push_back(static_cast<int32_t>(p.pos + o));
-    }
-    std::sort(a.begin(), a.end());
-    a.erase(std::unique(a.begin(), a.end()), a.end());
-    slot_of[h].assign(a.size(), -1);
-  }
-  if (half > 0) {
-    for (int64_t first = 0; first < slots; first += kRecallBlock) {
-      const int64_t nb = std::min(kRecallBlock, slots - first);
-      SNAPFILL_RETURN_IF_ERROR(store.ReadPositions(layer, first, nb, recall_pos_.data()));
-      for (int64_t h = 0; h < heads; ++h) {
-        const std::vector<int32_t>& a = around[h];
-        for (int64_t i = 0; i < nb; ++i) {
-          const int32_t p = recall_pos_[i * heads + h];
-          const auto it = std::lower_bound(a.begin(), a.end(), p);
-          if (it != a.end() && *it == p) slot_of[h][it - a.begin()] = first + i;
-        }
-      }
-    }
-  } else {
-    for (int64_t h = 0; h < heads; ++h) {
-      for (const Peak& p : best[h]) {
-        slot_of[h][std::lower_bound(around[h].begin(), around[h].end(), p.pos) - around[h].begin()] = p.slot;
-      }
-    }
-  }
-
-  // 3. Pick: each peak in order, then its stored neighbours nearest first,
-  //    `want` entries per head (peaks >= want, so the quota always fills).
-  std::vector<int64_t> chosen;
-  std::vector<uint8_t> taken;
-  std::vector<float> rk(want * d), rv(want * d);
-  std::vector<int32_t> rp(want);
-  std::vector<int64_t> order(want);
-  for (int64_t h = 0; h < heads; ++h) {
-    const std::vector<int32_t>& a = around[h];
-    taken.assign(a.size(), 0);
-    chosen.clear();
-    auto take = [&](int32_t pos) {
-      const auto it = std::lower_bound(a.begin(), a.end(), pos);
-      if (it == a.end() || *it != pos) return;
-      const int64_t i = it - a.begin();
-      if (taken[i] || slot_of[h][i] < 0) return;
-      taken[i] = 1;
-      chosen.push_back(slot_of[h][i]);
-    };
-    for (const Peak& p : best[h]) {
-      if (static_cast<int64_t>(chosen.size()) >= want) break;
-      take(p.pos);
-      for (int64_t o = 1; o <= half && static_cast<int64_t>(chosen.size()) < want; ++o) {
-        take(static_cast<int32_t>(p.pos - o));
-        if (static_cast<int64_t>(chosen.size()) < want) take(static_cast<int32_t>(p.pos + o));
-      }
-    }
-    if (static_cast<int64_t>(chosen.size()) != want) {
-      return absl::InternalError(absl::StrCat("recall picked ", chosen.size(), " of ", want, " entries in layer ",
-                                              layer, " head ", h));
-    }
-    // 4. Read them and merge them into the memory by input position.
-    for (int64_t i = 0; i < want; ++i) {
-      SNAPFILL_RETURN_IF_ERROR(store.ReadEntry(layer, h, chosen[i], rk.data() + i * d, rv.data() + i * d, &rp[i]));
-    }
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return rp[x] < rp[y]; });
-    float* mk = memory_->k(layer, h);
-    float* mv = memory_->v(layer, h);
-    int32_t* mp = memory_->pos(layer, h);
-    int64_t i = kept - 1, j = want - 1;
-    for (int64_t o = kept + want - 1; j >= 0; --o) {
-      if (i >= 0 && mp[i] > rp[order[j]]) {
-        std::memmove(mk + o * d, mk + i * d, d * sizeof(float));
-        std::memmove(mv + o * d, mv + i * d, d * sizeof(float));
-        mp[o] = mp[i--];
-      } else {
-        std::memcpy(mk + o * d, rk.data() + order[j] * d, d * sizeof(float));
-        std::memcpy(mv + o * d, rv.data() + order[j] * d, d * sizeof(float));
-        mp[o] = rp[order[j--]];
-      }
-    }
-  }
-  memory_->set_size(layer, kept + want);
-  telemetry_.memory[layer] = kept + want;
-  telemetry_.recalled = std::max(telemetry_.recalled, want);
+  if (recaller_ == nullptr) recaller_ = std::make_unique<Recaller>(backend_, model_.config());
+  RecallOptions options;
+  options.budget = config_.recall_budget;
+  options.span = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span : 0;
+  options.original_positions = config_.keep_original_positions;
+  SNAPFILL_ASSIGN_OR_RETURN(const int64_t added, recaller_->RecallLayer(*recall_store_, layer, q, q_stride,
+                                                                        query_rows_, seen, options, *memory_,
+                                                                        /*rotated=*/false));
+  telemetry_.memory[layer] = memory_->size(layer);
+  telemetry_.recalled = std::max(telemetry_.recalled, added);
   telemetry_.recall_seconds += watch.Seconds();
   return absl::OkStatus();
 }

@@ -26,6 +26,7 @@
 #include "snapfill/schedule.h"
 #include "src/base/paged_array.h"
 #include "src/compress/pruner.h"
+#include "src/engine/recall.h"
 #include "src/kv/kv_cache.h"
 #include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
@@ -236,13 +237,11 @@ class PrefillEngine {
   PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
-  // Recall: each head's evicted candidates of a step; blocks of stored
-  // keys ([num_kv_heads][block][head_dim]), their positions, rotation
-  // positions and scores; the question's log-denominators.
+  // Recall: the store, each head's evicted candidates of a step, and what
+  // scores the store at the last step.
   RecallStore* recall_store_ = nullptr;
   std::vector<std::vector<int32_t>> evict_;
-  std::vector<float> recall_k_, recall_scores_, recall_lse_;
-  std::vector<int32_t> recall_pos_, recall_rot_;
+  std::unique_ptr<Recaller> recaller_;
   // Question-guided: the question's rows per batch (0 without one), and the
   // batch of a step: the question's tokens, then the chunk's. The question
   // goes first so that the rows whose final hidden states the forward

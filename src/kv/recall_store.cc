@@ -25,6 +25,7 @@ namespace {
 
 constexpr char kMetaName[] = "recall.meta";
 constexpr char kMetaHead[] = "snapfill-recall 1";
+constexpr char kDoneName[] = "recall.done";
 
 std::string Hex(uint64_t x) { return absl::StrFormat("%016x", x); }
 
@@ -189,18 +190,16 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Create(const std::stri
   return s;
 }
 
-absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::string& dir,
-                                                                 const RecallStoreInfo& info,
-                                                                 const std::vector<int64_t>& slots) {
-  if (static_cast<int64_t>(slots.size()) != info.num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("recall store: ", slots.size(), " slot counts for ", info.num_layers, " layers"));
-  }
+namespace {
+
+// Reads the header in `dir` and checks it names `info` (its format too
+// unless `any_format`). FailedPrecondition naming what differs.
+absl::StatusOr<std::map<std::string, std::string>> CheckMeta(const std::string& dir, const RecallStoreInfo& info,
+                                                              bool any_format, const char* hint) {
   const std::string meta_path = absl::StrCat(dir, "/", kMetaName);
   if (::access(meta_path.c_str(), F_OK) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--recall_dir ", dir, " holds no recall store (", meta_path,
-        " is missing): resume with the --recall_dir the checkpoint was written with"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--recall_dir ", dir, " holds no recall store (", meta_path, " is missing): ", hint));
   }
   SNAPFILL_ASSIGN_OR_RETURN(auto meta, ReadMeta(meta_path));
   std::istringstream want(MetaText(info));
@@ -209,6 +208,7 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
   while (std::getline(want, line)) {
     const size_t eq = line.find('=');
     const std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    if (any_format && key == "format") continue;
     const auto it = meta.find(key);
     const std::string found = it == meta.end() ? "(missing)" : it->second;
     if (found != value) {
@@ -220,6 +220,20 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
                                                         key, " is ", found, ", this run's ", value));
     }
   }
+  return meta;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::string& dir,
+                                                                 const RecallStoreInfo& info,
+                                                                 const std::vector<int64_t>& slots) {
+  if (static_cast<int64_t>(slots.size()) != info.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recall store: ", slots.size(), " slot counts for ", info.num_layers, " layers"));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(
+      auto meta, CheckMeta(dir, info, /*any_format=*/false, "resume with the --recall_dir the checkpoint was written with"));
   std::unique_ptr<RecallStore> s(new RecallStore(dir, info));
   s->made_dir_ = meta["made_dir"] == "1";
   SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
@@ -240,6 +254,43 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
       }
     }
     s->slots_[l] = slots[l];
+  }
+  return s;
+}
+
+absl::Status RecallStore::MarkComplete() {
+  SNAPFILL_RETURN_IF_ERROR(Sync());
+  return WriteFileAtomically(absl::StrCat(dir_, "/", kDoneName), "complete\n", /*overwrite=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Open(const std::string& dir, const RecallStoreInfo& info) {
+  SNAPFILL_ASSIGN_OR_RETURN(auto meta, CheckMeta(dir, info, /*any_format=*/true,
+                                                 "give the --recall_dir that prefill --out wrote it to"));
+  const std::string done = absl::StrCat(dir, "/", kDoneName);
+  if (::access(done.c_str(), F_OK) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the recall store in ", dir, " is incomplete (its prefill did not finish; resume it with --resume)"));
+  }
+  RecallStoreInfo with_format = info;
+  SNAPFILL_ASSIGN_OR_RETURN(with_format.format, ParseRecallFormat(meta["format"]));
+  std::unique_ptr<RecallStore> s(new RecallStore(dir, with_format));
+  s->made_dir_ = meta["made_dir"] == "1";
+  SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
+  for (int64_t l = 0; l < info.num_layers; ++l) {
+    int64_t slots = -1;
+    for (auto [fd, bytes, kind] : {std::tuple{s->pos_fds_[l], s->PosSlotBytes(), "pos"},
+                                   std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
+                                   std::tuple{s->value_fds_[l], s->ValueSlotBytes(), "values"}}) {
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", s->FilePath(l, kind));
+      const int64_t n = static_cast<int64_t>(st.st_size / bytes);
+      if (static_cast<uint64_t>(st.st_size) % bytes != 0 || (slots >= 0 && n != slots)) {
+        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, kind), " (", st.st_size,
+                                                " bytes) does not match the layer's other files"));
+      }
+      slots = n;
+    }
+    s->slots_[l] = slots;
   }
   return s;
 }
@@ -390,6 +441,10 @@ absl::Status RecallStore::Remove() {
         status = FileErrnoStatus(errno, "cannot remove", path);
       }
     }
+  }
+  const std::string done = absl::StrCat(dir_, "/", kDoneName);
+  if (::unlink(done.c_str()) != 0 && errno != ENOENT && status.ok()) {
+    status = FileErrnoStatus(errno, "cannot remove", done);
   }
   const std::string meta = absl::StrCat(dir_, "/", kMetaName);
   if (::unlink(meta.c_str()) != 0 && errno != ENOENT && status.ok()) {

@@ -62,6 +62,11 @@ class RecallStore {
   // Bytes one eviction slot of one layer takes on disk (every KV head's
   // position, key and value).
   static uint64_t SlotBytes(const RecallStoreInfo& info);
+  // The most a store of `tokens` input tokens can take: every token is
+  // evicted at most once, in every layer.
+  static uint64_t MaxBytes(const RecallStoreInfo& info, int64_t tokens) {
+    return static_cast<uint64_t>(info.num_layers) * tokens * SlotBytes(info);
+  }
 
   // A new, empty store in `dir` (created if absent; an existing directory
   // must be empty). InvalidArgument for a bad shape, FailedPrecondition for
@@ -77,6 +82,11 @@ class RecallStore {
   static absl::StatusOr<std::unique_ptr<RecallStore>> Reopen(const std::string& dir,
                                                              const RecallStoreInfo& info,
                                                              const std::vector<int64_t>& slots);
+  // A complete store (MarkComplete) for reading: the one `prefill --out`
+  // kept for `generate --cache`. `info` names whose it must be; its format
+  // is read from the header. FailedPrecondition for another model, input or
+  // plan, or an incomplete store; DataLoss if its files disagree.
+  static absl::StatusOr<std::unique_ptr<RecallStore>> Open(const std::string& dir, const RecallStoreInfo& info);
   ~RecallStore();
   RecallStore(const RecallStore&) = delete;
   RecallStore& operator=(const RecallStore&) = delete;
@@ -113,6 +123,9 @@ class RecallStore {
 
   // Makes what was written durable (before a checkpoint records the slots).
   absl::Status Sync();
+  // Syncs and marks the store complete (every entry of its input written),
+  // so that Open accepts it.
+  absl::Status MarkComplete();
   // Deletes the store's files (and the directory if Create made it).
   absl::Status Remove();
 

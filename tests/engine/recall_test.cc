@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <numeric>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -19,6 +20,7 @@
 #include "snapfill/status.h"
 #include "src/base/half.h"
 #include "src/engine/prefill_engine.h"
+#include "src/engine/recall.h"
 #include "src/kv/recall_store.h"
 #include "src/model/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
@@ -217,6 +219,58 @@ TEST_F(RecallTest, AResumedRunEndsWithTheSameMemory) {
   SNAPFILL_ASSERT_OK((*second)->Run(ids_, nullptr));
   ExpectSameMemory(whole->memory(), (*second)->memory());
   EXPECT_EQ((*reopened)->all_slots(), whole_store->all_slots());
+}
+
+// generate --cache: a cache saved without a question (the store filled by
+// the prefill) gets, from the question run over it, `budget` stored entries
+// per layer and KV head, each key rotated at its new index; the entries
+// already there that move are rotated on to theirs.
+TEST_F(RecallTest, AQuestionOverASavedCacheBringsBackStoredEntries) {
+  const LlamaConfig& mc = model_->config();
+  const int64_t d = mc.head_dim;
+  PrefillConfig config = Config();
+  config.query_tokens.clear();
+  PrefillConfig full_config = config;
+  full_config.pruner.kind = PrunerKind::kFull;
+  const auto full = Run(full_config);  // layer 0's keys before RoPE, every position
+  auto store = NewStore("saved");
+  const auto engine = Run(config, store.get());
+  const int64_t kept = engine->memory().size(0);
+  auto cache = engine->MakeDecoderCache(64);
+  SNAPFILL_ASSERT_OK(cache);
+  int64_t next = engine->next_position();
+  const std::vector<int32_t> question(ids_.begin(), ids_.begin() + 24);
+  RecallOptions options;
+  options.budget = 40;
+  options.span = 8;
+  auto added = RecallForQuestion(*model_, backend_.get(), **cache, &next, *store, question, options);
+  SNAPFILL_ASSERT_OK(added);
+  EXPECT_EQ(*added, 40);
+  EXPECT_EQ(next, kept + 40);
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    ASSERT_EQ((*cache)->size(l), engine->memory().size(l) + 40) << "layer " << l;
+    for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+      const std::vector<int32_t> pos = Positions(**cache, l, h);
+      const std::vector<int32_t> base = Positions(engine->memory(), l, h);
+      for (size_t j = 1; j < pos.size(); ++j) ASSERT_LT(pos[j - 1], pos[j]);
+      ASSERT_TRUE(std::includes(pos.begin(), pos.end(), base.begin(), base.end()));
+      if (l != 0) continue;
+      // Every key as layer 0 computes it for its token, rotated at its index.
+      std::vector<float> want(pos.size() * d);
+      for (size_t j = 0; j < pos.size(); ++j) {
+        std::memcpy(want.data() + j * d, full->memory().k(0, h) + pos[j] * d, d * sizeof(float));
+      }
+      std::vector<int32_t> index(pos.size());
+      std::iota(index.begin(), index.end(), 0);
+      SNAPFILL_ASSERT_OK(backend_->Rope(want.data(), pos.size(), 1, d, d, index.data(), mc.rope_dim,
+                                        mc.rope_freq_base, mc.rope_freq_scale, mc.rope_neox));
+      const float* got = (*cache)->k(0, h);
+      for (size_t t = 0; t < want.size(); ++t) {
+        ASSERT_NEAR(got[t], want[t], 3e-3 * std::abs(want[t]) + 2e-3) << "entry " << t / d << " position "
+                                                                        << pos[t / d];
+      }
+    }
+  }
 }
 
 TEST_F(RecallTest, IsCountedAndChecked) {

@@ -344,5 +344,37 @@ TEST_F(ReliabilityTest, RecallRefusesBadStoresAndSaysWhy) {
   EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall_format f32"), 2, "--recall_format=f32");
 }
 
+// prefill --recall_dir keeps the store for the saved cache; generate
+// --cache --recall_dir brings entries back for its question, and refuses a
+// store that is not that cache's.
+TEST_F(ReliabilityTest, RecallAnswersASavedCacheFromItsStore) {
+  const std::string store = dir_ + "/kept";
+  const std::string cache = dir_ + "/doc.kv";
+  const std::string prefill = "prefill --model " + model_ + " --schedule fm --memory 64 --chunk 64 --window 8"
+                              " --progress=false --timing=false --recall_dir ";
+  Result r = Run(prefill + store + " --input " + text_ + " --out " + cache);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("kept in " + store), std::string::npos) << r.err;
+  EXPECT_TRUE(Exists(store + "/recall.done"));
+  const std::string generate = "generate --model " + model_ + " --prompt 'what is it' -n 4 --timing=false --cache ";
+  r = Run(generate + cache + " --recall_dir " + store + " --recall 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+  EXPECT_TRUE(Exists(store + "/recall.meta")) << "generate keeps the store for the next question";
+
+  // Another input's cache with this store; a cache saved without one.
+  const std::string other_text = dir_ + "/other.txt";
+  testing::WriteRaw(other_text, testing::ReadAll(text_) + " And one more sentence.");
+  const std::string other = dir_ + "/other.kv";
+  r = Run(prefill + dir_ + "/other_store --input " + other_text + " --out " + other);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FAILS_WITH(Run(generate + other + " --recall_dir " + store), 1, "belongs to another input");
+  const std::string plain = dir_ + "/plain.kv";
+  r = Run("prefill --model " + model_ + " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false --input " +
+          text_ + " --out " + plain);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FAILS_WITH(Run(generate + plain + " --recall_dir " + store), 1, "saved without a recall store");
+}
+
 }  // namespace
 }  // namespace snapfill

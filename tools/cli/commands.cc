@@ -18,7 +18,7 @@ const std::vector<Command>& Commands() {
       {"prefill",
        "Read a long input into a compressed KV cache and save it (--out) for snapfill generate "
        "--cache.",
-       {"input", "out", "force", "model", "schedule", "growth", "memory", "chunk",
+       {"input", "out", "force", "recall_dir", "recall_format", "model", "schedule", "growth", "memory", "chunk",
         "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
         "original_positions", "chat_template", "system", "threads", "pack_decode", "telemetry", "progress",
         "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume", "max_tokens",
@@ -26,7 +26,8 @@ const std::vector<Command>& Commands() {
        &RunPrefill},
       {"generate",
        "Generate text from a prompt, or from a saved cache (--cache), streaming it to stdout.",
-       {"model", "prompt", "prompt_file", "cache", "n", "temp", "top_k", "top_p", "seed",
+       {"model", "prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span", "n", "temp", "top_k",
+        "top_p", "seed",
         "chat_template", "system", "threads", "pack_decode", "decode_kv_f16", "batch", "timing", "profile", "verbosity"},
        &RunGenerate},
       {"info", "Print a model's architecture, tensor types, sizes and context.",

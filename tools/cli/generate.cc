@@ -9,12 +9,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "snapfill/status.h"
 #include "src/base/sys_stats.h"
 #include "src/engine/generate.h"
 #include "src/engine/prompt.h"
+#include "src/engine/recall.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
+#include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -23,6 +26,17 @@
 
 namespace snapfill::cli {
 namespace {
+
+using Json = nlohmann::json;
+
+// A 16-hex-digit digest as the cache's configuration records it.
+bool ParseDigest(const Json& value, uint64_t* out) {
+  if (!value.is_string()) return false;
+  const std::string s = value.get<std::string>();
+  char* end = nullptr;
+  *out = std::strtoull(s.c_str(), &end, 16);
+  return !s.empty() && s.size() <= 16 && end == s.c_str() + s.size();
+}
 
 // Streams each token's text to stdout as soon as it is chosen.
 std::function<bool(int32_t)> StreamTo(const Tokenizer& tokenizer) {
@@ -44,6 +58,44 @@ void PrintTiming(const GenerateResult& r, const char* prefix) {
                r.prompt_tokens / std::max(r.prefill_seconds, 1e-9), r.ttft_seconds,
                r.tokens.size(), decode_tps, r.stopped_at_eog ? " (stopped at end of turn)" : "",
                HumanBytes(PeakRssBytes()).c_str());
+}
+
+// --cache with --recall_dir: the store `prefill --out` kept for this cache
+// (checked by the identity the cache records), then what the question
+// attends to most brought back into the cache.
+absl::Status RecallFromStore(const LoadedModel& m, Backend* backend, const PromptCache& cache, KvCache& kv,
+                             int64_t* start_pos, const std::string& dir, const std::vector<int32_t>& question) {
+  const Json config = Json::parse(cache.config, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.contains("recall_input_digest") || !config.contains("recall_plan_digest")) {
+    return absl::FailedPreconditionError(absl::StrCat("--recall_dir: the cache ", absl::GetFlag(FLAGS_cache),
+                                                      " was saved without a recall store (prefill --recall_dir)"));
+  }
+  const LlamaConfig& mc = m.model->config();
+  RecallStoreInfo info;
+  info.num_layers = mc.num_layers;
+  info.num_kv_heads = mc.num_kv_heads;
+  info.head_dim = mc.head_dim;
+  info.model_fingerprint = ModelFingerprint(m.model->gguf());
+  info.input_tokens = cache.input_tokens;
+  if (!ParseDigest(config["recall_input_digest"], &info.input_digest) ||
+      !ParseDigest(config["recall_plan_digest"], &info.plan_digest)) {
+    return absl::DataLossError(absl::StrCat("the cache ", absl::GetFlag(FLAGS_cache), " records a bad recall digest"));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<RecallStore> store, RecallStore::Open(dir, info));
+  store->SetHalfConversions([backend](const float* x, uint16_t* y, int64_t n) { backend->ToHalf(x, y, n); },
+                            [backend](const uint16_t* x, float* y, int64_t n) { backend->FromHalf(x, y, n); });
+  RecallOptions options;
+  options.budget = absl::GetFlag(FLAGS_recall);
+  SNAPFILL_ASSIGN_OR_RETURN(const Selection select, ParseSelection(absl::GetFlag(FLAGS_select)));
+  options.span = select == Selection::kSpan ? absl::GetFlag(FLAGS_span) : 0;
+  options.original_positions = config.value("positions", "") == "original";
+  Stopwatch watch;
+  SNAPFILL_ASSIGN_OR_RETURN(const int64_t added,
+                            RecallForQuestion(*m.model, backend, kv, start_pos, *store, question, options));
+  std::fprintf(stderr, "recall: %lld entries per layer and KV head brought back from %s in %s (%s) in %.1f s\n",
+               (long long)added, HumanBytes(store->bytes()).c_str(), dir.c_str(),
+               RecallFormatName(store->info().format), watch.Seconds());
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -79,12 +131,18 @@ absl::Status RunGenerate() {
   if (!cache_path.empty()) {
     // The prompt continues the user turn that the cached document opened.
     SNAPFILL_ASSIGN_OR_RETURN(ids, BuildContinuation(*m.tokenizer, m.chat_template, prompt));
+    // (Room for the entries a recall store brings back, too.)
+    const int64_t recall = absl::GetFlag(FLAGS_recall_dir).empty() ? 0 : absl::GetFlag(FLAGS_recall);
+    if (recall < 0) return absl::InvalidArgumentError(absl::StrCat("--recall=", recall, " must be >= 1"));
     SNAPFILL_ASSIGN_OR_RETURN(
         PromptCache cache,
         LoadCacheFile(cache_path, ModelFingerprint(m.model->gguf()),
-                      static_cast<int64_t>(ids.size()) + n));
+                      static_cast<int64_t>(ids.size()) + n + recall));
     start_pos = cache.next_position;
     kv = std::move(cache.kv);
+    if (const std::string dir = absl::GetFlag(FLAGS_recall_dir); !dir.empty()) {
+      SNAPFILL_RETURN_IF_ERROR(RecallFromStore(m, backend.get(), cache, *kv, &start_pos, dir, ids));
+    }
     if (absl::GetFlag(FLAGS_verbosity) >= 1) {
       std::fprintf(stderr, "cache %s: %lld input tokens, next position %lld, config %s\n",
                    cache_path.c_str(), (long long)cache.input_tokens, (long long)start_pos,

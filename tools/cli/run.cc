@@ -172,6 +172,9 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config = config;
   // run decodes -n tokens into the memory itself.
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
+  // prefill has no question to recall with: it keeps the store for
+  // `generate --cache --recall_dir`.
+  if (!with_question) p.config.recall_budget = 0;
   SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
   p.weight_bytes = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/false);
@@ -224,8 +227,15 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
                        p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
-  p.recall_disk_bytes = fp.recall_disk_bytes;
   const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
+  if (!recall_dir.empty()) {
+    RecallStoreInfo shape;
+    shape.num_layers = p.model.model->config().num_layers;
+    shape.num_kv_heads = p.model.model->config().num_kv_heads;
+    shape.head_dim = p.model.model->config().head_dim;
+    shape.format = p.config.recall_format;
+    p.recall_disk_bytes = RecallStore::MaxBytes(shape, total);
+  }
   if (!recall_dir.empty() && !absl::GetFlag(FLAGS_dry_run)) {
     const uint64_t free = FreeDiskBytes(recall_dir);
     if (free > 0 && free < p.recall_disk_bytes) {
@@ -263,14 +273,14 @@ void PrintPlan(const Prepared& p) {
                 100.0 * q * steps / std::max<double>(1, p.tokens.size()),
                 QuestionSelectionLabel(c.pruner).c_str());
   }
-  if (c.recall_budget > 0) {
-    const std::string dir = absl::GetFlag(FLAGS_recall_dir);
+  if (const std::string dir = absl::GetFlag(FLAGS_recall_dir); !dir.empty()) {
     const uint64_t free = FreeDiskBytes(dir);
-    std::printf("recall: up to %s of evicted entries (%s) in %s%s; the question brings back %lld per layer and "
-                "KV head\n",
-                HumanBytes(p.recall_disk_bytes).c_str(), RecallFormatName(c.recall_format), dir.c_str(),
+    std::printf("recall: up to %s of evicted entries (%s) in %s%s; %s\n", HumanBytes(p.recall_disk_bytes).c_str(),
+                RecallFormatName(c.recall_format), dir.c_str(),
                 free > 0 ? absl::StrCat(", ", HumanBytes(free), " free there").c_str() : "",
-                (long long)c.recall_budget);
+                c.recall_budget > 0
+                    ? absl::StrCat("the question brings back ", c.recall_budget, " per layer and KV head").c_str()
+                    : "kept for generate --cache --recall_dir");
   }
   std::printf("%s\n", p.peak.Format().c_str());
 }
@@ -379,7 +389,7 @@ absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& pat
   }
   SNAPFILL_RETURN_IF_ERROR(
       p.engine->Restore(ck.state.steps_done, ck.state.retention, *ck.memory));
-  if (p.config.recall_budget > 0) {
+  if (!absl::GetFlag(FLAGS_recall_dir).empty()) {
     // The store as it was at the checkpoint (what later steps wrote is cut).
     SNAPFILL_ASSIGN_OR_RETURN(p.recall, RecallStore::Reopen(absl::GetFlag(FLAGS_recall_dir), RecallInfo(p),
                                                             ck.state.recall_slots));
@@ -493,6 +503,16 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
   return absl::OkStatus();
 }
 
+// After the prefill loop: a failed run's store is removed unless a
+// checkpoint can resume it; a finished one's too, unless `keep_if_ok`
+// (prefill keeps it for generate --cache).
+void DropRecallStore(Prepared& p, const absl::Status& prefill, bool keep_if_ok) {
+  if (p.recall == nullptr) return;
+  if (prefill.ok() ? keep_if_ok : !absl::GetFlag(FLAGS_checkpoint).empty()) return;
+  const absl::Status removed = p.recall->Remove();
+  if (!removed.ok()) std::fprintf(stderr, "snapfill: warning: %s\n", std::string(removed.message()).c_str());
+}
+
 // The prefill is complete (and, for prefill --out, saved): its checkpoint
 // is no longer needed.
 void RemoveCheckpoint() {
@@ -515,19 +535,13 @@ absl::Status RunRun() {
   double recall_seconds = 0;
   int64_t recalled = 0;
   const absl::Status prefill = RunPrefillLoop(p, &prefill_seconds, &recall_seconds, &recalled);
-  if (p.recall != nullptr && (prefill.ok() || absl::GetFlag(FLAGS_checkpoint).empty())) {
-    // Done with it (or of no use without a checkpoint to resume): a
-    // stopped run with a checkpoint keeps it for --resume.
-    const uint64_t bytes = p.recall->bytes();
-    const absl::Status removed = p.recall->Remove();
-    if (prefill.ok()) {
-      std::fprintf(stderr, "recall: %lld entries per layer and KV head brought back from %s of evicted entries "
-                   "(%s) in %.1f s; the store is removed\n",
-                   (long long)recalled, HumanBytes(bytes).c_str(), RecallFormatName(p.config.recall_format),
-                   recall_seconds);
-    }
-    if (!removed.ok()) std::fprintf(stderr, "snapfill: warning: %s\n", std::string(removed.message()).c_str());
+  if (p.recall != nullptr && prefill.ok()) {
+    std::fprintf(stderr, "recall: %lld entries per layer and KV head brought back from %s of evicted entries "
+                 "(%s) in %.1f s; the store is removed\n",
+                 (long long)recalled, HumanBytes(p.recall->bytes()).c_str(), RecallFormatName(p.config.recall_format),
+                 recall_seconds);
   }
+  DropRecallStore(p, prefill, /*keep_if_ok=*/false);
   SNAPFILL_RETURN_IF_ERROR(prefill);
   RemoveCheckpoint();
   // The prefill's own work (the profile goes on through the decode).
@@ -618,13 +632,30 @@ absl::Status RunPrefill() {
   PromptCache cache;
   cache.model_fingerprint = ModelFingerprint(p.model.model->gguf());
   double seconds = 0;
-  SNAPFILL_RETURN_IF_ERROR(RunPrefillLoop(p, &seconds));
+  const absl::Status prefill = RunPrefillLoop(p, &seconds);
+  DropRecallStore(p, prefill, /*keep_if_ok=*/true);
+  SNAPFILL_RETURN_IF_ERROR(prefill);
   cache.config = ConfigJson(p.config, p.model.path, static_cast<int64_t>(p.tokens.size()));
+  if (p.recall != nullptr) {
+    // Whose store answers this cache's questions (generate --recall_dir).
+    cache.config.pop_back();
+    absl::StrAppendFormat(&cache.config, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
+                          p.recall->info().input_digest, p.recall->info().plan_digest);
+  }
   cache.input_tokens = static_cast<int64_t>(p.tokens.size());
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->TakeDecoderCache());
   cache.next_position = p.engine->next_position();
-  SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(out, cache, absl::GetFlag(FLAGS_force)));
+  if (const absl::Status saved = SaveCacheFile(out, cache, absl::GetFlag(FLAGS_force)); !saved.ok()) {
+    DropRecallStore(p, saved, /*keep_if_ok=*/true);
+    return saved;
+  }
   RemoveCheckpoint();
+  if (p.recall != nullptr) {
+    SNAPFILL_RETURN_IF_ERROR(p.recall->MarkComplete());
+    std::fprintf(stderr, "recall: %s of evicted entries (%s) kept in %s: ask with generate --cache %s --recall_dir %s\n",
+                 HumanBytes(p.recall->bytes()).c_str(), RecallFormatName(p.recall->info().format),
+                 p.recall->dir().c_str(), out.c_str(), p.recall->dir().c_str());
+  }
   if (absl::GetFlag(FLAGS_timing)) {
     std::fprintf(stderr, "prefill: %zu tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s\n",
                  p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),

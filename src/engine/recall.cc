@@ -1,0 +1,280 @@
+#include "src/engine/recall.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+#include "src/model/llama_forward.h"
+
+namespace snapfill {
+namespace {
+
+// Stored slots read and scored at a time (every KV head's key of a slot:
+// 1.5 MiB of f32 keys at SmolLM2's 3 KV heads).
+constexpr int64_t kBlock = 2048;
+// The best-scored entries kept per KV head for every one brought back:
+// enough peaks to fill the budget even when spans overlap.
+constexpr int64_t kPeaksPerEntry = 2;
+
+}  // namespace
+
+uint64_t Recaller::ScratchBytes(const LlamaConfig& c, int64_t num_q, int64_t budget, int64_t span) {
+  const int64_t peaks = kPeaksPerEntry * budget;
+  return kBlock * (c.num_kv_heads * (c.head_dim + 2) + 1) * sizeof(float) + c.num_heads * num_q * sizeof(float) +
+         c.num_kv_heads * peaks * (span + 2) * 2 * sizeof(int64_t) +
+         c.num_kv_heads * budget * (2 * c.head_dim + 1) * sizeof(float);
+}
+
+absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride,
+                                              int64_t num_q, const KvView& seen, const RecallOptions& options,
+                                              KvCache& cache, bool rotated) {
+  const LlamaConfig& c = config_;
+  const int64_t d = c.head_dim, heads = c.num_kv_heads;
+  const int64_t slots = store.slots(layer);
+  const int64_t want = std::min(options.budget, slots);
+  const int64_t kept = cache.size(layer);
+  if (want <= 0 || num_q <= 0) return 0;
+  if (kept + want > cache.capacity()) {
+    return absl::InternalError(absl::StrCat("recall: layer ", layer, " holds ", kept, " entries, ", want,
+                                            " more pass its capacity of ", cache.capacity()));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const bool original = options.original_positions;
+  // The question's softmax denominators over what it saw (memory ∪ chunk ∪
+  // itself): a stored key's score is the weight it would take among them.
+  lse_.resize(c.num_heads * num_q);
+  SNAPFILL_RETURN_IF_ERROR(
+      backend_->QueryLogSumExp(q, q_stride, seen, lse_.data(), num_q, c.num_heads, heads, d, scale));
+
+  // 1. Score every stored key; keep each head's best `peaks` (a min-heap
+  //    on score, then on higher position: the ranking the pruner uses).
+  struct Peak {
+    float score;
+    int32_t pos;
+    int64_t slot;
+  };
+  auto better = [](const Peak& a, const Peak& b) { return a.score > b.score || (a.score == b.score && a.pos < b.pos); };
+  const int64_t peaks = std::min(slots, kPeaksPerEntry * want);
+  std::vector<std::vector<Peak>> best(heads);
+  k_.resize(heads * kBlock * d);
+  pos_.resize(heads * kBlock);
+  rot_.resize(kBlock);
+  scores_.resize(heads * kBlock);
+  for (int64_t first = 0; first < slots; first += kBlock) {
+    const int64_t nb = std::min(kBlock, slots - first);
+    SNAPFILL_RETURN_IF_ERROR(store.ReadKeys(layer, first, nb, k_.data(), pos_.data()));
+    // (Slot-major: slot i's key of head h at (i * heads + h) * d.)
+    for (int64_t h = 0; h < heads; ++h) {
+      // Each key at the place it would take among the memory's entries (by
+      // its input position), as the decoder will see it; or at its input
+      // position where the run keeps those.
+      const int32_t* mem_pos = cache.pos(layer, h);
+      for (int64_t i = 0; i < nb; ++i) {
+        const int32_t p = pos_[i * heads + h];
+        rot_[i] = original ? p : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, p) - mem_pos);
+      }
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(k_.data() + h * d, nb, 1, d, heads * d, rot_.data(),
+                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    }
+    KvView keys;
+    keys.k = k_.data();
+    keys.head_stride = d;
+    keys.key_stride = heads * d;
+    keys.num_keys = nb;
+    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(q, q_stride, num_q, lse_.data(), keys, scores_.data(),
+                                                    nb, c.num_heads, heads, d, scale));
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<Peak>& b = best[h];
+      for (int64_t i = 0; i < nb; ++i) {
+        const Peak p{scores_[h * nb + i], pos_[i * heads + h], first + i};
+        if (!std::isfinite(p.score)) {
+          return absl::InternalError(absl::StrCat("recall: stored entry ", p.slot, " of layer ", layer,
+                                                  " scores ", p.score));
+        }
+        if (static_cast<int64_t>(b.size()) < peaks) {
+          b.push_back(p);
+          std::push_heap(b.begin(), b.end(), better);
+        } else if (better(p, b.front())) {
+          std::pop_heap(b.begin(), b.end(), better);
+          b.back() = p;
+          std::push_heap(b.begin(), b.end(), better);
+        }
+      }
+    }
+  }
+
+  // 2. Spans (PrunerConfig::query_select): the positions within span/2 of
+  //    every peak, and which slot holds each of them (a pass over the
+  //    positions alone). A position the store does not hold is in the
+  //    memory already, or the question's.
+  const int64_t half = options.span / 2;
+  std::vector<std::vector<int32_t>> around(heads);    // sorted, unique
+  std::vector<std::vector<int64_t>> slot_of(heads);  // parallel to around: the slot, or -1
+  for (int64_t h = 0; h < heads; ++h) {
+    std::sort(best[h].begin(), best[h].end(), better);
+    std::vector<int32_t>& a = around[h];
+    for (const Peak& p : best[h]) {
+      for (int64_t o = -half; o <= half; ++o) a.push_back(static_cast<int32_t>(p.pos + o));
+    }
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+    slot_of[h].assign(a.size(), -1);
+  }
+  if (half > 0) {
+    for (int64_t first = 0; first < slots; first += kBlock) {
+      const int64_t nb = std::min(kBlock, slots - first);
+      SNAPFILL_RETURN_IF_ERROR(store.ReadPositions(layer, first, nb, pos_.data()));
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<int32_t>& a = around[h];
+        for (int64_t i = 0; i < nb; ++i) {
+          const int32_t p = pos_[i * heads + h];
+          const auto it = std::lower_bound(a.begin(), a.end(), p);
+          if (it != a.end() && *it == p) slot_of[h][it - a.begin()] = first + i;
+        }
+      }
+    }
+  } else {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (const Peak& p : best[h]) {
+        slot_of[h][std::lower_bound(around[h].begin(), around[h].end(), p.pos) - around[h].begin()] = p.slot;
+      }
+    }
+  }
+
+  // 3. Pick: each peak in order, then its stored neighbours nearest first,
+  //    `want` entries per head (peaks >= want, so the quota always fills).
+  std::vector<int64_t> chosen;
+  std::vector<uint8_t> taken;
+  std::vector<float> rk(want * d), rv(want * d);
+  std::vector<int32_t> rp(want);
+  std::vector<int64_t> order(want);
+  for (int64_t h = 0; h < heads; ++h) {
+    const std::vector<int32_t>& a = around[h];
+    taken.assign(a.size(), 0);
+    chosen.clear();
+    auto take = [&](int32_t pos) {
+      const auto it = std::lower_bound(a.begin(), a.end(), pos);
+      if (it == a.end() || *it != pos) return;
+      const int64_t i = it - a.begin();
+      if (taken[i] || slot_of[h][i] < 0) return;
+      taken[i] = 1;
+      chosen.push_back(slot_of[h][i]);
+    };
+    for (const Peak& p : best[h]) {
+      if (static_cast<int64_t>(chosen.size()) >= want) break;
+      take(p.pos);
+      for (int64_t o = 1; o <= half && static_cast<int64_t>(chosen.size()) < want; ++o) {
+        take(static_cast<int32_t>(p.pos - o));
+        if (static_cast<int64_t>(chosen.size()) < want) take(static_cast<int32_t>(p.pos + o));
+      }
+    }
+    if (static_cast<int64_t>(chosen.size()) != want) {
+      return absl::InternalError(absl::StrCat("recall picked ", chosen.size(), " of ", want, " entries in layer ",
+                                              layer, " head ", h));
+    }
+    // 4. Read them and merge them into the layer by input position.
+    for (int64_t i = 0; i < want; ++i) {
+      SNAPFILL_RETURN_IF_ERROR(store.ReadEntry(layer, h, chosen[i], rk.data() + i * d, rv.data() + i * d, &rp[i]));
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return rp[x] < rp[y]; });
+    float* mk = cache.k(layer, h);
+    float* mv = cache.v(layer, h);
+    int32_t* mp = cache.pos(layer, h);
+    // From the back, so nothing is overwritten before it moves. In a
+    // rotated cache each entry then turns by how far it moved (RoPE
+    // composes: a rotation by a after one by b is one by a + b), and each
+    // recalled key, stored before RoPE, by its index.
+    rot_.assign(kept + want, 0);
+    int64_t i = kept - 1, j = want - 1;
+    for (int64_t o = kept + want - 1; j >= 0; --o) {
+      if (i >= 0 && mp[i] > rp[order[j]]) {
+        std::memmove(mk + o * d, mk + i * d, d * sizeof(float));
+        std::memmove(mv + o * d, mv + i * d, d * sizeof(float));
+        mp[o] = mp[i];
+        rot_[o] = original ? 0 : static_cast<int32_t>(o - i);
+        --i;
+      } else {
+        std::memcpy(mk + o * d, rk.data() + order[j] * d, d * sizeof(float));
+        std::memcpy(mv + o * d, rv.data() + order[j] * d, d * sizeof(float));
+        mp[o] = rp[order[j]];
+        rot_[o] = original ? mp[o] : static_cast<int32_t>(o);
+        --j;
+      }
+    }
+    if (rotated) {
+      // Entries [0, i] did not move (rotation 0 leaves them as they are).
+      const int64_t first = i + 1;
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(mk + first * d, kept + want - first, 1, d, d, rot_.data() + first,
+                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    }
+  }
+  cache.set_size(layer, kept + want);
+  return want;
+}
+
+absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* backend, KvCache& cache,
+                                          int64_t* next_position, RecallStore& store,
+                                          const std::vector<int32_t>& question, const RecallOptions& options) {
+  const LlamaConfig& c = model.config();
+  const int64_t n = static_cast<int64_t>(question.size());
+  if (n == 0 || options.budget <= 0) return 0;
+  const RecallStoreInfo& info = store.info();
+  if (info.num_layers != c.num_layers || info.num_kv_heads != c.num_kv_heads || info.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("the recall store in ", store.dir(), " is shaped for another model"));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> forward, LlamaForward::Create(model, backend, n));
+  const int64_t d = c.head_dim, heads = c.num_kv_heads;
+  const int64_t start = *next_position;
+  std::vector<int32_t> qpos(n);
+  std::iota(qpos.begin(), qpos.end(), static_cast<int32_t>(start));
+  Recaller recaller(backend, c);
+  std::vector<float> tk, tv;  // [heads][m + n][d]: the layer's cache, then the question's keys
+  int64_t added = 0;
+  // Each layer: the question's queries and keys at the positions after the
+  // cache, attention over cache ∪ question (its outputs feed the next
+  // layer), then the recall into this layer. The question's K/V are dropped.
+  auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
+                    int64_t out_rows, float* out) -> absl::Status {
+    const int64_t m = cache.size(layer);
+    const int64_t total = m + rows;
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, qpos.data(), c.rope_dim,
+                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, heads, d, kv_stride, qpos.data(), c.rope_dim, c.rope_freq_base,
+                                           c.rope_freq_scale, c.rope_neox));
+    tk.resize(heads * total * d);
+    tv.resize(heads * total * d);
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(tk.data() + h * total * d, cache.k(layer, h), m * d * sizeof(float));
+      std::memcpy(tv.data() + h * total * d, cache.v(layer, h), m * d * sizeof(float));
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(tk.data() + (h * total + m + r) * d, k + r * kv_stride + h * d, d * sizeof(float));
+        std::memcpy(tv.data() + (h * total + m + r) * d, v + r * kv_stride + h * d, d * sizeof(float));
+      }
+    }
+    KvView view;
+    view.k = tk.data();
+    view.v = tv.data();
+    view.head_stride = total * d;
+    view.key_stride = d;
+    view.num_keys = total;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    if (out_rows > 0) {
+      const int64_t skip = rows - out_rows;
+      SNAPFILL_RETURN_IF_ERROR(backend->Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride, q_stride,
+                                                  out_rows, c.num_heads, heads, d, scale));
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(const int64_t got,
+                              recaller.RecallLayer(store, layer, q, q_stride, rows, view, options, cache, true));
+    added = std::max(added, got);
+    return absl::OkStatus();
+  };
+  SNAPFILL_RETURN_IF_ERROR(forward->ForwardWithAttention(question.data(), n, attend, 0, nullptr, 0));
+  if (!options.original_positions) *next_position = cache.max_size();
+  return added;
+}
+
+}  // namespace snapfill

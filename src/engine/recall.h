@@ -1,0 +1,69 @@
+// The recall tier's read side (DESIGN.md §8): the entries of a recall store
+// that a question's queries attend to most, merged into a layer of a KV
+// cache by input position. The chunk loop calls it at the input's last step
+// (the question's rows ran with the last chunk); `generate --cache` calls
+// RecallForQuestion, which runs the question over a saved cache first.
+#ifndef SNAPFILL_ENGINE_RECALL_H_
+#define SNAPFILL_ENGINE_RECALL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+#include "src/kv/kv_cache.h"
+#include "src/kv/recall_store.h"
+#include "src/model/llama_model.h"
+
+namespace snapfill {
+
+struct RecallOptions {
+  int64_t budget = 0;      // entries per layer and KV head brought back
+  int64_t span = 0;        // each peak brings its stored neighbours within span/2 (0: single entries)
+  bool original_positions = false;  // keys rotate at their input positions, not re-encoded
+};
+
+class Recaller {
+ public:
+  Recaller(Backend* backend, const LlamaConfig& config) : backend_(backend), config_(config) {}
+
+  // Scores every stored entry of `layer` with the question's num_q queries
+  // q (rotated, [num_q][num_heads][head_dim] with stride q_stride), whose
+  // softmax ran over `seen`, and merges the best options.budget per KV head
+  // (spans around the strongest) into `cache`'s layer by input position.
+  // Each stored key is scored rotated at the index it will take there (or
+  // at its input position). `rotated`: the cache's keys are rotated at
+  // their indices (a decoder cache; the entries that move are rotated on to
+  // their new index); else they are kept before RoPE (the chunk loop's
+  // memory). Returns the entries added per KV head.
+  absl::StatusOr<int64_t> RecallLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride,
+                                      int64_t num_q, const KvView& seen, const RecallOptions& options,
+                                      KvCache& cache, bool rotated);
+
+  // Resident bytes of the scratch for `budget` and `span`.
+  static uint64_t ScratchBytes(const LlamaConfig& config, int64_t num_q, int64_t budget, int64_t span);
+
+ private:
+  Backend* backend_;
+  const LlamaConfig& config_;
+  // A block of stored keys (slot-major), positions, rotation positions,
+  // scores; the question's log-denominators.
+  std::vector<float> k_, scores_, lse_;
+  std::vector<int32_t> pos_, rot_;
+};
+
+// `generate --cache` with a recall store: runs `question` (the tokens that
+// follow the cached input) through the model over `cache` (a decoder cache,
+// keys rotated; next_position where the question starts) and, in every
+// layer, recalls into the cache what the question attends to most. The
+// question's own K/V are dropped: the caller generates from the cache as
+// usual, from *next_position (moved past the entries added when positions
+// are re-encoded). The cache needs room for options.budget more entries.
+// Returns the entries added per layer and KV head.
+absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* backend, KvCache& cache,
+                                          int64_t* next_position, RecallStore& store,
+                                          const std::vector<int32_t>& question, const RecallOptions& options);
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_ENGINE_RECALL_H_
