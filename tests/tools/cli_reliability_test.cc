@@ -70,6 +70,19 @@ class ReliabilityTest : public testing::CliTest {
     return false;
   }
 
+  // Spawns `args`, waits for its first checkpoint and a little past it (so
+  // the kill lands at an arbitrary point of the chunks, possibly while the
+  // next checkpoint is being written), then kills it with SIGKILL.
+  void KillAfterFirstCheckpoint(const std::string& args) {
+    const pid_t pid = Spawn(args);
+    ASSERT_TRUE(WaitForCheckpoint(pid)) << "the run ended before its first checkpoint";
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    const int status = Wait(pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "the run finished before it could be killed; make the job longer";
+  }
+
   std::string model_, job_, checkpoint_;
 };
 
@@ -77,16 +90,8 @@ TEST_F(ReliabilityTest, KilledRunResumesToTheSameCache) {
   const std::string reference = Reference();
   ASSERT_FALSE(reference.empty());
   const std::string out = dir_ + "/resumed.kv";
-  const pid_t pid =
-      Spawn(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
-  ASSERT_TRUE(WaitForCheckpoint(pid)) << "the run ended before its first checkpoint";
-  // Past the first checkpoint, so the kill lands at an arbitrary point of
-  // the chunks, possibly while the next checkpoint is being written.
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  const int status = Wait(pid);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-      << "the run finished before it could be killed; make the job longer";
+  KillAfterFirstCheckpoint(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
   EXPECT_FALSE(Exists(out)) << "a killed run must not leave an output";
 
   Result r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
@@ -281,13 +286,8 @@ TEST_F(ReliabilityTest, RecallKilledRunResumesToTheSameAnswer) {
 
   const std::string store = dir_ + "/store";
   const std::string job = run + " --recall_dir " + store + " --checkpoint " + checkpoint_;
-  const pid_t pid = Spawn(job + " --checkpoint_every 2");
-  ASSERT_TRUE(WaitForCheckpoint(pid)) << "the run ended before its first checkpoint";
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  ASSERT_EQ(::kill(pid, SIGKILL), 0);
-  const int status = Wait(pid);
-  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-      << "the run finished before it could be killed; make the job longer";
+  KillAfterFirstCheckpoint(job + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
   ASSERT_TRUE(Exists(store + "/recall.meta"));
 
   r = Run(run + " --recall_dir " + dir_ + "/elsewhere --checkpoint " + checkpoint_ + " --resume");
