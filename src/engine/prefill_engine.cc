@@ -471,10 +471,22 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   in.final_step = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
   in.positions = cand_pos_.data();
   in.positions_stride = cand_capacity_;
+  // The question's queries that vote (and recall): its rows after the
+  // chunk, over memory ∪ chunk ∪ question; at the input's last step the
+  // chunk's own last rows instead, which are the same tokens in place (the
+  // input ends with the question as the prompt closes it), where they ask
+  // it as the decoder will: after the text, not after a second copy.
+  const float* voter_q = q;
+  int64_t voters = qn;
+  KvView voter_seen = with_question;
+  if (qn > 0 && in.final_step) {
+    voters = std::min(qn, n);
+    voter_q = chunk_q + (n - voters) * q_stride;
+    voter_seen = view;
+  }
   if (qn > 0) {
-    // The question's votes: all its queries, over memory ∪ chunk ∪ question.
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(q, q_stride, with_question, query_votes_.data(),
-                                                    cand_capacity_, qn, c.num_heads, c.num_kv_heads,
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(voter_q, q_stride, voter_seen, query_votes_.data(),
+                                                    cand_capacity_, voters, c.num_heads, c.num_kv_heads,
                                                     d, scale));
     in.query_votes = query_votes_.data();
     in.query_votes_stride = cand_capacity_;
@@ -552,12 +564,13 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
                                            head_stride, cand_pos_.data(), cand_capacity_));
   }
   if (in.final_step && config_.recall_budget > 0 && qn > 0) {
-    SNAPFILL_RETURN_IF_ERROR(Recall(layer, q, q_stride, with_question));
+    SNAPFILL_RETURN_IF_ERROR(Recall(layer, voter_q, q_stride, voters, voter_seen));
   }
   return absl::OkStatus();
 }
 
-absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, const KvView& seen) {
+absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
+                                   const KvView& seen) {
   Stopwatch watch;
   if (recaller_ == nullptr) recaller_ = std::make_unique<Recaller>(backend_, model_.config());
   RecallOptions options;
@@ -565,7 +578,7 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
   options.span = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span : 0;
   options.original_positions = config_.keep_original_positions;
   SNAPFILL_ASSIGN_OR_RETURN(const int64_t added, recaller_->RecallLayer(*recall_store_, layer, q, q_stride,
-                                                                        query_rows_, seen, options, *memory_,
+                                                                        num_q, seen, options, *memory_,
                                                                         /*rotated=*/false));
   telemetry_.memory[layer] = memory_->size(layer);
   telemetry_.recalled = std::max(telemetry_.recalled, added);

@@ -204,9 +204,10 @@ class PrefillEngine {
                                  int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
   // The recall tier at the last step, for `layer` (whose memory holds the
-  // step's kept entries): scores the store with the question's queries q
-  // (rotated), which saw `seen`, and merges the best into the memory.
-  absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, const KvView& seen);
+  // step's kept entries): scores the store with the question's num_q
+  // queries q (rotated), which saw `seen`, and merges the best into the
+  // memory.
+  absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen);
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);
 

@@ -80,7 +80,9 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   if (half_decode_kv) {
     // The fp16 entries replace the f32 ones layer by layer (KvCache::
     // SyncHalf with release_f32): at most one layer holds both.
-    p.after += static_cast<uint64_t>(fp.memory_capacity) * c.num_kv_heads * c.head_dim * 2 * sizeof(uint16_t);
+    // (final_entries counts what the recall tier adds.)
+    const uint64_t entries = static_cast<uint64_t>(std::max(fp.memory_capacity, fp.final_entries));
+    p.after += entries * c.num_kv_heads * c.head_dim * 2 * sizeof(uint16_t);
   }
   return p;
 }
