@@ -55,8 +55,11 @@ struct PrefillConfig {
   // it, attending over memory ∪ chunk and themselves; their queries vote
   // for what the memory keeps (PrunerConfig::query_share of it, picked as
   // PrunerConfig::query_select says), and their K/V are dropped after the
-  // votes, never kept. Empty: SnapKV's own window alone votes. Used by the
-  // SnapKV pruner only (the others do not read votes).
+  // votes, never kept. At the input's last step, whose chunk ends with
+  // these same tokens (the prompt closes with the question), the chunk's
+  // own last rows vote (and recall) instead: the question in place. Empty:
+  // SnapKV's own window alone votes. Used by the SnapKV pruner only (the
+  // others do not read votes).
   std::vector<int32_t> query_tokens;
   // The recall tier (DESIGN.md §8): at the input's last step the
   // question's queries score every entry of the recall store (the engine's
