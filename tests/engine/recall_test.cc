@@ -273,6 +273,25 @@ TEST_F(RecallTest, AQuestionOverASavedCacheBringsBackStoredEntries) {
   }
 }
 
+// At the input's last step the chunk's own last rows vote and recall, not
+// the question's copy after the chunk: in a one-step plan, questions of the
+// same length but other tokens leave the same memory, recall included.
+TEST_F(RecallTest, TheLastStepAsksInPlace) {
+  PrefillConfig config = Config();
+  config.schedule.chunk = 2048;  // one step: the whole input
+  config.schedule.memory = 300;
+  config.recall_budget = 30;
+  std::vector<std::unique_ptr<PrefillEngine>> runs;
+  for (int offset : {0, 500}) {
+    config.query_tokens.assign(ids_.begin() + offset, ids_.begin() + offset + 24);
+    auto store = NewStore("one_step_" + std::to_string(offset));
+    runs.push_back(Run(config, store.get()));
+    EXPECT_EQ(runs.back()->plan().steps.size(), 1u);
+    EXPECT_EQ(runs.back()->memory().size(0), 300 + config.schedule.sink_tokens + 30);
+  }
+  ExpectSameMemory(runs[0]->memory(), runs[1]->memory());
+}
+
 TEST_F(RecallTest, IsCountedAndChecked) {
   const LlamaConfig& mc = model_->config();
   PrefillConfig config = Config();
