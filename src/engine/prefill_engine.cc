@@ -165,12 +165,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     // scores), the question's log-denominators, and per KV head the peaks
     // and the span positions around them.
     f.recall_bytes = Recaller::ScratchBytes(mc, query_rows, c.recall_budget, c.pruner.span);
-    RecallStoreInfo info;
-    info.num_layers = mc.num_layers;
-    info.num_kv_heads = mc.num_kv_heads;
-    info.head_dim = mc.head_dim;
-    info.format = c.recall_format;
-    f.recall_disk_bytes = RecallStore::MaxBytes(info, total_tokens);
+    f.recall_disk_bytes = RecallStore::MaxBytes(RecallShape(mc, c.recall_format), total_tokens);
   }
 
   // Resident peak, step by step (see PrefillFootprint::resident_peak). Per

@@ -21,6 +21,15 @@ constexpr int64_t kPeaksPerEntry = 2;
 
 }  // namespace
 
+RecallStoreInfo RecallShape(const LlamaConfig& config, RecallFormat format) {
+  RecallStoreInfo info;
+  info.num_layers = config.num_layers;
+  info.num_kv_heads = config.num_kv_heads;
+  info.head_dim = config.head_dim;
+  info.format = format;
+  return info;
+}
+
 uint64_t Recaller::ScratchBytes(const LlamaConfig& c, int64_t num_q, int64_t budget, int64_t span) {
   const int64_t peaks = kPeaksPerEntry * budget;
   return kBlock * (c.num_kv_heads * (c.head_dim + 2) + 1) * sizeof(float) + c.num_heads * num_q * sizeof(float) +

@@ -23,6 +23,10 @@ struct RecallOptions {
   bool original_positions = false;  // keys rotate at their input positions, not re-encoded
 };
 
+// A store's shape and format for `config` (whose store it is, the caller
+// fills in).
+RecallStoreInfo RecallShape(const LlamaConfig& config, RecallFormat format);
+
 class Recaller {
  public:
   Recaller(Backend* backend, const LlamaConfig& config) : backend_(backend), config_(config) {}

@@ -354,7 +354,8 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   if (n == 0) return absl::OkStatus();
   const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
   // Slot-major records: slot i holds every head's entry idx[h][i].
-  std::vector<int32_t> p(n * heads);
+  std::vector<int32_t>& p = pos_staging_;
+  p.resize(n * heads);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < heads; ++h) p[i * heads + h] = pos[h * pos_stride + idx[h][i]];
   }
@@ -405,7 +406,6 @@ absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, f
       slot >= slots_[layer]) {
     return absl::OutOfRangeError(absl::StrCat("recall store: slot ", slot, " of layer ", layer, " head ", head));
   }
-  const int64_t heads = info_.num_kv_heads;
   const uint64_t vec = VectorBytes();
   buffer_.resize(std::max<uint64_t>(vec, sizeof(int32_t)));
   uint8_t* buf = buffer_.data();

@@ -152,6 +152,7 @@ class RecallStore {
   std::vector<int64_t> slots_;            // [num_layers]
   std::vector<uint8_t> buffer_;           // one Append's or read's records
   std::vector<float> staging_;            // one Append's keys or values, gathered
+  std::vector<int32_t> pos_staging_;      // one Append's positions
   ToHalfFn to_half_;
   FromHalfFn from_half_;
 };

@@ -71,10 +71,7 @@ absl::Status RecallFromStore(const LoadedModel& m, Backend* backend, const Promp
                                                       " was saved without a recall store (prefill --recall_dir)"));
   }
   const LlamaConfig& mc = m.model->config();
-  RecallStoreInfo info;
-  info.num_layers = mc.num_layers;
-  info.num_kv_heads = mc.num_kv_heads;
-  info.head_dim = mc.head_dim;
+  RecallStoreInfo info = RecallShape(mc, RecallFormat::kF16);  // (Open reads the format)
   info.model_fingerprint = ModelFingerprint(m.model->gguf());
   info.input_tokens = cache.input_tokens;
   if (!ParseDigest(config["recall_input_digest"], &info.input_digest) ||

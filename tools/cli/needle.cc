@@ -34,6 +34,7 @@
 #include "src/engine/generate.h"
 #include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
+#include "src/engine/recall.h"
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/recall_store.h"
 #include "tools/cli/commands.h"
@@ -155,12 +156,7 @@ class NeedleHarness {
     // --recall_dir: a store of this trial's own, removed after it.
     std::unique_ptr<RecallStore> store;
     if (config.recall_budget > 0) {
-      const LlamaConfig& mc = model_.model->config();
-      RecallStoreInfo info;
-      info.num_layers = mc.num_layers;
-      info.num_kv_heads = mc.num_kv_heads;
-      info.head_dim = mc.head_dim;
-      info.format = config.recall_format;
+      RecallStoreInfo info = RecallShape(model_.model->config(), config.recall_format);
       info.input_digest = TokenDigest(tokens.data(), tokens.size());
       info.input_tokens = static_cast<int64_t>(tokens.size());
       info.plan_digest = engine->plan_digest();

@@ -21,6 +21,7 @@
 #include "src/engine/generate.h"
 #include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
+#include "src/engine/recall.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
@@ -56,12 +57,7 @@ struct Prepared {
 
 // What the recall store records about the run: whose store it is.
 RecallStoreInfo RecallInfo(const Prepared& p) {
-  const LlamaConfig& mc = p.model.model->config();
-  RecallStoreInfo info;
-  info.num_layers = mc.num_layers;
-  info.num_kv_heads = mc.num_kv_heads;
-  info.head_dim = mc.head_dim;
-  info.format = p.config.recall_format;
+  RecallStoreInfo info = RecallShape(p.model.model->config(), p.config.recall_format);
   info.model_fingerprint = ModelFingerprint(p.model.model->gguf());
   info.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
   info.input_tokens = static_cast<int64_t>(p.tokens.size());
@@ -229,12 +225,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
                                                             p.config, total));
   const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
   if (!recall_dir.empty()) {
-    RecallStoreInfo shape;
-    shape.num_layers = p.model.model->config().num_layers;
-    shape.num_kv_heads = p.model.model->config().num_kv_heads;
-    shape.head_dim = p.model.model->config().head_dim;
-    shape.format = p.config.recall_format;
-    p.recall_disk_bytes = RecallStore::MaxBytes(shape, total);
+    p.recall_disk_bytes = RecallStore::MaxBytes(RecallShape(p.model.model->config(), p.config.recall_format), total);
   }
   if (!recall_dir.empty() && !absl::GetFlag(FLAGS_dry_run)) {
     const uint64_t free = FreeDiskBytes(recall_dir);
