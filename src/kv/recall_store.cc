@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -107,9 +108,22 @@ RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(st
 }
 
 RecallStore::~RecallStore() {
-  for (int fd : pos_fds_) if (fd >= 0) ::close(fd);
-  for (int fd : key_fds_) if (fd >= 0) ::close(fd);
-  for (int fd : value_fds_) if (fd >= 0) ::close(fd);
+  for (int64_t l = 0; l < info_.num_layers; ++l) {
+    for (const LayerFile& f : LayerFiles(l)) {
+      if (*f.fd >= 0) ::close(*f.fd);
+    }
+  }
+}
+
+std::array<RecallStore::LayerFile, 3> RecallStore::LayerFiles(int64_t layer) {
+  return {LayerFile{&pos_fds_[layer], PosSlotBytes(), "pos"}, LayerFile{&key_fds_[layer], KeySlotBytes(), "keys"},
+          LayerFile{&value_fds_[layer], ValueSlotBytes(), "values"}};
+}
+
+absl::StatusOr<uint64_t> RecallStore::FileBytes(int64_t layer, const LayerFile& f) const {
+  struct stat st {};
+  if (::fstat(*f.fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", FilePath(layer, f.kind));
+  return static_cast<uint64_t>(st.st_size);
 }
 
 void RecallStore::SetHalfConversions(ToHalfFn to_half, FromHalfFn from_half) {
@@ -142,13 +156,10 @@ std::string RecallStore::FilePath(int64_t layer, const char* kind) const {
 absl::Status RecallStore::OpenFiles(bool create) {
   const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
   for (int64_t l = 0; l < info_.num_layers; ++l) {
-    for (auto [fds, kind] : {std::pair{&pos_fds_, "pos"}, std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
-      const std::string path = FilePath(l, kind);
-      const int fd = ::open(path.c_str(), flags, 0600);
-      if (fd < 0) {
-        return FileErrnoStatus(errno, create ? "cannot create" : "cannot open", path);
-      }
-      (*fds)[l] = fd;
+    for (const LayerFile& f : LayerFiles(l)) {
+      const std::string path = FilePath(l, f.kind);
+      *f.fd = ::open(path.c_str(), flags, 0600);
+      if (*f.fd < 0) return FileErrnoStatus(errno, create ? "cannot create" : "cannot open", path);
     }
   }
   return absl::OkStatus();
@@ -238,19 +249,16 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Reopen(const std::stri
   s->made_dir_ = meta["made_dir"] == "1";
   SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
   for (int64_t l = 0; l < info.num_layers; ++l) {
-    for (auto [fd, bytes, kind] : {std::tuple{s->pos_fds_[l], s->PosSlotBytes(), "pos"},
-                                   std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
-                                   std::tuple{s->value_fds_[l], s->ValueSlotBytes(), "values"}}) {
-      struct stat st {};
-      if (::fstat(fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", s->FilePath(l, kind));
-      const uint64_t want_bytes = static_cast<uint64_t>(slots[l]) * bytes;
-      if (static_cast<uint64_t>(st.st_size) < want_bytes) {
-        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, kind), " holds ",
-                                                st.st_size / bytes, " entries; the checkpoint recorded ", slots[l]));
+    for (const LayerFile& f : s->LayerFiles(l)) {
+      SNAPFILL_ASSIGN_OR_RETURN(const uint64_t bytes, s->FileBytes(l, f));
+      const uint64_t want_bytes = static_cast<uint64_t>(slots[l]) * f.slot_bytes;
+      if (bytes < want_bytes) {
+        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, f.kind), " holds ",
+                                                bytes / f.slot_bytes, " entries; the checkpoint recorded ", slots[l]));
       }
       // Entries written after the checkpoint are written again by the resumed run.
-      if (::ftruncate(fd, static_cast<off_t>(want_bytes)) != 0) {
-        return FileErrnoStatus(errno, "cannot truncate", s->FilePath(l, kind));
+      if (::ftruncate(*f.fd, static_cast<off_t>(want_bytes)) != 0) {
+        return FileErrnoStatus(errno, "cannot truncate", s->FilePath(l, f.kind));
       }
     }
     s->slots_[l] = slots[l];
@@ -278,14 +286,11 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Open(const std::string
   SNAPFILL_RETURN_IF_ERROR(s->OpenFiles(/*create=*/false));
   for (int64_t l = 0; l < info.num_layers; ++l) {
     int64_t slots = -1;
-    for (auto [fd, bytes, kind] : {std::tuple{s->pos_fds_[l], s->PosSlotBytes(), "pos"},
-                                   std::tuple{s->key_fds_[l], s->KeySlotBytes(), "keys"},
-                                   std::tuple{s->value_fds_[l], s->ValueSlotBytes(), "values"}}) {
-      struct stat st {};
-      if (::fstat(fd, &st) != 0) return FileErrnoStatus(errno, "cannot stat", s->FilePath(l, kind));
-      const int64_t n = static_cast<int64_t>(st.st_size / bytes);
-      if (static_cast<uint64_t>(st.st_size) % bytes != 0 || (slots >= 0 && n != slots)) {
-        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, kind), " (", st.st_size,
+    for (const LayerFile& f : s->LayerFiles(l)) {
+      SNAPFILL_ASSIGN_OR_RETURN(const uint64_t bytes, s->FileBytes(l, f));
+      const int64_t n = static_cast<int64_t>(bytes / f.slot_bytes);
+      if (bytes % f.slot_bytes != 0 || (slots >= 0 && n != slots)) {
+        return absl::DataLossError(absl::StrCat("the recall store file ", s->FilePath(l, f.kind), " (", bytes,
                                                 " bytes) does not match the layer's other files"));
       }
       slots = n;
@@ -421,9 +426,9 @@ absl::Status RecallStore::ReadEntry(int64_t layer, int64_t head, int64_t slot, f
 
 absl::Status RecallStore::Sync() {
   for (int64_t l = 0; l < info_.num_layers; ++l) {
-    if (::fdatasync(pos_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "pos"));
-    if (::fdatasync(key_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "keys"));
-    if (::fdatasync(value_fds_[l]) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, "values"));
+    for (const LayerFile& f : LayerFiles(l)) {
+      if (::fdatasync(*f.fd) != 0) return FileErrnoStatus(errno, "cannot sync", FilePath(l, f.kind));
+    }
   }
   return absl::OkStatus();
 }
@@ -431,12 +436,12 @@ absl::Status RecallStore::Sync() {
 absl::Status RecallStore::Remove() {
   absl::Status status;
   for (int64_t l = 0; l < info_.num_layers; ++l) {
-    for (auto [fds, kind] : {std::pair{&pos_fds_, "pos"}, std::pair{&key_fds_, "keys"}, std::pair{&value_fds_, "values"}}) {
-      if ((*fds)[l] >= 0) {
-        ::close((*fds)[l]);
-        (*fds)[l] = -1;
+    for (const LayerFile& f : LayerFiles(l)) {
+      if (*f.fd >= 0) {
+        ::close(*f.fd);
+        *f.fd = -1;
       }
-      const std::string path = FilePath(l, kind);
+      const std::string path = FilePath(l, f.kind);
       if (::unlink(path.c_str()) != 0 && errno != ENOENT && status.ok()) {
         status = FileErrnoStatus(errno, "cannot remove", path);
       }

@@ -27,6 +27,7 @@
 #ifndef SNAPFILL_KV_RECALL_STORE_H_
 #define SNAPFILL_KV_RECALL_STORE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -144,6 +145,14 @@ class RecallStore {
   void Encode(const float* x, int64_t vectors, uint8_t* out) const;
   void Decode(const uint8_t* in, int64_t vectors, float* x) const;
   std::string FilePath(int64_t layer, const char* kind) const;
+  // A layer's three files: its descriptor, one slot's bytes in it, its name.
+  struct LayerFile {
+    int* fd;
+    uint64_t slot_bytes;
+    const char* kind;
+  };
+  std::array<LayerFile, 3> LayerFiles(int64_t layer);
+  absl::StatusOr<uint64_t> FileBytes(int64_t layer, const LayerFile& f) const;
 
   std::string dir_;
   RecallStoreInfo info_;

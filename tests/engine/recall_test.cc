@@ -59,11 +59,7 @@ class RecallTest : public ::testing::Test {
     return config;
   }
   RecallStoreInfo Info() const {
-    const LlamaConfig& mc = model_->config();
-    RecallStoreInfo info;
-    info.num_layers = mc.num_layers;
-    info.num_kv_heads = mc.num_kv_heads;
-    info.head_dim = mc.head_dim;
+    RecallStoreInfo info = RecallShape(model_->config(), RecallFormat::kF16);
     info.input_tokens = kTokens;
     return info;
   }

@@ -53,12 +53,18 @@ struct Prepared {
   // most it may write.
   std::unique_ptr<RecallStore> recall;
   uint64_t recall_disk_bytes = 0;
+  std::string fingerprint;  // the model's, once read (ModelFingerprint hashes the whole file)
 };
 
+const std::string& Fingerprint(Prepared& p) {
+  if (p.fingerprint.empty()) p.fingerprint = ModelFingerprint(p.model.model->gguf());
+  return p.fingerprint;
+}
+
 // What the recall store records about the run: whose store it is.
-RecallStoreInfo RecallInfo(const Prepared& p) {
+RecallStoreInfo RecallInfo(Prepared& p) {
   RecallStoreInfo info = RecallShape(p.model.model->config(), p.config.recall_format);
-  info.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  info.model_fingerprint = Fingerprint(p);
   info.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
   info.input_tokens = static_cast<int64_t>(p.tokens.size());
   info.plan_digest = p.engine->plan_digest();
@@ -348,9 +354,9 @@ class StopSignals {
 
 // What a checkpoint of this run records about it, to refuse resuming
 // another run's checkpoint.
-CheckpointState RunState(const Prepared& p) {
+CheckpointState RunState(Prepared& p) {
   CheckpointState s;
-  s.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  s.model_fingerprint = Fingerprint(p);
   s.config = ConfigJson(p.engine->config(), "", static_cast<int64_t>(p.tokens.size()));
   s.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
   s.input_tokens = static_cast<int64_t>(p.tokens.size());
@@ -621,7 +627,7 @@ absl::Status RunPrefill() {
   // matrices it reads from decode-layout copies: hashing the file after it
   // would map them all again beside the copies.
   PromptCache cache;
-  cache.model_fingerprint = ModelFingerprint(p.model.model->gguf());
+  cache.model_fingerprint = Fingerprint(p);
   double seconds = 0;
   const absl::Status prefill = RunPrefillLoop(p, &seconds);
   DropRecallStore(p, prefill, /*keep_if_ok=*/true);
