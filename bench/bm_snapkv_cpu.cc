@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "snapfill/backend.h"
 #include "src/compress/pruner.h"
 
 namespace snapfill {
@@ -19,8 +20,13 @@ void BM_SnapKvSelect_Cpu(benchmark::State& state) {
   std::uniform_real_distribution<float> unif(0.0f, 1.0f);
   std::vector<float> votes(kv_heads * n);
   for (float& v : votes) v = unif(rng);
+  auto backend = CreateBackend(Device::kCpu);
+  if (!backend.ok()) {
+    state.SkipWithError(backend.status().ToString().c_str());
+    return;
+  }
   PrunerConfig config;  // window 32, avg kernel 7, no sinks
-  auto pruner = CreatePruner(config);
+  auto pruner = CreatePruner(config, **backend);
   if (!pruner.ok()) {
     state.SkipWithError(pruner.status().ToString().c_str());
     return;

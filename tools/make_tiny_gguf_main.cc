@@ -1,5 +1,5 @@
 // make_tiny_gguf: writes a tiny random-weight Llama GGUF (see
-// src/model/tiny_llama.h) for tests and golden end-to-end checks.
+// tools/testmodel/tiny_llama.h) for tests and golden end-to-end checks.
 //
 //   make_tiny_gguf --out=/tmp/tiny.gguf --seed=7 --layers=2 --f16
 //
@@ -20,7 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 
 ABSL_FLAG(std::string, out, "", "Output GGUF path (required).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the random weights; same seed, same bytes.");

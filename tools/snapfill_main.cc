@@ -7,10 +7,6 @@
 //
 // Flags live in tools/cli/; the library takes plain structs. Exit codes:
 // 0 OK, 2 bad usage (InvalidArgument from validation), 1 anything else.
-#include <omp.h>
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -24,6 +20,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/environment.h"
+#include "tools/cli/flags.h"
 
 namespace snapfill::cli {
 namespace {
@@ -35,6 +33,7 @@ void PrintUsage(std::FILE* out) {
                "usage: snapfill <command> [flags]   (snapfill <command> --help for its flags)\n\n"
                "commands:\n");
   for (const Command& c : Commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out, "\n%s", EnvironmentHelp());
 }
 
 void PrintCommandHelp(const Command& c) {
@@ -47,7 +46,8 @@ void PrintCommandHelp(const Command& c) {
     std::printf("  %-22s %s (default: %s)\n", flag.c_str(), f->Help().c_str(),
                 def.empty() ? "\"\"" : def.c_str());
   }
-  std::printf("\nFlags take --name=value or --name value; '-' and '_' in names are the same.\n");
+  std::printf("\nFlags take --name=value or --name value; '-' and '_' in names are the same.\n\n%s",
+              EnvironmentHelp());
 }
 
 // absl flag names use '_'; accept '-' too (--prompt-file, --top-p).
@@ -70,44 +70,7 @@ std::string FlagName(const std::string& a) {
   return a.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
-// libgomp, left to its defaults, spins 300,000 rounds in every wait before
-// it sleeps. While another process wants the cores too (two jobs at once on a
-// 2-core machine), those spins burn the time slices that the thread everyone
-// waits for needs: two 2-thread prefills at once ran at 23% of one alone
-// each, instead of about half. 1,000 rounds gave 44% each there and cost
-// nothing alone (prefill and decode, measured;
-// docs/history/BENCHMARKS-log.md). libgomp reads its settings when it loads, before main, so unless the
-// user chose (GOMP_SPINCOUNT or OMP_WAIT_POLICY), this sets GOMP_SPINCOUNT
-// and runs the program again; if that fails it takes the setting back and
-// goes on with the defaults (`snapfill info` says which).
-//
-// With OMP_PROC_BIND (or OMP_PLACES) set, libgomp has also bound this
-// thread to the first place as it loaded, and the program run again would
-// inherit that one place: every command ran on one thread (decode 263
-// tokens/s instead of 400 on 2 cores). So the CPUs of all the places are
-// given back first; libgomp binds the threads of the new run itself.
-void SpinBrieflyInOpenMpWaits(char** argv) {
-  if (std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  cpu_set_t bound, places;
-  const bool restore = omp_get_num_places() > 0 && sched_getaffinity(0, sizeof(bound), &bound) == 0;
-  if (restore) {
-    CPU_ZERO(&places);
-    for (int p = 0; p < omp_get_num_places(); ++p) {
-      std::vector<int> ids(std::max(omp_get_place_num_procs(p), 0));
-      omp_get_place_proc_ids(p, ids.data());
-      for (int id : ids) {
-        if (id >= 0 && id < CPU_SETSIZE) CPU_SET(id, &places);
-      }
-    }
-    if (CPU_COUNT(&places) == 0 || sched_setaffinity(0, sizeof(places), &places) != 0) return;
-  }
-  if (setenv("GOMP_SPINCOUNT", "1000", 1) == 0) execv("/proc/self/exe", argv);
-  unsetenv("GOMP_SPINCOUNT");
-  if (restore) sched_setaffinity(0, sizeof(bound), &bound);  // as libgomp left it
-}
-
 int Main(int argc, char** argv) {
-  SpinBrieflyInOpenMpWaits(argv);
   absl::SetProgramUsageMessage("snapfill <command> [flags]; run `snapfill --help`");
   if (argc < 2) {
     PrintUsage(stderr);
@@ -137,7 +100,9 @@ int Main(int argc, char** argv) {
     args.push_back(a);
   }
   // Check flag names here so that a wrong flag is bad usage (exit 2) with
-  // a message naming the command, rather than Abseil's exit 1.
+  // a message naming the command, rather than Abseil's exit 1; and record
+  // the ones given (FlagGiven).
+  std::vector<std::string> given;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") break;
@@ -147,7 +112,10 @@ int Main(int argc, char** argv) {
     if (name.empty() || !std::isalpha(static_cast<unsigned char>(name[0]))) continue;
     bool known = false;
     for (const char* f : cmd->flags) {
-      if (name == f || (name.rfind("no", 0) == 0 && name.substr(2) == f)) known = true;
+      if (name == f || (name.rfind("no", 0) == 0 && name.substr(2) == f)) {
+        known = true;
+        given.push_back(f);
+      }
     }
     if (!known) {
       std::fprintf(stderr, "snapfill %s: unknown flag %s (see snapfill %s --help)\n", cmd->name,
@@ -155,6 +123,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  RecordGivenFlags(given);
   std::vector<char*> cargs;
   for (std::string& s : args) cargs.push_back(s.data());
   std::vector<char*> positional =

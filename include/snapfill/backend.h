@@ -75,6 +75,25 @@ struct BackendOptions {
   // about 10% faster decode over a compressed cache of 1,155 entries, 25-50%
   // over a full 8K cache (docs/history/BENCHMARKS-log.md).
   bool half_decode_kv = false;
+
+  // The CPU kernels' choices. They hold for the whole process: the first
+  // backend that names one fixes it, and a later backend may leave it (the
+  // defaults below) or name the same; another one is refused with
+  // FailedPrecondition. Nothing in the library reads the environment: the
+  // snapfill command reads SNAPFILL_CPU, SNAPFILL_AMX and OMP_WAIT_POLICY
+  // into these (tools/cli/environment.h).
+  //
+  // The highest x86-64 level whose kernels run: "generic", "avx2",
+  // "avxvnni" or "avx512"; "" leaves it (the CPU's highest unless chosen).
+  std::string kernel_level;
+  // AMX: kAll uses AMX-BF16 and AMX-INT8 where the CPU has them, kInt8Only
+  // keeps the AMX-INT8 products and no AMX-BF16, kOff none.
+  enum class Amx { kUnset, kAll, kInt8Only, kOff };
+  Amx amx = Amx::kUnset;
+  // How the kernels' threads wait between regions: spin a while then sleep
+  // (kSpin), or sleep at once (kPassive; for a machine shared with others).
+  enum class Waits { kUnset, kSpin, kPassive };
+  Waits thread_waits = Waits::kUnset;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at
@@ -260,6 +279,27 @@ class Backend {
                                     const KvView& keys, float* scores, int64_t scores_stride,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                     float scale) = 0;
+  // The selection's ops over one head's votes (host memory, n values).
+  // Pool1d: out[i] = the average (counting the pads as zeros, always over
+  // `kernel`) or the maximum (ignoring the pads) of in[i - kernel/2,
+  // i + kernel/2], kernel odd; kernel <= 1 copies. TopK: the positions of
+  // the k largest of scores[0, n) in ascending position order, ties to the
+  // lower position; k <= n.
+  enum class PoolOp { kAvg, kMax };
+  virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
+  virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;
+  // Bytes of scratch WindowScores holds for num_q queries of num_heads heads
+  // over num_keys keys (its scores kept for a second pass), for memory
+  // predictions. The base class keeps none.
+  virtual uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const {
+    return 0;
+  }
+  // Whether MatMul quantizes the activations (int8 dots) for weights of
+  // `type`, so that its peak is the int8 one (`snapfill info`'s ceiling).
+  virtual bool QuantizesActivations(GgmlType type) const { return false; }
+  // How the backend's threads wait between operations, in words ("" where
+  // that does not apply), for `snapfill info`.
+  virtual std::string thread_waits() const { return ""; }
   // Whether one-query Attention (decode) wants the KV's fp16 copy
   // (BackendOptions::half_decode_kv): the caller then passes a KvView with
   // k16 / v16 set, which Attention reads instead of k / v.
@@ -338,6 +378,12 @@ class Backend {
     return absl::OkStatus();
   }
 };
+
+// Makes BackendOptions' kernel choices for the CPU's kernels (CreateBackend
+// does so too): InvalidArgument for a level name that is not one or that
+// this CPU cannot run, FailedPrecondition once the kernels run with others.
+// For a harness that runs the kernels without a backend.
+absl::Status ConfigureCpuKernels(const BackendOptions& options);
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for
 // kCuda in a CPU-only build.

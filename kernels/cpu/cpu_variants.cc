@@ -1,9 +1,9 @@
 #include "kernels/cpu/cpu_variants.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
+#include <optional>
+
+#include "kernels/cpu/kernel_config.h"
 
 namespace snapfill::cpu {
 namespace {
@@ -35,19 +35,9 @@ CpuLevel Detect() {
 }
 
 CpuLevel Choose() {
-  const CpuLevel max = MaxCpuLevel();
-  const char* env = std::getenv("SNAPFILL_CPU");
-  if (env == nullptr || *env == '\0') return max;
-  for (CpuLevel l : {CpuLevel::kGeneric, CpuLevel::kAvx2, CpuLevel::kAvxVnni, CpuLevel::kAvx512}) {
-    if (std::strcmp(env, CpuLevelName(l)) != 0) continue;
-    if (CpuSupports(l)) return l;
-    std::fprintf(stderr, "snapfill: SNAPFILL_CPU=%s is not supported by this CPU (its level: %s); using %s\n", env,
-                 CpuLevelName(max), CpuLevelName(max));
-    return max;
-  }
-  std::fprintf(stderr, "snapfill: SNAPFILL_CPU=%s is not one of generic, avx2, avxvnni, avx512; using %s\n", env,
-               CpuLevelName(max));
-  return max;
+  const std::optional<CpuLevel> cap = ActiveKernelConfig().level;
+  // (ConfigureKernels refuses a level the CPU cannot run.)
+  return cap && CpuSupports(*cap) ? *cap : MaxCpuLevel();
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // `#pragma GCC target`,
 // and the public functions of matmul.h / ops.h forward every call to the
 // copy of the level chosen when the process first asks: the highest the CPU
-// and OS support, capped by SNAPFILL_CPU in the environment. So one binary,
+// and OS support, or a lower one the backend's options name (the snapfill
+// command's SNAPFILL_CPU). So one binary,
 // built without -march=native (SNAPFILL_NATIVE=OFF), runs on any x86-64 and
 // uses AVX2 or AVX-512 where they are there. (gcc's `#pragma GCC target`
 // gives the functions defined under it the ISA, as Highway does; templates
@@ -24,7 +25,7 @@
 //   kAvx512:  kAvx2 plus AVX-512 F/BW/VL/DQ and VNNI. (AVX512-BF16 and AMX
 //             are checked separately, where the kernels use them.)
 // The levels are not a chain: a CPU with AVX-512 VNNI may lack AVX-VNNI
-// (Ice Lake, Zen 4), so SNAPFILL_CPU=avxvnni is honoured only where
+// (Ice Lake, Zen 4), so the level avxvnni is taken only where
 // CpuSupports(kAvxVnni).
 #ifndef SNAPFILL_KERNELS_CPU_CPU_VARIANTS_H_
 #define SNAPFILL_KERNELS_CPU_CPU_VARIANTS_H_
@@ -39,11 +40,8 @@ CpuLevel MaxCpuLevel();
 // Whether this CPU and OS can run `level`'s copy.
 bool CpuSupports(CpuLevel level);
 
-// Returns the level the kernels run at: MaxCpuLevel(), capped by the
-// environment variable SNAPFILL_CPU (generic, avx2, avxvnni or avx512; an
-// unknown value or one the CPU cannot run is ignored with a message on
-// stderr).
-// Decided once per process.
+// Returns the level the kernels run at: MaxCpuLevel(), or the level of
+// KernelConfig (kernel_config.h) where one is set. Decided once per process.
 CpuLevel ActiveCpuLevel();
 
 // "generic", "avx2", "avxvnni" or "avx512".

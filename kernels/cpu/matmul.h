@@ -162,12 +162,12 @@ bool MatMulHasDecodeLayout();
 
 // Returns true if kAuto uses the AMX-INT8 tile path: the CPU has AMX-TILE and
 // AMX-INT8, the OS granted the tile state (asked once per process), and the
-// environment variable SNAPFILL_AMX is not "0".
+// kernels' AMX mode is not off (kernel_config.h).
 bool MatMulHasAmx();
 
 // Returns true if kAuto uses the AMX-BF16 tile path for those token blocks:
-// MatMulHasAmx(), the CPU has AMX-BF16 and AVX512_BF16, and SNAPFILL_AMX is
-// not "int8".
+// MatMulHasAmx(), the CPU has AMX-BF16 and AVX512_BF16, and the kernels'
+// AMX mode is kAll.
 bool MatMulHasAmxBf16();
 
 // ---- One-token products over weights repacked for decode.

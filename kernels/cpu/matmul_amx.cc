@@ -47,6 +47,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/kernel_config.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/quant_blocks.h"
 
@@ -331,9 +332,7 @@ KernelFn PickKernel(AmxWeightKind kind) {
 }
 
 bool DetectAmx() {
-  if (const char* env = std::getenv("SNAPFILL_AMX"); env != nullptr && std::strcmp(env, "0") == 0) {
-    return false;
-  }
+  if (ActiveKernelConfig().amx == AmxMode::kOff) return false;
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
   const bool fma = (c >> 12) & 1, f16c = (c >> 29) & 1, osxsave = (c >> 27) & 1;

@@ -21,8 +21,8 @@
 namespace snapfill::cpu::internal {
 
 // True once the CPU has AMX-TILE + AMX-INT8 (and AVX-512 F/BW/VL/DQ, FMA,
-// F16C), the OS granted the tile-data state, and the environment variable
-// SNAPFILL_AMX is not "0". Computed once per process (thread-safe).
+// F16C), the OS granted the tile-data state, and the kernels' AMX mode is
+// not off (kernel_config.h). Computed once per process (thread-safe).
 bool AmxAvailable();
 
 // True if MatMulAmx handles `type` (Q4_0, Q4_1, Q8_0).
@@ -37,8 +37,8 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
                int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
 // True once AmxAvailable() holds and the CPU also has AMX-BF16 and
-// AVX512_BF16, and SNAPFILL_AMX is not "int8" (which keeps the AMX-INT8
-// path). Computed once per process.
+// AVX512_BF16, and the kernels' AMX mode is kAll (kInt8Only keeps the
+// AMX-INT8 path). Computed once per process.
 bool AmxBf16Available();
 
 // True if the AMX-BF16 path takes weights of `type`: Q4_0, Q4_1, Q5_0, Q5_1,

@@ -43,6 +43,7 @@
 #include <new>
 #include <utility>
 
+#include "kernels/cpu/kernel_config.h"
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/spin_team.h"
 #include "kernels/cpu/ops.h"
@@ -540,9 +541,7 @@ SNAPFILL_AMXBF16_TARGET void Kernel(const KernelArgs& a, SideWork&& side = SideW
 
 bool DetectAmxBf16() {
   if (!AmxAvailable()) return false;
-  if (const char* env = std::getenv("SNAPFILL_AMX"); env != nullptr && std::strcmp(env, "int8") == 0) {
-    return false;
-  }
+  if (ActiveKernelConfig().amx != AmxMode::kAll) return false;
   unsigned a, b, c, d;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 22) & 1)) return false;  // AMX-BF16
   if (a < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !((a >> 5) & 1)) return false;  // AVX512_BF16

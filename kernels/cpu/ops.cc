@@ -99,7 +99,7 @@ void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) {
 
 std::string ThreadWaits() {
   if (internal::SpinTeam::PassiveWaits()) {
-    return "the kernels' team sleeps at once between regions (OMP_WAIT_POLICY=passive)";
+    return "the kernels' team sleeps at once between regions (passive)";
   }
   return "the kernels' team spins (pause, sched_yield), sleeps after " +
          std::to_string(internal::SpinTeam::kIdleBeforeSleep.count() / 1000) + " ms without work";

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/cpu/kernel_config.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SNAPFILL_SPIN_PAUSE() _mm_pause()
@@ -63,10 +65,7 @@ SpinTeam& SpinTeam::Get() {
   return *team;
 }
 
-bool SpinTeam::PassiveWaits() {
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  return policy != nullptr && strcasecmp(policy, "passive") == 0;
-}
+bool SpinTeam::PassiveWaits() { return ActiveKernelConfig().passive_waits; }
 
 void SpinTeam::Start(int workers) {
   std::lock_guard<std::mutex> lock(start_mu_);

@@ -6,9 +6,9 @@
 // head), and a prefill chunk about 10 per layer (the products, the
 // attention, the votes, RoPE, the engine's copies and the selection).
 // Under OpenMP each region's threads wait for the next one in libgomp,
-// which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel; snapfill
-// keeps that count at 1,000 (about 9 µs on the AMX VM) so that several jobs
-// can share the cores (docs/history/BENCHMARKS-log.md). The gaps
+// which spins GOMP_SPINCOUNT rounds and then sleeps in the kernel; a count
+// of 1,000 (about 9 µs on the AMX VM) lets several jobs share the cores
+// (docs/history/BENCHMARKS-log.md), but then the gaps
 // between regions are longer than that often enough (the sampling between
 // decode steps, a region one thread ends first, the selection between the
 // votes and the copies) that the other thread slept several times a token
@@ -18,7 +18,8 @@
 // and `sched_yield` between short rounds of it (so that a thread of
 // another job that needs this CPU gets it), and only after
 // kIdleBeforeSleep without any work do they sleep (on a futex); with
-// OMP_WAIT_POLICY=passive they sleep at once, as OpenMP's threads would.
+// passive waits (kernel_config.h; the snapfill command's
+// OMP_WAIT_POLICY=passive) they sleep at once, as OpenMP's threads would.
 // Measured against OpenMP (docs/history/BENCHMARKS-log.md, alternating):
 // decode 12-16% faster, two decoding jobs at once 34-49% faster each,
 // prefill 6-12% faster at 64K tokens, two prefills at once 1-5% faster.
@@ -45,14 +46,14 @@ namespace snapfill::cpu::internal {
 class SpinTeam {
  public:
   // A worker with no work for this long sleeps until the next run (0 with
-  // OMP_WAIT_POLICY=passive).
+  // passive waits).
   static constexpr std::chrono::microseconds kIdleBeforeSleep{2000};
 
   // The process's team (never destroyed: its threads may still be waiting
   // when the process exits).
   static SpinTeam& Get();
 
-  // True where OMP_WAIT_POLICY says passive (any case): the workers then
+  // True where the kernels' config asks for passive waits: the workers then
   // sleep at once instead of after kIdleBeforeSleep.
   static bool PassiveWaits();
 

@@ -14,6 +14,7 @@
 #include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
 #include "kernels/cpu/cpu_variants.h"
+#include "kernels/cpu/kernel_config.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/peak.h"
@@ -310,6 +311,34 @@ class CpuBackend final : public Backend {
   }
 
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override { cpu::ParallelFor(n, f); }
+
+  absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("pool1d: n = ", n));
+    if (kernel <= 1) {
+      std::copy(in, in + n, out);
+    } else if (kernel % 2 == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pool1d: kernel ", kernel, " is even"));
+    } else if (op == PoolOp::kAvg) {
+      cpu::AvgPool1d(in, out, n, kernel);
+    } else {
+      cpu::MaxPool1d(in, out, n, kernel);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
+    if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
+    cpu::TopKIndices(scores, n, k, positions);
+    return absl::OkStatus();
+  }
+  uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const override {
+    const uint64_t scores = static_cast<uint64_t>(num_heads) * static_cast<uint64_t>(num_q) *
+                            static_cast<uint64_t>(num_keys);
+    return std::min(static_cast<uint64_t>(cpu::kDefaultWindowScoresKeptFloats), scores) * sizeof(float);
+  }
+  bool QuantizesActivations(GgmlType type) const override {
+    return !exact_ && cpu::MatMulQuantizesActivations(type);
+  }
+  std::string thread_waits() const override { return cpu::ThreadWaits(); }
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                     int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
@@ -657,6 +686,33 @@ void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }
 
+absl::Status ConfigureCpuKernels(const BackendOptions& options) {
+  cpu::KernelChoices choices;
+  if (!options.kernel_level.empty()) {
+    for (cpu::CpuLevel l : {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2, cpu::CpuLevel::kAvxVnni,
+                            cpu::CpuLevel::kAvx512}) {
+      if (options.kernel_level == cpu::CpuLevelName(l)) choices.level = l;
+    }
+    if (!choices.level) {
+      return absl::InvalidArgumentError(absl::StrCat("kernel level \"", options.kernel_level,
+                                                     "\": expected generic, avx2, avxvnni or avx512"));
+    }
+  }
+  switch (options.amx) {
+    case BackendOptions::Amx::kUnset: break;
+    case BackendOptions::Amx::kAll: choices.amx = cpu::AmxMode::kAll; break;
+    case BackendOptions::Amx::kInt8Only: choices.amx = cpu::AmxMode::kInt8Only; break;
+    case BackendOptions::Amx::kOff: choices.amx = cpu::AmxMode::kOff; break;
+  }
+  if (options.thread_waits != BackendOptions::Waits::kUnset) {
+    choices.passive_waits = options.thread_waits == BackendOptions::Waits::kPassive;
+  }
+  std::string why;
+  if (cpu::ConfigureKernels(choices, &why)) return absl::OkStatus();
+  if (choices.level && !cpu::CpuSupports(*choices.level)) return absl::InvalidArgumentError(why);
+  return absl::FailedPreconditionError(why);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
                                                        const BackendOptions& options) {
   if (device == Device::kCuda) {
@@ -665,6 +721,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
   }
+  SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
   // OpenMP's thread count is process-wide; the CPU backend owns it.
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);

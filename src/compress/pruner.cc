@@ -137,11 +137,11 @@ const char* SelectionName(Selection selection) {
   return "unknown";
 }
 
-absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config) {
+absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config, Backend& backend) {
   SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(config));
   switch (config.kind) {
     case PrunerKind::kSnapKv:
-      return compress_internal::NewSnapKvPruner(config);
+      return compress_internal::NewSnapKvPruner(config, backend);
     case PrunerKind::kStreaming:
       return compress_internal::NewStreamingPruner(config);
     case PrunerKind::kFull:

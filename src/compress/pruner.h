@@ -46,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "snapfill/backend.h"
 
 namespace snapfill {
 
@@ -172,8 +173,9 @@ class Pruner {
                               std::vector<std::vector<int32_t>>* keep) = 0;
 };
 
-// Returns the pruner for `config` (validated first).
-absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config);
+// Returns the pruner for `config` (validated first). SnapKV runs its pooling,
+// top-k and per-head threads on `backend`, which must outlive the pruner.
+absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config, Backend& backend);
 
 }  // namespace snapfill
 

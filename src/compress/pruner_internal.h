@@ -31,7 +31,7 @@ inline bool IsSink(const SelectionInput& in, int64_t sink_tokens, int64_t h, int
 // Fills keep with 0..num_candidates-1 for every head.
 void KeepAll(const SelectionInput& in, std::vector<std::vector<int32_t>>* keep);
 
-std::unique_ptr<Pruner> NewSnapKvPruner(const PrunerConfig& config);
+std::unique_ptr<Pruner> NewSnapKvPruner(const PrunerConfig& config, Backend& backend);
 std::unique_ptr<Pruner> NewStreamingPruner(const PrunerConfig& config);
 std::unique_ptr<Pruner> NewFullPruner(const PrunerConfig& config);
 

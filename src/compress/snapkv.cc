@@ -29,7 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/ops.h"
+#include "snapfill/backend.h"
 #include "snapfill/status.h"
 #include "src/compress/pruner.h"
 #include "src/compress/pruner_internal.h"
@@ -48,7 +48,7 @@ absl::Status NonFiniteVote(int64_t h, int64_t j, float vote) {
 
 class SnapKvPruner final : public Pruner {
  public:
-  explicit SnapKvPruner(const PrunerConfig& config) : config_(config) {}
+  SnapKvPruner(const PrunerConfig& config, Backend& backend) : config_(config), backend_(backend) {}
 
   PrunerKind kind() const override { return PrunerKind::kSnapKv; }
   bool needs_votes() const override { return true; }
@@ -109,7 +109,7 @@ class SnapKvPruner final : public Pruner {
       status[h] = SelectHead(*selection, h, w, window_begin, num_sinks, scratch_[h], (*keep)[h]);
     };
     if (in.num_kv_heads > 1 && n >= kParallelCandidates) {
-      cpu::ParallelFor(in.num_kv_heads, select);
+      backend_.ParallelFor(in.num_kv_heads, select);
     } else {
       for (int64_t h = 0; h < in.num_kv_heads; ++h) select(h);
     }
@@ -150,26 +150,21 @@ class SnapKvPruner final : public Pruner {
   }
 
   // sc.pooled = pool1d(votes[0, num_rest)) as configured.
-  void Pool(const float* votes, int64_t num_rest, Scratch& sc) const {
+  absl::Status Pool(const float* votes, int64_t num_rest, Scratch& sc) const {
     sc.pooled.resize(num_rest);
-    if (config_.pool_kernel <= 1) {
-      std::copy(votes, votes + num_rest, sc.pooled.begin());
-    } else if (config_.pooling == Pooling::kAvg) {
-      cpu::AvgPool1d(votes, sc.pooled.data(), num_rest, config_.pool_kernel);
-    } else {
-      cpu::MaxPool1d(votes, sc.pooled.data(), num_rest, config_.pool_kernel);
-    }
+    return backend_.Pool1d(votes, sc.pooled.data(), num_rest, config_.pool_kernel,
+                           config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax);
   }
 
   // Marks `quota` entries of R in sc.taken by sc.pooled (the question's):
   // the highest single entries (token), or around the highest entries not
   // yet taken, every entry within span/2 of it, nearest first (span).
-  void PickQuestion(int64_t num_rest, int64_t quota, Scratch& sc) const {
+  absl::Status PickQuestion(int64_t num_rest, int64_t quota, Scratch& sc) const {
     if (config_.query_select == Selection::kToken) {
       sc.top.resize(quota);
-      cpu::TopKIndices(sc.pooled.data(), num_rest, quota, sc.top.data());
+      SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, quota, sc.top.data()));
       for (int32_t i : sc.top) sc.taken[i] = 1;
-      return;
+      return absl::OkStatus();
     }
     sc.order.resize(num_rest);
     std::iota(sc.order.begin(), sc.order.end(), 0);
@@ -196,6 +191,7 @@ class SnapKvPruner final : public Pruner {
         }
       }
     }
+    return absl::OkStatus();
   }
 
   // Steps 2-4 (see the top of the file) for KV head h, into out.
@@ -231,26 +227,26 @@ class SnapKvPruner final : public Pruner {
             : std::clamp<int64_t>(std::llround(config_.query_share * static_cast<double>(k)), 0, k);
     if (in.query_votes == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
-      Pool(rest_votes, num_rest, sc);
+      SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
       sc.top.resize(k);
-      cpu::TopKIndices(sc.pooled.data(), num_rest, k, sc.top.data());
+      SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k, sc.top.data()));
     } else {
       sc.taken.assign(num_rest, 0);
       if (k_query > 0) {
         SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
                                   RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
-        Pool(query_votes, num_rest, sc);
-        PickQuestion(num_rest, k_query, sc);
+        SNAPFILL_RETURN_IF_ERROR(Pool(query_votes, num_rest, sc));
+        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k_query, sc));
       }
       if (k > k_query) {
         // The window's top among what the question left.
         SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
-        Pool(rest_votes, num_rest, sc);
+        SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
         for (int64_t i = 0; i < num_rest; ++i) {
           if (sc.taken[i]) sc.pooled[i] = -std::numeric_limits<float>::infinity();
         }
         sc.top.resize(k - k_query);
-        cpu::TopKIndices(sc.pooled.data(), num_rest, k - k_query, sc.top.data());
+        SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k - k_query, sc.top.data()));
         for (int32_t i : sc.top) sc.taken[i] = 1;
       }
       sc.top.clear();
@@ -285,14 +281,15 @@ class SnapKvPruner final : public Pruner {
   }
 
   PrunerConfig config_;
+  Backend& backend_;  // pooling, top-k and the heads' threads
   std::vector<Scratch> scratch_;  // per KV head, reused across calls (one Select at a time)
   std::vector<float> shared_votes_;  // [num_candidates] the heads' question votes summed
 };
 
 }  // namespace
 
-std::unique_ptr<Pruner> NewSnapKvPruner(const PrunerConfig& config) {
-  return std::make_unique<SnapKvPruner>(config);
+std::unique_ptr<Pruner> NewSnapKvPruner(const PrunerConfig& config, Backend& backend) {
+  return std::make_unique<SnapKvPruner>(config, backend);
 }
 
 }  // namespace snapfill::compress_internal

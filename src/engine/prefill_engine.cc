@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, Footprint(mc, config, total_tokens));
   std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, resolved));
   e->plan_ = std::move(fp.plan);
-  SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner));
+  SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner, *backend));
   const bool full = e->config_.pruner.kind == PrunerKind::kFull;
   const int64_t capacity = fp.memory_capacity;
   const uint64_t phys = PhysicalMemoryBytes();

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -226,29 +225,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Open(const std::string& 
                         absl::StrCat("loading ", path, ": ", model.status().message()));
   }
   return model;
-}
-
-std::string ResolveModelPath(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("SNAPFILL_MODEL"); env != nullptr && env[0] != '\0') {
-    return env;
-  }
-  namespace fs = std::filesystem;
-  const std::string rel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  // The default location is the repository's models/ folder; look upwards
-  // from the current directory so that build/ and bin/ work too.
-  std::error_code ec;
-  fs::path dir = fs::current_path(ec);
-  for (int i = 0; i < 4 && !dir.empty(); ++i) {
-    if (fs::exists(dir / rel, ec)) return (dir / rel).string();
-    if (dir == dir.parent_path()) break;
-    dir = dir.parent_path();
-  }
-#ifdef SNAPFILL_SOURCE_DIR_FOR_MODELS
-  return std::string(SNAPFILL_SOURCE_DIR_FOR_MODELS) + "/" + rel;
-#else
-  return rel;
-#endif
 }
 
 std::vector<const WeightView*> LlamaModel::DecodeMatrices() const {

@@ -85,11 +85,6 @@ class LlamaModel {
   uint64_t weight_bytes_ = 0;
 };
 
-// Returns the model path to use: `flag` if non-empty, else $SNAPFILL_MODEL,
-// else <repo>/models/SmolLM2-135M-Instruct.Q4_1.gguf relative to `exe_dir`'s
-// parents or the current directory.
-std::string ResolveModelPath(const std::string& flag);
-
 }  // namespace snapfill
 
 #endif  // SNAPFILL_MODEL_LLAMA_MODEL_H_

@@ -15,7 +15,7 @@
 #include "kernels/quant_blocks.h"
 #include "snapfill/backend.h"
 #include "src/model/llama_forward.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/matmul_data.h"
 #include "tests/testing/status_matchers.h"
 

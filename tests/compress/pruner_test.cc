@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
+#include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -28,7 +29,7 @@ using ::testing::HasSubstr;
 using Keep = std::vector<std::vector<int32_t>>;
 
 std::unique_ptr<Pruner> MakePruner(const PrunerConfig& config) {
-  auto pruner = CreatePruner(config);
+  auto pruner = CreatePruner(config, testing::SharedCpuBackend());
   SNAPFILL_CHECK(pruner.ok()) << pruner.status();
   return std::move(pruner).value();
 }
@@ -635,7 +636,7 @@ TEST(PrunerConfigTest, ValidationNamesTheFlag) {
   s = ValidatePrunerConfig(config);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("--sinks=-1"));
-  EXPECT_EQ(CreatePruner(config).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CreatePruner(config, testing::SharedCpuBackend()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(PrunerConfigTest, BudgetChecksAndCapacity) {
@@ -659,7 +660,7 @@ TEST(PrunerConfigTest, ParsesNamesAndRoundTrips) {
     EXPECT_EQ(*parsed, kind);
     PrunerConfig config;
     config.kind = kind;
-    auto pruner = CreatePruner(config);
+    auto pruner = CreatePruner(config, testing::SharedCpuBackend());
     SNAPFILL_ASSERT_OK(pruner);
     EXPECT_EQ((*pruner)->kind(), kind);
   }

@@ -25,6 +25,7 @@
 #include "kernels/cpu/ops.h"
 #include "snapfill/status.h"
 #include "src/compress/pruner.h"
+#include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -227,7 +228,7 @@ TEST_P(SnapKvReferenceTest, MatchesDoubleReference) {
           config.pool_kernel = kernel;
           config.pooling = max_pool ? Pooling::kMax : Pooling::kAvg;
           config.sink_tokens = sinks;
-          auto pruner = CreatePruner(config);
+          auto pruner = CreatePruner(config, testing::SharedCpuBackend());
           SNAPFILL_ASSERT_OK(pruner);
           SelectionInput in;
           in.num_kv_heads = p.num_kv_heads;
@@ -313,7 +314,7 @@ TEST(SnapKvReferenceShortChunkTest, WindowIsTheChunk) {
   PrunerConfig config;
   config.window = 32;
   config.pool_kernel = 3;
-  auto pruner = CreatePruner(config);
+  auto pruner = CreatePruner(config, testing::SharedCpuBackend());
   SNAPFILL_ASSERT_OK(pruner);
   SelectionInput in;
   in.num_kv_heads = 1;

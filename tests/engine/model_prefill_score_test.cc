@@ -13,6 +13,7 @@
 #include "src/engine/prefill_engine.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -22,7 +23,7 @@ constexpr int kTokens = 1000;
 class ModelScoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = ResolveModelPath("");
+    const std::string path = cli::ResolveModelPath("");
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model not found at " << path;
     auto m = LlamaModel::Open(path);
     SNAPFILL_ASSERT_OK(m);

@@ -18,6 +18,7 @@
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -28,7 +29,7 @@ constexpr char kQuestion[] = "What is the special magic number mentioned in the 
 class ModelQuestionGuidedTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string path = ResolveModelPath("");
+    const std::string path = cli::ResolveModelPath("");
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "default model not found at " << path;
     auto m = LlamaModel::Open(path);
     SNAPFILL_ASSERT_OK(m);

@@ -16,7 +16,7 @@
 #include "src/engine/generate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 

@@ -22,7 +22,7 @@
 #include "src/engine/prefill_engine.h"
 #include "src/engine/recall.h"
 #include "src/kv/recall_store.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 

@@ -14,11 +14,11 @@
 #include "snapfill/schedule.h"
 #include "snapfill/status.h"
 #include "src/gguf/gguf_reader.h"
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/kv_cache.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/fuzz/fuzz_targets.h"
 
 namespace snapfill::fuzz {

@@ -26,7 +26,7 @@
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_model.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "src/tokenizer/tokenizer.h"
 
 namespace snapfill::fuzz {

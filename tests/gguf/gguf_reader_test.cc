@@ -19,7 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/base/sys_stats.h"
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 

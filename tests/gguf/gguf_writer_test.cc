@@ -1,6 +1,6 @@
 // Tests for GgufWriter: byte layout checked against the GGUF spec by hand,
 // argument validation, key replacement, alignment and the atomic file write.
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 
 #include <dirent.h>
 #include <unistd.h>

@@ -22,7 +22,7 @@
 #include "snapfill/status.h"
 #include "src/gguf/fingerprint.h"
 #include "src/gguf/gguf_reader.h"
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 

@@ -15,7 +15,7 @@
 #include "src/gguf/gguf_reader.h"
 #include "src/model/llama_forward.h"
 #include "src/model/llama_model.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 

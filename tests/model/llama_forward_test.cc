@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/quant_blocks.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "snapfill/status.h"
 #include "tests/testing/status_matchers.h"
 

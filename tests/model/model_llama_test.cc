@@ -37,6 +37,7 @@
 #include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -46,7 +47,7 @@ constexpr double kMeanTol = 0.35;
 constexpr double kTieGap = 0.5;
 
 // --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
-std::string ModelPath() { return ResolveModelPath(""); }
+std::string ModelPath() { return cli::ResolveModelPath(""); }
 
 nlohmann::json LoadJson(const std::string& rel) {
   std::ifstream in(testing::SourcePath(rel));

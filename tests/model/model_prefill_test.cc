@@ -15,6 +15,7 @@
 #include "src/engine/prompt.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 constexpr double kLogitTol = 0.75;
 
 // --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
-std::string ModelPath() { return ResolveModelPath(""); }
+std::string ModelPath() { return cli::ResolveModelPath(""); }
 
 class ModelPrefillTest : public ::testing::Test {
  protected:

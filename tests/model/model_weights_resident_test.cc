@@ -16,6 +16,7 @@
 #include "src/model/llama_forward.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -25,7 +26,7 @@ uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.r
 class WeightsResidentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = ResolveModelPath("");
+    path_ = cli::ResolveModelPath("");
     if (!std::filesystem::exists(path_)) GTEST_SKIP() << "default model not found at " << path_;
     // Start with every page of the file in the page cache: a read in place
     // could then map whatever it likes around what it reads.

@@ -1,7 +1,7 @@
 // Tests for the tiny random Llama GGUF: llama.cpp's keys, names and shapes,
 // the GPT-2 byte vocabulary, determinism, weight statistics, and the
 // float -> half conversion against hand-derived and exhaustive cases.
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 
 #include <unistd.h>
 

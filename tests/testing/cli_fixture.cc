@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "snapfill/status.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 

@@ -1,8 +1,11 @@
 #include "tests/testing/ref_backend.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/matmul.h"
 #include "kernels/ref/ops_ref.h"
 #include "kernels/ref/quant_ref.h"
+#include "snapfill/status.h"
 
 namespace snapfill::testing {
 namespace {
@@ -79,6 +82,20 @@ class RefBackend final : public Backend {
                       num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
     return absl::OkStatus();
   }
+  absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
+    if (kernel <= 1) {
+      std::copy(in, in + n, out);
+    } else if (op == PoolOp::kAvg) {
+      ref::AvgPool1d(in, out, n, kernel);
+    } else {
+      ref::MaxPool1d(in, out, n, kernel);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
+    ref::TopKIndices(scores, n, k, positions);
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
@@ -90,6 +107,15 @@ class RefBackend final : public Backend {
 
 std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products) {
   return std::make_unique<RefBackend>(quantized_activations, bf16_products);
+}
+
+Backend& SharedCpuBackend() {
+  static Backend* const backend = [] {
+    auto b = CreateBackend(Device::kCpu);
+    SNAPFILL_CHECK(b.ok()) << b.status();
+    return std::move(b).value().release();
+  }();
+  return *backend;
 }
 
 }  // namespace snapfill::testing

@@ -19,6 +19,10 @@ namespace snapfill::testing {
 // where the optimized backend does.
 std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products = false);
 
+// One CPU backend with the default options for the whole test binary (the
+// pruners' pooling and top-k, where a test has no backend of its own).
+Backend& SharedCpuBackend();
+
 }  // namespace snapfill::testing
 
 #endif  // SNAPFILL_TESTS_TESTING_REF_BACKEND_H_

@@ -1,4 +1,4 @@
-// The tiny random Llama of src/model/tiny_llama.h loaded in memory, and a
+// The tiny random Llama of tools/testmodel/tiny_llama.h loaded in memory, and a
 // fixed token sequence over its vocabulary, for engine tests.
 #ifndef SNAPFILL_TESTS_TESTING_TINY_MODEL_H_
 #define SNAPFILL_TESTS_TESTING_TINY_MODEL_H_
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "src/model/llama_model.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 
 namespace snapfill::testing {
 

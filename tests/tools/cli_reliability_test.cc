@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/cli_fixture.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
@@ -319,7 +319,9 @@ TEST_F(ReliabilityTest, RecallRefusesBadStoresAndSaysWhy) {
   EXPECT_EQ(testing::ListDir(mine).size(), 1u);
 
   const std::string unwritable = ::geteuid() == 0 ? std::string("/sys/snapfill-cli-store") : dir_ + "/ro/s";
-  if (::geteuid() != 0) ASSERT_EQ(::mkdir((dir_ + "/ro").c_str(), 0500), 0);
+  if (::geteuid() != 0) {
+    ASSERT_EQ(::mkdir((dir_ + "/ro").c_str(), 0500), 0);
+  }
   r = Run(run + unwritable);
   EXPECT_FAILS_WITH(r, 1, "cannot create");
   EXPECT_NE(r.err.find(unwritable), std::string::npos) << r.err;

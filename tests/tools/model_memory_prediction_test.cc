@@ -21,6 +21,7 @@
 #include "tests/testing/cli_fixture.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -36,7 +37,7 @@ class RealModelCliTest : public testing::CliTest {
 #if defined(__SANITIZE_ADDRESS__)
     GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine change resident memory";
 #endif
-    model_ = ResolveModelPath("");
+    model_ = cli::ResolveModelPath("");
     if (access(model_.c_str(), R_OK) != 0) {
       GTEST_SKIP() << "the default model is not here; run tools/fetch_model.sh";
     }

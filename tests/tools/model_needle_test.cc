@@ -16,12 +16,13 @@
 #include "src/model/llama_model.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
 
 TEST(ModelNeedleTest, FullAttentionFindsTheKeyAt1024Tokens) {
-  const std::string model = ResolveModelPath("");
+  const std::string model = cli::ResolveModelPath("");
   if (!std::filesystem::exists(model)) GTEST_SKIP() << "default model not found at " << model;
   const std::string dir = ::testing::TempDir() + "/snapfill_model_needle_" + std::to_string(getpid());
   std::filesystem::create_directories(dir);

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/gguf/gguf_reader.h"
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill::cli {

@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--threads=", opts.num_threads,
                                                    " must be >= 0"));
   }
+  if (opts.num_threads == 0) {
+    SNAPFILL_ASSIGN_OR_RETURN(opts.num_threads, DefaultThreads());
+  }
+  SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
   return CreateBackend(Device::kCpu, opts);
 }
 

@@ -13,6 +13,7 @@
 #include "src/model/llama_model.h"
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill::cli {
 

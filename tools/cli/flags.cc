@@ -1,5 +1,7 @@
 #include "tools/cli/flags.h"
 
+#include <set>
+
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -135,3 +137,19 @@ ABSL_FLAG(int64_t, imdc_chunk, 0,
 ABSL_FLAG(int32_t, repetitions, 3, "bench: runs of each configuration (the median is reported)");
 ABSL_FLAG(int64_t, full_tokens, 8192,
           "bench: decode over a full cache of this many tokens as the reference (0 = skip)");
+
+namespace snapfill::cli {
+namespace {
+
+std::set<std::string>& Given() {
+  static std::set<std::string> given;
+  return given;
+}
+
+}  // namespace
+
+void RecordGivenFlags(const std::vector<std::string>& names) { Given().insert(names.begin(), names.end()); }
+
+bool FlagGiven(const std::string& name) { return Given().count(name) > 0; }
+
+}  // namespace snapfill::cli

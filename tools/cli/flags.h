@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 
@@ -80,5 +81,15 @@ ABSL_DECLARE_FLAG(std::string, png);
 ABSL_DECLARE_FLAG(std::string, ppl);
 ABSL_DECLARE_FLAG(std::string, needle);
 ABSL_DECLARE_FLAG(std::string, out_dir);
+
+namespace snapfill::cli {
+
+// Whether the user gave --name (or --noname) on the command line: the
+// command's main records the names it checked before parsing (Abseil of
+// this version keeps its own record internal).
+void RecordGivenFlags(const std::vector<std::string>& names);
+bool FlagGiven(const std::string& name);
+
+}  // namespace snapfill::cli
 
 #endif  // SNAPFILL_TOOLS_CLI_FLAGS_H_

@@ -1,13 +1,10 @@
 // snapfill info: what a model file holds.
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/ops.h"
 #include "snapfill/status.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -59,19 +56,9 @@ absl::Status RunInfo() {
               HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
               HumanBytes(kv_per_token * c.context_length).c_str());
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
-  std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks another the CPU runs)\n",
+  std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks a lower level)\n",
               backend->kernels().c_str(), backend->num_threads());
-  // What libgomp read when the program started (tools/snapfill_main.cc).
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  const char* spin = std::getenv("GOMP_SPINCOUNT");
-  const std::string waits = policy != nullptr ? absl::StrCat("OMP_WAIT_POLICY=", policy)
-                            : spin != nullptr   ? absl::StrCat("spin GOMP_SPINCOUNT=", spin, " rounds, then sleep")
-                                                : "libgomp's default (spin 300,000 rounds, then sleep)";
-  // The kernels' threads are their own team (kernels/cpu/spin_team.h);
-  // libgomp's setting concerns what little runs on OpenMP outside the
-  // kernels (bench's probes).
-  std::printf("thread waits:    %s\n", cpu::ThreadWaits().c_str());
-  std::printf("OpenMP waits:    %s (outside the kernels)\n", waits.c_str());
+  std::printf("thread waits:    %s\n", backend->thread_waits().c_str());
   // The instructions' peaks here, and what they allow the products of a
   // token of prefill (tools/cli/roofline.h).
   const Backend::Peaks peaks = backend->MeasurePeaks();
@@ -81,7 +68,7 @@ absl::Status RunInfo() {
     const double dim = static_cast<double>(c.model_dim);
     const double ops = 2.0 * c.num_layers * (dim * (qd + 2 * kvd) + qd * dim + 3.0 * dim * c.ffn_dim);
     // (The feed-forward matrices' type: most of the work.)
-    const bool int8 = cpu::MatMulQuantizesActivations(model->layer(0).w_gate.type);
+    const bool int8 = backend->QuantizesActivations(model->layer(0).w_gate.type);
     const Backend::Peak& products = int8 ? peaks.int8_products : peaks.f32;
     if (products.ops_per_second > 0) {
       std::printf("prefill ceiling: %.0f tokens/s for the layers' products alone (%.1f MOP a token at %s's "

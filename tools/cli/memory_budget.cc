@@ -8,7 +8,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/cpu/ops.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/common.h"
 
@@ -51,7 +50,7 @@ std::string PeakPrediction::Format() const {
                       HumanBytes(after));
 }
 
-PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
+PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_t weight_bytes,
                            const PrefillFootprint& fp, uint64_t process_bytes,
                            uint64_t decode_copy_bytes, bool half_decode_kv) {
   PeakPrediction p;
@@ -65,13 +64,10 @@ PeakPrediction PredictPeak(const LlamaConfig& c, uint64_t weight_bytes,
   // chunk plus 1700 rows' worth of packed tiles.
   const uint64_t chunk = static_cast<uint64_t>(fp.plan.max_chunk_tokens);
   p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
-  // SnapKV's votes keep the window queries' scores of every key for their
-  // second pass (cpu::WindowScores): num_heads · window floats per key of
-  // the longest attention (1.7 MiB for SmolLM2 at IMDC 1024 / 1024), up to
-  // cpu::kDefaultWindowScoresKeptFloats (4 Mi floats).
-  const uint64_t scores = static_cast<uint64_t>(c.num_heads) * static_cast<uint64_t>(fp.plan.config.window) *
-                         static_cast<uint64_t>(fp.plan.peak_attention_length);
-  p.backend += std::min(static_cast<uint64_t>(cpu::kDefaultWindowScoresKeptFloats), scores) * sizeof(float);
+  // SnapKV's votes may keep the window queries' scores of every key of the
+  // longest attention for a second pass (the CPU backend: num_heads · window
+  // floats per key, 1.7 MiB for SmolLM2 at IMDC 1024 / 1024, up to 16 MiB).
+  p.backend += backend.WindowScoresScratchBytes(c.num_heads, fp.plan.config.window, fp.plan.peak_attention_length);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
   // adds one-token activations, the logits, and the decode copy's growth.

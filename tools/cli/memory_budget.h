@@ -29,6 +29,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "snapfill/backend.h"
 #include "src/engine/prefill_engine.h"
 #include "src/model/llama_model.h"
 
@@ -52,7 +53,8 @@ struct PeakPrediction {
 // `process_bytes`: the resident set now.
 // `weight_bytes`: what the weights hold resident (LlamaForward::
 // ResidentWeightBytes), `decode_copy_bytes` what decoding adds to it.
-PeakPrediction PredictPeak(const LlamaConfig& model, uint64_t weight_bytes,
+// `backend`: the one the prefill runs on (its scratch for the votes).
+PeakPrediction PredictPeak(const LlamaConfig& model, const Backend& backend, uint64_t weight_bytes,
                            const PrefillFootprint& footprint, uint64_t process_bytes,
                            uint64_t decode_copy_bytes = 0, bool half_decode_kv = false);
 

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -84,19 +83,14 @@ uint64_t FreeDiskBytes(const std::string& dir) {
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
-// Whether the user gave --flag. This Abseil (20220623) keeps
-// CommandLineFlag::IsSpecifiedOnCommandLine private; the parser's own
-// record is the way it offers.
-bool Specified(const char* flag) { return absl::flags_internal::WasPresentOnCommandLine(flag); }
-
 // --max_memory: the largest memory and chunk (those the user did not set)
 // whose predicted peak fits; a ResourceExhausted naming the prediction if
 // none does, before anything runs.
 absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
   const LlamaConfig& mc = p.model.model->config();
   const int64_t total = static_cast<int64_t>(p.tokens.size());
-  const bool fixed_memory = Specified("memory");
-  const bool fixed_chunk = Specified("chunk");
+  const bool fixed_memory = FlagGiven("memory");
+  const bool fixed_chunk = FlagGiven("chunk");
   static constexpr int64_t kSizes[] = {8192, 6144, 4096, 3072, 2048, 1536, 1024, 768,
                                        512,  384,  256,  192,  128,  96,   64};
   absl::Status last_error = absl::OkStatus();
@@ -118,7 +112,7 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
         fp->plan.peak_attention_length > mc.context_length) {
       continue;
     }
-    const PeakPrediction peak = PredictPeak(mc, p.weight_bytes, *fp,
+    const PeakPrediction peak = PredictPeak(mc, *p.backend, p.weight_bytes, *fp,
                                             process_bytes, p.decode_copy_bytes, p.half_decode_kv);
     smallest = peak;
     any = true;
@@ -225,7 +219,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
       PrefillFootprint fp,
       PrefillEngine::Footprint(p.model.model->config(), p.config, total,
                                LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
-  p.peak = PredictPeak(p.model.model->config(), p.weight_bytes, fp, process_bytes,
+  p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
                        p.decode_copy_bytes, p.half_decode_kv);
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));

@@ -23,8 +23,8 @@
 // std::mt19937 seeded by seed_seq{seed, tensor index}, and normal variates are
 // Irwin-Hall sums of 12 uniforms computed exactly in double, so the bytes do
 // not depend on the standard library's distributions or on libm.
-#ifndef SNAPFILL_MODEL_TINY_LLAMA_H_
-#define SNAPFILL_MODEL_TINY_LLAMA_H_
+#ifndef SNAPFILL_TOOLS_TESTMODEL_TINY_LLAMA_H_
+#define SNAPFILL_TOOLS_TESTMODEL_TINY_LLAMA_H_
 
 #include <cstdint>
 #include <string>
@@ -105,4 +105,4 @@ float HalfToFloat(uint16_t h);
 }  // namespace tiny_llama
 }  // namespace snapfill
 
-#endif  // SNAPFILL_MODEL_TINY_LLAMA_H_
+#endif  // SNAPFILL_TOOLS_TESTMODEL_TINY_LLAMA_H_

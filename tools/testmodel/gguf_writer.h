@@ -12,8 +12,8 @@
 // dimensions, whole blocks, byte count matching the shape) and names are
 // unique, so Serialize() always produces a file GgufFile accepts. Malformed
 // fixtures are made by corrupting the serialized bytes.
-#ifndef SNAPFILL_GGUF_GGUF_WRITER_H_
-#define SNAPFILL_GGUF_GGUF_WRITER_H_
+#ifndef SNAPFILL_TOOLS_TESTMODEL_GGUF_WRITER_H_
+#define SNAPFILL_TOOLS_TESTMODEL_GGUF_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -93,4 +93,4 @@ class GgufWriter {
 
 }  // namespace snapfill
 
-#endif  // SNAPFILL_GGUF_GGUF_WRITER_H_
+#endif  // SNAPFILL_TOOLS_TESTMODEL_GGUF_WRITER_H_

@@ -1,4 +1,4 @@
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

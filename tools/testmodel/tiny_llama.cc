@@ -1,4 +1,4 @@
-#include "src/model/tiny_llama.h"
+#include "tools/testmodel/tiny_llama.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include "kernels/ref/quant_ref.h"
 #include "snapfill/dtype.h"
 #include "snapfill/status.h"
-#include "src/gguf/gguf_writer.h"
+#include "tools/testmodel/gguf_writer.h"
 
 namespace snapfill {
 namespace {

@@ -1,1 +1,0 @@
-// Intentionally empty: keeps a library target valid while its folder has no sources yet.
