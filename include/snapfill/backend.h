@@ -51,7 +51,7 @@ struct BackendOptions {
   // exact references). Keeps an f32 copy of each weight matrix it meets.
   // Attention stays in f32 as well (no bf16 tiles).
   bool exact_matmul = false;
-  // Time every operation (wall clock, per op kind); see ProfileReport().
+  // Time every operation (wall clock, per op kind); see BackendProfile.
   bool profile = false;
   // One-token products (decode) read every weight byte once, so they run at
   // the speed the weights stream from memory. With this on, the CPU backend
@@ -107,6 +107,67 @@ struct KvView {
   int64_t head_stride = 0;
   int64_t key_stride = 0;
   int64_t num_keys = 0;
+};
+
+// What a backend measures of itself, apart from its compute ops: the time
+// and work of each op kind (with BackendOptions::profile) and the peak rates
+// of the instructions its kernels run on here. For --profile, `snapfill
+// bench` and `snapfill info` (tools/cli/roofline.h).
+class BackendProfile {
+ public:
+  virtual ~BackendProfile() = default;
+  // With BackendOptions::profile: a table of seconds and calls per op kind
+  // since the backend was made; "" otherwise.
+  virtual std::string Report() const = 0;
+  // The same as (op name, seconds) pairs, in a fixed order; empty without
+  // profiling. `snapfill bench` reads the attention share r from it.
+  virtual std::vector<std::pair<std::string, double>> Seconds() const = 0;
+  // With profiling, the work each op kind did since the backend was made,
+  // in ops (a multiply-add counts 2), as (op name, ops) in Seconds' order:
+  // matmul 2·m·n·k per product; attention 4·head_dim·num_heads per (query,
+  // visible key) pair (q·k and p·v); window_scores 2·head_dim·num_heads per
+  // pair (q·k); 0 for the element-wise ops. Empty without profiling.
+  virtual std::vector<std::pair<std::string, double>> Ops() const = 0;
+  // Of matmul's ops, those of products that ran on int8 dots (weight types
+  // that quantize their activations, in the default arithmetic).
+  virtual double Int8MatMulOps() const = 0;
+
+  // The peak rate of an instruction this backend's kernels run on, measured
+  // here on its threads; instruction "" and rate 0 where it measures none.
+  struct Peak {
+    std::string instruction;
+    double ops_per_second = 0;
+  };
+  struct Peaks {
+    int threads = 0;
+    Peak int8_products;      // the products of quantized types (int8 dots)
+    Peak f32;                // f32 FMA: the float types' products, decode attention, the votes
+    Peak prefill_attention;  // the attention of a chunk (f32 FMA, or bf16 dots)
+  };
+  // Measures them now (about 0.1 s each). None on AMX tiles or the
+  // portable kernels.
+  virtual Peaks MeasurePeaks() = 0;
+};
+
+// The queries of an attention-family op and the heads' shape: `count` rows
+// of [num_heads, head_dim] floats, `stride` floats apart, grouped over
+// num_kv_heads KV heads (num_heads a multiple of it); scores scaled by
+// `scale`.
+struct Queries {
+  const float* q = nullptr;
+  int64_t stride = 0;
+  int64_t count = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;
+  // The same queries from row `first` on.
+  Queries From(int64_t first) const {
+    Queries rest = *this;
+    rest.q += first * stride;
+    rest.count -= first;
+    return rest;
+  }
 };
 
 class Backend {
@@ -232,53 +293,53 @@ class Backend {
     if (!s.ok()) return s;
     return MatMulShared(x, m, x_stride, outs, count);
   }
+  // A feed-forward block's weights, the norm in front of it, and its
+  // scratch: gate_buf and up_buf ([m, buf_stride], buf_stride >= gate.rows)
+  // for the two products, norm.xn for the normalized rows.
+  struct FeedForwardBlock {
+    const WeightView* gate = nullptr;
+    const WeightView* up = nullptr;
+    const WeightView* down = nullptr;
+    Norm norm;
+    float* gate_buf = nullptr;
+    float* up_buf = nullptr;
+    int64_t buf_stride = 0;
+  };
   // The feed-forward block: y[m, down.rows] = (silu(x̂ · Gᵀ) ⊙ (x̂ · Uᵀ)) · Dᵀ
   // for x̂ = RmsNorm(x) (with norm.weight; else x itself), x [m, gate.cols];
-  // with `add`, y += it instead (only where FusesResidualAdd(down, m)).
-  // gate_buf and up_buf ([m, buf_stride], buf_stride >= gate.rows) are
-  // scratch a backend may use for the two products, norm.xn for x̂; their
-  // contents are unspecified afterwards. y may be x or norm.xn (x̂ is read in
-  // full before y is written). The same results as RmsNorm into norm.xn,
-  // MatMulShared over gate and up into the buffers, then SwiGluMatMul, which
-  // is what this default does.
-  virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const Norm& norm,
-                                   const WeightView& gate, const WeightView& up, const WeightView& down, float* gate_buf,
-                                   float* up_buf, int64_t buf_stride, float* y, int64_t y_stride, bool add) {
-    absl::Status s = NormalizeRows(norm, m, gate.cols, x, x_stride);
+  // with `add`, y += it instead (only where FusesResidualAdd(down, m)). The
+  // scratch's contents are unspecified afterwards. y may be x or norm.xn (x̂
+  // is read in full before y is written). The same results as RmsNorm into
+  // norm.xn, MatMulShared over gate and up into the buffers, then
+  // SwiGluMatMul, which is what this default does.
+  virtual absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const FeedForwardBlock& f, float* y,
+                                   int64_t y_stride, bool add) {
+    absl::Status s = NormalizeRows(f.norm, m, f.gate->cols, x, x_stride);
     if (!s.ok()) return s;
-    const SharedOut gate_up[2] = {{&gate, gate_buf, buf_stride}, {&up, up_buf, buf_stride}};
+    const SharedOut gate_up[2] = {{f.gate, f.gate_buf, f.buf_stride}, {f.up, f.up_buf, f.buf_stride}};
     s = MatMulShared(x, m, x_stride, gate_up, 2);
     if (!s.ok()) return s;
-    return SwiGluMatMul(gate_buf, up_buf, m, buf_stride, down, y, y_stride, add);
+    return SwiGluMatMul(f.gate_buf, f.up_buf, m, f.buf_stride, *f.down, y, y_stride, add);
   }
-  // Causal grouped-query attention of num_q queries (the last num_q of the
-  // kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
-  virtual absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
-                                 int64_t out_stride, int64_t num_q, int64_t num_heads,
-                                 int64_t num_kv_heads, int64_t head_dim, float scale) = 0;
-  // SnapKV votes: for each KV head and key j < kv.num_keys, the window
-  // queries' softmax weight on j summed over the num_q queries and averaged
-  // over the KV group's query heads; q holds the last num_q queries of the
-  // kv.num_keys positions (same visibility rule as Attention).
+  // Causal grouped-query attention of q.count queries (the last q.count of
+  // the kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
+  // out: [q.count, num_heads * head_dim] at out_stride.
+  virtual absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) = 0;
+  // SnapKV votes: for each KV head and key j < kv.num_keys, the queries'
+  // softmax weight on j summed over the q.count queries and averaged over
+  // the KV group's query heads (Attention's visibility rule).
   // votes: [num_kv_heads][votes_stride].
-  virtual absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv,
-                                    float* votes, int64_t votes_stride, int64_t num_q,
-                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                    float scale) = 0;
-  // The recall tier's two ops (DESIGN.md §8). QueryLogSumExp: each of the
-  // num_q queries' log softmax denominator over the kv.num_keys keys it
-  // sees (Attention's visibility), lse: [num_heads][num_q]. RecallScores:
-  // for each KV head and each of keys.num_keys stored keys (all visible),
-  // the softmax weight the queries would give it beside the keys behind
-  // `lse`, summed over the queries and averaged over the KV group's query
-  // heads; scores: [num_kv_heads][scores_stride].
-  virtual absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse,
-                                      int64_t num_q, int64_t num_heads, int64_t num_kv_heads,
-                                      int64_t head_dim, float scale) = 0;
-  virtual absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse,
-                                    const KvView& keys, float* scores, int64_t scores_stride,
-                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                    float scale) = 0;
+  virtual absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) = 0;
+  // The recall tier's two ops (DESIGN.md §8). QueryLogSumExp: each query's
+  // log softmax denominator over the kv.num_keys keys it sees (Attention's
+  // visibility), lse: [num_heads][q.count]. RecallScores: for each KV head
+  // and each of keys.num_keys stored keys (all visible), the softmax weight
+  // the queries would give it beside the keys behind `lse`, summed over the
+  // queries and averaged over the KV group's query heads; scores:
+  // [num_kv_heads][scores_stride].
+  virtual absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) = 0;
+  virtual absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
+                                    int64_t scores_stride) = 0;
   // The selection's ops over one head's votes (host memory, n values).
   // Pool1d: out[i] = the average (counting the pads as zeros, always over
   // `kernel`) or the maximum (ignoring the pads) of in[i - kernel/2,
@@ -332,38 +393,9 @@ class Backend {
   virtual bool BatchReadsDecodeCopy(const WeightView& w) const { return false; }
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
-  // With BackendOptions::profile: a table of seconds and calls per op kind
-  // since the backend was made; "" otherwise.
-  virtual std::string ProfileReport() const { return ""; }
-  // The same as (op name, seconds) pairs, in a fixed order; empty without
-  // profiling. `snapfill bench` reads the attention share r from it.
-  virtual std::vector<std::pair<std::string, double>> ProfileSeconds() const { return {}; }
-  // With profiling, the work each op kind did since the backend was made,
-  // in ops (a multiply-add counts 2), as (op name, ops) in ProfileSeconds'
-  // order: matmul 2·m·n·k per product; attention 4·head_dim·num_heads per
-  // (query, visible key) pair (q·k and p·v); window_scores 2·head_dim·
-  // num_heads per pair (q·k); 0 for the element-wise ops. Empty without
-  // profiling.
-  virtual std::vector<std::pair<std::string, double>> ProfileOps() const { return {}; }
-  // Of matmul's ops, those of products that ran on int8 dots (weight types
-  // that quantize their activations, in the default arithmetic).
-  virtual double ProfileInt8MatMulOps() const { return 0; }
-
-  // The peak rate of an instruction this backend's kernels run on, measured
-  // here on its threads; instruction "" and rate 0 where it measures none.
-  struct Peak {
-    std::string instruction;
-    double ops_per_second = 0;
-  };
-  struct Peaks {
-    int threads = 0;
-    Peak int8_products;      // the products of quantized types (int8 dots)
-    Peak f32;                // f32 FMA: the float types' products, decode attention, the votes
-    Peak prefill_attention;  // the attention of a chunk (f32 FMA, or bf16 dots)
-  };
-  // Measures them now (about 0.1 s each). None on AMX tiles, the portable
-  // kernels or another device.
-  virtual Peaks MeasurePeaks() { return {}; }
+  // What the backend measures of itself, or null where it measures nothing
+  // (BackendProfile: its ops' time and work, its instructions' peaks).
+  virtual BackendProfile* profile() { return nullptr; }
 
  protected:
   // With norm.weight: RmsNorm of x's m rows of dim into norm.xn, and x,

@@ -44,7 +44,20 @@ enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores
 constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
                                            "swiglu",   "attention", "window_scores"};
 
-class CpuBackend final : public Backend {
+// InvalidArgument unless the queries' heads group evenly over their KV
+// heads, their rows and the keys fit their strides, and (causal) no more
+// queries than keys.
+absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal) {
+  if (q.num_kv_heads <= 0 || q.num_heads % q.num_kv_heads != 0 || q.count < 0 || (causal && q.count > kv.num_keys) ||
+      q.stride < q.num_heads * q.head_dim || kv.key_stride < q.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shapes: ", q.count, " queries (stride ", q.stride,
+                                                   "), ", kv.num_keys, " keys (stride ", kv.key_stride, "), ",
+                                                   q.num_heads, "/", q.num_kv_heads, " heads of ", q.head_dim));
+  }
+  return absl::OkStatus();
+}
+
+class CpuBackend final : public Backend, public BackendProfile {
  public:
   CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode, bool half_kv)
       : num_threads_(num_threads),
@@ -88,7 +101,9 @@ class CpuBackend final : public Backend {
     return pack_decode_ && cpu::MatMulReadsDecodeLayout(w.type) && cpu::DecodePackedBytes(w.type, w.rows, w.cols) > 0;
   }
 
-  std::string ProfileReport() const override {
+  BackendProfile* profile() override { return this; }
+
+  std::string Report() const override {
     if (!profile_) return "";
     double total = 0;
     for (double s : seconds_) total += s;
@@ -106,20 +121,20 @@ class CpuBackend final : public Backend {
     return out;
   }
 
-  std::vector<std::pair<std::string, double>> ProfileSeconds() const override {
+  std::vector<std::pair<std::string, double>> Seconds() const override {
     std::vector<std::pair<std::string, double>> out;
     if (!profile_) return out;
     for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
     return out;
   }
 
-  std::vector<std::pair<std::string, double>> ProfileOps() const override {
+  std::vector<std::pair<std::string, double>> Ops() const override {
     std::vector<std::pair<std::string, double>> out;
     if (!profile_) return out;
     for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], ops_[i]);
     return out;
   }
-  double ProfileInt8MatMulOps() const override { return int8_matmul_ops_; }
+  double Int8MatMulOps() const override { return int8_matmul_ops_; }
 
   // The instructions of the active level's kernels (cpu/peak.h); the exact
   // backend runs every product and the attention in f32.
@@ -163,7 +178,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Profiling: the ops of one product of m rows by w (ProfileOps).
+  // Profiling: the ops of one product of m rows by w (BackendProfile::Ops).
   void CountMatMul(const WeightView& w, int64_t m) {
     if (!profile_) return;
     const double ops = 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
@@ -393,24 +408,21 @@ class CpuBackend final : public Backend {
   // as x is converted, gate and up leave the tiles into L1, through the
   // SwiGLU, into the down projection's bf16 input (all counted as matmul);
   // the buffers are not touched.
-  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const Norm& norm, const WeightView& gate,
-                           const WeightView& up, const WeightView& down, float* gate_buf, float* up_buf,
-                           int64_t buf_stride, float* y, int64_t y_stride, bool add) override {
-    if (!FeedForwardFused(gate, up, down, m, add)) {
-      return Backend::FeedForward(x, m, x_stride, norm, gate, up, down, gate_buf, up_buf, buf_stride, y, y_stride,
-                                  add);
-    }
+  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const FeedForwardBlock& f, float* y,
+                           int64_t y_stride, bool add) override {
+    const WeightView &gate = *f.gate, &up = *f.up, &down = *f.down;
+    if (!FeedForwardFused(gate, up, down, m, add)) return Backend::FeedForward(x, m, x_stride, f, y, y_stride, add);
     OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
-    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, buf_stride));
-    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, buf_stride));
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, f.buf_stride));
+    SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, f.buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
     ++epoch_;  // a batch, as in MatMul
     CountMatMul(gate, m);
     CountMatMul(up, m);
     CountMatMul(down, m);
     cpu::RowNorm rn;
-    rn.weight = norm.weight;
-    rn.eps = norm.eps;
+    rn.weight = f.norm.weight;
+    rn.eps = f.norm.eps;
     cpu::FeedForward(x, m, gate.cols, x_stride, gate.data, up.data, gate.type, gate.rows, gate.row_bytes, down.data,
                      down.type, down.rows, down.row_bytes, y, y_stride, add, rn);
     return absl::OkStatus();
@@ -463,80 +475,50 @@ class CpuBackend final : public Backend {
     return fuse;
   }
 
-  absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
-                         int64_t out_stride, int64_t num_q, int64_t num_heads,
-                         int64_t num_kv_heads, int64_t head_dim, float scale) override {
+  absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
     OpTimer timer(profile_, &seconds_[kAttention], &calls_[kAttention]);
-    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("attention: ", num_heads,
-                                                     " heads not divisible by ", num_kv_heads,
-                                                     " KV heads"));
-    }
-    if (num_q > kv.num_keys) {
-      return absl::InvalidArgumentError(absl::StrCat("attention: ", num_q, " queries but only ",
-                                                     kv.num_keys, " keys"));
-    }
-    if (kv.key_stride < head_dim || q_stride < num_heads * head_dim ||
-        out_stride < num_heads * head_dim) {
-      return absl::InvalidArgumentError("attention: stride smaller than a row");
-    }
-    if (profile_) ops_[kAttention] += 4.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
-    if (num_q == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
-      cpu::AttentionDecodeF16(q, kv.k16, kv.v16, kv.head_stride, kv.key_stride, out, kv.num_keys, num_heads,
-                              num_kv_heads, head_dim, scale);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
+    if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: stride smaller than a row");
+    if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
+    if (q.count == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
+      cpu::AttentionDecodeF16(q.q, kv.k16, kv.v16, kv.head_stride, kv.key_stride, out, kv.num_keys, q.num_heads,
+                              q.num_kv_heads, q.head_dim, q.scale);
       return absl::OkStatus();
     }
     // The exact backend keeps attention in f32 too (no bf16 tiles).
-    (exact_ ? cpu::AttentionF32 : cpu::Attention)(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
-                                                  out_stride, num_q, kv.num_keys, num_heads, num_kv_heads,
-                                                  head_dim, scale);
+    (exact_ ? cpu::AttentionF32 : cpu::Attention)(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
+                                                  out_stride, q.count, kv.num_keys, q.num_heads, q.num_kv_heads,
+                                                  q.head_dim, q.scale);
     return absl::OkStatus();
   }
 
-  absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
-                            int64_t votes_stride, int64_t num_q, int64_t num_heads,
-                            int64_t num_kv_heads, int64_t head_dim, float scale) override {
+  absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
     OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
-    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > kv.num_keys ||
-        votes_stride < kv.num_keys || q_stride < num_heads * head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("window_scores: bad shapes: ", num_q,
-                                                     " queries, ", kv.num_keys, " keys, ",
-                                                     num_heads, "/", num_kv_heads, " heads"));
-    }
-    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
-    cpu::WindowScores(q, q_stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride,
-                      num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("window_scores", q, kv, /*causal=*/true));
+    if (votes_stride < kv.num_keys) return absl::InvalidArgumentError("window_scores: votes stride below the keys");
+    if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
+    cpu::WindowScores(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride, q.count,
+                      kv.num_keys, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
     return absl::OkStatus();
   }
 
-  absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse, int64_t num_q,
-                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
+  absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
     OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
-    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > kv.num_keys ||
-        q_stride < num_heads * head_dim || kv.key_stride < head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("query_log_sum_exp: bad shapes: ", num_q, " queries, ",
-                                                     kv.num_keys, " keys, ", num_heads, "/", num_kv_heads,
-                                                     " heads"));
-    }
-    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * VisiblePairs(num_q, kv.num_keys);
-    cpu::QueryLogSumExp(q, q_stride, kv.k, kv.head_stride, kv.key_stride, num_q, kv.num_keys, num_heads,
-                        num_kv_heads, head_dim, scale, lse);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("query_log_sum_exp", q, kv, /*causal=*/true));
+    if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
+    cpu::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
+                        q.num_kv_heads, q.head_dim, q.scale, lse);
     return absl::OkStatus();
   }
 
-  absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const KvView& keys,
-                            float* scores, int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, float scale) override {
+  absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
+                            int64_t scores_stride) override {
     OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
-    if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || scores_stride < keys.num_keys ||
-        q_stride < num_heads * head_dim || keys.key_stride < head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("recall_scores: bad shapes: ", num_q, " queries, ",
-                                                     keys.num_keys, " keys, ", num_heads, "/", num_kv_heads,
-                                                     " heads"));
-    }
-    if (profile_) ops_[kWindowScores] += 2.0 * head_dim * num_heads * num_q * keys.num_keys;
-    cpu::RecallScores(q, q_stride, num_q, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
-                      scores_stride, num_heads, num_kv_heads, head_dim, scale);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
+    if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
+    if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * keys.num_keys;
+    cpu::RecallScores(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
+                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
     return absl::OkStatus();
   }
 
@@ -665,8 +647,8 @@ class CpuBackend final : public Backend {
   bool profile_;
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
-  double ops_[kNumOps] = {};     // ProfileOps
-  double int8_matmul_ops_ = 0;   // ProfileInt8MatMulOps
+  double ops_[kNumOps] = {};     // Ops()
+  double int8_matmul_ops_ = 0;   // Int8MatMulOps()
   bool pack_decode_;
   bool half_kv_;
   // exact_matmul: weight matrices dequantized to f32, by their data.

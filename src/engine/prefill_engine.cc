@@ -1,7 +1,8 @@
+// The chunk loop (DESIGN.md §2-§4, §7, §8): each chunk through the layers,
+// attending over memory + chunk, compressing right after each layer.
 #include "src/engine/prefill_engine.h"
 
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,15 +13,16 @@
 #include "absl/strings/str_format.h"
 #include "snapfill/status.h"
 #include "src/base/sys_stats.h"
+#include "src/engine/prefill_internal.h"
 
 namespace snapfill {
-namespace {
 
-// Positions whose logits score_tokens makes at once: about 16 MiB of
-// logits (64 rows for a 49K vocabulary), at most the largest chunk.
-int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
-  return std::max<int64_t>(1, std::min<int64_t>({64, (int64_t{1} << 22) / vocab_size, max_chunk}));
-}
+using prefill_internal::QueryRows;
+using prefill_internal::Resolve;
+using prefill_internal::RunItems;
+using prefill_internal::ScoreRows;
+
+namespace {
 
 // The chunk loop's gathers: each KV head's rows in this many parts (two
 // threads on 3 KV heads: 3 parts each), run on all threads when a head has
@@ -28,23 +30,6 @@ int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
 // the team).
 constexpr int64_t kCopyParts = 2;
 constexpr int64_t kParallelCopyFloats = 1 << 14;
-
-// The longest question that question-guided compression runs after every
-// chunk (its rows cost as many chunk rows).
-constexpr int64_t kMaxQueryTokens = 4096;
-
-
-// f(item) for every item in [0, n): on the backend's threads where
-// `parallel` (the CPU backend's are those of its kernels, still spinning
-// from the operation before), else in order on this thread.
-template <typename F>
-void RunItems(Backend& backend, int64_t n, bool parallel, const F& f) {
-  if (parallel) {
-    backend.ParallelFor(n, f);
-  } else {
-    for (int64_t i = 0; i < n; ++i) f(i);
-  }
-}
 
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -56,147 +41,6 @@ uint64_t PhysicalMemoryBytes() {
 
 PrefillEngine::PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config)
     : model_(model), backend_(backend), config_(config) {}
-
-namespace {
-
-// The configuration as the engine runs it: window and sinks shared by the
-// planner and the pruner; the full pruner planned as one fixed memory.
-absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config,
-                                      int64_t total_tokens) {
-  PrefillConfig c = config;
-  ScheduleConfig& sc = c.schedule;
-  sc.total_tokens = total_tokens;
-  sc.num_layers = mc.num_layers;
-  sc.max_position = mc.context_length;
-  c.pruner.window = sc.window;
-  c.pruner.sink_tokens = sc.sink_tokens;
-  SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(c.pruner));
-  if (c.pruner.kind == PrunerKind::kFull) {
-    // The baseline keeps every entry: one memory of the whole input, read
-    // in chunks of --chunk tokens. Memory sizes do not apply to a pruner
-    // that evicts nothing, so its budgets are planned as a fixed memory that
-    // fits (IMDC's shrinking chunks would otherwise refuse most sizes).
-    sc.kind = ScheduleKind::kFixed;
-    sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
-    sc.first_memory = 0;
-  }
-  if (static_cast<int64_t>(c.query_tokens.size()) > kMaxQueryTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the question has ", c.query_tokens.size(), " tokens; question-guided compression runs it "
-        "after every chunk and takes at most ", kMaxQueryTokens,
-        " (--query_aware=false reads a longer one with the input only)"));
-  }
-  for (int32_t id : c.query_tokens) {
-    if (id < 0 || id >= mc.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("the question holds token id ", id,
-                                                     ", outside the vocabulary of ", mc.vocab_size));
-    }
-  }
-  if (c.recall_budget < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 0"));
-  }
-  if (c.recall_budget > 0 && c.pruner.kind != PrunerKind::kSnapKv) {
-    return absl::InvalidArgumentError(absl::StrCat("recall brings entries back by the question's votes, which "
-                                                   "only the snapkv pruner reads (--pruner=",
-                                                   PrunerKindName(c.pruner.kind), ")"));
-  }
-  if (c.recall_budget > 0 && c.query_tokens.empty()) {
-    return absl::InvalidArgumentError(
-        "recall needs the question: give --question (with --query_aware, the default)");
-  }
-  return c;
-}
-
-// The question's rows in every batch: SnapKV alone reads votes.
-int64_t QueryRows(const PrefillConfig& c) {
-  return c.pruner.kind == PrunerKind::kSnapKv ? static_cast<int64_t>(c.query_tokens.size()) : 0;
-}
-
-}  // namespace
-
-absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
-                                                          const PrefillConfig& config,
-                                                          int64_t total_tokens, bool fused_layers) {
-  SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
-  PrefillFootprint f;
-  SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
-  int64_t max_budget = 0;
-  for (const ScheduleStep& s : f.plan.steps) {
-    for (int64_t b : s.budget) max_budget = std::max(max_budget, b);
-  }
-  // Adaptive growth may give a layer more than the linear budget; cap it at
-  // twice that so the memory can be allocated up front.
-  if (f.plan.adaptive) max_budget *= 2;
-  f.memory_capacity = max_budget + c.schedule.sink_tokens;
-  if (c.pruner.kind == PrunerKind::kFull) f.memory_capacity = total_tokens;
-  f.final_entries = f.memory_capacity;
-  if (c.pruner.kind != PrunerKind::kFull && !f.plan.adaptive) {
-    int64_t last = 0;
-    for (int64_t b : f.plan.steps.back().budget) last = std::max(last, b);
-    f.final_entries = std::min(f.memory_capacity, last + c.schedule.sink_tokens);
-  }
-  const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
-                               (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
-  if (c.decode_reserve < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
-  }
-  // Recalled entries join the memory at the last step, beyond the budget.
-  f.final_entries += c.recall_budget;
-  f.memory_bytes = entry_bytes * (f.memory_capacity + c.recall_budget + c.decode_reserve);
-  // The question's rows follow the chunk in the candidates and the batch.
-  const int64_t query_rows = QueryRows(c);
-  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
-  // Raw and rotated keys, values, votes (and the question's votes) as
-  // floats; positions per head and rotation positions (int32).
-  const int64_t vote_floats = query_rows > 0 ? 2 : 1;
-  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
-                                    (mc.num_kv_heads + 1) * sizeof(int32_t);
-  f.candidate_bytes = cand * cand_entry_bytes;
-  // (Scored chunks take logits of whole batches, through xn.)
-  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens + query_rows, fused_layers,
-                                                  c.score_tokens);
-  const uint64_t score_bytes =
-      c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
-                     : 0;
-  f.activation_bytes += score_bytes;
-  if (c.recall_budget > 0) {
-    // A block of stored keys (f32, with positions, rotation positions and
-    // scores), the question's log-denominators, and per KV head the peaks
-    // and the span positions around them.
-    f.recall_bytes = Recaller::ScratchBytes(mc, query_rows, c.recall_budget, c.pruner.span);
-    f.recall_disk_bytes = RecallStore::MaxBytes(RecallShape(mc, c.recall_format), total_tokens);
-  }
-
-  // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
-  // layer the memory holds s + min(budget, tokens read so far) entries after
-  // a step (everything read so far for the full pruner); adaptive growth
-  // moves budget between layers with the same total, counted here as the
-  // linear budget of every layer.
-  const uint64_t layer_entry_bytes = entry_bytes / mc.num_layers;
-  const int64_t sinks = c.schedule.sink_tokens;
-  std::vector<int64_t> written(mc.num_layers, 0);  // memory entries written per layer so far
-  int64_t cand_written = 0;
-  for (const ScheduleStep& s : f.plan.steps) {
-    cand_written = std::max(cand_written, s.attention_length + query_rows);
-    const int64_t read = s.start_token + s.chunk_tokens;
-    uint64_t memory = 0;
-    for (int64_t l = 0; l < mc.num_layers; ++l) {
-      const int64_t b = static_cast<size_t>(l) < s.budget.size() ? s.budget[l] : s.budget.back();
-      const int64_t held = c.pruner.kind == PrunerKind::kFull ? read : std::min(sinks + b, read);
-      written[l] = std::min(f.memory_capacity, std::max(written[l], held));
-      memory += written[l] * layer_entry_bytes;
-    }
-    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
-                          LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers,
-                                                     c.score_tokens) +
-                          score_bytes;
-    f.resident_peak = std::max(f.resident_peak, step);
-  }
-  // The last step's recall: its scratch and the entries it adds.
-  f.resident_peak += f.recall_bytes + c.recall_budget * entry_bytes;
-  return f;
-}
 
 absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const LlamaModel& model,
                                                                      Backend* backend,
@@ -442,19 +286,17 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   view.num_keys = num;
   KvView with_question = view;
   with_question.num_keys = total;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t chunk_out = std::min(out_rows, n);
   const int64_t question_out = out_rows - chunk_out;
   if (chunk_out > 0) {
     const int64_t skip = rows - chunk_out;
-    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride,
-                                                 q_stride, chunk_out, c.num_heads, c.num_kv_heads, d, scale));
+    SNAPFILL_RETURN_IF_ERROR(
+        backend_->Attention(LlamaQueries(c, q, q_stride, rows).From(skip), view, out + skip * q_stride, q_stride));
   }
   if (question_out > 0) {
     const int64_t skip = qn - question_out;
-    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(q + skip * q_stride, q_stride, with_question,
-                                                 out + skip * q_stride, q_stride, question_out,
-                                                 c.num_heads, c.num_kv_heads, d, scale));
+    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(LlamaQueries(c, q, q_stride, qn).From(skip), with_question,
+                                                 out + skip * q_stride, q_stride));
   }
 
   // 4. Compress right away: this layer's chunk KV is not needed any more.
@@ -480,18 +322,16 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     voter_seen = view;
   }
   if (qn > 0) {
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(voter_q, q_stride, voter_seen, query_votes_.data(),
-                                                    cand_capacity_, voters, c.num_heads, c.num_kv_heads,
-                                                    d, scale));
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, voter_q, q_stride, voters), voter_seen,
+                                                    query_votes_.data(), cand_capacity_));
     in.query_votes = query_votes_.data();
     in.query_votes_stride = cand_capacity_;
   }
   if (pruner_->needs_votes() && !(qn > 0 && config_.pruner.query_share >= 1.0)) {
     // Votes from a separate small pass over the last w queries only.
     const int64_t w = std::min<int64_t>(plan_.config.window, n);
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(chunk_q + (n - w) * q_stride, q_stride, view,
-                                                    votes_.data(), cand_capacity_, w, c.num_heads,
-                                                    c.num_kv_heads, d, scale));
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
+                                                    votes_.data(), cand_capacity_));
     in.votes = votes_.data();
     in.votes_stride = cand_capacity_;
   }
@@ -579,169 +419,6 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
   telemetry_.recalled = std::max(telemetry_.recalled, added);
   telemetry_.recall_seconds += watch.Seconds();
   return absl::OkStatus();
-}
-
-absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
-                                       const ScheduleStep& step) {
-  const int64_t vocab = model_.config().vocab_size;
-  const int64_t total = static_cast<int64_t>(tokens.size());
-  const int64_t end = step.start_token + step.chunk_tokens;
-  std::vector<float>& nll = telemetry_.token_nll;
-  nll.clear();
-  nll.reserve(step.chunk_tokens);
-  double nll_sum = 0;
-  // Token start_i, predicted by chunk i-1's last position.
-  if (has_carry_nll_) {
-    nll.push_back(static_cast<float>(carry_nll_));
-    nll_sum += carry_nll_;
-  }
-  has_carry_nll_ = false;
-  // Position t predicts token t + 1: positions start..end-2 score this
-  // chunk's tokens, end-1 the next chunk's first (carried); the input's last
-  // position predicts nothing.
-  const int64_t last_position = std::min(end, total - 1);  // exclusive
-  std::vector<double> row_nll(score_rows_);
-  for (int64_t first = step.start_token; first < last_position; first += score_rows_) {
-    const int64_t rows = std::min(score_rows_, last_position - first);
-    SNAPFILL_RETURN_IF_ERROR(
-        forward_->BatchLogits(query_rows_ + first - step.start_token, rows, score_logits_.data()));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t target = tokens[first + r + 1];
-      if (target < 0 || target >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("token ", first + r + 1, " is id ", target,
-                                                       ", outside the vocabulary of ", vocab));
-      }
-    }
-    // -log softmax(row)[target] = logsumexp(row) - row[target], in double.
-    RunItems(*backend_, rows, rows > 1, [&](int64_t r) {
-      const float* row = score_logits_.data() + r * vocab;
-      const float max = *std::max_element(row, row + vocab);
-      double sum = 0;
-      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j] - max));
-      row_nll[r] = std::log(sum) + max - row[tokens[first + r + 1]];
-    });
-    for (int64_t r = 0; r < rows; ++r) {
-      if (first + r + 1 < end) {
-        nll.push_back(static_cast<float>(row_nll[r]));
-        nll_sum += row_nll[r];
-      } else {
-        carry_nll_ = row_nll[r];
-        has_carry_nll_ = true;
-      }
-    }
-  }
-  telemetry_.scored_tokens = static_cast<int64_t>(nll.size());
-  telemetry_.nll_sum = nll_sum;
-  return absl::OkStatus();
-}
-
-uint64_t PrefillEngine::PlanDigest(const SchedulePlan& plan) {
-  XXH3_state_t* state = XXH3_createState();
-  SNAPFILL_CHECK(state != nullptr);
-  XXH3_64bits_reset(state);
-  for (const ScheduleStep& s : plan.steps) {
-    const int64_t head[2] = {s.start_token, s.chunk_tokens};
-    XXH3_64bits_update(state, head, sizeof(head));
-    XXH3_64bits_update(state, s.budget.data(), s.budget.size() * sizeof(int64_t));
-  }
-  const uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return digest;
-}
-
-absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double>& retention,
-                                    const KvCache& memory) {
-  const LlamaConfig& c = model_.config();
-  const int64_t steps = static_cast<int64_t>(plan_.steps.size());
-  if (steps_done < 0 || steps_done >= steps) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resume after step ", steps_done,
-                                                   ": the plan has ", steps, " steps"));
-  }
-  const KvCacheShape& s = memory.shape();
-  if (s.num_layers != c.num_layers || s.num_kv_heads != c.num_kv_heads ||
-      s.head_dim != c.head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the saved memory has ", s.num_layers, " layers x ", s.num_kv_heads, " KV heads x ",
-        s.head_dim, " dims; the model has ", c.num_layers, " x ", c.num_kv_heads, " x ",
-        c.head_dim));
-  }
-  if (static_cast<int64_t>(retention.size()) != c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("the saved retention has ", retention.size(),
-                                                   " values for ", c.num_layers, " layers"));
-  }
-  for (double r : retention) {
-    if (!(r >= 0.0 && r <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("saved retention ", r, " is not in [0, 1]"));
-    }
-  }
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (memory.size(l) < 0 || memory.size(l) > prefill_capacity_) {
-      return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ",
-                                                     memory.size(l), " entries; this plan's "
-                                                     "memory holds ", prefill_capacity_));
-    }
-  }
-  memory_->Clear();
-  const int64_t d = c.head_dim;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t m = memory.size(l);
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      std::memcpy(memory_->k(l, h), memory.k(l, h), m * d * sizeof(float));
-      std::memcpy(memory_->v(l, h), memory.v(l, h), m * d * sizeof(float));
-      std::memcpy(memory_->pos(l, h), memory.pos(l, h), m * sizeof(int32_t));
-    }
-    memory_->set_size(l, m);
-  }
-  steps_done_ = steps_done;
-  retention_ = retention;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
-  if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
-  const LlamaConfig& c = model_.config();
-  std::vector<int32_t> rot(std::max<int64_t>(1, memory_->max_size()));
-  std::iota(rot.begin(), rot.end(), 0);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t m = memory_->size(l);
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
-      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(memory_->k(l, h), m, 1, c.head_dim, c.head_dim, pos,
-                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
-                                              c.rope_neox));
-    }
-  }
-  taken_max_size_ = memory_->max_size();
-  return std::move(memory_);
-}
-
-int64_t PrefillEngine::next_position() const {
-  if (config_.keep_original_positions) return plan_.config.total_tokens;
-  return memory_ != nullptr ? memory_->max_size() : taken_max_size_;
-}
-
-absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
-    int64_t extra_capacity) const {
-  const LlamaConfig& c = model_.config();
-  const int64_t max_size = memory_->max_size();
-  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
-                                                         max_size + extra_capacity}));
-  std::vector<int32_t> rot(max_size);
-  std::iota(rot.begin(), rot.end(), 0);
-  const int64_t d = c.head_dim;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t m = memory_->size(l);
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      std::memcpy(cache->k(l, h), memory_->k(l, h), m * d * sizeof(float));
-      std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
-      std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
-      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
-      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope_dim,
-                                              c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    }
-    cache->set_size(l, m);
-  }
-  return cache;
 }
 
 }  // namespace snapfill

@@ -50,13 +50,12 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     return absl::InternalError(absl::StrCat("recall: layer ", layer, " holds ", kept, " entries, ", want,
                                             " more pass its capacity of ", cache.capacity()));
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const bool original = options.original_positions;
+  const Queries queries = LlamaQueries(c, q, q_stride, num_q);
   // The question's softmax denominators over what it saw (memory ∪ chunk ∪
   // itself): a stored key's score is the weight it would take among them.
   lse_.resize(c.num_heads * num_q);
-  SNAPFILL_RETURN_IF_ERROR(
-      backend_->QueryLogSumExp(q, q_stride, seen, lse_.data(), num_q, c.num_heads, heads, d, scale));
+  SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(queries, seen, lse_.data()));
 
   // 1. Score every stored key; keep each head's best `peaks` (a min-heap
   //    on score, then on higher position: the ranking the pruner uses).
@@ -93,8 +92,7 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     keys.head_stride = d;
     keys.key_stride = heads * d;
     keys.num_keys = nb;
-    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(q, q_stride, num_q, lse_.data(), keys, scores_.data(),
-                                                    nb, c.num_heads, heads, d, scale));
+    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(queries, lse_.data(), keys, scores_.data(), nb));
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<Peak>& b = best[h];
       for (int64_t i = 0; i < nb; ++i) {
@@ -270,11 +268,10 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
     view.head_stride = total * d;
     view.key_stride = d;
     view.num_keys = total;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     if (out_rows > 0) {
       const int64_t skip = rows - out_rows;
-      SNAPFILL_RETURN_IF_ERROR(backend->Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride, q_stride,
-                                                  out_rows, c.num_heads, heads, d, scale));
+      SNAPFILL_RETURN_IF_ERROR(
+          backend->Attention(LlamaQueries(c, q, q_stride, rows).From(skip), view, out + skip * q_stride, q_stride));
     }
     SNAPFILL_ASSIGN_OR_RETURN(const int64_t got,
                               recaller.RecallLayer(store, layer, q, q_stride, rows, view, options, cache, true));

@@ -183,7 +183,6 @@ absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32
 absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const int32_t* pos,
                                         KvCache& kv, int64_t num_logits, float* logits) {
   const LlamaConfig& c = model_.config();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   Backend& b = *backend_;
   // Plain causal attention over the cache: rotate, append, attend.
   auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
@@ -206,8 +205,8 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     // The last out_rows queries (the cache's last positions, as the batch's).
     if (out_rows == 0) return absl::OkStatus();
     const int64_t skip = n - out_rows;
-    return b.Attention(q + skip * q_stride, q_stride, half ? kv.HalfView(l, kv.size(l)) : kv.View(l, kv.size(l)),
-                       out + skip * q_stride, q_stride, out_rows, c.num_heads, c.num_kv_heads, c.head_dim, scale);
+    return b.Attention(LlamaQueries(c, q, q_stride, n).From(skip),
+                       half ? kv.HalfView(l, kv.size(l)) : kv.View(l, kv.size(l)), out + skip * q_stride, q_stride);
   };
   // Final hidden states only for the rows whose logits are asked for.
   // (llama.cpp 84f7129's last layer drops the other rows after its
@@ -299,9 +298,9 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     // x += the block's output: in the down projection's store where the
     // backend fuses it, else through xn (which the block has read by then).
     const bool fused_add = b.FusesResidualAdd(w.w_down, rows);
-    SNAPFILL_RETURN_IF_ERROR(b.FeedForward(x, rows, dim, Backend::Norm{w.ffn_norm, c.rms_eps, xn, dim}, w.w_gate,
-                                           w.w_up, w.w_down, gate_.data(), up_.data(), c.ffn_dim,
-                                           fused_add ? x : xn, dim, fused_add));
+    const Backend::FeedForwardBlock ffn{&w.w_gate, &w.w_up, &w.w_down, Backend::Norm{w.ffn_norm, c.rms_eps, xn, dim},
+                                        gate_.data(), up_.data(), c.ffn_dim};
+    SNAPFILL_RETURN_IF_ERROR(b.FeedForward(x, rows, dim, ffn, fused_add ? x : xn, dim, fused_add));
     if (!fused_add) AddInPlace(b, x, xn, rows, dim);
   }
 

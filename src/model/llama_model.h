@@ -4,6 +4,7 @@
 #ifndef SNAPFILL_MODEL_LLAMA_MODEL_H_
 #define SNAPFILL_MODEL_LLAMA_MODEL_H_
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +34,12 @@ struct LlamaConfig {
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
 };
+
+// `count` query rows of the model's heads at q, `stride` floats apart,
+// scaled by 1/sqrt(head_dim) (the attention-family ops' Queries).
+inline Queries LlamaQueries(const LlamaConfig& c, const float* q, int64_t stride, int64_t count) {
+  return {q, stride, count, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+}
 
 struct LlamaLayerWeights {
   const float* attn_norm = nullptr;  // [model_dim] (copies owned by the model)

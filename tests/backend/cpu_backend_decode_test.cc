@@ -297,11 +297,10 @@ TEST(CpuBackendFeedForward, EqualsTheUnfusedSteps) {
       const Backend::Norm n1{with_norm ? norm_w.data() : nullptr, 1e-5f, xn1.data(), dim};
       const Backend::Norm n2{with_norm ? norm_w.data() : nullptr, 1e-5f, xn2.data(), dim};
       std::vector<float> gb(m * ff), ub(m * ff), want = y0, got = y0, gb2(m * ff, 3.0f), ub2(m * ff, 3.0f);
-      ASSERT_TRUE(b->Backend::FeedForward(x.data(), m, dim, n1, g, u, d, gb.data(), ub.data(), ff, want.data(), dim,
-                                          add)
-                      .ok());
-      ASSERT_TRUE(
-          b->FeedForward(x.data(), m, dim, n2, g, u, d, gb2.data(), ub2.data(), ff, got.data(), dim, add).ok());
+      const Backend::FeedForwardBlock f1{&g, &u, &d, n1, gb.data(), ub.data(), ff};
+      const Backend::FeedForwardBlock f2{&g, &u, &d, n2, gb2.data(), ub2.data(), ff};
+      ASSERT_TRUE(b->Backend::FeedForward(x.data(), m, dim, f1, want.data(), dim, add).ok());
+      ASSERT_TRUE(b->FeedForward(x.data(), m, dim, f2, got.data(), dim, add).ok());
       ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << "exact " << exact << " norm " << with_norm;
 

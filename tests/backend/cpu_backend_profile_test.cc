@@ -1,4 +1,4 @@
-// The work the CPU backend's profile counts (Backend::ProfileOps): each
+// The work the CPU backend's profile counts (BackendProfile::Ops): each
 // product 2·m·n·k once, whichever path ran it (one weight, several sharing
 // their input, the decode copy, the fused paths), each attention 4·head_dim·
 // num_heads per visible (query, key) pair, the votes 2·head_dim·num_heads;
@@ -31,8 +31,8 @@ std::unique_ptr<Backend> MakeBackend(bool profile, bool exact = false) {
   return std::move(*b);
 }
 
-double OpsOf(const Backend& b, const std::string& op) {
-  for (const auto& [name, ops] : b.ProfileOps()) {
+double OpsOf(Backend& b, const std::string& op) {
+  for (const auto& [name, ops] : b.profile()->Ops()) {
     if (name == op) return ops;
   }
   ADD_FAILURE() << "no op " << op << " in the profile";
@@ -88,7 +88,7 @@ TEST(CpuBackendProfile, ProductsCountTwiceMNKOnEveryPath) {
   SNAPFILL_ASSERT_OK(backend->MatMul(x.data(), 9, k, f.view, y.data(), 48));
   want += 2.0 * 9 * 48 * k;
   EXPECT_EQ(OpsOf(*backend, "matmul"), want);
-  EXPECT_EQ(backend->ProfileInt8MatMulOps(), want_int8);
+  EXPECT_EQ(backend->profile()->Int8MatMulOps(), want_int8);
   // A call refused for its shapes did no work.
   EXPECT_FALSE(backend->MatMul(x.data(), 9, k - 1, a.view, y.data(), 96).ok());
   EXPECT_EQ(OpsOf(*backend, "matmul"), want);
@@ -103,7 +103,7 @@ TEST(CpuBackendProfile, TheExactArithmeticHasNoInt8Products) {
   auto backend = MakeBackend(/*profile=*/true, /*exact=*/true);
   SNAPFILL_ASSERT_OK(backend->MatMul(x.data(), 3, k, a.view, y.data(), 16));
   EXPECT_EQ(OpsOf(*backend, "matmul"), 2.0 * 3 * 16 * k);
-  EXPECT_EQ(backend->ProfileInt8MatMulOps(), 0.0);
+  EXPECT_EQ(backend->profile()->Int8MatMulOps(), 0.0);
 }
 
 TEST(CpuBackendProfile, AttentionCountsVisiblePairs) {
@@ -120,14 +120,13 @@ TEST(CpuBackendProfile, AttentionCountsVisiblePairs) {
   // 7 queries, the last 7 of 20 keys theirs: 13 keys before them each, and
   // 1 + 2 + ... + 7 of their own.
   const double pairs = 7.0 * 13 + 28;
-  SNAPFILL_ASSERT_OK(backend->Attention(q.data(), heads * d, kv, out.data(), heads * d, num_q, heads, kv_heads, d,
-                                        0.25f));
+  const Queries queries{q.data(), heads * d, num_q, heads, kv_heads, d, 0.25f};
+  SNAPFILL_ASSERT_OK(backend->Attention(queries, kv, out.data(), heads * d));
   EXPECT_EQ(OpsOf(*backend, "attention"), 4.0 * d * heads * pairs);
   // One query (decode) sees every key.
-  SNAPFILL_ASSERT_OK(backend->Attention(q.data(), heads * d, kv, out.data(), heads * d, 1, heads, kv_heads, d, 0.25f));
+  SNAPFILL_ASSERT_OK(backend->Attention(queries.From(num_q - 1), kv, out.data(), heads * d));
   EXPECT_EQ(OpsOf(*backend, "attention"), 4.0 * d * heads * (pairs + keys));
-  SNAPFILL_ASSERT_OK(backend->WindowScores(q.data(), heads * d, kv, votes.data(), keys, num_q, heads, kv_heads, d,
-                                           0.25f));
+  SNAPFILL_ASSERT_OK(backend->WindowScores(queries, kv, votes.data(), keys));
   EXPECT_EQ(OpsOf(*backend, "window_scores"), 2.0 * d * heads * pairs);
 }
 
@@ -137,9 +136,9 @@ TEST(CpuBackendProfile, NothingWithoutProfiling) {
   std::vector<float> y(2 * 16);
   auto backend = MakeBackend(/*profile=*/false);
   SNAPFILL_ASSERT_OK(backend->MatMul(x.data(), 2, 64, a.view, y.data(), 16));
-  EXPECT_TRUE(backend->ProfileOps().empty());
-  EXPECT_EQ(backend->ProfileInt8MatMulOps(), 0.0);
-  EXPECT_EQ(backend->ProfileReport(), "");
+  EXPECT_TRUE(backend->profile()->Ops().empty());
+  EXPECT_EQ(backend->profile()->Int8MatMulOps(), 0.0);
+  EXPECT_EQ(backend->profile()->Report(), "");
 }
 
 // A tiny model's prefill of n tokens then one decode step: the products and
@@ -182,7 +181,7 @@ TEST_P(ForwardWorkTest, MatchesTheShapes) {
   // one row through everything.
   const double matmul = 2 * (L * n * qkv + (L - 1) * n * rest + 1 * rest + logit) + 2 * (L * (qkv + rest) + logit);
   EXPECT_EQ(OpsOf(*backend, "matmul"), matmul);
-  EXPECT_EQ(backend->ProfileInt8MatMulOps(), GetParam() == GgmlType::kF32 ? 0.0 : matmul);
+  EXPECT_EQ(backend->profile()->Int8MatMulOps(), GetParam() == GgmlType::kF32 ? 0.0 : matmul);
   // Attention: n causal queries in all but the last layer, whose one query
   // sees all n keys; then one query over n + 1 keys in every layer.
   const double per_pair = 4.0 * c.head_dim * c.num_heads;

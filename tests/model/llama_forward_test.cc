@@ -261,8 +261,7 @@ TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
     const int64_t skip = rows - out_rows;
     std::fill(out, out + skip * q_stride, std::nanf(""));
     if (out_rows == 0) return absl::OkStatus();
-    return b.Attention(q + skip * q_stride, q_stride, view, out + skip * q_stride, q_stride, out_rows,
-                       c.num_heads, c.num_kv_heads, d, 1.0f / std::sqrt(static_cast<float>(d)));
+    return b.Attention(LlamaQueries(c, q, q_stride, rows).From(skip), view, out + skip * q_stride, q_stride);
   };
   std::vector<float> want(n * vocab);
   SNAPFILL_ASSERT_OK((*fwd)->ForwardWithAttention(ids.data(), n, attend, n, want.data(), n));

@@ -55,31 +55,25 @@ class RefBackend final : public Backend {
     ref::SwiGlu(gate, up, out, n);
     return absl::OkStatus();
   }
-  absl::Status Attention(const float* q, int64_t q_stride, const KvView& kv, float* out,
-                         int64_t out_stride, int64_t num_q, int64_t num_heads,
-                         int64_t num_kv_heads, int64_t head_dim, float scale) override {
-    ref::Attention(q, q_stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, num_q,
-                   kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+  absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
+    ref::Attention(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, q.count, kv.num_keys,
+                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
     return absl::OkStatus();
   }
-  absl::Status QueryLogSumExp(const float* q, int64_t q_stride, const KvView& kv, float* lse, int64_t num_q,
-                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale) override {
-    ref::QueryLogSumExp(q, q_stride, kv.k, kv.head_stride, kv.key_stride, num_q, kv.num_keys, num_heads,
-                        num_kv_heads, head_dim, scale, lse);
+  absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
+    ref::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
+                        q.num_kv_heads, q.head_dim, q.scale, lse);
     return absl::OkStatus();
   }
-  absl::Status RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const KvView& keys,
-                            float* scores, int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads,
-                            int64_t head_dim, float scale) override {
-    ref::RecallScores(q, q_stride, num_q, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
-                      scores_stride, num_heads, num_kv_heads, head_dim, scale);
+  absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
+                            int64_t scores_stride) override {
+    ref::RecallScores(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
+                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
     return absl::OkStatus();
   }
-  absl::Status WindowScores(const float* q, int64_t q_stride, const KvView& kv, float* votes,
-                            int64_t votes_stride, int64_t num_q, int64_t num_heads,
-                            int64_t num_kv_heads, int64_t head_dim, float scale) override {
-    ref::WindowScores(q, q_stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride,
-                      num_q, kv.num_keys, num_heads, num_kv_heads, head_dim, scale);
+  absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
+    ref::WindowScores(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, votes, votes_stride, q.count,
+                      kv.num_keys, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
     return absl::OkStatus();
   }
   absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {

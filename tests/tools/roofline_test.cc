@@ -11,8 +11,8 @@
 namespace snapfill::cli {
 namespace {
 
-Backend::Peaks Avx2Peaks() {
-  Backend::Peaks p;
+BackendProfile::Peaks Avx2Peaks() {
+  BackendProfile::Peaks p;
   p.threads = 2;
   p.int8_products = {"vpmaddubsw ymm", 400e9};
   p.f32 = {"vfmadd231ps ymm", 200e9};
@@ -46,7 +46,7 @@ TEST(RooflineTest, WorkFromTheProfilesPairs) {
 }
 
 TEST(RooflineTest, FloorPutsEachOpAtItsInstructionsPeak) {
-  const Backend::Peaks p = Avx2Peaks();
+  const BackendProfile::Peaks p = Avx2Peaks();
   Work w = SomeWork();
   // 800 G int8 ops at 400 G/s, 300 G at 200 G/s, 20 G at 200 G/s.
   EXPECT_DOUBLE_EQ(FloorSeconds(w, p), 2.0 + 1.5 + 0.1);
@@ -54,7 +54,7 @@ TEST(RooflineTest, FloorPutsEachOpAtItsInstructionsPeak) {
   w.int8_matmul_ops = 400e9;
   EXPECT_DOUBLE_EQ(FloorSeconds(w, p), 1.0 + 2.0 + 1.5 + 0.1);
   // A prefill attention on bf16 dots has its own peak; decode's is f32.
-  Backend::Peaks bf16 = p;
+  BackendProfile::Peaks bf16 = p;
   bf16.prefill_attention = {"vdpbf16ps zmm", 600e9};
   w.int8_matmul_ops = 800e9;
   EXPECT_DOUBLE_EQ(FloorSeconds(w, bf16, /*prefill=*/true), 2.0 + 0.5 + 0.1);
@@ -62,19 +62,19 @@ TEST(RooflineTest, FloorPutsEachOpAtItsInstructionsPeak) {
 }
 
 TEST(RooflineTest, NoFloorWithoutThePeaksTheWorkNeeds) {
-  Backend::Peaks amx = Avx2Peaks();
+  BackendProfile::Peaks amx = Avx2Peaks();
   amx.int8_products = {};  // products on AMX tiles: not measured
   EXPECT_EQ(FloorSeconds(SomeWork(), amx), 0.0);
   // ...unless no product ran on int8 dots.
   Work f32_only = SomeWork();
   f32_only.int8_matmul_ops = 0;
   EXPECT_DOUBLE_EQ(FloorSeconds(f32_only, amx), 4.0 + 1.5 + 0.1);
-  EXPECT_EQ(FloorSeconds(SomeWork(), Backend::Peaks{}), 0.0);
-  EXPECT_EQ(FloorSeconds(Work{}, Backend::Peaks{}), 0.0);
+  EXPECT_EQ(FloorSeconds(SomeWork(), BackendProfile::Peaks{}), 0.0);
+  EXPECT_EQ(FloorSeconds(Work{}, BackendProfile::Peaks{}), 0.0);
 }
 
 TEST(RooflineTest, LinesNameTheInstructionOfEachShare) {
-  const Backend::Peaks p = Avx2Peaks();
+  const BackendProfile::Peaks p = Avx2Peaks();
   EXPECT_EQ(PeaksLine(p),
             "peaks here (2 threads): int8 products vpmaddubsw ymm 400.0 GOP/s, f32 vfmadd231ps ymm 200.0 GOP/s, "
             "prefill attention on the f32 FMA");
@@ -91,7 +91,7 @@ TEST(RooflineTest, LinesNameTheInstructionOfEachShare) {
   mixed.int8_matmul_ops = 400e9;
   const std::string m = WorkAgainstPeaks(mixed, p, true);
   EXPECT_NE(m.find("matmul 200.0 GOP/s (50% of its ops on int8 types)"), std::string::npos) << m;
-  EXPECT_EQ(WorkAgainstPeaks(SomeWork(), Backend::Peaks{}, true), "");
+  EXPECT_EQ(WorkAgainstPeaks(SomeWork(), BackendProfile::Peaks{}, true), "");
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ struct Measured {
   std::vector<double> dram_bandwidth;  // with it, the read rate of a 512 MiB buffer (memory itself)
   std::vector<double> round_trip;  // CPU-to-CPU round trip (ns) probed with it; 0 with one thread
   std::vector<Work> work;                // each run's prefill work (its --profile)
-  std::vector<Backend::Peaks> peaks;     // each run's peaks, measured right after it
+  std::vector<BackendProfile::Peaks> peaks;     // each run's peaks, measured right after it
   double mean_memory = 0, attention_share = 0;
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
   uint64_t peak_rss = 0, predicted_peak = 0;
@@ -80,9 +80,9 @@ void AddWork(const Json& j, Measured& m) {
   work.attention_seconds = w.value("attention_seconds", 0.0);
   work.window_seconds = w.value("window_seconds", 0.0);
   const Json& p = j["peaks"];
-  Backend::Peaks peaks;
+  BackendProfile::Peaks peaks;
   peaks.threads = p.value("threads", 0);
-  auto one = [&](const char* name, Backend::Peak& peak) {
+  auto one = [&](const char* name, BackendProfile::Peak& peak) {
     if (!p.contains(name)) return;
     peak.instruction = p[name].value("instruction", std::string());
     peak.ops_per_second = p[name].value("ops_per_second", 0.0);
@@ -562,14 +562,14 @@ absl::Status RunBench() {
     std::vector<double> mr, ar, ms, as, fl, fs;
     for (size_t i = 0; i < m.work.size() && i < m.peaks.size(); ++i) {
       const Work& w = m.work[i];
-      const Backend::Peaks& p = m.peaks[i];
+      const BackendProfile::Peaks& p = m.peaks[i];
       r.measured = true;
       r.matmul_ops = w.matmul_ops;
       r.attention_ops = w.attention_ops;
       r.window_ops = w.window_ops;
       if (w.matmul_seconds > 0) mr.push_back(w.matmul_ops / w.matmul_seconds);
       if (w.attention_seconds > 0) ar.push_back(w.attention_ops / w.attention_seconds);
-      const Backend::Peak* mp = MatMulPeak(w, p);
+      const BackendProfile::Peak* mp = MatMulPeak(w, p);
       if (w.matmul_seconds > 0 && mp != nullptr && mp->ops_per_second > 0) {
         ms.push_back(w.matmul_ops / w.matmul_seconds / mp->ops_per_second);
       }

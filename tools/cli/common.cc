@@ -1,8 +1,11 @@
 #include "tools/cli/common.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -13,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "snapfill/status.h"
+#include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"
 
 namespace snapfill::cli {
@@ -110,6 +114,48 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   }
   SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
   return CreateBackend(Device::kCpu, opts);
+}
+
+absl::StatusOr<LongInput> OpenLongInput(const std::string& path) {
+  LongInput in;
+  SNAPFILL_ASSIGN_OR_RETURN(in.text, ReadInput(path, "--input"));
+  if (in.text.empty()) return absl::InvalidArgumentError(absl::StrCat("--input ", path, " is empty"));
+  if (const std::vector<size_t> bad = InvalidUtf8Positions(in.text); !bad.empty()) {
+    // Byte-level vocabularies encode any bytes; say so, since a wrong
+    // encoding (Latin-1, UTF-16) is more often a mistake than intended.
+    std::fprintf(stderr,
+                 "snapfill: warning: --input %s is not valid UTF-8 (%zu bytes, the first at byte "
+                 "%zu); they are read as raw bytes\n",
+                 path.c_str(), bad.size(), bad[0]);
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(in.model, LoadModelFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags());
+  return in;
+}
+
+ChunkProgress::ChunkProgress(const char* tag, int64_t total_tokens, int64_t steps, bool on)
+    : tag_(tag), total_(total_tokens), steps_(steps), on_(on), tty_(isatty(fileno(stderr)) != 0) {}
+
+bool ChunkProgress::Due(const StepTelemetry& t) {
+  if (!on_) return false;
+  const double now = watch_.Seconds();
+  if (t.step + 1 != steps_ && now - last_print_ < (tty_ ? 0.5 : 10.0)) return false;
+  last_print_ = now;
+  return true;
+}
+
+void ChunkProgress::Print(const StepTelemetry& t, const std::string& detail) const {
+  const int64_t done = t.start_token + t.chunk_tokens;
+  const double rate = done / std::max(watch_.Seconds(), 1e-9);
+  std::fprintf(stderr, "%s%s %lld/%lld tokens (%.1f%%) | %.0f tokens/s | ETA %s%s%s", tty_ ? "\r" : "", tag_,
+               (long long)done, (long long)total_, 100.0 * done / std::max<int64_t>(total_, 1), rate,
+               HumanSeconds((total_ - done) / std::max(rate, 1e-9)).c_str(), detail.c_str(), tty_ ? "   " : "\n");
+  if (tty_ && t.step + 1 == steps_) std::fputc('\n', stderr);
+}
+
+void WriteTelemetry(std::ostream& out, const StepTelemetry& t, int64_t steps) {
+  const int64_t origin_every = std::max<int64_t>(1, (steps + 255) / 256);
+  out << TelemetryJson(t, t.step % origin_every == 0 || t.step + 1 == steps);
 }
 
 absl::StatusOr<SamplingParams> SamplingFromFlags() {

@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "src/base/sys_stats.h"
 #include "src/engine/prefill_engine.h"
 #include "src/engine/sampler.h"
 #include "src/model/llama_model.h"
@@ -38,6 +40,41 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags();
 // The CPU backend with --threads and --pack_decode.
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
 
+// The prologue of the commands that read a long input (run, prefill, ppl,
+// needle): --input's text, which must not be empty (a warning where it is
+// not UTF-8: it is read as raw bytes), then the model and the backend.
+struct LongInput {
+  std::string text;
+  LoadedModel model;
+  std::unique_ptr<Backend> backend;
+};
+// `path`: --input's value, which the command checked is given.
+absl::StatusOr<LongInput> OpenLongInput(const std::string& path);
+
+// The progress line of a chunked run on stderr (--progress): tokens done,
+// rate, time left, and what the command adds; redrawn in place every 0.5 s
+// on a terminal, a line every 10 s otherwise, and always after the last step.
+class ChunkProgress {
+ public:
+  // `tag`: "[snapfill]", "[snapfill ppl]"; off: Step prints nothing.
+  ChunkProgress(const char* tag, int64_t total_tokens, int64_t steps, bool on);
+  // After step t; `detail` (" | step 3/10 ...") is asked for only when the
+  // line is printed.
+  template <typename Detail>
+  void Step(const StepTelemetry& t, const Detail& detail) {
+    if (Due(t)) Print(t, detail());
+  }
+
+ private:
+  bool Due(const StepTelemetry& t);
+  void Print(const StepTelemetry& t, const std::string& detail) const;
+  const char* tag_;
+  int64_t total_, steps_;
+  bool on_, tty_;
+  double last_print_ = -1e9;
+  Stopwatch watch_;
+};
+
 
 // --temp, --top_k, --top_p, --seed, validated.
 absl::StatusOr<SamplingParams> SamplingFromFlags();
@@ -65,6 +102,9 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
 // runs' files small. Steps that scored their tokens (snapfill ppl) also
 // carry "scored" and "nll_sum".
 std::string TelemetryJson(const StepTelemetry& t, bool with_origin);
+// Writes step t's record of a run of `steps` steps to `out`, with the origin
+// map where it is due.
+void WriteTelemetry(std::ostream& out, const StepTelemetry& t, int64_t steps);
 
 }  // namespace snapfill::cli
 

@@ -61,7 +61,8 @@ absl::Status RunInfo() {
   std::printf("thread waits:    %s\n", backend->thread_waits().c_str());
   // The instructions' peaks here, and what they allow the products of a
   // token of prefill (tools/cli/roofline.h).
-  const Backend::Peaks peaks = backend->MeasurePeaks();
+  const BackendProfile::Peaks peaks =
+      backend->profile() != nullptr ? backend->profile()->MeasurePeaks() : BackendProfile::Peaks{};
   if (const std::string line = PeaksLine(peaks); !line.empty()) {
     std::printf("peaks:           %s\n", line.substr(line.find(':') + 2).c_str());
     const double qd = static_cast<double>(c.num_heads * c.head_dim), kvd = static_cast<double>(c.num_kv_heads * c.head_dim);
@@ -69,7 +70,7 @@ absl::Status RunInfo() {
     const double ops = 2.0 * c.num_layers * (dim * (qd + 2 * kvd) + qd * dim + 3.0 * dim * c.ffn_dim);
     // (The feed-forward matrices' type: most of the work.)
     const bool int8 = backend->QuantizesActivations(model->layer(0).w_gate.type);
-    const Backend::Peak& products = int8 ? peaks.int8_products : peaks.f32;
+    const BackendProfile::Peak& products = int8 ? peaks.int8_products : peaks.f32;
     if (products.ops_per_second > 0) {
       std::printf("prefill ceiling: %.0f tokens/s for the layers' products alone (%.1f MOP a token at %s's "
                   "peak; the attention adds %.1f kOP a token per key it sees)\n",

@@ -301,12 +301,10 @@ absl::Status RunNeedle() {
   SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
   // As in ppl: the full pruner evicts nothing; its chunks are --chunk each.
   if (config.pruner.kind == PrunerKind::kFull) config.schedule.kind = ScheduleKind::kFixed;
-  SNAPFILL_ASSIGN_OR_RETURN(std::string text, ReadInput(input_path, "--input"));
-  if (text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " is empty"));
-  }
-  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
+  std::string& text = in.text;
+  LoadedModel& model = in.model;
+  std::unique_ptr<Backend>& backend = in.backend;
   std::vector<int32_t> haystack = model.tokenizer->Encode(text, false, false);
   text.clear();
   text.shrink_to_fit();

@@ -98,12 +98,10 @@ absl::Status RunPpl() {
   // chunks are --chunk tokens each (an IMDC plan of the whole input as
   // memory would refuse most chunk sizes).
   if (config.pruner.kind == PrunerKind::kFull) config.schedule.kind = ScheduleKind::kFixed;
-  SNAPFILL_ASSIGN_OR_RETURN(std::string text, ReadInput(input_path, "--input"));
-  if (text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " is empty"));
-  }
-  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
+  std::string& text = in.text;
+  LoadedModel& model = in.model;
+  std::unique_ptr<Backend>& backend = in.backend;
   // Plain text, BOS as the model's tokenizer wants it.
   std::vector<int32_t> tokens = model.tokenizer->Encode(text, /*add_special=*/true,
                                                         /*parse_special=*/false);
@@ -141,14 +139,11 @@ absl::Status RunPpl() {
     }
   }
   const int64_t steps = static_cast<int64_t>(plan.steps.size());
-  const int64_t origin_every = std::max<int64_t>(1, (steps + 255) / 256);
-  const bool progress = absl::GetFlag(FLAGS_progress);
-  const bool tty = isatty(fileno(stderr));
+  ChunkProgress progress("[snapfill ppl]", total, steps, absl::GetFlag(FLAGS_progress));
   std::vector<StepScore> scores;
   scores.reserve(steps);
   double nll_sum = 0;
   int64_t scored = 0;
-  double last_print = -1e9;
   Stopwatch watch;
   const absl::Status run = engine->Run(tokens, [&](const StepTelemetry& t) {
     StepScore s;
@@ -164,25 +159,8 @@ absl::Status RunPpl() {
     scores.push_back(s);
     nll_sum += t.nll_sum;
     scored += t.scored_tokens;
-    if (telemetry) {
-      *telemetry << TelemetryJson(t, t.step % origin_every == 0 || t.step + 1 == steps);
-    }
-    if (progress) {
-      const double now = watch.Seconds();
-      const bool last = t.step + 1 == steps;
-      if (last || now - last_print >= (tty ? 0.5 : 10.0)) {
-        last_print = now;
-        const int64_t done = t.start_token + t.chunk_tokens;
-        const double rate = done / std::max(now, 1e-9);
-        std::fprintf(stderr,
-                     "%s[snapfill ppl] %lld/%lld tokens (%.1f%%) | %.0f tokens/s | ETA %s | loss "
-                     "so far %.4f%s",
-                     tty ? "\r" : "", (long long)done, (long long)total, 100.0 * done / total,
-                     rate, HumanSeconds((total - done) / std::max(rate, 1e-9)).c_str(),
-                     scored > 0 ? nll_sum / scored : 0.0, tty ? "   " : "\n");
-        if (tty && last) std::fputc('\n', stderr);
-      }
-    }
+    if (telemetry) WriteTelemetry(*telemetry, t, steps);
+    progress.Step(t, [&] { return absl::StrFormat(" | loss so far %.4f", scored > 0 ? nll_sum / scored : 0.0); });
     return true;
   });
   SNAPFILL_RETURN_IF_ERROR(run);

@@ -19,12 +19,12 @@ double Lookup(const std::vector<std::pair<std::string, double>>& pairs, const ch
 double FloatMatMulOps(const Work& w) { return std::max(0.0, w.matmul_ops - w.int8_matmul_ops); }
 
 // Seconds of `ops` at `peak`; -1 if there are ops and no peak.
-double At(double ops, const Backend::Peak& peak) {
+double At(double ops, const BackendProfile::Peak& peak) {
   if (ops <= 0) return 0;
   return peak.ops_per_second > 0 ? ops / peak.ops_per_second : -1;
 }
 
-const Backend::Peak& AttentionPeak(const Backend::Peaks& p, bool prefill) {
+const BackendProfile::Peak& AttentionPeak(const BackendProfile::Peaks& p, bool prefill) {
   return prefill ? p.prefill_attention : p.f32;
 }
 
@@ -47,12 +47,12 @@ Work WorkFromProfile(const std::vector<std::pair<std::string, double>>& seconds,
   return w;
 }
 
-const Backend::Peak* MatMulPeak(const Work& work, const Backend::Peaks& peaks) {
+const BackendProfile::Peak* MatMulPeak(const Work& work, const BackendProfile::Peaks& peaks) {
   const double int8 = work.matmul_ops > 0 ? work.int8_matmul_ops / work.matmul_ops : 0;
   return int8 >= 0.99 ? &peaks.int8_products : int8 <= 0.01 ? &peaks.f32 : nullptr;
 }
 
-double FloorSeconds(const Work& work, const Backend::Peaks& peaks, bool prefill) {
+double FloorSeconds(const Work& work, const BackendProfile::Peaks& peaks, bool prefill) {
   const double parts[] = {At(work.int8_matmul_ops, peaks.int8_products), At(FloatMatMulOps(work), peaks.f32),
                           At(work.attention_ops, AttentionPeak(peaks, prefill)), At(work.window_ops, peaks.f32)};
   double total = 0;
@@ -63,8 +63,8 @@ double FloorSeconds(const Work& work, const Backend::Peaks& peaks, bool prefill)
   return total;
 }
 
-std::string PeaksLine(const Backend::Peaks& p) {
-  auto one = [](const char* what, const Backend::Peak& peak) {
+std::string PeaksLine(const BackendProfile::Peaks& p) {
+  auto one = [](const char* what, const BackendProfile::Peak& peak) {
     return peak.ops_per_second > 0
                ? absl::StrFormat("%s %s %.1f GOP/s", what, peak.instruction, peak.ops_per_second * 1e-9)
                : absl::StrFormat("%s not measured", what);
@@ -80,18 +80,18 @@ std::string PeaksLine(const Backend::Peaks& p) {
                          one("f32", p.f32), attention);
 }
 
-std::string WorkAgainstPeaks(const Work& w, const Backend::Peaks& p, bool prefill) {
+std::string WorkAgainstPeaks(const Work& w, const BackendProfile::Peaks& p, bool prefill) {
   const std::string peaks = PeaksLine(p);
   if (peaks.empty()) return "";
   std::string out = peaks + "\n";
   // Each op's rate, and its share of the peak of its instruction where all
   // of its work ran on one (the products: int8 or float types, not both).
-  auto share = [](double ops, double seconds, const Backend::Peak& peak) {
+  auto share = [](double ops, double seconds, const BackendProfile::Peak& peak) {
     if (seconds <= 0 || peak.ops_per_second <= 0) return std::string();
     return absl::StrFormat(" = %.0f%% of %s", 100.0 * ops / seconds / peak.ops_per_second, peak.instruction);
   };
   if (w.matmul_ops > 0) {
-    const Backend::Peak* peak = MatMulPeak(w, p);
+    const BackendProfile::Peak* peak = MatMulPeak(w, p);
     absl::StrAppendFormat(&out, "matmul %s%s", Rate(w.matmul_ops, w.matmul_seconds),
                           peak != nullptr ? share(w.matmul_ops, w.matmul_seconds, *peak)
                                           : absl::StrFormat(" (%.0f%% of its ops on int8 types)",
@@ -114,11 +114,16 @@ std::string WorkAgainstPeaks(const Work& w, const Backend::Peaks& p, bool prefil
   return out + "\n";
 }
 
+Work WorkFromProfile(const BackendProfile* profile) {
+  if (profile == nullptr) return Work{};
+  return WorkFromProfile(profile->Seconds(), profile->Ops(), profile->Int8MatMulOps());
+}
+
 std::string ProfileReportWithPeaks(Backend& backend, bool prefill) {
-  std::string out = backend.ProfileReport();
+  BackendProfile* profile = backend.profile();
+  const std::string out = profile != nullptr ? profile->Report() : "";
   if (out.empty()) return out;
-  const Work w = WorkFromProfile(backend.ProfileSeconds(), backend.ProfileOps(), backend.ProfileInt8MatMulOps());
-  return out + WorkAgainstPeaks(w, backend.MeasurePeaks(), prefill);
+  return out + WorkAgainstPeaks(WorkFromProfile(profile), profile->MeasurePeaks(), prefill);
 }
 
 }  // namespace snapfill::cli

@@ -152,18 +152,8 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
         "to start over and replace it"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(std::string text, ReadInput(input_path, "--input"));
-  if (text.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " is empty"));
-  }
-  if (const std::vector<size_t> bad = InvalidUtf8Positions(text); !bad.empty()) {
-    // Byte-level vocabularies encode any bytes; say so, since a wrong
-    // encoding (Latin-1, UTF-16) is more often a mistake than intended.
-    std::fprintf(stderr,
-                 "snapfill: warning: --input %s is not valid UTF-8 (%zu bytes, the first at byte "
-                 "%zu); they are read as raw bytes\n",
-                 input_path.c_str(), bad.size(), bad[0]);
-  }
+  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
+  std::string& text = in.text;
   Prepared p;
   p.config = config;
   // run decodes -n tokens into the memory itself.
@@ -171,8 +161,8 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   // prefill has no question to recall with: it keeps the store for
   // `generate --cache --recall_dir`.
   if (!with_question) p.config.recall_budget = 0;
-  SNAPFILL_ASSIGN_OR_RETURN(p.model, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(p.backend, BackendFromFlags());
+  p.model = std::move(in.model);
+  p.backend = std::move(in.backend);
   p.weight_bytes = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/false);
   if (with_question) {
     const uint64_t decode = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/true);
@@ -285,7 +275,7 @@ struct RunReport {
   uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
   std::vector<std::pair<std::string, double>> profile;
   Work prefill_work;      // the prefill's ops and seconds (--profile)
-  Backend::Peaks peaks;   // measured after the run (--profile)
+  BackendProfile::Peaks peaks;   // measured after the run (--profile)
 };
 
 std::string RunReportJson(const RunReport& r) {
@@ -308,7 +298,7 @@ std::string RunReportJson(const RunReport& r) {
                         "\"window_seconds\":%.6f},\"peaks\":{\"threads\":%d",
                         w.matmul_ops, w.int8_matmul_ops, w.attention_ops, w.window_ops, w.matmul_seconds,
                         w.attention_seconds, w.window_seconds, r.peaks.threads);
-  for (const auto& [name, peak] : {std::pair<const char*, const Backend::Peak*>{"int8_products", &r.peaks.int8_products},
+  for (const auto& [name, peak] : {std::pair<const char*, const BackendProfile::Peak*>{"int8_products", &r.peaks.int8_products},
                                    {"f32", &r.peaks.f32},
                                    {"prefill_attention", &r.peaks.prefill_attention}}) {
     absl::StrAppendFormat(&s, ",\"%s\":{\"instruction\":\"%s\",\"ops_per_second\":%.6g}", name, peak->instruction,
@@ -408,11 +398,8 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
                                                       ": cannot open for writing"));
     }
   }
-  const bool progress = absl::GetFlag(FLAGS_progress);
-  const bool tty = isatty(fileno(stderr));
   const int64_t total = plan.config.total_tokens;
   const int64_t steps = plan.steps.size();
-  const int64_t origin_every = std::max<int64_t>(1, (steps + 255) / 256);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   std::optional<StopSignals> signals;
@@ -427,36 +414,19 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
     signals.emplace();
   }
   absl::Status checkpoint_status;
-  double last_print = -1e9;
+  ChunkProgress progress("[snapfill]", total, steps, absl::GetFlag(FLAGS_progress));
   Stopwatch watch;
   auto on_step = [&](const StepTelemetry& t) {
     if (recall_seconds != nullptr) *recall_seconds += t.recall_seconds;
     if (recalled != nullptr) *recalled = std::max(*recalled, t.recalled);
-    if (telemetry) {
-      const bool origin = t.step % origin_every == 0 || t.step + 1 == steps;
-      *telemetry << TelemetryJson(t, origin);
-    }
-    if (progress) {
-      const double now = watch.Seconds();
-      const bool last = t.step + 1 == steps;
-      if (last || now - last_print >= (tty ? 0.5 : 10.0)) {
-        last_print = now;
-        const int64_t done = t.start_token + t.chunk_tokens;
-        const double rate = done / std::max(now, 1e-9);
-        int64_t mem = 0;
-        for (int64_t m : t.memory) mem += m;
-        mem /= std::max<size_t>(1, t.memory.size());
-        std::fprintf(stderr,
-                     "%s[snapfill] %lld/%lld tokens (%.1f%%) | %.0f tokens/s | ETA %s | step "
-                     "%lld/%lld memory %lld chunk %lld | RSS %s%s",
-                     tty ? "\r" : "", (long long)done, (long long)total, 100.0 * done / total,
-                     rate, HumanSeconds((total - done) / std::max(rate, 1e-9)).c_str(),
-                     (long long)t.step + 1, (long long)steps, (long long)mem,
-                     (long long)t.chunk_tokens, HumanBytes(t.rss_bytes).c_str(),
-                     tty ? "   " : "\n");
-        if (tty && last) std::fputc('\n', stderr);
-      }
-    }
+    if (telemetry) WriteTelemetry(*telemetry, t, steps);
+    progress.Step(t, [&] {
+      int64_t mem = 0;
+      for (int64_t m : t.memory) mem += m;
+      mem /= std::max<size_t>(1, t.memory.size());
+      return absl::StrFormat(" | step %d/%d memory %d chunk %d | RSS %s", t.step + 1, steps, mem, t.chunk_tokens,
+                             HumanBytes(t.rss_bytes));
+    });
     if (checkpoint.empty() || t.step + 1 == steps) return true;
     const int signo = g_stop_signal.load();
     if (signo != 0 || (t.step + 1 - first_step) % checkpoint_every == 0) {
@@ -536,8 +506,8 @@ absl::Status RunRun() {
   SNAPFILL_RETURN_IF_ERROR(prefill);
   RemoveCheckpoint();
   // The prefill's own work (the profile goes on through the decode).
-  const Work prefill_work = WorkFromProfile(p.backend->ProfileSeconds(), p.backend->ProfileOps(),
-                                            p.backend->ProfileInt8MatMulOps());
+  BackendProfile* const profiler = p.backend->profile();
+  const Work prefill_work = WorkFromProfile(profiler);
   SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->TakeDecoderCache());
   SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), 1));
   GenerateOptions gopts;
@@ -576,10 +546,10 @@ absl::Status RunRun() {
   }
   // With --profile: the table, then the prefill's work against the peaks
   // of this machine's instructions, measured now.
-  const std::string profile = p.backend->ProfileReport();
-  Backend::Peaks peaks;
+  const std::string profile = profiler != nullptr ? profiler->Report() : "";
+  BackendProfile::Peaks peaks;
   if (!profile.empty()) {
-    peaks = p.backend->MeasurePeaks();
+    peaks = profiler->MeasurePeaks();
     std::fprintf(stderr, "%sprefill: %s", profile.c_str(), WorkAgainstPeaks(prefill_work, peaks, /*prefill=*/true).c_str());
   }
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
@@ -597,7 +567,7 @@ absl::Status RunRun() {
     rr.cache_entries = kv->max_size();
     rr.peak_rss_bytes = PeakRssBytes();
     rr.predicted_peak_bytes = p.peak.total();
-    rr.profile = p.backend->ProfileSeconds();
+    if (profiler != nullptr) rr.profile = profiler->Seconds();
     rr.prefill_work = prefill_work;
     rr.peaks = peaks;
     SNAPFILL_RETURN_IF_ERROR(

@@ -1,0 +1,46 @@
+// The prefill engine's pieces shared by its files (prefill_engine.cc holds
+// the loop; prefill_plan.cc the configuration, footprint and plan digest;
+// prefill_score.cc the loss of each chunk's tokens; prefill_state.cc the
+// memory in and out: checkpoint restore and the decoder's cache). Not a
+// public API.
+#ifndef SNAPFILL_ENGINE_PREFILL_INTERNAL_H_
+#define SNAPFILL_ENGINE_PREFILL_INTERNAL_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "snapfill/backend.h"
+#include "src/engine/prefill_engine.h"
+#include "src/model/llama_model.h"
+
+namespace snapfill::prefill_internal {
+
+// The configuration as the engine runs it: window and sinks shared by the
+// planner and the pruner; the full pruner planned as one fixed memory;
+// InvalidArgument for a question or recall budget it cannot run.
+absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config, int64_t total_tokens);
+
+// The question's rows in every batch: SnapKV alone reads votes.
+int64_t QueryRows(const PrefillConfig& c);
+
+// Positions whose logits score_tokens makes at once: about 16 MiB of
+// logits (64 rows for a 49K vocabulary), at most the largest chunk.
+inline int64_t ScoreRows(int64_t vocab_size, int64_t max_chunk) {
+  return std::max<int64_t>(1, std::min<int64_t>({64, (int64_t{1} << 22) / vocab_size, max_chunk}));
+}
+
+// f(item) for every item in [0, n): on the backend's threads where
+// `parallel` (the CPU backend's are those of its kernels, still spinning
+// from the operation before), else in order on this thread.
+template <typename F>
+void RunItems(Backend& backend, int64_t n, bool parallel, const F& f) {
+  if (parallel) {
+    backend.ParallelFor(n, f);
+  } else {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+}
+
+}  // namespace snapfill::prefill_internal
+
+#endif  // SNAPFILL_ENGINE_PREFILL_INTERNAL_H_

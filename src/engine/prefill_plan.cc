@@ -1,0 +1,177 @@
+// The prefill's configuration as it runs, its footprint, and its plan's
+// digest (checkpoints and caches name the plan they belong to).
+#include <xxhash.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "snapfill/status.h"
+#include "src/engine/prefill_engine.h"
+#include "src/engine/prefill_internal.h"
+
+namespace snapfill {
+namespace prefill_internal {
+namespace {
+
+// The longest question that question-guided compression runs after every
+// chunk (its rows cost as many chunk rows).
+constexpr int64_t kMaxQueryTokens = 4096;
+
+}  // namespace
+
+absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config,
+                                      int64_t total_tokens) {
+  PrefillConfig c = config;
+  ScheduleConfig& sc = c.schedule;
+  sc.total_tokens = total_tokens;
+  sc.num_layers = mc.num_layers;
+  sc.max_position = mc.context_length;
+  c.pruner.window = sc.window;
+  c.pruner.sink_tokens = sc.sink_tokens;
+  SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(c.pruner));
+  if (c.pruner.kind == PrunerKind::kFull) {
+    // The baseline keeps every entry: one memory of the whole input, read
+    // in chunks of --chunk tokens. Memory sizes do not apply to a pruner
+    // that evicts nothing, so its budgets are planned as a fixed memory that
+    // fits (IMDC's shrinking chunks would otherwise refuse most sizes).
+    sc.kind = ScheduleKind::kFixed;
+    sc.memory = std::max<int64_t>(sc.window, std::min<int64_t>(sc.memory, total_tokens));
+    sc.first_memory = 0;
+  }
+  if (static_cast<int64_t>(c.query_tokens.size()) > kMaxQueryTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the question has ", c.query_tokens.size(), " tokens; question-guided compression runs it "
+        "after every chunk and takes at most ", kMaxQueryTokens,
+        " (--query_aware=false reads a longer one with the input only)"));
+  }
+  for (int32_t id : c.query_tokens) {
+    if (id < 0 || id >= mc.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("the question holds token id ", id,
+                                                     ", outside the vocabulary of ", mc.vocab_size));
+    }
+  }
+  if (c.recall_budget < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 0"));
+  }
+  if (c.recall_budget > 0 && c.pruner.kind != PrunerKind::kSnapKv) {
+    return absl::InvalidArgumentError(absl::StrCat("recall brings entries back by the question's votes, which "
+                                                   "only the snapkv pruner reads (--pruner=",
+                                                   PrunerKindName(c.pruner.kind), ")"));
+  }
+  if (c.recall_budget > 0 && c.query_tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "recall needs the question: give --question (with --query_aware, the default)");
+  }
+  return c;
+}
+
+int64_t QueryRows(const PrefillConfig& c) {
+  return c.pruner.kind == PrunerKind::kSnapKv ? static_cast<int64_t>(c.query_tokens.size()) : 0;
+}
+
+}  // namespace prefill_internal
+
+using prefill_internal::QueryRows;
+using prefill_internal::Resolve;
+using prefill_internal::ScoreRows;
+
+absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
+                                                          const PrefillConfig& config,
+                                                          int64_t total_tokens, bool fused_layers) {
+  SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
+  PrefillFootprint f;
+  SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
+  int64_t max_budget = 0;
+  for (const ScheduleStep& s : f.plan.steps) {
+    for (int64_t b : s.budget) max_budget = std::max(max_budget, b);
+  }
+  // Adaptive growth may give a layer more than the linear budget; cap it at
+  // twice that so the memory can be allocated up front.
+  if (f.plan.adaptive) max_budget *= 2;
+  f.memory_capacity = max_budget + c.schedule.sink_tokens;
+  if (c.pruner.kind == PrunerKind::kFull) f.memory_capacity = total_tokens;
+  f.final_entries = f.memory_capacity;
+  if (c.pruner.kind != PrunerKind::kFull && !f.plan.adaptive) {
+    int64_t last = 0;
+    for (int64_t b : f.plan.steps.back().budget) last = std::max(last, b);
+    f.final_entries = std::min(f.memory_capacity, last + c.schedule.sink_tokens);
+  }
+  const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
+                               (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
+  if (c.decode_reserve < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
+  }
+  // Recalled entries join the memory at the last step, beyond the budget.
+  f.final_entries += c.recall_budget;
+  f.memory_bytes = entry_bytes * (f.memory_capacity + c.recall_budget + c.decode_reserve);
+  // The question's rows follow the chunk in the candidates and the batch.
+  const int64_t query_rows = QueryRows(c);
+  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
+  // Raw and rotated keys, values, votes (and the question's votes) as
+  // floats; positions per head and rotation positions (int32).
+  const int64_t vote_floats = query_rows > 0 ? 2 : 1;
+  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
+                                    (mc.num_kv_heads + 1) * sizeof(int32_t);
+  f.candidate_bytes = cand * cand_entry_bytes;
+  // (Scored chunks take logits of whole batches, through xn.)
+  f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens + query_rows, fused_layers,
+                                                  c.score_tokens);
+  const uint64_t score_bytes =
+      c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
+                     : 0;
+  f.activation_bytes += score_bytes;
+  if (c.recall_budget > 0) {
+    // A block of stored keys (f32, with positions, rotation positions and
+    // scores), the question's log-denominators, and per KV head the peaks
+    // and the span positions around them.
+    f.recall_bytes = Recaller::ScratchBytes(mc, query_rows, c.recall_budget, c.pruner.span);
+    f.recall_disk_bytes = RecallStore::MaxBytes(RecallShape(mc, c.recall_format), total_tokens);
+  }
+
+  // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
+  // layer the memory holds s + min(budget, tokens read so far) entries after
+  // a step (everything read so far for the full pruner); adaptive growth
+  // moves budget between layers with the same total, counted here as the
+  // linear budget of every layer.
+  const uint64_t layer_entry_bytes = entry_bytes / mc.num_layers;
+  const int64_t sinks = c.schedule.sink_tokens;
+  std::vector<int64_t> written(mc.num_layers, 0);  // memory entries written per layer so far
+  int64_t cand_written = 0;
+  for (const ScheduleStep& s : f.plan.steps) {
+    cand_written = std::max(cand_written, s.attention_length + query_rows);
+    const int64_t read = s.start_token + s.chunk_tokens;
+    uint64_t memory = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      const int64_t b = static_cast<size_t>(l) < s.budget.size() ? s.budget[l] : s.budget.back();
+      const int64_t held = c.pruner.kind == PrunerKind::kFull ? read : std::min(sinks + b, read);
+      written[l] = std::min(f.memory_capacity, std::max(written[l], held));
+      memory += written[l] * layer_entry_bytes;
+    }
+    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
+                          LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers,
+                                                     c.score_tokens) +
+                          score_bytes;
+    f.resident_peak = std::max(f.resident_peak, step);
+  }
+  // The last step's recall: its scratch and the entries it adds.
+  f.resident_peak += f.recall_bytes + c.recall_budget * entry_bytes;
+  return f;
+}
+
+uint64_t PrefillEngine::PlanDigest(const SchedulePlan& plan) {
+  XXH3_state_t* state = XXH3_createState();
+  SNAPFILL_CHECK(state != nullptr);
+  XXH3_64bits_reset(state);
+  for (const ScheduleStep& s : plan.steps) {
+    const int64_t head[2] = {s.start_token, s.chunk_tokens};
+    XXH3_64bits_update(state, head, sizeof(head));
+    XXH3_64bits_update(state, s.budget.data(), s.budget.size() * sizeof(int64_t));
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return digest;
+}
+
+}  // namespace snapfill

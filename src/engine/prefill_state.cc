@@ -1,0 +1,108 @@
+// The memory in and out of the loop: restoring a checkpoint's memory, and
+// handing the memory to the decoder (rotated for decoding).
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+#include "src/engine/prefill_engine.h"
+
+namespace snapfill {
+
+absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double>& retention,
+                                    const KvCache& memory) {
+  const LlamaConfig& c = model_.config();
+  const int64_t steps = static_cast<int64_t>(plan_.steps.size());
+  if (steps_done < 0 || steps_done >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resume after step ", steps_done,
+                                                   ": the plan has ", steps, " steps"));
+  }
+  const KvCacheShape& s = memory.shape();
+  if (s.num_layers != c.num_layers || s.num_kv_heads != c.num_kv_heads ||
+      s.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the saved memory has ", s.num_layers, " layers x ", s.num_kv_heads, " KV heads x ",
+        s.head_dim, " dims; the model has ", c.num_layers, " x ", c.num_kv_heads, " x ",
+        c.head_dim));
+  }
+  if (static_cast<int64_t>(retention.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("the saved retention has ", retention.size(),
+                                                   " values for ", c.num_layers, " layers"));
+  }
+  for (double r : retention) {
+    if (!(r >= 0.0 && r <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("saved retention ", r, " is not in [0, 1]"));
+    }
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (memory.size(l) < 0 || memory.size(l) > prefill_capacity_) {
+      return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ",
+                                                     memory.size(l), " entries; this plan's "
+                                                     "memory holds ", prefill_capacity_));
+    }
+  }
+  memory_->Clear();
+  const int64_t d = c.head_dim;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory.size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::memcpy(memory_->k(l, h), memory.k(l, h), m * d * sizeof(float));
+      std::memcpy(memory_->v(l, h), memory.v(l, h), m * d * sizeof(float));
+      std::memcpy(memory_->pos(l, h), memory.pos(l, h), m * sizeof(int32_t));
+    }
+    memory_->set_size(l, m);
+  }
+  steps_done_ = steps_done;
+  retention_ = retention;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
+  if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
+  const LlamaConfig& c = model_.config();
+  std::vector<int32_t> rot(std::max<int64_t>(1, memory_->max_size()));
+  std::iota(rot.begin(), rot.end(), 0);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory_->size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(memory_->k(l, h), m, 1, c.head_dim, c.head_dim, pos,
+                                              c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
+                                              c.rope_neox));
+    }
+  }
+  taken_max_size_ = memory_->max_size();
+  return std::move(memory_);
+}
+
+int64_t PrefillEngine::next_position() const {
+  if (config_.keep_original_positions) return plan_.config.total_tokens;
+  return memory_ != nullptr ? memory_->max_size() : taken_max_size_;
+}
+
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
+    int64_t extra_capacity) const {
+  const LlamaConfig& c = model_.config();
+  const int64_t max_size = memory_->max_size();
+  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
+                                                         max_size + extra_capacity}));
+  std::vector<int32_t> rot(max_size);
+  std::iota(rot.begin(), rot.end(), 0);
+  const int64_t d = c.head_dim;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = memory_->size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::memcpy(cache->k(l, h), memory_->k(l, h), m * d * sizeof(float));
+      std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
+      std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope_dim,
+                                              c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    }
+    cache->set_size(l, m);
+  }
+  return cache;
+}
+
+}  // namespace snapfill
