@@ -197,6 +197,31 @@ TEST_F(QualityCliTest, NeedleGridJson) {
   EXPECT_EQ(j["cells"][2]["runs"][0]["needle_depth"], 1.0);
 }
 
+// --first_seed runs the later trials of a grid as the whole grid runs them:
+// the same keys and answers, so a long grid can be split over runs.
+TEST_F(QualityCliTest, NeedleFirstSeedRunsTheGridsLaterTrials) {
+  const std::string base = "needle --model " + tiny_ + " --input " + text_ +
+                           " --lengths 160 --depths 0,1 --seeds 3 --memory 48 --chunk 64 --window 8 "
+                           "--baseline=false --progress=false --json ";
+  ASSERT_EQ(Run(base + dir_ + "/all.json").exit_code, 0);
+  const Result r = Run(base + dir_ + "/later.json --first_seed 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json all = ReadJson(dir_ + "/all.json"), later = ReadJson(dir_ + "/later.json");
+  EXPECT_EQ(later["first_seed"], 1);
+  ASSERT_EQ(later["cells"].size(), 2u);
+  for (size_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(all["cells"][c]["runs"].size(), 3u);
+    ASSERT_EQ(later["cells"][c]["runs"].size(), 2u);
+    for (size_t t = 0; t < 2; ++t) {
+      const Json &a = all["cells"][c]["runs"][t + 1], &b = later["cells"][c]["runs"][t];
+      EXPECT_EQ(b["seed"], a["seed"]);
+      EXPECT_EQ(b["key"], a["key"]);
+      EXPECT_EQ(b["answer"], a["answer"]);
+    }
+  }
+  EXPECT_FAILS_WITH(Run(base + dir_ + "/x.json --first_seed 3"), 2, "--first_seed=3");
+}
+
 // Every task over a grid: prompts of the cell's length, the planted values
 // recorded with the needles that hold them, the needle the question asks
 // about at the cell's depth, a grid and an accuracy line per task; the

@@ -44,7 +44,7 @@ const std::vector<Command>& Commands() {
        "Needle-in-a-haystack grid: input length x needle depth x task (passkey and RULER's "
        "retrieval tasks), random values per trial, accuracy of the greedy answer; beside full "
        "attention where the input fits.",
-       {"input", "tasks", "lengths", "depths", "seeds", "baseline", "json", "png", "query_aware",
+       {"input", "tasks", "lengths", "depths", "seeds", "first_seed", "baseline", "json", "png", "query_aware",
         "query_share", "select", "span", "query_heads", "recall_dir", "recall", "recall_format", "model", "schedule",
         "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
         "pruner", "sinks", "original_positions", "chat_template", "system", "threads",

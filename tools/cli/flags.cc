@@ -117,6 +117,9 @@ ABSL_FLAG(std::string, tasks, "passkey",
           "distractor chain), fact (a fact in a prose sentence, asked about)");
 ABSL_FLAG(int32_t, seeds, 3,
           "needle: trials per cell, each with its own key and haystack offset");
+ABSL_FLAG(int32_t, first_seed, 0,
+          "needle: run the trials from this one of the --seeds on (the same keys and offsets as in the "
+          "whole grid), to split a long grid over several runs");
 ABSL_FLAG(bool, baseline, true,
           "needle: also run full attention in one pass where the length fits the model's context");
 ABSL_FLAG(std::string, png, "",

@@ -76,6 +76,7 @@ ABSL_DECLARE_FLAG(std::string, lengths);
 ABSL_DECLARE_FLAG(std::string, depths);
 ABSL_DECLARE_FLAG(std::string, tasks);
 ABSL_DECLARE_FLAG(int32_t, seeds);
+ABSL_DECLARE_FLAG(int32_t, first_seed);
 ABSL_DECLARE_FLAG(bool, baseline);
 ABSL_DECLARE_FLAG(std::string, png);
 ABSL_DECLARE_FLAG(std::string, ppl);

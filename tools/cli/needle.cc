@@ -293,6 +293,11 @@ absl::Status RunNeedle() {
   if (seeds < 1 || seeds > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("--seeds=", seeds, " must be in [1, 1000]"));
   }
+  const int first_seed = absl::GetFlag(FLAGS_first_seed);
+  if (first_seed < 0 || first_seed >= seeds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--first_seed=", first_seed, " must be in [0, --seeds=", seeds, ")"));
+  }
   const int64_t batch = absl::GetFlag(FLAGS_batch);
   if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("--batch=", batch, " must be >= 1"));
   const std::string json_path = absl::GetFlag(FLAGS_json);
@@ -326,7 +331,7 @@ absl::Status RunNeedle() {
   for (NeedleTask task : tasks) {
     for (int64_t length : lengths) {
       for (size_t di = 0; di < depths.size(); ++di) {
-        for (int seed = 0; seed < seeds; ++seed) {
+        for (int seed = first_seed; seed < seeds; ++seed) {
           SNAPFILL_RETURN_IF_ERROR(
               builder.CheckLength(length, MakeNeedleTrial(task, length, di, depths[di], seed)));
         }
@@ -356,7 +361,7 @@ absl::Status RunNeedle() {
         cell.task = task;
         cell.length = length;
         cell.depth = depths[di];
-        for (int seed = 0; seed < seeds; ++seed) {
+        for (int seed = first_seed; seed < seeds; ++seed) {
           Trial t;
           t.seed = seed;
           t.plan = MakeNeedleTrial(task, length, di, cell.depth, seed);
@@ -474,6 +479,7 @@ absl::Status RunNeedle() {
   j["lengths"] = lengths;
   j["depths"] = depths;
   j["seeds"] = seeds;
+  j["first_seed"] = first_seed;
   Tally overall;
   for (const Cell& c : cells) overall.Add(c);
   j["accuracy"] = double(overall.found) / overall.trials;
