@@ -33,6 +33,7 @@ bool ConfigureKernels(const KernelChoices& choices, std::string* why) {
   if (choices.level) want.level = choices.level;
   if (choices.amx) want.amx = *choices.amx;
   if (choices.passive_waits) want.passive_waits = *choices.passive_waits;
+  if (want.level == MaxCpuLevel()) want.level.reset();  // the CPU's own, named
   if (want.level && !CpuSupports(*want.level)) {
     *why = std::string("kernel level ") + CpuLevelName(*want.level) + " is not one this CPU runs (its highest: " +
            CpuLevelName(MaxCpuLevel()) + ")";
