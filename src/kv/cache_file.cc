@@ -158,6 +158,10 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
                                                    cache.model_fingerprint.size(),
                                                    " bytes exceeds ", kMaxFingerprintBytes));
   }
+  if (cache.kernels.size() > kMaxKernelsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": kernels record of ", cache.kernels.size(), " bytes exceeds ", kMaxKernelsBytes));
+  }
   if (cache.next_position < 0 || cache.input_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": next_position=", cache.next_position,
                                                    " and input_tokens=", cache.input_tokens,
@@ -172,6 +176,11 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
         " head_dim=", shape.head_dim, " is outside the file format's limits (", kMaxCacheLayers,
         ", ", kMaxCacheKvHeads, ", ", kMaxCacheHeadDim, ")"));
   }
+  if (!cache.capacities.empty() && static_cast<int64_t>(cache.capacities.size()) != shape.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", cache.capacities.size(), " layer capacities for ",
+                                                   shape.num_layers, " layers"));
+  }
+  auto capacity = [&](int64_t l) { return cache.capacities.empty() ? kv.capacity() : cache.capacities[l]; };
   // Refuse here what LoadCacheFile would refuse, so a saved file always loads.
   uint64_t max_size = 0;
   unsigned __int128 total_entries = 0;
@@ -180,6 +189,10 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
     if (n < 0 || n > kv.capacity()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": layer ", l, " size ", n,
                                                      " is outside [0, ", kv.capacity(), "]"));
+    }
+    if (capacity(l) < n || static_cast<uint64_t>(capacity(l)) > kMaxLayerCapacity) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": layer ", l, " capacity ", capacity(l),
+                                                     " is outside [", n, ", ", kMaxLayerCapacity, "]"));
     }
     for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
       const int32_t* pos = kv.pos(l, h);
@@ -207,13 +220,16 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(format.version));
   SNAPFILL_RETURN_IF_ERROR(out.PutString(cache.model_fingerprint));
   SNAPFILL_RETURN_IF_ERROR(out.PutString(cache.config));
+  SNAPFILL_RETURN_IF_ERROR(out.PutString(cache.kernels));
   SNAPFILL_RETURN_IF_ERROR(out.Put<int64_t>(cache.next_position));
   SNAPFILL_RETURN_IF_ERROR(out.Put<int64_t>(cache.input_tokens));
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.num_layers));
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.num_kv_heads));
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.head_dim));
+  SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(0));  // entry fields: K, V and positions only
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(kv.size(l)));
+    SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(capacity(l)));
   }
   // Head-major storage keeps each head's first size(l) rows contiguous.
   for (int64_t l = 0; l < shape.num_layers; ++l) {
@@ -259,12 +275,18 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
                                                  format.version, ")"));
   }
   if (version == 0) return Damaged(format, name, "format version 0");
+  if (version < format.version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Sv(format.label), " ", Sv(name), " is format version ", version, ", from an earlier snapfill; this one reads ",
+        "version ", format.version, " only: ", Sv(format.remake)));
+  }
 
   // Header: every count is checked against the bytes left before it is used.
   KvFileContents cache;
   SNAPFILL_ASSIGN_OR_RETURN(const std::string_view fingerprint,
                             in.GetString("model fingerprint", kMaxFingerprintBytes));
   SNAPFILL_ASSIGN_OR_RETURN(const std::string_view config, in.GetString("config", bytes.size()));
+  SNAPFILL_ASSIGN_OR_RETURN(const std::string_view kernels, in.GetString("kernels", kMaxKernelsBytes));
   SNAPFILL_ASSIGN_OR_RETURN(cache.header.next_position, in.Get<int64_t>("next_position"));
   SNAPFILL_ASSIGN_OR_RETURN(cache.header.input_tokens, in.Get<int64_t>("input_tokens"));
   SNAPFILL_ASSIGN_OR_RETURN(const uint64_t num_layers, in.Get<uint64_t>("num_layers"));
@@ -277,17 +299,31 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
                                       kMaxCacheLayers, "] x [1, ", kMaxCacheKvHeads, "] x [1, ",
                                       kMaxCacheHeadDim, "]"));
   }
-  if (num_layers * sizeof(uint64_t) > in.remaining()) {
-    return in.Truncated("layer sizes", num_layers * sizeof(uint64_t));
+  SNAPFILL_ASSIGN_OR_RETURN(const uint32_t entry_fields, in.Get<uint32_t>("entry fields"));
+  if ((entry_fields & ~kEntryScores) != 0) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "%s %s stores entry fields 0x%x that this snapfill does not read (a newer one made it)",
+        Sv(format.label), Sv(name), entry_fields & ~kEntryScores));
+  }
+  const bool scores = (entry_fields & kEntryScores) != 0;
+  if (num_layers * 2 * sizeof(uint64_t) > in.remaining()) {
+    return in.Truncated("layer sizes", num_layers * 2 * sizeof(uint64_t));
   }
   // Sizes are bounded by the file: every entry of every head takes
   // EntryBytes(head_dim) >= 12 bytes of payload.
-  const uint64_t bytes_per_entry = num_kv_heads * EntryBytes(head_dim);
+  const uint64_t bytes_per_entry = num_kv_heads * (EntryBytes(head_dim) + (scores ? sizeof(float) : 0));
   std::vector<uint64_t> sizes(num_layers);
+  cache.header.capacities.resize(num_layers);
   uint64_t max_size = 0;
   unsigned __int128 total_entries = 0;
   for (uint64_t l = 0; l < num_layers; ++l) {
     SNAPFILL_ASSIGN_OR_RETURN(sizes[l], in.Get<uint64_t>("layer size"));
+    SNAPFILL_ASSIGN_OR_RETURN(const uint64_t capacity, in.Get<uint64_t>("layer capacity"));
+    if (capacity < sizes[l] || capacity > kMaxLayerCapacity) {
+      return Damaged(format, name, absl::StrCat("layer ", l, " capacity ", capacity, " is outside [", sizes[l],
+                                                ", ", kMaxLayerCapacity, "]"));
+    }
+    cache.header.capacities[l] = static_cast<int64_t>(capacity);
     if (sizes[l] > bytes.size() / bytes_per_entry) {
       return absl::DataLossError(absl::StrCat(
           Sv(format.label), " ", Sv(name), " is truncated or damaged: layer ", l, " holds ", sizes[l],
@@ -324,6 +360,7 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
 
   cache.header.model_fingerprint = std::string(fingerprint);
   cache.header.config = std::string(config);
+  cache.header.kernels = std::string(kernels);
   if (!expected_fingerprint.empty() && fingerprint != expected_fingerprint) {
     return absl::FailedPreconditionError(absl::StrCat(
         Sv(format.label), " ", Sv(name), " was made by model ",
@@ -358,6 +395,8 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
                                             " has position ", pos[i]));
         }
       }
+      // (Scores are kept by no cache yet: a file's are read past.)
+      if (scores) p += n * sizeof(float);
     }
     cache.kv->set_size(l, static_cast<int64_t>(n));
   }
@@ -412,12 +451,15 @@ absl::StatusOr<KvFileContents> LoadKvFile(const KvFileFormat& format, const std:
 namespace {
 
 constexpr KvFileFormat kCacheFormat{std::string_view(kCacheFileMagic, sizeof(kCacheFileMagic)),
-                                    kCacheFileVersion, "cache file"};
+                                    kCacheFileVersion, "cache file",
+                                    "make it again with snapfill prefill --out"};
 
 PromptCache ToPromptCache(internal::KvFileContents c) {
   PromptCache p;
   p.model_fingerprint = std::move(c.header.model_fingerprint);
   p.config = std::move(c.header.config);
+  p.kernels = std::move(c.header.kernels);
+  p.capacities = std::move(c.header.capacities);
   p.next_position = c.header.next_position;
   p.input_tokens = c.header.input_tokens;
   p.kv = std::move(c.kv);
@@ -431,7 +473,13 @@ absl::Status SaveCacheFile(const std::string& path, const PromptCache& cache, bo
     return absl::InvalidArgumentError(absl::StrCat("cannot save cache file ", path,
                                                    ": no KV cache"));
   }
-  KvFileHeader h{cache.model_fingerprint, cache.config, cache.next_position, cache.input_tokens};
+  KvFileHeader h;
+  h.model_fingerprint = cache.model_fingerprint;
+  h.config = cache.config;
+  h.kernels = cache.kernels;
+  h.next_position = cache.next_position;
+  h.input_tokens = cache.input_tokens;
+  h.capacities = cache.capacities;
   return internal::SaveKvFile(kCacheFormat, path, h, *cache.kv, overwrite);
 }
 

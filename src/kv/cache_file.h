@@ -3,27 +3,37 @@
 // `snapfill generate --cache CACHE`. This module owns the file format; the
 // in-memory layout is KvCache's (kv_cache.h).
 //
-// File layout, version 1 (little-endian, fixed width, no padding):
+// File layout, version 2 (little-endian, fixed width, no padding):
 //   offset 0   char[12]  magic "SNAPFILL-KV\0"
 //   offset 12  u32       format version (kCacheFileVersion)
 //   offset 16  u64       fingerprint length F (<= kMaxFingerprintBytes)
 //              F bytes   ModelFingerprint() of the model that made the cache
 //              u64       config length C
 //              C bytes   the run configuration as text (JSON)
+//              u64       kernels length N (<= kMaxKernelsBytes)
+//              N bytes   Backend::kernels() of the run (a record: other
+//                        kernels round differently)
 //              i64       next_position (>= 0)
 //              i64       input_tokens (>= 0)
 //              u64       num_layers   (1..kMaxCacheLayers)
 //              u64       num_kv_heads (1..kMaxCacheKvHeads)
 //              u64       head_dim     (1..kMaxCacheHeadDim)
-//              num_layers x u64  size(layer): valid entries per head
+//              u32       entry fields: bits of what each entry stores beyond
+//                        K, V and its position (kEntryScores); others refused
+//              num_layers x (u64 size, u64 capacity): the valid entries per
+//                        head, and the entries the layer may hold (size <=
+//                        capacity <= kMaxLayerCapacity; a sliding-window
+//                        layer may hold fewer than the others)
 //   payload, for layer in [0, num_layers), for head in [0, num_kv_heads):
 //              f32 K[size(layer)][head_dim]  keys as the decoder reads them
 //                                            (already rotated)
 //              f32 V[size(layer)][head_dim]
 //              i32 pos[size(layer)]          original input positions (>= 0)
+//              f32 score[size(layer)]        with kEntryScores only
 //   trailer:   u64       XXH3-64 (seed 0) of every byte before it
 // Only the valid entries are stored, not the whole capacity. The file ends
-// exactly after the trailer.
+// exactly after the trailer. Version 1 had no kernels, entry fields or
+// capacities; its files are refused, saying to make the cache again.
 //
 // Loading checks, in order: magic, version, the header's counts against the
 // file size (before anything is allocated), the exact file size, the
@@ -31,8 +41,9 @@
 // Errors: NotFound for a missing file; DataLoss for a file that is not a
 // cache file, is truncated, has trailing bytes, absurd counts or a checksum
 // mismatch ("cache file X is damaged: checksum mismatch ..."); Unimplemented
-// for a newer format version; FailedPrecondition for a cache made by another
-// model (naming both fingerprints).
+// for a newer format version or entry fields it does not know;
+// FailedPrecondition for an older version, or a cache made by another model
+// (naming both fingerprints).
 //
 // Files are written through AtomicFileWriter (base/file_util.h): an existing
 // file is replaced only with overwrite, and a failed write (a full disk
@@ -44,6 +55,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,17 +65,25 @@ namespace snapfill {
 
 inline constexpr char kCacheFileMagic[12] = {'S', 'N', 'A', 'P', 'F', 'I',
                                              'L', 'L', '-', 'K', 'V', '\0'};
-inline constexpr uint32_t kCacheFileVersion = 1;
+inline constexpr uint32_t kCacheFileVersion = 2;
 // Sanity limits, far above any Llama-family model; a header outside them is
 // damaged, not a model we cannot run.
 inline constexpr uint64_t kMaxFingerprintBytes = 1024;
 inline constexpr uint64_t kMaxCacheLayers = 4096;
 inline constexpr uint64_t kMaxCacheKvHeads = 4096;
 inline constexpr uint64_t kMaxCacheHeadDim = 65536;
+inline constexpr uint64_t kMaxKernelsBytes = 1024;
+inline constexpr uint64_t kMaxLayerCapacity = uint64_t{1} << 40;
+// Entry fields (a bit each) beyond K, V and the position.
+inline constexpr uint32_t kEntryScores = 1;  // f32 per entry: a selection score
 
 struct PromptCache {
   std::string model_fingerprint;  // ModelFingerprint() of the model that made it
   std::string config;             // the run configuration as text (JSON), for `snapfill info`
+  std::string kernels;            // Backend::kernels() that computed the entries (a record)
+  // Entries each layer may hold: loaded, the file's; saving, empty writes
+  // the KvCache's capacity for every layer.
+  std::vector<int64_t> capacities;
   int64_t next_position = 0;      // position of the first token appended after the cache
   int64_t input_tokens = 0;       // tokens read to build it
   // Keys as the decoder uses them (already rotated), values, original

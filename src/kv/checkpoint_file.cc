@@ -20,7 +20,7 @@ namespace {
 
 constexpr internal::KvFileFormat kFormat{
     std::string_view(kCheckpointFileMagic, sizeof(kCheckpointFileMagic)), kCheckpointFileVersion,
-    "checkpoint"};
+    "checkpoint", "start the run again with --force instead of --resume"};
 constexpr absl::string_view kFirstLine = "snapfill-checkpoint 1";
 // Far above any model; bounds the text block's retention list.
 constexpr int64_t kMaxLayers = 4096;
@@ -78,8 +78,12 @@ absl::Status SaveCheckpointFile(const std::string& path, const CheckpointState& 
         ", threads ", state.threads, ", next token ", state.next_token, " of ",
         state.input_tokens, ")"));
   }
-  internal::KvFileHeader h{state.model_fingerprint, TextBlock(state), state.next_token,
-                           state.input_tokens};
+  internal::KvFileHeader h;
+  h.model_fingerprint = state.model_fingerprint;
+  h.config = TextBlock(state);
+  h.kernels = state.kernels;
+  h.next_position = state.next_token;
+  h.input_tokens = state.input_tokens;
   return internal::SaveKvFile(kFormat, path, h, memory, /*overwrite=*/true);
 }
 
@@ -157,6 +161,7 @@ absl::StatusOr<PrefillCheckpoint> ParseCheckpointFile(std::string_view bytes,
     }
   }
   s.model_fingerprint = std::move(c.header.model_fingerprint);
+  s.kernels = std::move(c.header.kernels);
   s.input_tokens = c.header.input_tokens;
   s.next_token = c.header.next_position;
   if (s.next_token > s.input_tokens) {
@@ -203,9 +208,15 @@ absl::Status CheckpointMismatch(const CheckpointState& saved, const CheckpointSt
   }
   if (warning != nullptr) {
     warning->clear();
+    std::vector<std::string> differ;
     if (saved.threads != run.threads) {
-      *warning = absl::StrCat("checkpoint ", p, " was written with ", saved.threads,
-                              " threads, this run uses ", run.threads,
+      differ.push_back(absl::StrCat(saved.threads, " threads, this run uses ", run.threads));
+    }
+    if (saved.kernels != run.kernels) {
+      differ.push_back(absl::StrCat("kernels \"", saved.kernels, "\", this run's are \"", run.kernels, "\""));
+    }
+    if (!differ.empty()) {
+      *warning = absl::StrCat("checkpoint ", p, " was written with ", absl::StrJoin(differ, "; with "),
                               ": the result may differ from an uninterrupted run in rounding");
     }
   }

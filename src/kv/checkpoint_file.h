@@ -44,10 +44,12 @@ namespace snapfill {
 
 inline constexpr char kCheckpointFileMagic[12] = {'S', 'N', 'A', 'P', 'F', 'I',
                                                   'L', 'L', '-', 'C', 'K', '\0'};
-inline constexpr uint32_t kCheckpointFileVersion = 1;
+inline constexpr uint32_t kCheckpointFileVersion = 2;
 
 struct CheckpointState {
   std::string model_fingerprint;
+  std::string kernels;        // Backend::kernels() of the run that wrote it (a record; a
+                              // resume on others only warns, as for threads)
   std::string config;         // one line; compared verbatim on resume
   uint64_t input_digest = 0;  // XXH3-64 of the input's token ids
   int64_t input_tokens = 0;

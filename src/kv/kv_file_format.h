@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,13 +26,21 @@ struct KvFileFormat {
   std::string_view magic;  // kKvFileMagicBytes bytes
   uint32_t version = 0;
   std::string_view label;  // "cache file", "checkpoint": how messages name the file
+  std::string_view remake;  // what to do with a file of an older version
 };
 
 struct KvFileHeader {
   std::string model_fingerprint;
   std::string config;
+  // The kernels that computed the entries (Backend::kernels()), as a record:
+  // other kernels round differently, so a cache or a resumed run is
+  // identical to the bit only on the same ones.
+  std::string kernels;
   int64_t next_position = 0;
   int64_t input_tokens = 0;
+  // Entries each layer may hold (a sliding-window layer fewer than the
+  // others). Saving: empty writes the cache's capacity for every layer.
+  std::vector<int64_t> capacities;
 };
 
 struct KvFileContents {

@@ -84,6 +84,7 @@ PromptCache MakeCache(std::vector<int64_t> sizes, int64_t num_kv_heads = 3,
   cache.config = std::string(kConfig, sizeof(kConfig) - 1);  // keeps the NUL
   cache.next_position = 123456789012;
   cache.input_tokens = 4242;
+  cache.kernels = "x86-64 avx512 (of avx512): products avx512-vnni";
   cache.kv = RandomKv(num_kv_heads, head_dim, capacity, sizes, seed);
   return cache;
 }
@@ -127,17 +128,21 @@ class SpecBuilder {
   }
   SpecBuilder& Header(std::string_view fingerprint, std::string_view config, int64_t next_pos,
                       int64_t input_tokens, uint64_t layers, uint64_t heads, uint64_t head_dim,
-                      uint32_t version = 1) {
+                      uint32_t version = 2, std::string_view kernels = "", uint32_t entry_fields = 0) {
     Raw(std::string_view("SNAPFILL-KV\0", 12));
     Put<uint32_t>(version);
     Str(fingerprint);
     Str(config);
+    Str(kernels);
     Put<int64_t>(next_pos);
     Put<int64_t>(input_tokens);
     Put<uint64_t>(layers);
     Put<uint64_t>(heads);
-    return Put<uint64_t>(head_dim);
+    Put<uint64_t>(head_dim);
+    return Put<uint32_t>(entry_fields);
   }
+  // One layer's valid entries and capacity.
+  SpecBuilder& Layer(uint64_t size, uint64_t capacity) { return Put<uint64_t>(size).Put<uint64_t>(capacity); }
   // Appends the XXH3-64 of everything so far.
   std::string Finish() const {
     std::string out = bytes_;
@@ -195,6 +200,8 @@ TEST_F(CacheFileTest, RoundTripKeepsEverything) {
   EXPECT_EQ(loaded->next_position, cache.next_position);
   EXPECT_EQ(loaded->input_tokens, cache.input_tokens);
   ASSERT_NE(loaded->kv, nullptr);
+  EXPECT_EQ(loaded->kernels, cache.kernels);
+  EXPECT_EQ(loaded->capacities, std::vector<int64_t>(sizes.size(), 9)) << "the saved cache's capacity";
   EXPECT_EQ(loaded->kv->capacity(), 9 + 4) << "largest layer plus extra_capacity";
   ExpectSameEntries(*cache.kv, *loaded->kv);
 
@@ -212,8 +219,8 @@ TEST_F(CacheFileTest, FileHoldsOnlyValidEntries) {
   PromptCache cache = MakeCache(sizes, /*num_kv_heads=*/3, /*head_dim=*/5, /*capacity=*/50);
   const std::string path = Path("cache.kv");
   SNAPFILL_ASSERT_OK(SaveCacheFile(path, cache, false));
-  uint64_t expected = 12 + 4 + 8 + cache.model_fingerprint.size() + 8 + cache.config.size() +
-                      8 + 8 + 3 * 8 + sizes.size() * 8 + 8;
+  uint64_t expected = 12 + 4 + 8 + cache.model_fingerprint.size() + 8 + cache.config.size() + 8 +
+                      cache.kernels.size() + 8 + 8 + 3 * 8 + 4 + sizes.size() * 2 * 8 + 8;
   for (int64_t n : sizes) expected += 3 * n * (2 * 5 * 4 + 4);
   EXPECT_EQ(ReadAll(path).size(), expected);
 }
@@ -221,8 +228,8 @@ TEST_F(CacheFileTest, FileHoldsOnlyValidEntries) {
 TEST_F(CacheFileTest, MatchesDocumentedLayout) {
   // One layer, one head, head_dim 2, two entries, built by hand.
   SpecBuilder spec;
-  spec.Header("xxh3:abc", "{}", 17, 20, 1, 1, 2);
-  spec.Put<uint64_t>(2);
+  spec.Header("xxh3:abc", "{}", 17, 20, 1, 1, 2, /*version=*/2, "x86-64 avx2");
+  spec.Layer(2, 7);
   for (float f : {1.0f, 2.0f, 3.0f, 4.0f}) spec.Put<float>(f);   // K
   for (float f : {-1.0f, -2.0f, -3.0f, -4.0f}) spec.Put<float>(f);  // V
   spec.Put<int32_t>(5).Put<int32_t>(19);
@@ -233,6 +240,8 @@ TEST_F(CacheFileTest, MatchesDocumentedLayout) {
   EXPECT_EQ(parsed->next_position, 17);
   EXPECT_EQ(parsed->input_tokens, 20);
   EXPECT_EQ(parsed->config, "{}");
+  EXPECT_EQ(parsed->kernels, "x86-64 avx2");
+  EXPECT_EQ(parsed->capacities, std::vector<int64_t>{7});
   ASSERT_EQ(parsed->kv->size(0), 2);
   EXPECT_EQ(parsed->kv->capacity(), 2);
   EXPECT_EQ(parsed->kv->k(0, 0)[3], 4.0f);
@@ -287,6 +296,9 @@ TEST_F(CacheFileTest, TrailingBytesAreRefused) {
 
 TEST_F(CacheFileTest, EveryFlippedByteIsRefused) {
   const std::string bytes = SmallFileBytes();
+  const PromptCache small = MakeCache({2, 1});
+  const size_t entry_fields_at = 12 + 4 + 8 + small.model_fingerprint.size() + 8 + small.config.size() + 8 +
+                                 small.kernels.size() + 8 + 8 + 3 * 8;
   for (size_t i = 0; i < bytes.size(); ++i) {
     for (uint8_t mask : {0x01, 0x80}) {
       std::string damaged = bytes;
@@ -294,7 +306,9 @@ TEST_F(CacheFileTest, EveryFlippedByteIsRefused) {
       auto parsed = ParseExact(damaged);
       ASSERT_FALSE(parsed.ok()) << "flip of byte " << i << " accepted";
       const bool version_byte = i >= 12 && i < 16;
-      if (version_byte) {
+      // (The entry fields: bits a newer snapfill may set.)
+      const bool fields_byte = i >= entry_fields_at && i < entry_fields_at + 4;
+      if (version_byte || fields_byte) {
         EXPECT_TRUE(parsed.status().code() == absl::StatusCode::kUnimplemented ||
                     parsed.status().code() == absl::StatusCode::kDataLoss)
             << parsed.status();
@@ -360,7 +374,7 @@ TEST_F(CacheFileTest, FutureVersionIsRefused) {
   auto parsed = ParseExact(bytes);
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(parsed.status().message()),
-              HasSubstr("version 7 is newer than this snapfill (1)"));
+              HasSubstr("version 7 is newer than this snapfill (2)"));
 }
 
 TEST_F(CacheFileTest, OtherModelIsRefused) {
@@ -464,22 +478,22 @@ TEST(CacheFileCraftedTest, AbsurdCountsAreRefusedWithoutAllocating) {
   }
   {
     SpecBuilder b;
-    b.Header("f", "", 0, 0, 1, 4096, 65536).Put<uint64_t>(uint64_t{1} << 60);
+    b.Header("f", "", 0, 0, 1, 4096, 65536).Layer(uint64_t{1} << 60, uint64_t{1} << 60);
     cases.push_back({"2^60 entries", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Header("f", "", 0, 0, 1, 1, 1).Put<uint64_t>(UINT64_MAX);
+    b.Header("f", "", 0, 0, 1, 1, 1).Layer(UINT64_MAX, UINT64_MAX);
     cases.push_back({"UINT64_MAX entries", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Raw(std::string_view("SNAPFILL-KV\0", 12)).Put<uint32_t>(1).Put<uint64_t>(UINT64_MAX);
+    b.Raw(std::string_view("SNAPFILL-KV\0", 12)).Put<uint32_t>(2).Put<uint64_t>(UINT64_MAX);
     cases.push_back({"fingerprint length", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Raw(std::string_view("SNAPFILL-KV\0", 12)).Put<uint32_t>(1).Str("f").Put<uint64_t>(
+    b.Raw(std::string_view("SNAPFILL-KV\0", 12)).Put<uint32_t>(2).Str("f").Put<uint64_t>(
         uint64_t{1} << 40);
     cases.push_back({"config length", b.Finish()});
   }
@@ -488,26 +502,32 @@ TEST(CacheFileCraftedTest, AbsurdCountsAreRefusedWithoutAllocating) {
     // every layer to 20000 entries, ~4000 times what the file stores.
     SpecBuilder b;
     b.Header("f", "", 0, 0, 4000, 1, 1);
-    b.Put<uint64_t>(20000);
-    for (int i = 1; i < 4000; ++i) b.Put<uint64_t>(0);
+    b.Layer(20000, 20000);
+    for (int i = 1; i < 4000; ++i) b.Layer(0, 0);
     for (int i = 0; i < 20000; ++i) b.Put<float>(0).Put<float>(0).Put<int32_t>(i);
     cases.push_back({"padding", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Header("f", "", -3, 0, 1, 1, 1).Put<uint64_t>(0);
+    b.Header("f", "", -3, 0, 1, 1, 1).Layer(0, 0);
     cases.push_back({"negative next_position", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Header("f", "", 0, 0, 1, 1, 1).Put<uint64_t>(1);
+    b.Header("f", "", 0, 0, 1, 1, 1).Layer(1, 1);
     b.Put<float>(1).Put<float>(2).Put<int32_t>(-7);
     cases.push_back({"negative position", b.Finish()});
   }
   {
     SpecBuilder b;
-    b.Header("f", "", 0, 0, 1, 1, 1, /*version=*/0).Put<uint64_t>(0);
+    b.Header("f", "", 0, 0, 1, 1, 1, /*version=*/0).Layer(0, 0);
     cases.push_back({"version 0", b.Finish()});
+  }
+  {
+    SpecBuilder b;
+    b.Header("f", "", 0, 0, 1, 1, 1).Layer(1, 0);
+    b.Put<float>(1).Put<float>(2).Put<int32_t>(3);
+    cases.push_back({"capacity below size", b.Finish()});
   }
   for (const Case& c : cases) {
     auto parsed = ParseExact(c.bytes);
@@ -518,10 +538,39 @@ TEST(CacheFileCraftedTest, AbsurdCountsAreRefusedWithoutAllocating) {
 
 TEST(CacheFileCraftedTest, NegativePositionIsNamed) {
   SpecBuilder b;
-  b.Header("f", "", 0, 0, 1, 1, 1).Put<uint64_t>(1);
+  b.Header("f", "", 0, 0, 1, 1, 1).Layer(1, 1);
   b.Put<float>(1).Put<float>(2).Put<int32_t>(-7);
   auto parsed = ParseExact(b.Finish());
   EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("position -7"));
+}
+
+// Version 2's room to grow: per-entry scores are read past (no cache keeps
+// them yet), fields this snapfill does not know are refused as a newer
+// snapfill's, and version 1 files as an earlier one's, saying what to do.
+TEST(CacheFileCraftedTest, EntryFieldsAndOlderVersions) {
+  SpecBuilder scored;
+  scored.Header("f", "", 0, 3, 1, 1, 1, /*version=*/2, "", kEntryScores).Layer(2, 4);
+  scored.Put<float>(1).Put<float>(2).Put<float>(10).Put<float>(20).Put<int32_t>(0).Put<int32_t>(2);
+  scored.Put<float>(0.25f).Put<float>(0.75f);  // the scores
+  auto parsed = ParseExact(scored.Finish());
+  SNAPFILL_ASSERT_OK(parsed);
+  ASSERT_EQ(parsed->kv->size(0), 2);
+  EXPECT_EQ(parsed->kv->v(0, 0)[1], 20.0f);
+  EXPECT_EQ(parsed->kv->pos(0, 0)[1], 2);
+
+  SpecBuilder unknown;
+  unknown.Header("f", "", 0, 0, 1, 1, 1, /*version=*/2, "", /*entry_fields=*/2).Layer(0, 0);
+  parsed = ParseExact(unknown.Finish());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kUnimplemented) << parsed.status();
+  EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("entry fields 0x2"));
+
+  SpecBuilder v1;
+  v1.Raw(std::string_view("SNAPFILL-KV\0", 12)).Put<uint32_t>(1).Str("f").Str("");
+  parsed = ParseExact(v1.Finish());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kFailedPrecondition) << parsed.status();
+  EXPECT_THAT(std::string(parsed.status().message()),
+              HasSubstr("format version 1, from an earlier snapfill; this one reads version 2 only: make it "
+                        "again with snapfill prefill --out"));
 }
 
 // ModelFingerprint hashes every byte of the model file.

@@ -140,7 +140,7 @@ TEST(CheckpointFileTest, BadStateBlocksAreRefused) {
   const auto memory = Memory(2);
   const internal::KvFileFormat format{
       std::string_view(kCheckpointFileMagic, sizeof(kCheckpointFileMagic)),
-      kCheckpointFileVersion, "checkpoint"};
+      kCheckpointFileVersion, "checkpoint", "start over"};
   const std::string good =
       "snapfill-checkpoint 1\nconfig={}\ninput_digest=00000000000000ff\n"
       "plan_digest=0000000000000001\nthreads=2\nsteps_done=1\ntotal_steps=4\n"
@@ -165,7 +165,11 @@ TEST(CheckpointFileTest, BadStateBlocksAreRefused) {
       {"threads=2\n", "threads=2\nrecall_slots=5,-1\n", "bad recall_slots"},
   };
   const std::string path = Path("state");
-  internal::KvFileHeader header{"m", good, 100, 1000};
+  internal::KvFileHeader header;
+  header.model_fingerprint = "m";
+  header.config = good;
+  header.next_position = 100;
+  header.input_tokens = 1000;
   SNAPFILL_ASSERT_OK(internal::SaveKvFile(format, path, header, *memory, true));
   SNAPFILL_ASSERT_OK(LoadCheckpointFile(path));  // the baseline is valid
   for (const Bad& bad : cases) {

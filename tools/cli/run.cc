@@ -346,6 +346,7 @@ CheckpointState RunState(Prepared& p) {
   s.input_tokens = static_cast<int64_t>(p.tokens.size());
   s.plan_digest = p.engine->plan_digest();
   s.threads = p.backend->num_threads();
+  s.kernels = p.backend->kernels();
   s.total_steps = static_cast<int64_t>(p.engine->plan().steps.size());
   return s;
 }
@@ -592,6 +593,7 @@ absl::Status RunPrefill() {
   // would map them all again beside the copies.
   PromptCache cache;
   cache.model_fingerprint = Fingerprint(p);
+  cache.kernels = p.backend->kernels();
   double seconds = 0;
   const absl::Status prefill = RunPrefillLoop(p, &seconds);
   DropRecallStore(p, prefill, /*keep_if_ok=*/true);
