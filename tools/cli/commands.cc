@@ -1,34 +1,53 @@
 #include "tools/cli/commands.h"
 
+#include <initializer_list>
+#include <vector>
+
 namespace snapfill::cli {
+
+namespace {
+
+using Flags = std::vector<const char*>;
+
+// The flag groups, each declared once; a command lists the groups it reads.
+const Flags kLongInput = {"input", "max_tokens"};
+const Flags kQuestionGuided = {"query_aware", "query_share", "select", "span", "query_heads"};
+const Flags kRecall = {"recall_dir", "recall", "recall_format"};
+const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory", "window", "pool_kernel",
+                         "pooling", "pruner", "sinks", "original_positions"};
+const Flags kSampling = {"n", "temp", "top_k", "top_p", "seed"};
+const Flags kPrompt = {"chat_template", "system"};
+const Flags kMachine = {"model", "threads", "pack_decode"};
+const Flags kLongRun = {"telemetry", "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every",
+                        "resume"};
+
+// The groups and single flags, in --help order.
+Flags Join(std::initializer_list<Flags> parts) {
+  Flags all;
+  for (const Flags& p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+}  // namespace
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
       {"run",
        "Read a long input chunk by chunk into a compressed KV cache (SnapKV under an FM, IM or "
        "IMDC schedule), then answer --question or continue the text.",
-       {"input", "question", "query_aware", "query_share", "select", "span", "query_heads", "recall_dir", "recall",
-        "recall_format", "model", "schedule",
-        "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling", "pruner",
-        "sinks", "original_positions", "n",
-        "temp", "top_k", "top_p", "seed", "chat_template", "system", "threads", "pack_decode", "decode_kv_f16",
-        "telemetry", "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume",
-        "force", "max_tokens", "report", "ignore_eos", "timing", "profile", "verbosity"},
+       Join({kLongInput, {"question"}, kQuestionGuided, kRecall, kSchedule, kSampling, kPrompt, kMachine,
+             {"decode_kv_f16"}, kLongRun, {"force", "report", "ignore_eos", "timing", "profile", "verbosity"}}),
        &RunRun},
       {"prefill",
        "Read a long input into a compressed KV cache and save it (--out) for snapfill generate "
        "--cache.",
-       {"input", "out", "force", "recall_dir", "recall_format", "model", "schedule", "growth", "memory", "chunk",
-        "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
-        "original_positions", "chat_template", "system", "threads", "pack_decode", "telemetry", "progress",
-        "dry_run", "max_memory", "checkpoint", "checkpoint_every", "resume", "max_tokens",
-        "timing", "profile", "verbosity"},
+       Join({kLongInput, {"out", "force", "recall_dir", "recall_format"}, kSchedule, kPrompt, kMachine, kLongRun,
+             {"timing", "profile", "verbosity"}}),
        &RunPrefill},
       {"generate",
        "Generate text from a prompt, or from a saved cache (--cache), streaming it to stdout.",
-       {"model", "prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span", "n", "temp", "top_k",
-        "top_p", "seed",
-        "chat_template", "system", "threads", "pack_decode", "decode_kv_f16", "batch", "timing", "profile", "verbosity"},
+       Join({{"prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span"}, kSampling, kPrompt, kMachine,
+             {"decode_kv_f16", "batch", "timing", "profile", "verbosity"}}),
        &RunGenerate},
       {"info", "Print a model's architecture, tensor types, sizes and context.",
        {"model", "verbosity"},
@@ -36,19 +55,15 @@ const std::vector<Command>& Commands() {
       {"ppl",
        "Loss and perplexity of a text read chunk by chunk: every token scored once, given the "
        "memory and chunk before it (--pruner full: the full-attention baseline).",
-       {"input", "max_tokens", "json", "model", "schedule", "growth", "memory", "chunk",
-        "first_memory", "window", "pool_kernel", "pooling", "pruner", "sinks",
-        "original_positions", "threads", "pack_decode", "telemetry", "progress", "verbosity"},
+       Join({kLongInput, {"json"}, kSchedule, kMachine, {"telemetry", "progress", "verbosity"}}),
        &RunPpl},
       {"needle",
        "Needle-in-a-haystack grid: input length x needle depth x task (passkey and RULER's "
        "retrieval tasks), random values per trial, accuracy of the greedy answer; beside full "
        "attention where the input fits.",
-       {"input", "tasks", "lengths", "depths", "seeds", "first_seed", "baseline", "json", "png", "query_aware",
-        "query_share", "select", "span", "query_heads", "recall_dir", "recall", "recall_format", "model", "schedule",
-        "growth", "memory", "chunk", "first_memory", "window", "pool_kernel", "pooling",
-        "pruner", "sinks", "original_positions", "chat_template", "system", "threads",
-        "pack_decode", "decode_kv_f16", "batch", "progress", "verbosity"},
+       Join({{"input", "tasks", "lengths", "depths", "seeds", "first_seed", "baseline", "json", "png"},
+             kQuestionGuided, kRecall, kSchedule, kPrompt, kMachine,
+             {"decode_kv_f16", "batch", "progress", "verbosity"}}),
        &RunNeedle},
       {"plot",
        "PNG figures with gnuplot: memory and chunk per step, memory origin and retention per "
@@ -60,8 +75,9 @@ const std::vector<Command>& Commands() {
        "TTFT and peak memory of each schedule on one input (each run in its own process, with "
        "repetitions), the measured speed-ups beside the IMDC paper's eq. 4, and decoding from "
        "the compressed cache against a full cache; a table, --json and a --png chart.",
-       {"input", "max_tokens", "schedules", "memory", "chunk", "imdc_chunk", "window", "pruner",
-        "repetitions", "full_tokens", "n", "question", "model", "threads", "pack_decode", "decode_kv_f16", "json", "png"},
+       Join({kLongInput, {"schedules", "memory", "chunk", "imdc_chunk", "window", "pruner", "repetitions",
+                          "full_tokens", "n", "question"},
+             kMachine, {"decode_kv_f16", "json", "png"}}),
        &RunBench},
   };
   return kCommands;
