@@ -26,7 +26,6 @@
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
-#include "src/tokenizer/unicode.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
 #include "tools/cli/roofline.h"
