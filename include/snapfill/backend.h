@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -410,6 +411,11 @@ class Backend {
     return absl::OkStatus();
   }
 };
+
+// The CPU kernel level `name` names (BackendOptions::kernel_level), as an
+// index from the lowest; InvalidArgument "expected generic, avx2, avxvnni or
+// avx512" for a name that is none.
+absl::StatusOr<int> KernelLevelIndex(std::string_view name);
 
 // Makes BackendOptions' kernel choices for the CPU's kernels (CreateBackend
 // does so too): InvalidArgument for a level name that is not one or that

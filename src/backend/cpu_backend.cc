@@ -668,17 +668,24 @@ void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }
 
+absl::StatusOr<int> KernelLevelIndex(std::string_view name) {
+  static constexpr cpu::CpuLevel kLevels[] = {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2,
+                                              cpu::CpuLevel::kAvxVnni, cpu::CpuLevel::kAvx512};
+  for (cpu::CpuLevel l : kLevels) {
+    if (name == cpu::CpuLevelName(l)) return static_cast<int>(l);
+  }
+  return absl::InvalidArgumentError("expected generic, avx2, avxvnni or avx512");
+}
+
 absl::Status ConfigureCpuKernels(const BackendOptions& options) {
   cpu::KernelChoices choices;
   if (!options.kernel_level.empty()) {
-    for (cpu::CpuLevel l : {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2, cpu::CpuLevel::kAvxVnni,
-                            cpu::CpuLevel::kAvx512}) {
-      if (options.kernel_level == cpu::CpuLevelName(l)) choices.level = l;
+    const absl::StatusOr<int> level = KernelLevelIndex(options.kernel_level);
+    if (!level.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kernel level \"", options.kernel_level, "\": ", level.status().message()));
     }
-    if (!choices.level) {
-      return absl::InvalidArgumentError(absl::StrCat("kernel level \"", options.kernel_level,
-                                                     "\": expected generic, avx2, avxvnni or avx512"));
-    }
+    choices.level = static_cast<cpu::CpuLevel>(*level);
   }
   switch (options.amx) {
     case BackendOptions::Amx::kUnset: break;

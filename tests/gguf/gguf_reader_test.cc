@@ -22,6 +22,7 @@
 #include "tools/testmodel/gguf_writer.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -286,10 +287,8 @@ TEST(GgufReaderTest, OpenMatchesFromBytes) {
 // ---------------------------------------------------------------------------
 // The real model.
 
-std::string RealModelPath() {
-  if (const char* env = std::getenv("SNAPFILL_MODEL"); env != nullptr && *env != '\0') return env;
-  return testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+// --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
+std::string RealModelPath() { return cli::ResolveModelPath(""); }
 
 // ReleasePages gives a mapped tensor's pages back (the resident set drops)
 // and the bytes read the same afterwards; an in-memory file keeps its bytes.

@@ -16,6 +16,7 @@
 #include "kernels/ref/quant_ref.h"
 #include "src/gguf/gguf_reader.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -604,10 +605,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, RoundTripTest,
 // The real model: a few rows of its Q4_1 and Q8_0 tensors dequantize
 // identically through ref and cpu, and to finite values of sane magnitude.
 
-std::string ModelPath() {
-  if (const char* env = std::getenv("SNAPFILL_MODEL")) return env;
-  return testing::SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+// --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
+std::string ModelPath() { return cli::ResolveModelPath(""); }
 
 TEST(RealModelTest, DequantizeRowsCpuMatchesRef) {
   const std::string path = ModelPath();

@@ -13,6 +13,7 @@
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "tools/cli/environment.h"
 
 namespace snapfill {
 namespace {
@@ -20,10 +21,8 @@ namespace {
 using ::snapfill::testing::SourcePath;
 using ::testing::ElementsAre;
 
-std::string ModelPath() {
-  const char* env = std::getenv("SNAPFILL_MODEL");
-  return env != nullptr ? env : SourcePath("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-}
+// --model's resolution without the flag: $SNAPFILL_MODEL, else models/.
+std::string ModelPath() { return cli::ResolveModelPath(""); }
 
 bool ReadFile(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);

@@ -26,12 +26,10 @@ const char* Get(const char* name) {
 
 absl::Status KernelChoicesFromEnvironment(BackendOptions* options) {
   if (const char* level = Get("SNAPFILL_CPU")) {
-    const std::string l = level;
-    if (l != "generic" && l != "avx2" && l != "avxvnni" && l != "avx512") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SNAPFILL_CPU=", l, ": expected generic, avx2, avxvnni or avx512"));
+    if (const absl::StatusOr<int> known = KernelLevelIndex(level); !known.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("SNAPFILL_CPU=", level, ": ", known.status().message()));
     }
-    options->kernel_level = l;
+    options->kernel_level = level;
   }
   if (const char* amx = Get("SNAPFILL_AMX")) {
     const std::string a = amx;
