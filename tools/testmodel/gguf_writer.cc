@@ -1,10 +1,5 @@
 #include "tools/testmodel/gguf_writer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -12,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "snapfill/status.h"
+#include "src/base/file_util.h"
 
 namespace snapfill {
 namespace {
@@ -172,24 +168,6 @@ absl::Status CheckFits(std::string_view key, GgufValueType t, const GgufValue& v
   return absl::OkStatus();
 }
 
-absl::Status ErrnoError(int err, absl::string_view what) {
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(msg);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(msg);
-    default:
-      return absl::UnknownError(msg);
-  }
-}
-
 }  // namespace
 
 void GgufWriter::Put(std::string_view key, GgufValue value) {
@@ -348,37 +326,11 @@ std::string GgufWriter::Serialize() const {
 }
 
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
-  const std::string bytes = Serialize();
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(errno, absl::StrCat("cannot create ", tmp));
-  auto fail = [&](absl::string_view what) {
-    const absl::Status s = ErrnoError(errno, absl::StrCat(what, " ", tmp));
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("cannot write");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) return fail("cannot fsync");
-  if (::close(fd) != 0) {
-    const absl::Status s = ErrnoError(errno, absl::StrCat("cannot close ", tmp));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const absl::Status s = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to ", path));
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return absl::OkStatus();
+  // A temporary beside the file, synced and renamed over it: a reader never
+  // sees half a model.
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path, /*overwrite=*/true));
+  SNAPFILL_RETURN_IF_ERROR(out->Write(Serialize()));
+  return out->Commit();
 }
 
 }  // namespace snapfill
