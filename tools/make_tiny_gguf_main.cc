@@ -2,15 +2,23 @@
 // tools/testmodel/tiny_llama.h) for tests and golden end-to-end checks.
 //
 //   make_tiny_gguf --out=/tmp/tiny.gguf --seed=7 --layers=2 --f16
+//   make_tiny_gguf --out=/tmp/llama2-7b-q8.gguf --preset llama2-7b --type Q8_0
+//
+// --preset gives a real model's shape (smollm2-135m, llama2-7b) with the tiny
+// vocabulary; any shape flag given explicitly overrides the preset's value.
+// Models above 2^28 weights (or any with --fast_weights) use the fast,
+// multi-threaded generator and are streamed to disk tensor by tensor.
 //
 // Exit status: 0 on success, 2 for bad usage (unknown or invalid flags,
 // missing --out), 1 for anything else (e.g. the file exists without --force).
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +49,14 @@ ABSL_FLAG(std::string, type, "F32",
 ABSL_FLAG(std::string, down_type, "",
           "Type of ffn_down alone, as llama.cpp's mixed files (Q4_K_M: --type Q4_K --down_type Q6_K); empty: --type.");
 ABSL_FLAG(bool, force, false, "Overwrite --out if it already exists.");
+ABSL_FLAG(std::string, preset, "",
+          "A real model's shape with the tiny vocabulary: smollm2-135m (30 layers, dim 576, 9/3 heads, ffn 1536, "
+          "context 8192, tied) or llama2-7b (32 layers, dim 4096, 32/32 heads, ffn 11008, context 4096, untied). "
+          "--layers, --dim, --heads, --kv_heads, --ffn, --context and --[no]tie_embeddings given explicitly override it.");
+ABSL_FLAG(bool, fast_weights, false,
+          "Use the fast counter-hash generator (multi-threaded, streamed to disk) even for a model of at most 2^28 "
+          "weights; larger models (up to 2^34) always use it. Other bytes than the default generator's.");
+ABSL_FLAG(int, threads, 0, "Threads of the fast generator (0: all cores); the bytes do not depend on it.");
 
 namespace {
 
@@ -50,7 +66,10 @@ constexpr int kExitUsage = 2;
 
 // absl::ParseCommandLine exits with status 1 on an unknown flag; check names
 // first so that bad usage exits with 2 like every other snapfill tool.
-bool AllFlagsKnown(int argc, char** argv) {
+// Records in *given the names of the flags on the command line (foo for
+// --nofoo), which override a --preset's values (flags set through
+// --flagfile do not count as given).
+bool AllFlagsKnown(int argc, char** argv, std::set<std::string>* given) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--") break;
@@ -64,6 +83,7 @@ bool AllFlagsKnown(int argc, char** argv) {
                                            "flagfile", "fromenv",   "tryfromenv", "undefok"};
     if (std::find(std::begin(kBuiltin), std::end(kBuiltin), name) != std::end(kBuiltin)) continue;
     if (const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name); f != nullptr) {
+      given->insert(name);
       // "--flag value": the next argument is the value, not a flag.
       if (eq == std::string::npos && !f->IsOfType<bool>()) ++i;
       continue;
@@ -71,7 +91,10 @@ bool AllFlagsKnown(int argc, char** argv) {
     // --nofoo negates a bool flag foo.
     if (absl::StartsWith(name, "no")) {
       const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name.substr(2));
-      if (f != nullptr && f->IsOfType<bool>()) continue;
+      if (f != nullptr && f->IsOfType<bool>()) {
+        given->insert(name.substr(2));
+        continue;
+      }
     }
     std::fprintf(stderr, "make_tiny_gguf: unknown flag --%s (see --help)\n", name.c_str());
     return false;
@@ -85,8 +108,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Writes a tiny random-weight Llama GGUF (byte-level GPT-2 vocab, llama.cpp tensor "
       "names).\nUsage: make_tiny_gguf --out=PATH [--seed=N] [--layers=N] [--dim=N] "
-      "[--heads=N] [--kv_heads=N] [--ffn=N] [--vocab_merges=N] [--f16 | --type=T [--down_type=T]] [--force]");
-  if (!AllFlagsKnown(argc, argv)) return kExitUsage;
+      "[--heads=N] [--kv_heads=N] [--ffn=N] [--vocab_merges=N] [--f16 | --type=T [--down_type=T]] [--force]\n"
+      "       make_tiny_gguf --out=PATH --preset={smollm2-135m,llama2-7b} [--type=T] [shape flags] "
+      "[--fast_weights] [--threads=N] [--force]");
+  std::set<std::string> given_flags;
+  if (!AllFlagsKnown(argc, argv, &given_flags)) return kExitUsage;
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {
     std::fprintf(stderr, "make_tiny_gguf: unexpected argument '%s' (see --help)\n", positional[1]);
@@ -99,16 +125,28 @@ int main(int argc, char** argv) {
   }
 
   snapfill::TinyLlamaOptions opts;
+  // The preset first; then each shape flag replaces its value where the
+  // preset set it only if given on the command line.
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  if (!preset.empty()) {
+    if (absl::Status s = snapfill::ApplyTinyLlamaPreset(preset, &opts); !s.ok()) {
+      std::fprintf(stderr, "make_tiny_gguf: --preset=%s: %s\n", preset.c_str(), std::string(s.message()).c_str());
+      return kExitUsage;
+    }
+  }
+  auto given = [&](const char* name) { return preset.empty() || given_flags.count(name) > 0; };
   opts.seed = absl::GetFlag(FLAGS_seed);
-  opts.num_layers = absl::GetFlag(FLAGS_layers);
-  opts.model_dim = absl::GetFlag(FLAGS_dim);
-  opts.num_heads = absl::GetFlag(FLAGS_heads);
-  opts.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
-  opts.ffn_dim = absl::GetFlag(FLAGS_ffn);
-  opts.context_length = absl::GetFlag(FLAGS_context);
+  if (given("layers")) opts.num_layers = absl::GetFlag(FLAGS_layers);
+  if (given("dim")) opts.model_dim = absl::GetFlag(FLAGS_dim);
+  if (given("heads")) opts.num_heads = absl::GetFlag(FLAGS_heads);
+  if (given("kv_heads")) opts.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  if (given("ffn")) opts.ffn_dim = absl::GetFlag(FLAGS_ffn);
+  if (given("context")) opts.context_length = absl::GetFlag(FLAGS_context);
   opts.num_merges = absl::GetFlag(FLAGS_vocab_merges);
-  opts.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
+  if (given("tie_embeddings")) opts.tie_embeddings = absl::GetFlag(FLAGS_tie_embeddings);
   opts.f16_matrices = absl::GetFlag(FLAGS_f16);
+  opts.fast_weights = absl::GetFlag(FLAGS_fast_weights);
+  opts.num_threads = absl::GetFlag(FLAGS_threads);
   // A type by its ggml name (GgmlTypeTraits::name).
   auto type_named = [](const std::string& name, snapfill::GgmlType* type) {
     for (uint32_t id = 0; id < 64; ++id) {
@@ -145,12 +183,19 @@ int main(int argc, char** argv) {
                  out.c_str());
     return kExitError;
   }
+  const auto start = std::chrono::steady_clock::now();
   if (absl::Status s = snapfill::WriteTinyLlamaGguf(out, opts); !s.ok()) {
     std::fprintf(stderr, "make_tiny_gguf: %s\n", s.ToString().c_str());
     return kExitError;
   }
-  std::printf("wrote %s (%d layers, dim %d, %d/%d heads, ffn %d, %s)\n", out.c_str(),
-              opts.num_layers, opts.model_dim, opts.num_heads, opts.num_kv_heads, opts.ffn_dim,
-              opts.f16_matrices ? "F16" : snapfill::GetTypeTraits(opts.matrix_type).name);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  struct stat written;
+  const double gib = ::stat(out.c_str(), &written) == 0 ? static_cast<double>(written.st_size) / (1 << 30) : 0.0;
+  std::printf("wrote %s (%d layers, dim %d, %d/%d heads, ffn %d, %s%s; %lld weights, %s generator, %.2f GiB in %.1f s)\n",
+              out.c_str(), opts.num_layers, opts.model_dim, opts.num_heads, opts.num_kv_heads, opts.ffn_dim,
+              opts.f16_matrices ? "F16" : snapfill::GetTypeTraits(opts.matrix_type).name,
+              opts.tie_embeddings ? ", tied" : ", untied",
+              static_cast<long long>(snapfill::TinyLlamaWeightCount(opts)),
+              snapfill::TinyLlamaUsesFastWeights(opts) ? "fast" : "original", gib, seconds);
   return kExitOk;
 }

@@ -76,5 +76,79 @@ TEST_F(MakeTinyGgufTest, BadTypesAreRefusedByName) {
   EXPECT_EQ(testing::ReadAll(path), "the user's file");
 }
 
+// --preset sets a real model's shape; each shape flag given explicitly wins.
+TEST_F(MakeTinyGgufTest, PresetIsAppliedAndOverridable) {
+  std::string err;
+  // smollm2-135m with one layer instead of 30, on the fast generator.
+  const std::string small = dir_ + "/smollm2.gguf";
+  ASSERT_EQ(MakeTiny("--out " + small + " --preset smollm2-135m --layers 1 --type Q8_0 --fast_weights --threads 2",
+                     &err), 0) << err;
+  auto file = GgufFile::Open(small);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto u = [&](const char* key) { return (*file)->GetUint(key).value(); };
+  EXPECT_EQ(u("llama.block_count"), 1u);
+  EXPECT_EQ(u("llama.embedding_length"), 576u);
+  EXPECT_EQ(u("llama.attention.head_count"), 9u);
+  EXPECT_EQ(u("llama.attention.head_count_kv"), 3u);
+  EXPECT_EQ(u("llama.feed_forward_length"), 1536u);
+  EXPECT_EQ(u("llama.context_length"), 8192u);
+  EXPECT_EQ((*file)->FindTensor("output.weight"), nullptr) << "smollm2-135m ties its embeddings";
+  EXPECT_EQ((*file)->FindTensor("blk.0.attn_q.weight")->type, GgmlType::kQ8_0);
+  // llama2-7b shrunk by explicit flags: its untied output and context stay.
+  const std::string big = dir_ + "/llama2.gguf";
+  ASSERT_EQ(MakeTiny("--out " + big + " --preset llama2-7b --layers 2 --dim 256 --heads 4 --kv_heads 4 --ffn 512 "
+                     "--type Q4_0 --context 2048",
+                     &err), 0) << err;
+  file = GgufFile::Open(big);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(u("llama.block_count"), 2u);
+  EXPECT_EQ(u("llama.embedding_length"), 256u);
+  EXPECT_EQ(u("llama.attention.head_count"), 4u);
+  EXPECT_EQ(u("llama.attention.head_count_kv"), 4u);
+  EXPECT_EQ(u("llama.feed_forward_length"), 512u);
+  EXPECT_EQ(u("llama.context_length"), 2048u);
+  ASSERT_NE((*file)->FindTensor("output.weight"), nullptr) << "llama2-7b is untied";
+  EXPECT_EQ((*file)->FindTensor("output.weight")->type, GgmlType::kQ4_0);
+  // --notie_embeddings given explicitly beats the preset's tie.
+  const std::string untied = dir_ + "/untied.gguf";
+  ASSERT_EQ(MakeTiny("--out " + untied + " --preset smollm2-135m --layers 1 --dim 64 --heads 2 --kv_heads 1 --ffn 128 "
+                     "--notie_embeddings",
+                     &err), 0) << err;
+  file = GgufFile::Open(untied);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_NE((*file)->FindTensor("output.weight"), nullptr);
+  EXPECT_EQ(u("llama.context_length"), 8192u);
+  // Without a preset the defaults stand as before.
+  const std::string plain = dir_ + "/plain.gguf";
+  ASSERT_EQ(MakeTiny("--out " + plain, &err), 0) << err;
+  file = GgufFile::Open(plain);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(u("llama.block_count"), 2u);
+  EXPECT_EQ(u("llama.embedding_length"), 64u);
+}
+
+TEST_F(MakeTinyGgufTest, FastWeightsAreTheSameForAnyThreadCount) {
+  std::string err;
+  const std::string a = dir_ + "/t1.gguf", b = dir_ + "/t3.gguf";
+  const std::string args = shape_ + " --type Q8_0 --fast_weights --seed 9";
+  ASSERT_EQ(MakeTiny("--out " + a + args + " --threads 1", &err), 0) << err;
+  ASSERT_EQ(MakeTiny("--out " + b + args + " --threads 3", &err), 0) << err;
+  const std::string bytes = testing::ReadAll(a);
+  EXPECT_GT(bytes.size(), 1000u);
+  EXPECT_TRUE(bytes == testing::ReadAll(b));
+  EXPECT_EQ(MakeTiny("--out " + b + args + " --threads -1 --force", &err), 2);
+  EXPECT_NE(err.find("num_threads"), std::string::npos) << err;
+}
+
+TEST_F(MakeTinyGgufTest, UnknownPresetIsRefusedListingTheKnownOnes) {
+  std::string err;
+  const std::string path = dir_ + "/p.gguf";
+  EXPECT_EQ(MakeTiny("--out " + path + " --preset llama3-8b", &err), 2);
+  EXPECT_NE(err.find("llama3-8b"), std::string::npos) << err;
+  EXPECT_NE(err.find("smollm2-135m"), std::string::npos) << err;
+  EXPECT_NE(err.find("llama2-7b"), std::string::npos) << err;
+  EXPECT_FALSE(testing::ReadAll(path).size() > 0);
+}
+
 }  // namespace
 }  // namespace snapfill

@@ -1,7 +1,9 @@
 #include "tools/testmodel/gguf_writer.h"
 
 #include <cstring>
+#include <future>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -246,8 +248,8 @@ absl::Status GgufWriter::AddValue(std::string_view key, GgufValue value) {
   return absl::OkStatus();
 }
 
-absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::vector<int64_t> shape,
-                                   std::string_view data) {
+absl::Status GgufWriter::CheckTensor(std::string_view name, GgmlType type, const std::vector<int64_t>& shape,
+                                     uint64_t* bytes_out) const {
   const std::string where = absl::StrCat("tensor ", Sv(name));
   for (const Tensor& t : tensors_) {
     if (t.name == name) return absl::InvalidArgumentError(absl::StrCat(where, ": already added"));
@@ -279,12 +281,29 @@ absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::ve
     overflow = __builtin_mul_overflow(bytes, static_cast<uint64_t>(shape[d]), &bytes);
   }
   if (overflow) return absl::InvalidArgumentError(absl::StrCat(where, ": byte size overflows"));
+  *bytes_out = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status GgufWriter::AddTensor(std::string_view name, GgmlType type, std::vector<int64_t> shape,
+                                   std::string_view data) {
+  uint64_t bytes = 0;
+  SNAPFILL_RETURN_IF_ERROR(CheckTensor(name, type, shape, &bytes));
   if (bytes != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": shape and type ", traits.name,
-                                                   " need ", bytes, " bytes but ", data.size(),
-                                                   " were given"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", Sv(name), ": shape and type ",
+                                                   GetTypeTraits(type).name, " need ", bytes,
+                                                   " bytes but ", data.size(), " were given"));
   }
-  tensors_.push_back(Tensor{std::string(name), type, std::move(shape), std::string(data)});
+  tensors_.push_back(Tensor{std::string(name), type, std::move(shape), std::string(data), bytes, nullptr});
+  return absl::OkStatus();
+}
+
+absl::Status GgufWriter::AddTensorGenerated(std::string_view name, GgmlType type, std::vector<int64_t> shape,
+                                            TensorFill fill) {
+  uint64_t bytes = 0;
+  SNAPFILL_RETURN_IF_ERROR(CheckTensor(name, type, shape, &bytes));
+  if (!fill) return absl::InvalidArgumentError(absl::StrCat("tensor ", Sv(name), ": no fill function"));
+  tensors_.push_back(Tensor{std::string(name), type, std::move(shape), std::string(), bytes, std::move(fill)});
   return absl::OkStatus();
 }
 
@@ -295,10 +314,7 @@ absl::Status GgufWriter::AddTensorF32(std::string_view name, std::vector<int64_t
   return AddTensor(name, GgmlType::kF32, std::move(shape), bytes);
 }
 
-std::string GgufWriter::Serialize() const {
-  auto pad_to = [this](std::string& out) {
-    out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, '\0');
-  };
+std::string GgufWriter::Head() const {
   std::string out;
   out.append("GGUF", 4);
   PutRaw<uint32_t>(out, version_);
@@ -315,12 +331,23 @@ std::string GgufWriter::Serialize() const {
     for (int64_t d : t.shape) PutRaw<int64_t>(out, d);
     PutRaw<uint32_t>(out, static_cast<uint32_t>(t.type));
     PutRaw<uint64_t>(out, offset);
-    offset += (t.data.size() + alignment_ - 1) / alignment_ * alignment_;
+    offset += (t.bytes + alignment_ - 1) / alignment_ * alignment_;
   }
-  pad_to(out);
+  out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, '\0');
+  return out;
+}
+
+std::string GgufWriter::Serialize() const {
+  std::string out = Head();
   for (const Tensor& t : tensors_) {
-    out.append(t.data);
-    pad_to(out);
+    if (t.fill) {
+      const size_t at = out.size();
+      out.resize(at + t.bytes);
+      t.fill(out.data() + at, t.bytes);
+    } else {
+      out.append(t.data);
+    }
+    out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, '\0');
   }
   return out;
 }
@@ -329,7 +356,44 @@ absl::Status GgufWriter::WriteFile(const std::string& path) const {
   // A temporary beside the file, synced and renamed over it: a reader never
   // sees half a model.
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out, AtomicFileWriter::Create(path, /*overwrite=*/true));
-  SNAPFILL_RETURN_IF_ERROR(out->Write(Serialize()));
+  SNAPFILL_RETURN_IF_ERROR(out->Write(Head()));
+  // Tensor i's bytes are written on a second thread while tensor i + 1 is
+  // filled: two buffers, each grown to the largest generated tensor it held.
+  // One write is in flight at a time, so the writer is used by one thread at
+  // a time (the future's wait orders the hand-over).
+  const std::string zeros(alignment_, '\0');
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    uint64_t capacity = 0;
+  };
+  Buffer buffers[2];
+  std::future<absl::Status> pending;
+  auto wait_pending = [&]() -> absl::Status {
+    if (!pending.valid()) return absl::OkStatus();
+    return pending.get();
+  };
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const Tensor& t = tensors_[i];
+    std::string_view bytes = t.data;
+    if (t.fill) {
+      // This buffer's last write (tensor i - 2) finished before tensor i - 1's began.
+      Buffer& b = buffers[i % 2];
+      if (t.bytes > b.capacity) {
+        b.data.reset();
+        b.data.reset(new char[t.bytes]);
+        b.capacity = t.bytes;
+      }
+      t.fill(b.data.get(), t.bytes);
+      bytes = std::string_view(b.data.get(), t.bytes);
+    }
+    SNAPFILL_RETURN_IF_ERROR(wait_pending());
+    const uint64_t pad = (alignment_ - t.bytes % alignment_) % alignment_;
+    pending = std::async(std::launch::async, [&out, &zeros, bytes, pad]() -> absl::Status {
+      SNAPFILL_RETURN_IF_ERROR(out->Write(bytes));
+      return out->Write(std::string_view(zeros.data(), pad));
+    });
+  }
+  SNAPFILL_RETURN_IF_ERROR(wait_pending());
   return out->Commit();
 }
 

@@ -1,7 +1,11 @@
 // GGUF writer: builds a GGUF v3 file in memory and writes it to disk.
 //
 // It exists for tests and tools (tiny random models, malformed-file fixtures),
-// not for converting real checkpoints, so everything is held in memory. The
+// not for converting real checkpoints. Tensors added with AddTensor are held
+// in memory; tensors added with AddTensorGenerated are produced one at a
+// time while the file is written, so WriteFile's peak memory is about two
+// such tensors (one being filled, one being written; synthetic models of
+// many gigabytes). The
 // output follows the layout in gguf_reader.h: header, metadata in insertion
 // order, tensor directory in insertion order, zero padding to the alignment,
 // then each tensor's bytes at an aligned offset (tensors packed in order, as
@@ -16,6 +20,7 @@
 #define SNAPFILL_TOOLS_TESTMODEL_GGUF_WRITER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +66,14 @@ class GgufWriter {
   // RowBytes(type, ne[0]) * ne[1] * ... bytes. InvalidArgument otherwise.
   absl::Status AddTensor(std::string_view name, GgmlType type, std::vector<int64_t> shape,
                          std::string_view data);
+  // Adds a tensor whose bytes are produced when the file is serialized or
+  // written: `fill` receives a buffer of exactly RowBytes(type, ne[0]) *
+  // ne[1] * ... bytes and must fill all of it, the same way on every call
+  // (Serialize and WriteFile may each call it). Shape and type are checked
+  // now, as AddTensor checks them.
+  using TensorFill = std::function<void(char* dst, uint64_t bytes)>;
+  absl::Status AddTensorGenerated(std::string_view name, GgmlType type, std::vector<int64_t> shape,
+                                  TensorFill fill);
   // Convenience: an F32 tensor from floats.
   absl::Status AddTensorF32(std::string_view name, std::vector<int64_t> shape,
                             const std::vector<float>& values);
@@ -71,9 +84,13 @@ class GgufWriter {
   // Returns the complete file.
   std::string Serialize() const;
 
-  // Writes Serialize() to `path` atomically: the bytes go to
-  // `path.tmp.<pid>`, are fsync'ed, then renamed over `path` (replacing any
-  // existing file; callers decide whether that is allowed).
+  // Writes the bytes of Serialize() to `path` atomically through an
+  // AtomicFileWriter (a temporary beside `path`, fsync'ed, then renamed over
+  // it, replacing any existing file; callers decide whether that is
+  // allowed). The file is streamed: header and directory, then each
+  // tensor's bytes in turn, written on a second thread while the next
+  // generated tensor is filled (two reused buffers), never the whole file
+  // in memory.
   absl::Status WriteFile(const std::string& path) const;
 
  private:
@@ -81,9 +98,16 @@ class GgufWriter {
     std::string name;
     GgmlType type;
     std::vector<int64_t> shape;
-    std::string data;
+    std::string data;  // empty for a generated tensor
+    uint64_t bytes = 0;
+    TensorFill fill;   // set for a generated tensor
   };
   void Put(std::string_view key, GgufValue value);
+  // Checks a new tensor's name, type and shape; returns its byte count.
+  absl::Status CheckTensor(std::string_view name, GgmlType type, const std::vector<int64_t>& shape,
+                           uint64_t* bytes) const;
+  // The header, metadata and tensor directory, padded to the alignment.
+  std::string Head() const;
 
   uint32_t version_ = 3;
   uint32_t alignment_ = 32;

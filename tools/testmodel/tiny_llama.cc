@@ -1,17 +1,24 @@
 #include "tools/testmodel/tiny_llama.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <random>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/ref/quant_ref.h"
 #include "snapfill/dtype.h"
 #include "snapfill/status.h"
+#include "src/base/half.h"
 #include "tools/testmodel/gguf_writer.h"
 
 namespace snapfill {
@@ -39,10 +46,19 @@ constexpr char kChatTemplate[] =
 
 constexpr int32_t kTokenTypeNormal = 1;
 constexpr int32_t kTokenTypeControl = 3;
-// Largest model the builder accepts, in weights (1 GiB of F32), and the
-// largest single dimension (which keeps the weight count from overflowing).
-constexpr int64_t kMaxTotalWeights = int64_t{1} << 28;
+// The largest single dimension (which keeps the weight count from
+// overflowing); the largest model is kTinyLlamaMaxWeights.
 constexpr int64_t kMaxDim = int64_t{1} << 20;
+
+struct Preset {
+  const char* name;
+  int num_layers, model_dim, num_heads, num_kv_heads, ffn_dim, context_length;
+  bool tie_embeddings;
+};
+constexpr Preset kPresets[] = {
+    {"smollm2-135m", 30, 576, 9, 3, 1536, 8192, true},
+    {"llama2-7b", 32, 4096, 32, 32, 11008, 4096, false},
+};
 
 std::string Utf8(uint32_t cp) {
   std::string s;
@@ -93,6 +109,177 @@ class WeightRng {
   std::mt19937 gen_;
 };
 
+// The fast generator: splitmix64's finalizer of a counter. Tensor `stream`
+// of seed `seed` has the key TensorKey(seed, stream); its element i is
+// derived from Mix64(key + (i + 1) * kGolden), the (i+1)-th output of a
+// splitmix64 started at the key.
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+
+inline uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t TensorKey(uint64_t seed, uint32_t stream) {
+  return Mix64(Mix64(seed ^ 0x6A09E667F3BCC908ull) + (uint64_t{stream} + 1) * 0xD1B54A32D192ED03ull);
+}
+
+// Approximately N(0, stddev^2), n elements from element `first` on: the sum
+// of the hash's four 16-bit parts (Irwin-Hall, mean 131070, variance about
+// 65536^2 / 3) minus its mean is an exact integer, and `factor` is
+// stddev * sqrt(3) / 65536 as a float. One exact conversion and one multiply:
+// no rounding step a compiler could fuse or reorder.
+void FastNormalRow(uint64_t key, uint64_t first, int64_t n, float factor, float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t h = Mix64(key + (first + static_cast<uint64_t>(j) + 1) * kGolden);
+    const int32_t s = static_cast<int32_t>((h & 0xFFFF) + ((h >> 16) & 0xFFFF) + ((h >> 32) & 0xFFFF) + (h >> 48));
+    out[j] = static_cast<float>(s - 131070) * factor;
+  }
+}
+
+// Uniform in [0.9, 1.1) on a 2^-24 grid: 15099494 / 2^24 is 0.9 (rounded
+// down) and (h >> 40) * 3355443 / 2^48 spans 0.2; all in integers, exact.
+void FastUniformNormRow(uint64_t key, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t h = Mix64(key + (static_cast<uint64_t>(j) + 1) * kGolden);
+    const uint32_t q = static_cast<uint32_t>(15099494 + (((h >> 40) * 3355443) >> 24));
+    out[j] = static_cast<float>(q) * 0x1p-24f;
+  }
+}
+
+// Q8_0 and Q4_0 rows for the fast generator, byte for byte what
+// ref::QuantizeRow writes (ggml's reference quantizers), without its libm
+// roundf call per weight. Block layout: the fp16 scale d, then the quants.
+// ggml's reference code is compiled without FP contraction (Q4_0's
+// "x * id + 8.5f" is two roundings), so these are too; the rest of this file
+// (the original generator) keeps the flags it was always compiled with.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+constexpr int kQBlock = 32;  // elements per Q8_0 / Q4_0 block
+
+void QuantizeRowQ8_0Fast(const float* x, char* y, int64_t k) {
+  for (int64_t b = 0; b < k / kQBlock; ++b, y += 2 + kQBlock) {
+    const float* xb = x + b * kQBlock;
+    // max |x| as ref's std::max(amax, fabs(x)) finds it: for non-negative
+    // floats (no NaN here) the order of the bit patterns is the order of the
+    // values, and an integer max vectorizes.
+    uint32_t abits = 0;
+    for (int j = 0; j < kQBlock; ++j) {
+      uint32_t u;
+      std::memcpy(&u, &xb[j], 4);
+      abits = std::max(abits, u & 0x7FFFFFFFu);
+    }
+    float amax;
+    std::memcpy(&amax, &abits, 4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = Fp32ToFp16(d);
+    std::memcpy(y, &dh, 2);
+    int8_t q[kQBlock];
+    for (int j = 0; j < kQBlock; ++j) {
+      // roundf (half away from zero): |v| + 0.5 is exact in double, and the
+      // conversion truncates toward zero.
+      const float v = xb[j] * id;
+      q[j] = static_cast<int8_t>(static_cast<int>(static_cast<double>(v) + (v < 0.0f ? -0.5 : 0.5)));
+    }
+    std::memcpy(y + 2, q, kQBlock);
+  }
+}
+
+void QuantizeRowQ4_0Fast(const float* x, char* y, int64_t k) {
+  for (int64_t b = 0; b < k / kQBlock; ++b, y += 2 + kQBlock / 2) {
+    const float* xb = x + b * kQBlock;
+    // ref keeps the first element of the largest |x| (0.0f if all are
+    // zeros): the largest |x| by an integer max (which vectorizes), then
+    // the first element that has it.
+    uint32_t bits[kQBlock];
+    std::memcpy(bits, xb, sizeof(bits));
+    uint32_t abits = 0;
+    for (int j = 0; j < kQBlock; ++j) abits = std::max(abits, bits[j] & 0x7FFFFFFFu);
+    float max = 0.0f;
+    if (abits != 0) {
+      int j = 0;
+      while ((bits[j] & 0x7FFFFFFFu) != abits) ++j;
+      max = xb[j];
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = Fp32ToFp16(d);
+    std::memcpy(y, &dh, 2);
+    uint8_t q[kQBlock / 2];
+    for (int j = 0; j < kQBlock / 2; ++j) {
+      // x * id + 8.5 lies in [0.5, 16.5]: truncation as ref's int8_t cast.
+      const int q0 = std::min(15, static_cast<int>(xb[j] * id + 8.5f));
+      const int q1 = std::min(15, static_cast<int>(xb[j + kQBlock / 2] * id + 8.5f));
+      q[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+    std::memcpy(y + 2, q, kQBlock / 2);
+  }
+}
+
+#pragma GCC pop_options
+
+// One row of `type` from floats: the fast Q8_0/Q4_0 above, F16 by
+// tiny_llama::FloatToHalfRow, else ref::QuantizeRow (F32, BF16 and the rest;
+// the Builder checked that it writes the type).
+void QuantizeRowFast(GgmlType type, const float* x, char* y, int64_t k) {
+  switch (type) {
+    case GgmlType::kQ8_0: QuantizeRowQ8_0Fast(x, y, k); return;
+    case GgmlType::kQ4_0: QuantizeRowQ4_0Fast(x, y, k); return;
+    case GgmlType::kF16: {
+      uint16_t h[256];
+      for (int64_t i = 0; i < k; i += 256) {
+        const int64_t n = std::min<int64_t>(256, k - i);
+        tiny_llama::FloatToHalfRow(x + i, h, n);
+        std::memcpy(y + 2 * i, h, static_cast<size_t>(n) * 2);
+      }
+      return;
+    }
+    default: ref::QuantizeRow(type, x, y, k); return;
+  }
+}
+
+int FastThreads(int num_threads) {
+  if (num_threads > 0) return num_threads;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+// Fills a [ne0, ne1] matrix of `type` (F32, F16, BF16 or a type
+// ref::QuantizeRow writes) at `dst`: row r holds the values of elements
+// r*ne0 .. r*ne0+ne0-1, quantized. Rows are handed out in fixed blocks to
+// `num_threads` threads; every row is generated into a 64-byte-aligned
+// scratch row and quantized into its fixed place, so the bytes are the same
+// for any thread count.
+void FillFastMatrix(char* dst, uint64_t key, int64_t ne0, int64_t ne1, float factor, GgmlType type,
+                    int num_threads) {
+  const size_t row_bytes = RowBytes(type, ne0);
+  const int64_t rows_per_block = std::max<int64_t>(1, (int64_t{1} << 16) / ne0);
+  const int64_t num_blocks = (ne1 + rows_per_block - 1) / rows_per_block;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    struct AlignedFree {
+      void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+    };
+    std::unique_ptr<float[], AlignedFree> row(
+        static_cast<float*>(::operator new[](static_cast<size_t>(ne0) * sizeof(float), std::align_val_t{64})));
+    for (int64_t b = next.fetch_add(1); b < num_blocks; b = next.fetch_add(1)) {
+      const int64_t end = std::min(ne1, (b + 1) * rows_per_block);
+      for (int64_t r = b * rows_per_block; r < end; ++r) {
+        FastNormalRow(key, static_cast<uint64_t>(r * ne0), ne0, factor, row.get());
+        QuantizeRowFast(type, row.get(), dst + static_cast<size_t>(r) * row_bytes, ne0);
+      }
+    }
+  };
+  const int threads = static_cast<int>(std::min<int64_t>(FastThreads(num_threads), num_blocks));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
 // Builds the model tensor by tensor; `stream` numbers tensors in file order.
 class Builder {
  public:
@@ -100,6 +287,7 @@ class Builder {
 
   absl::Status Matrix(const std::string& name, int64_t ne0, int64_t ne1, double stddev,
                       GgmlType type = GgmlType::kF32) {
+    if (fast_) return FastMatrix(name, ne0, ne1, stddev, type);
     WeightRng rng(opts_.seed, stream_++);
     std::vector<float> w(static_cast<size_t>(ne0 * ne1));
     for (float& x : w) x = static_cast<float>(stddev * rng.Normal());
@@ -124,6 +312,14 @@ class Builder {
 
   // RMSNorm gains, uniform in [0.9, 1.1).
   absl::Status Norm(const std::string& name, int64_t n) {
+    if (fast_) {
+      const uint64_t key = TensorKey(opts_.seed, stream_++);
+      return writer_.AddTensorGenerated(name, GgmlType::kF32, {n}, [key, n](char* dst, uint64_t) {
+        std::vector<float> w(static_cast<size_t>(n));
+        FastUniformNormRow(key, n, w.data());
+        std::memcpy(dst, w.data(), w.size() * sizeof(float));
+      });
+    }
     WeightRng rng(opts_.seed, stream_++);
     std::vector<float> w(static_cast<size_t>(n));
     for (float& x : w) x = static_cast<float>(0.9 + 0.2 * rng.Uniform());
@@ -131,8 +327,26 @@ class Builder {
   }
 
  private:
+  // A matrix of the fast generator, generated when the writer needs it.
+  absl::Status FastMatrix(const std::string& name, int64_t ne0, int64_t ne1, double stddev, GgmlType type) {
+    if (opts_.f16_matrices) type = GgmlType::kF16;
+    // Refuse a type without a quantizer now: the fill cannot fail.
+    std::vector<float> zeros(static_cast<size_t>(ne0), 0.0f);
+    std::string probe(RowBytes(type, ne0), '\0');
+    if (!ref::QuantizeRow(type, zeros.data(), probe.data(), ne0)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": no quantizer for ", GetTypeTraits(type).name));
+    }
+    const uint64_t key = TensorKey(opts_.seed, stream_++);
+    const float factor = static_cast<float>(stddev * std::sqrt(3.0) / 65536.0);
+    const int threads = opts_.num_threads;
+    return writer_.AddTensorGenerated(name, type, {ne0, ne1}, [=](char* dst, uint64_t) {
+      FillFastMatrix(dst, key, ne0, ne1, factor, type, threads);
+    });
+  }
+
   const TinyLlamaOptions& opts_;
   GgufWriter& writer_;
+  const bool fast_ = TinyLlamaUsesFastWeights(opts_);
   uint32_t stream_ = 0;
 };
 
@@ -143,6 +357,45 @@ int HeadDim(const TinyLlamaOptions& o) {
 }  // namespace
 
 int TinyLlamaMaxMerges() { return kNumMerges; }
+
+std::vector<std::string> TinyLlamaPresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return names;
+}
+
+absl::Status ApplyTinyLlamaPreset(const std::string& name, TinyLlamaOptions* opts) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    opts->num_layers = p.num_layers;
+    opts->model_dim = p.model_dim;
+    opts->num_heads = p.num_heads;
+    opts->num_kv_heads = p.num_kv_heads;
+    opts->head_dim = 0;
+    opts->ffn_dim = p.ffn_dim;
+    opts->context_length = p.context_length;
+    opts->tie_embeddings = p.tie_embeddings;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown preset '", name, "'; known presets: ", absl::StrJoin(TinyLlamaPresetNames(), ", ")));
+}
+
+int64_t TinyLlamaWeightCount(const TinyLlamaOptions& o) {
+  if (!ValidateTinyLlamaOptions(o).ok()) return -1;
+  const int64_t head_dim = o.head_dim != 0 ? o.head_dim : o.model_dim / o.num_heads;
+  const int64_t d = o.model_dim;
+  const int64_t q = int64_t{o.num_heads} * head_dim;
+  const int64_t kv = int64_t{o.num_kv_heads} * head_dim;
+  const int64_t ffn = o.ffn_dim;
+  const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn;
+  return per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
+}
+
+bool TinyLlamaUsesFastWeights(const TinyLlamaOptions& o) {
+  return o.fast_weights || TinyLlamaWeightCount(o) > kTinyLlamaMaxOriginalWeights;
+}
 
 absl::StatusOr<TinyLlamaVocab> MakeTinyLlamaVocab(int num_merges) {
   if (num_merges < -1 || num_merges > kNumMerges) {
@@ -244,10 +497,14 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
   const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
   const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn;
   const int64_t total = per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
-  if (total > kMaxTotalWeights) {
+  if (total > kTinyLlamaMaxWeights) {
     return absl::InvalidArgumentError(
         absl::StrCat("the model would have ", total,
-                     " weights; the tiny-model builder allows at most ", kMaxTotalWeights));
+                     " weights; the tiny-model builder allows at most ", kTinyLlamaMaxWeights));
+  }
+  if (o.num_threads < 0 || o.num_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads = ", o.num_threads, "; expected 0 (all cores) .. 1024"));
   }
   return absl::OkStatus();
 }
@@ -390,6 +647,32 @@ uint16_t FloatToHalf(float x) {
   const uint32_t halfway = 1u << (shift - 1);
   const uint32_t round_up = rest > halfway || (rest == halfway && (h & 1));
   return static_cast<uint16_t>(sign | (h + round_up));  // may carry into the min normal
+}
+
+// F. Giesen's float_to_half_fast3_rtne, branch-free so that it vectorizes:
+// both results are computed and one is selected. Normal halves: rebias and
+// round the 13 dropped bits to even by adding 0xFFF plus the lowest kept bit
+// (a carry into the exponent is right, up to infinity at 65520). Subnormal
+// halves and zero (|x| < 2^-14): |x| + 0.5 in float rounds |x| to the nearest
+// multiple of 2^-24 (ties to even) in its low mantissa bits. NaN is not
+// handled (it gives infinity); the generator never makes one.
+void FloatToHalfRow(const float* x, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const uint32_t a = u & 0x7FFFFFFFu;
+    const uint32_t normal = (a - 0x38000000u + 0xFFFu + ((a >> 13) & 1u)) >> 13;
+    float fa;
+    std::memcpy(&fa, &a, 4);
+    const float t = fa + 0.5f;
+    uint32_t tb;
+    std::memcpy(&tb, &t, 4);
+    const uint32_t sub = tb - 0x3F000000u;
+    uint32_t h = a < 0x38800000u ? sub : normal;
+    h = a >= 0x47800000u ? 0x7C00u : h;
+    out[i] = static_cast<uint16_t>(sign | h);
+  }
 }
 
 float HalfToFloat(uint16_t h) {

@@ -19,10 +19,25 @@
 // Norms are F32; the 2-D tensors are F32, or F16 with `f16_matrices`, or of
 // `matrix_type` (and ffn_down of `ffn_down_type`).
 //
-// Weights are a pure function of the options: each tensor draws from its own
-// std::mt19937 seeded by seed_seq{seed, tensor index}, and normal variates are
-// Irwin-Hall sums of 12 uniforms computed exactly in double, so the bytes do
-// not depend on the standard library's distributions or on libm.
+// Weights are a pure function of the options. Two generators make them:
+//  - the original one (models of up to kTinyLlamaMaxOriginalWeights weights,
+//    unless fast_weights): each tensor draws from its own std::mt19937 seeded
+//    by seed_seq{seed, tensor index}, and normal variates are Irwin-Hall sums
+//    of 12 uniforms computed exactly in double, so the bytes do not depend on
+//    the standard library's distributions or on libm. The goldens pin it.
+//  - the fast one (larger models, up to kTinyLlamaMaxWeights, or any model
+//    with fast_weights): element i of tensor t comes from a counter-based
+//    hash, splitmix64's finalizer of (seed, t, i); a normal variate is the
+//    Irwin-Hall sum of the hash's four 16-bit parts, scaled to the same
+//    standard deviation as the original (one exact int-to-float conversion
+//    and one multiply); a norm gain is uniform in [0.9, 1.1) on a 2^-24
+//    grid, computed in integers. Rows are generated and quantized on
+//    num_threads threads; each row is computed the same way whichever thread
+//    takes it, so the bytes do not depend on the thread count. Its Q8_0,
+//    Q4_0 and F16 rows are byte for byte ref::QuantizeRow's (faster copies).
+//    Generated tensors are produced one at a time while the file is
+//    written, so WriteTinyLlamaGguf holds about two tensors in memory (one
+//    filled while the previous one is written), not the file.
 #ifndef SNAPFILL_TOOLS_TESTMODEL_TINY_LLAMA_H_
 #define SNAPFILL_TOOLS_TESTMODEL_TINY_LLAMA_H_
 
@@ -58,7 +73,39 @@ struct TinyLlamaOptions {
   GgmlType ffn_down_type = GgmlType::kF32;
   float rope_freq_base = 10000.0f;
   float rms_norm_eps = 1e-5f;
+  // Use the fast generator even where the original one would be used (a
+  // model of at most kTinyLlamaMaxOriginalWeights weights). Larger models
+  // always use it.
+  bool fast_weights = false;
+  // Threads of the fast generator, 0..1024; 0: hardware_concurrency(). The
+  // bytes do not depend on it.
+  int num_threads = 0;
 };
+
+// Models of at most this many weights use the original generator (unless
+// fast_weights); larger ones the fast one, up to kTinyLlamaMaxWeights (a
+// Llama-2-7B shape has about 2^32.6).
+inline constexpr int64_t kTinyLlamaMaxOriginalWeights = int64_t{1} << 28;
+inline constexpr int64_t kTinyLlamaMaxWeights = int64_t{1} << 34;
+
+// Returns the model's weight count (every tensor's elements), or -1 where
+// ValidateTinyLlamaOptions fails.
+int64_t TinyLlamaWeightCount(const TinyLlamaOptions& opts);
+
+// Returns whether the fast generator makes the model's weights.
+bool TinyLlamaUsesFastWeights(const TinyLlamaOptions& opts);
+
+// Shapes of real models, for measuring speed with synthetic weights (the
+// vocabulary stays the tiny built-in one):
+//   smollm2-135m  30 layers, dim 576, 9/3 heads, ffn 1536, context 8192, tied
+//   llama2-7b     32 layers, dim 4096, 32/32 heads, ffn 11008, context 4096,
+//                 untied (output.weight present)
+// TinyLlamaPresetNames() lists them; ApplyTinyLlamaPreset sets num_layers,
+// model_dim, num_heads, num_kv_heads, head_dim (0), ffn_dim, context_length
+// and tie_embeddings, leaving every other field as it was. An unknown name
+// is InvalidArgument listing the known ones.
+std::vector<std::string> TinyLlamaPresetNames();
+absl::Status ApplyTinyLlamaPreset(const std::string& name, TinyLlamaOptions* opts);
 
 // The tokenizer stored in the tiny model. Token ids: 0..255 are the bytes
 // (id == byte value, text via GPT-2's bytes_to_unicode, so ' ' is "Ġ"), then
@@ -83,13 +130,17 @@ absl::StatusOr<TinyLlamaVocab> MakeTinyLlamaVocab(int num_merges);
 
 // Returns InvalidArgument naming the first bad field (non-positive sizes,
 // num_heads not a multiple of num_kv_heads, model_dim not divisible by
-// num_heads when head_dim is 0, odd head_dim, a model too large to build).
+// num_heads when head_dim is 0, odd head_dim, a model of more than
+// kTinyLlamaMaxWeights weights, a negative num_threads).
 absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& opts);
 
-// Returns the bytes of a tiny Llama GGUF v3 file built from `opts`.
+// Returns the bytes of a tiny Llama GGUF v3 file built from `opts` (the
+// whole file in memory: for large models use WriteTinyLlamaGguf).
 absl::StatusOr<std::string> MakeTinyLlamaGguf(const TinyLlamaOptions& opts);
 
-// Writes MakeTinyLlamaGguf(opts) to `path` atomically (overwriting it).
+// Writes the bytes of MakeTinyLlamaGguf(opts) to `path` atomically
+// (AtomicFileWriter: a temporary beside it, renamed over it; overwriting
+// it). Fast-generator tensors are streamed one at a time.
 absl::Status WriteTinyLlamaGguf(const std::string& path, const TinyLlamaOptions& opts);
 
 namespace tiny_llama {
@@ -98,6 +149,10 @@ namespace tiny_llama {
 // infinity, values below half the smallest subnormal give signed zero, NaN
 // stays NaN (quiet, sign and top payload bits kept).
 uint16_t FloatToHalf(float x);
+
+// out[i] = FloatToHalf(x[i]) for every non-NaN x[i] (a NaN gives an
+// infinity), branch-free so that it vectorizes: the fast generator's F16.
+void FloatToHalfRow(const float* x, uint16_t* out, int64_t n);
 
 // Returns the float equal to the binary16 `h` (exact: every half is a float).
 float HalfToFloat(uint16_t h);
