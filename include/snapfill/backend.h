@@ -392,6 +392,10 @@ class Backend {
   // with the old copy). LlamaForward asks for those copies before its first
   // batch, so w's pages go back then.
   virtual bool BatchReadsDecodeCopy(const WeightView& w) const { return false; }
+  // The most device memory the backend has held at once, in bytes (its own
+  // allocations: weights, scratch); 0 where the backend computes in host
+  // memory (the CPU).
+  virtual uint64_t DevicePeakBytes() const { return 0; }
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
   // What the backend measures of itself, or null where it measures nothing
@@ -424,9 +428,18 @@ absl::StatusOr<int> KernelLevelIndex(std::string_view name);
 absl::Status ConfigureCpuKernels(const BackendOptions& options);
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for
-// kCuda in a CPU-only build.
+// kCuda in a CPU-only build, FailedPrecondition where no GPU can be used.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
                                                        const BackendOptions& options = {});
+
+// The GPU a kCuda backend runs on, in words (name, compute capability,
+// memory, driver); Unimplemented in a CPU-only build, FailedPrecondition
+// where there is no driver or no GPU.
+absl::StatusOr<std::string> DescribeCudaDevice();
+
+// The device a name asks for: "cpu", "cuda", or "auto" (the GPU where one
+// can be used, else the CPU). InvalidArgument for another name.
+absl::StatusOr<Device> ResolveDevice(std::string_view name);
 
 }  // namespace snapfill
 

@@ -21,6 +21,9 @@
 #include "kernels/quant_blocks.h"
 #include "snapfill/backend.h"
 #include "snapfill/status.h"
+#ifdef SNAPFILL_WITH_CUDA
+#include "src/backend/cuda/cuda_backend.h"
+#endif
 
 namespace snapfill {
 namespace {
@@ -702,10 +705,27 @@ absl::Status ConfigureCpuKernels(const BackendOptions& options) {
   return absl::FailedPreconditionError(why);
 }
 
+#ifndef SNAPFILL_WITH_CUDA
+absl::StatusOr<std::string> DescribeCudaDevice() {
+  return absl::UnimplementedError("built without CUDA (configure with -DSNAPFILL_WITH_CUDA=ON)");
+}
+#endif
+
+absl::StatusOr<Device> ResolveDevice(std::string_view name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") return Device::kCuda;
+  if (name == "auto") return DescribeCudaDevice().ok() ? Device::kCuda : Device::kCpu;
+  return absl::InvalidArgumentError(absl::StrCat("device \"", std::string(name), "\": expected cpu, cuda or auto"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
                                                        const BackendOptions& options) {
   if (device == Device::kCuda) {
+#ifdef SNAPFILL_WITH_CUDA
+    return CreateCudaBackend(options);
+#else
     return absl::UnimplementedError("built without CUDA (configure with -DSNAPFILL_WITH_CUDA=ON)");
+#endif
   }
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));

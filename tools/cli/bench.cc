@@ -418,6 +418,7 @@ absl::Status RunBench() {
       "--input=" + absl::GetFlag(FLAGS_input),
       absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens)),
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+      "--device=" + absl::GetFlag(FLAGS_device),
       absl::StrCat("--pack_decode=", absl::GetFlag(FLAGS_pack_decode) ? "true" : "false"),
       absl::StrCat("--decode_kv_f16=", absl::GetFlag(FLAGS_decode_kv_f16) ? "true" : "false"),
       absl::StrCat("-n=", absl::GetFlag(FLAGS_n)),

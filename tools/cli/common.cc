@@ -113,7 +113,14 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
     SNAPFILL_ASSIGN_OR_RETURN(opts.num_threads, DefaultThreads());
   }
   SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
-  return CreateBackend(Device::kCpu, opts);
+  const absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  return CreateBackend(*device, opts);
+}
+
+std::string DevicePeakNote(const Backend& backend) {
+  const uint64_t bytes = backend.DevicePeakBytes();
+  return bytes > 0 ? absl::StrCat(" | peak device memory ", HumanBytes(bytes)) : "";
 }
 
 absl::StatusOr<LongInput> OpenLongInput(const std::string& path) {

@@ -39,6 +39,9 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags();
 
 // The CPU backend with --threads and --pack_decode.
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+// " | peak device memory X" where the backend holds device memory; "" on
+// the CPU.
+std::string DevicePeakNote(const Backend& backend);
 
 // The prologue of the commands that read a long input (run, prefill, ppl,
 // needle): --input's text, which must not be empty (a warning where it is

@@ -7,6 +7,8 @@
 ABSL_FLAG(std::string, model, "",
           "Path of a Llama-family GGUF model. Default: $SNAPFILL_MODEL, else "
           "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+ABSL_FLAG(std::string, device, "auto",
+          "cpu | cuda | auto: where the model runs (auto: the GPU where one can be used, else the CPU)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(bool, pack_decode, true,
           "Rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token products "

@@ -11,6 +11,7 @@
 
 // Model and machine.
 ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, threads);
 ABSL_DECLARE_FLAG(bool, pack_decode);
 ABSL_DECLARE_FLAG(bool, decode_kv_f16);

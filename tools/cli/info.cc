@@ -55,6 +55,8 @@ absl::Status RunInfo() {
   std::printf("KV per token:    %s (f32), full %lld-token context: %s\n",
               HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
               HumanBytes(kv_per_token * c.context_length).c_str());
+  const absl::StatusOr<std::string> gpu = DescribeCudaDevice();
+  std::printf("GPU:             %s\n", gpu.ok() ? gpu->c_str() : std::string(gpu.status().message()).c_str());
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
   std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks a lower level)\n",
               backend->kernels().c_str(), backend->num_threads());

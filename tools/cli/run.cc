@@ -537,12 +537,12 @@ absl::Status RunRun() {
     const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
     std::fprintf(stderr,
                  "prefill: %zu tokens in %lld chunks, %.1f s (%.0f tokens/s), schedule %s, "
-                 "memory %lld\nTTFT %.2f s | decode %zu tokens, %.1f tokens/s | peak RSS %s\n",
+                 "memory %lld\nTTFT %.2f s | decode %zu tokens, %.1f tokens/s | peak RSS %s%s\n",
                  p.tokens.size(), (long long)plan.steps.size(), prefill_seconds,
                  p.tokens.size() / std::max(prefill_seconds, 1e-9),
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
                  (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
-                 HumanBytes(PeakRssBytes()).c_str());
+                 HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
   }
   // With --profile: the table, then the prefill's work against the peaks
   // of this machine's instructions, measured now.
@@ -619,9 +619,10 @@ absl::Status RunPrefill() {
                  p.recall->dir().c_str(), out.c_str(), p.recall->dir().c_str());
   }
   if (absl::GetFlag(FLAGS_timing)) {
-    std::fprintf(stderr, "prefill: %zu tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s\n",
+    std::fprintf(stderr, "prefill: %zu tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
                  p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),
-                 HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str());
+                 HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
+                 DevicePeakNote(*p.backend).c_str());
   }
   std::fprintf(stderr, "%s", ProfileReportWithPeaks(*p.backend, /*prefill=*/true).c_str());
   return absl::OkStatus();

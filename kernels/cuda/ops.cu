@@ -1,0 +1,418 @@
+#include "kernels/cuda/ops.h"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cub/device/device_radix_sort.cuh>
+
+namespace snapfill::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+__device__ __forceinline__ double WarpSum(double x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+
+__device__ __forceinline__ uint16_t Bf16Bits(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+int Blocks(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// One block per row: the squares summed in double (as the CPU kernel and
+// ggml do), the scale in f32, y = (x · scale) · weight in f32.
+template <typename Out>
+__global__ void RmsNormKernel(const float* __restrict__ x, int64_t x_stride, const float* __restrict__ weight,
+                              Out* __restrict__ y, int64_t y_stride, int64_t dim, float eps) {
+  const float* xr = x + blockIdx.x * x_stride;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += static_cast<double>(xr[i]) * xr[i];
+  __shared__ double partial[32];
+  sum = WarpSum(sum);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double s = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0;
+    s = WarpSum(s);
+    if (threadIdx.x == 0) partial[0] = s;
+  }
+  __syncthreads();
+  const float scale = 1.0f / sqrtf(static_cast<float>(partial[0] / static_cast<double>(dim)) + eps);
+  Out* yr = y + blockIdx.x * y_stride;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = xr[i] * scale * weight[i];
+    if constexpr (sizeof(Out) == 2) {
+      yr[i] = Bf16Bits(v);
+    } else {
+      yr[i] = v;
+    }
+  }
+}
+
+__global__ void ToBf16Kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t x_stride,
+                             uint16_t* __restrict__ y) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    y[e] = Bf16Bits(x[r * x_stride + c]);
+  }
+}
+
+// One thread per (token, head, pair): the pair's angle by ggml's f32
+// recurrence (theta_0 = pos, theta_{i+1} = theta_i · theta_scale), the
+// rotation in double as the twin does.
+__global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+                           const int32_t* __restrict__ pos, int64_t half, float theta_scale, float freq_scale,
+                           bool neox) {
+  const int64_t n = num_tokens * num_heads * half;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e % half;
+    const int64_t h = (e / half) % num_heads;
+    const int64_t t = e / (half * num_heads);
+    float theta = static_cast<float>(pos[t]);
+    for (int64_t s = 0; s < i; ++s) theta *= theta_scale;
+    double sn, cs;
+    sincos(static_cast<double>(freq_scale * theta), &sn, &cs);
+    float* xh = x + t * token_stride + h * head_dim;
+    const int64_t a = neox ? i : 2 * i;
+    const int64_t b = neox ? i + half : 2 * i + 1;
+    const double x0 = xh[a], x1 = xh[b];
+    xh[a] = static_cast<float>(x0 * cs - x1 * sn);
+    xh[b] = static_cast<float>(x0 * sn + x1 * cs);
+  }
+}
+
+template <typename Out>
+__global__ void SwiGluKernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t rows, int64_t cols,
+                             int64_t stride, Out* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    const float g = gate[r * stride + c];
+    const float v = g / (1.0f + expf(-g)) * up[r * stride + c];
+    if constexpr (sizeof(Out) == 2) {
+      out[e] = Bf16Bits(v);
+    } else {
+      out[e] = v;
+    }
+  }
+}
+
+// The attention family's tiles: kTile keys of one KV head in shared memory
+// (rows padded to head_dim + 1 floats, so that 32 lanes reading 32 keys hit
+// 32 banks), shared by the kWarps queries of a block, one warp per (query,
+// head). Each lane scores one key of the tile; the warp keeps the online
+// softmax (max m, sum l) and, with V, lane-strided output dims.
+constexpr int kTile = 32;
+constexpr int kWarps = 8;
+
+size_t AttentionSharedBytes(int64_t head_dim, bool with_v) {
+  return sizeof(float) * (static_cast<size_t>(with_v ? 2 : 1) * kTile * (head_dim + 1) + kWarps * head_dim);
+}
+
+template <int kDimsPerLane, bool kWithV>
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionKernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    AttentionShape s, float* __restrict__ out, int64_t out_stride, float* __restrict__ lse) {
+  extern __shared__ float smem[];
+  const int hd = static_cast<int>(s.head_dim);
+  const int pad = hd + 1;
+  float* ks = smem;
+  float* vs = ks + kTile * pad;
+  float* qs = vs + (kWithV ? kTile * pad : 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t h = blockIdx.y;
+  const int64_t kvh = h / (s.num_heads / s.num_kv_heads);
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kWarps;
+  const int64_t i = i0 + warp;
+  const bool active = i < s.num_q;
+  const int64_t offset = s.num_keys - s.num_q;
+  const int64_t block_keys = offset + min(i0 + kWarps, s.num_q);
+  const int64_t my_keys = active ? offset + i + 1 : 0;
+  if (active) {
+    for (int d = lane; d < hd; d += 32) qs[warp * hd + d] = q[i * s.q_stride + h * hd + d];
+  }
+  const float* kh = k + kvh * s.head_stride;
+  const float* vh = v + kvh * s.head_stride;
+  float m = -INFINITY, l = 0.0f;
+  float acc[kDimsPerLane];
+#pragma unroll
+  for (int r = 0; r < kDimsPerLane; ++r) acc[r] = 0.0f;
+  for (int64_t t = 0; t < block_keys; t += kTile) {
+    __syncthreads();  // the last tile is consumed (and the queries written)
+    const int n = static_cast<int>(block_keys - t < kTile ? block_keys - t : kTile);
+    for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
+      const int r = e / hd, d = e % hd;
+      ks[r * pad + d] = kh[(t + r) * s.key_stride + d];
+      if constexpr (kWithV) vs[r * pad + d] = vh[(t + r) * s.key_stride + d];
+    }
+    __syncthreads();
+    if (!active || t >= my_keys) continue;
+    float score = -INFINITY;
+    if (lane < n && t + lane < my_keys) {
+      float dot = 0.0f;
+      const float* kr = ks + lane * pad;
+      const float* qr = qs + warp * hd;
+      for (int d = 0; d < hd; ++d) dot = fmaf(qr[d], kr[d], dot);
+      score = dot * s.scale;
+    }
+    // Key t is visible (t < my_keys), so the tile's maximum is finite.
+    const float m_new = fmaxf(m, WarpMax(score));
+    const float corr = expf(m - m_new);
+    const float p = score == -INFINITY ? 0.0f : expf(score - m_new);
+    l = l * corr + WarpSum(p);
+    m = m_new;
+    if constexpr (kWithV) {
+#pragma unroll
+      for (int r = 0; r < kDimsPerLane; ++r) acc[r] *= corr;
+      for (int j = 0; j < n; ++j) {
+        const float pj = __shfl_sync(kFullMask, p, j);
+        const float* vr = vs + j * pad;
+#pragma unroll
+        for (int r = 0; r < kDimsPerLane; ++r) {
+          const int d = lane + 32 * r;
+          if (d < hd) acc[r] = fmaf(pj, vr[d], acc[r]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  if constexpr (kWithV) {
+#pragma unroll
+    for (int r = 0; r < kDimsPerLane; ++r) {
+      const int d = lane + 32 * r;
+      if (d < hd) out[i * out_stride + h * hd + d] = acc[r] / l;
+    }
+  } else {
+    if (lane == 0) lse[h * s.num_q + i] = m + logf(l);
+  }
+}
+
+template <bool kWithV>
+cudaError_t LaunchAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                            int64_t out_stride, float* lse, cudaStream_t stream) {
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0 ||
+      s.num_q > s.num_keys) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.num_q == 0) return cudaSuccess;
+  const dim3 grid(Blocks(s.num_q, kWarps), static_cast<unsigned>(s.num_heads));
+  const size_t shared = AttentionSharedBytes(s.head_dim, kWithV);
+  auto launch = [&](auto kernel) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (e != cudaSuccess) return e;
+    kernel<<<grid, kWarps * 32, shared, stream>>>(q, k, v, s, out, out_stride, lse);
+    return cudaGetLastError();
+  };
+  switch ((s.head_dim + 31) / 32) {
+    case 1: return launch(AttentionKernel<1, kWithV>);
+    case 2: return launch(AttentionKernel<2, kWithV>);
+    case 3: return launch(AttentionKernel<3, kWithV>);
+    case 4: return launch(AttentionKernel<4, kWithV>);
+    case 5: return launch(AttentionKernel<5, kWithV>);
+    case 6: return launch(AttentionKernel<6, kWithV>);
+    case 7: return launch(AttentionKernel<7, kWithV>);
+    default: return launch(AttentionKernel<8, kWithV>);
+  }
+}
+
+// One warp per (KV head, key): each query row of the group's heads scores
+// the key (lanes split head_dim), and the weights exp(score - lse) are
+// summed in f32, then averaged over the group.
+__global__ void KeyWeightsKernel(const float* __restrict__ q, const float* __restrict__ lse,
+                                 const float* __restrict__ k, AttentionShape s, bool causal,
+                                 float* __restrict__ scores, int64_t scores_stride) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  if (j >= s.num_keys) return;
+  const int64_t kvh = blockIdx.y;
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  const int64_t hd = s.head_dim;
+  const float* kr = k + kvh * s.head_stride + j * s.key_stride;
+  float kl[kMaxHeadDim / 32];
+#pragma unroll
+  for (int r = 0; r < kMaxHeadDim / 32; ++r) {
+    const int64_t d = lane + 32 * r;
+    kl[r] = d < hd ? kr[d] : 0.0f;
+  }
+  // Query i sees key j from i = j - offset on.
+  const int64_t first = causal && j > s.num_keys - s.num_q ? j - (s.num_keys - s.num_q) : 0;
+  float total = 0.0f;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int64_t i = first; i < s.num_q; ++i) {
+      const float* qr = q + i * s.q_stride + h * hd;
+      float dot = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kMaxHeadDim / 32; ++r) {
+        const int64_t d = lane + 32 * r;
+        if (d < hd) dot = fmaf(qr[d], kl[r], dot);
+      }
+      dot = WarpSum(dot);
+      total += expf(dot * s.scale - lse[h * s.num_q + i]);
+    }
+  }
+  if (lane == 0) scores[kvh * scores_stride + j] = total / static_cast<float>(group);
+}
+
+__global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t kernel,
+                           bool max_pool) {
+  const int64_t pad = kernel / 2;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t lo = i - pad < 0 ? 0 : i - pad;
+    const int64_t hi = i + pad >= n ? n - 1 : i + pad;
+    if (max_pool) {
+      float m = -INFINITY;
+      for (int64_t t = lo; t <= hi; ++t) m = fmaxf(m, in[t]);
+      out[i] = m;
+    } else {
+      double sum = 0.0;
+      for (int64_t t = lo; t <= hi; ++t) sum += in[t];
+      out[i] = static_cast<float>(sum / static_cast<double>(kernel));
+    }
+  }
+}
+
+__global__ void IotaKernel(int32_t* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = static_cast<int32_t>(i);
+  }
+}
+
+__global__ void AddKernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+// Grid-stride launches: enough blocks to fill the GPU, no more.
+int StrideBlocks(int64_t n) { return static_cast<int>(std::min<int64_t>(Blocks(n, 256), 65536)); }
+
+size_t Align(size_t n) { return (n + 255) & ~size_t{255}; }
+
+}  // namespace
+
+cudaError_t RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride, int64_t rows,
+                    int64_t dim, float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  RmsNormKernel<float><<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, x_stride, weight, y, y_stride, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t RmsNormBf16(const float* x, int64_t x_stride, const float* weight, uint16_t* y, int64_t rows,
+                        int64_t dim, float eps, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  RmsNormKernel<uint16_t><<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, x_stride, weight, y, dim, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t ToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride, uint16_t* y, cudaStream_t stream) {
+  if (rows * cols <= 0) return cudaSuccess;
+  ToBf16Kernel<<<StrideBlocks(rows * cols), 256, 0, stream>>>(x, rows, cols, x_stride, y);
+  return cudaGetLastError();
+}
+
+cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+                 const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+                 cudaStream_t stream) {
+  if (rot_dim % 2 != 0 || rot_dim > head_dim) return cudaErrorInvalidValue;
+  const int64_t half = rot_dim / 2;
+  const int64_t n = num_tokens * num_heads * half;
+  if (n <= 0) return cudaSuccess;
+  // The twin's theta scale, computed the same way on the host.
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
+  RopeKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, num_tokens, num_heads, head_dim, token_stride, pos, half,
+                                                   theta_scale, freq_scale, neox);
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+  return SwiGluRows(gate, up, 1, n, n, out, stream);
+}
+
+cudaError_t SwiGluRows(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride, float* out,
+                       cudaStream_t stream) {
+  if (rows * cols <= 0) return cudaSuccess;
+  SwiGluKernel<float><<<StrideBlocks(rows * cols), 256, 0, stream>>>(gate, up, rows, cols, stride, out);
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGluRowsBf16(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride,
+                           uint16_t* out, cudaStream_t stream) {
+  if (rows * cols <= 0) return cudaSuccess;
+  SwiGluKernel<uint16_t><<<StrideBlocks(rows * cols), 256, 0, stream>>>(gate, up, rows, cols, stride, out);
+  return cudaGetLastError();
+}
+
+cudaError_t Attention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                      int64_t out_stride, cudaStream_t stream) {
+  return LaunchAttention<true>(q, k, v, s, out, out_stride, nullptr, stream);
+}
+
+cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape& s, float* lse, cudaStream_t stream) {
+  return LaunchAttention<false>(q, k, nullptr, s, nullptr, 0, lse, stream);
+}
+
+cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
+                       float* scores, int64_t scores_stride, cudaStream_t stream) {
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.num_keys <= 0) return cudaSuccess;
+  constexpr int kKeysPerBlock = 8;
+  const dim3 grid(Blocks(s.num_keys, kKeysPerBlock), static_cast<unsigned>(s.num_kv_heads));
+  KeyWeightsKernel<<<grid, kKeysPerBlock * 32, 0, stream>>>(q, lse, k, s, causal, scores, scores_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t Pool1d(const float* in, float* out, int64_t n, int64_t kernel, bool max, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (kernel % 2 != 1) return cudaErrorInvalidValue;
+  PoolKernel<<<StrideBlocks(n), 256, 0, stream>>>(in, out, n, kernel, max);
+  return cudaGetLastError();
+}
+
+size_t TopKScratchBytes(int64_t n) {
+  size_t cub_bytes = 0;
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, cub_bytes, static_cast<const float*>(nullptr),
+                                            static_cast<float*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                            static_cast<int32_t*>(nullptr), static_cast<int>(n));
+  return Align(n * sizeof(float)) + Align(n * sizeof(int32_t)) + Align(cub_bytes);
+}
+
+cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void* scratch, size_t scratch_bytes,
+                           cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (n > INT32_MAX || scratch_bytes < TopKScratchBytes(n)) return cudaErrorInvalidValue;
+  char* p = static_cast<char*>(scratch);
+  float* keys_out = reinterpret_cast<float*>(p);
+  int32_t* positions = reinterpret_cast<int32_t*>(p + Align(n * sizeof(float)));
+  void* temp = p + Align(n * sizeof(float)) + Align(n * sizeof(int32_t));
+  size_t temp_bytes = scratch_bytes - Align(n * sizeof(float)) - Align(n * sizeof(int32_t));
+  IotaKernel<<<StrideBlocks(n), 256, 0, stream>>>(positions, n);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, scores, keys_out, positions, order,
+                                                   static_cast<int>(n), 0, 32, stream);
+}
+
+cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  AddKernel<<<StrideBlocks(n), 256, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  return ToBf16(x, 1, n, n, y, stream);
+}
+
+}  // namespace snapfill::cuda

@@ -1,0 +1,99 @@
+// CUDA kernels of the backend's operations, on device memory, queued on a
+// stream (nothing here synchronizes). Same names, arguments and layouts as
+// the CPU kernels (kernels/cpu/ops.h) and their scalar twins
+// (kernels/ref/ops_ref.h), which the tests compare them with
+// (tests/backend/cuda_backend_test.cc). Each launcher returns the launch's
+// cudaError_t (cudaGetLastError), so a bad configuration is reported where
+// it happens rather than at the next synchronization.
+//
+// Arithmetic: f32 throughout, with these differences from the twins (which
+// sum in double): RmsNorm sums its squares in f32 per thread and across the
+// block; Rope takes ggml's f32 angle recurrence as the twin does and rotates
+// with double sines and cosines; the attention family keeps an online
+// softmax in f32 (flash-attention's rescaling), never a score matrix.
+// bf16 values are IEEE bfloat16 bit patterns (uint16_t here, so that host
+// code needs no CUDA headers to call these).
+#ifndef SNAPFILL_KERNELS_CUDA_OPS_H_
+#define SNAPFILL_KERNELS_CUDA_OPS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace snapfill::cuda {
+
+// y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]²) + eps) * weight[i]; y may alias x.
+cudaError_t RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
+                    int64_t rows, int64_t dim, float eps, cudaStream_t stream);
+// The same, written as bf16 (rounded to nearest even), y [rows, dim] dense:
+// the input of a bf16 product.
+cudaError_t RmsNormBf16(const float* x, int64_t x_stride, const float* weight, uint16_t* y, int64_t rows,
+                        int64_t dim, float eps, cudaStream_t stream);
+// y[r, c] = bf16(x[r * x_stride + c]), y [rows, cols] dense.
+cudaError_t ToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride, uint16_t* y,
+                   cudaStream_t stream);
+// Rotary embedding in place (cpu::Rope's rule); pos on the device.
+cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+                 const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+                 cudaStream_t stream);
+// out[i] = silu(gate[i]) * up[i] over n values.
+cudaError_t SwiGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// out[r, c] = silu(gate[r, c]) * up[r, c] for rows × cols at row stride
+// `stride` (gate and up), out [rows, cols] dense, in f32 or as bf16.
+cudaError_t SwiGluRows(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride,
+                       float* out, cudaStream_t stream);
+cudaError_t SwiGluRowsBf16(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride,
+                           uint16_t* out, cudaStream_t stream);
+
+// The attention family's operands: q [num_q, num_heads, head_dim] at token
+// stride q_stride; k, v element (h, j, d) at h * head_stride + j * key_stride
+// + d; query i of num_q sees keys j <= num_keys - num_q + i.
+struct AttentionShape {
+  int64_t q_stride = 0;
+  int64_t head_stride = 0;
+  int64_t key_stride = 0;
+  int64_t num_q = 0;
+  int64_t num_keys = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;
+};
+// The largest head_dim the attention family takes.
+constexpr int64_t kMaxHeadDim = 256;
+
+// out [num_q, num_heads * head_dim] at out_stride: cpu::Attention.
+cudaError_t Attention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                      int64_t out_stride, cudaStream_t stream);
+// lse [num_heads][num_q]: each query's log softmax denominator over the keys
+// it sees (cpu::QueryLogSumExp).
+cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape& s, float* lse,
+                           cudaStream_t stream);
+// scores [num_kv_heads][scores_stride]: for each KV head and key j, the
+// softmax weight exp(scale · q·k_j - lse) summed over the queries (those that
+// see j where `causal`, else all) and averaged over the group's query heads.
+// causal with the lse of QueryLogSumExp over the same keys: SnapKV's votes
+// (cpu::WindowScores); not causal: the recall tier's RecallScores.
+cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
+                       float* scores, int64_t scores_stride, cudaStream_t stream);
+
+// Stride-1 pooling with kernel/2 padding (ref::AvgPool1d / ref::MaxPool1d).
+cudaError_t Pool1d(const float* in, float* out, int64_t n, int64_t kernel, bool max, cudaStream_t stream);
+
+// The k largest of scores[0, n): their positions, higher score first, ties
+// to the lower position (a stable descending radix sort of (score,
+// position) pairs, CUB), into order[0, n) (all n positions sorted). scratch
+// of TopKScratchBytes(n) bytes.
+size_t TopKScratchBytes(int64_t n);
+cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void* scratch, size_t scratch_bytes,
+                           cudaStream_t stream);
+
+// y[i] += x[i] over n values.
+cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);
+// y[i] = bf16(x[i]) for a weight upload.
+cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+
+}  // namespace snapfill::cuda
+
+#endif  // SNAPFILL_KERNELS_CUDA_OPS_H_

@@ -1,0 +1,889 @@
+// The CUDA backend: the Backend interface over kernels/cuda and cuBLAS on
+// one GPU.
+//
+// Where the data lives: the weight matrices are uploaded once, on their
+// first product (or when LlamaForward prepares its batches: BatchReadsDecodeCopy),
+// read with pread so that the model file's pages never enter the host's
+// resident set, dequantized on the host's cores and kept on the device as
+// bf16 (the default: cuBLAS's bf16 products with f32 sums) or f32
+// (exact_matmul: f32 products, no TF32). The norms' weights are uploaded
+// once as well. The activations and the KV entries stay where the engine
+// keeps them, in host memory: each op copies its operands in and its
+// results out, and the ops that the forward pass runs back to back are
+// fused so that a layer copies its residual rows in and out once per block
+// (NormMatMulShared, FeedForward with its add, MatMulAdd). The embedding
+// lookup dequantizes its rows on the host.
+#include "src/backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "snapfill/status.h"
+#include "src/base/file_util.h"
+#include "src/base/sys_stats.h"
+
+namespace snapfill {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  if (e == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+  }
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+}
+
+absl::Status CublasStatus(cublasStatus_t s, absl::string_view what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuBLAS ", what, ": ", cublasGetStatusString(s)));
+}
+
+#define SNAPFILL_CUDA(expr, what) SNAPFILL_RETURN_IF_ERROR(CudaStatus((expr), (what)))
+
+enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kRecall, kSelect, kUpload, kNumOps };
+constexpr const char* kOpNames[kNumOps] = {"matmul", "get_rows", "rms_norm", "rope",   "swiglu",
+                                           "attention", "window_scores", "recall", "select", "weight_upload"};
+
+// Device memory the backend holds, counted as it allocates (the peak is the
+// backend's own figure; cudaMemGetInfo's is the whole device's).
+class DeviceMemory {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky allocation error
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "CUDA: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f MiB; the backend holds %.1f MiB)",
+          bytes / kMiB, free_bytes / kMiB, total / kMiB, current_ / kMiB));
+    }
+    current_ += bytes;
+    peak_ = std::max(peak_, current_);
+    sizes_[p] = bytes;
+    return p;
+  }
+  void Free(void* p) {
+    if (p == nullptr) return;
+    auto it = sizes_.find(p);
+    if (it != sizes_.end()) {
+      current_ -= it->second;
+      sizes_.erase(it);
+    }
+    cudaFree(p);
+  }
+  uint64_t current() const { return current_; }
+  uint64_t peak() const { return peak_; }
+  // A measurement's own buffers (MeasurePeaks) are not the run's.
+  void set_peak(uint64_t bytes) { peak_ = std::max(bytes, current_); }
+
+ private:
+  uint64_t current_ = 0;
+  uint64_t peak_ = 0;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+// A device buffer that grows (never shrinks) to the largest size asked of it.
+class Scratch {
+ public:
+  explicit Scratch(DeviceMemory* memory) : memory_(memory) {}
+  ~Scratch() { memory_->Free(data_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  absl::StatusOr<void*> Get(size_t bytes) {
+    if (bytes > bytes_) {
+      memory_->Free(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      // Some headroom, so that a chunk that grows by a few rows does not
+      // reallocate every time.
+      const size_t want = bytes + bytes / 8;
+      SNAPFILL_ASSIGN_OR_RETURN(data_, memory_->Allocate(want));
+      bytes_ = want;
+    }
+    return data_;
+  }
+
+ private:
+  DeviceMemory* memory_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CudaBackend final : public Backend, public BackendProfile {
+ public:
+  CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads)
+      : device_(device), prop_(prop), exact_(exact), profile_(profile), host_threads_(host_threads) {
+    for (auto& s : scratch_) s = std::make_unique<Scratch>(&memory_);
+  }
+  ~CudaBackend() override {
+    for (auto& [data, w] : weights_) memory_.Free(w.data);
+    for (auto& [data, v] : vectors_) memory_.Free(v);
+    for (auto& s : scratch_) s.reset();
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    SNAPFILL_CUDA(cudaSetDevice(device_), "cudaSetDevice");
+    SNAPFILL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "create"));
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "set stream"));
+    // The default math mode: no TF32 for f32 products (the exact backend
+    // asks for CUBLAS_COMPUTE_32F_PEDANTIC besides), tensor cores for bf16.
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "math mode"));
+    return absl::OkStatus();
+  }
+
+  Device device() const override { return Device::kCuda; }
+  int num_threads() const override { return host_threads_; }
+
+  std::string kernels() const override {
+    return absl::StrFormat(
+        "cuda: %s (sm_%d%d, %.1f GiB): products cuBLAS %s, attention tiled f32 (online softmax), top-k CUB radix "
+        "sort; activations and KV in host memory, copied per op",
+        prop_.name, prop_.major, prop_.minor, prop_.totalGlobalMem / (kMiB * 1024),
+        exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)");
+  }
+
+  // ---- Products.
+
+  absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                      int64_t y_stride) override {
+    const SharedOut out{&w, y, y_stride};
+    return NormMatMulShared(x, m, x_stride, Norm{}, &out, 1);
+  }
+
+  absl::Status MatMulShared(const float* x, int64_t m, int64_t x_stride, const SharedOut* outs, int count) override {
+    return NormMatMulShared(x, m, x_stride, Norm{}, outs, count);
+  }
+
+  bool FusesResidualAdd(const WeightView& w, int64_t m) const override { return cpu::MatMulSupports(w.type); }
+  bool FusesLayer(const LayerProducts& w, int64_t m) const override {
+    for (const WeightView* p : {w.wq, w.wk, w.wv, w.wo, w.gate, w.up, w.down}) {
+      if (!cpu::MatMulSupports(p->type)) return false;
+    }
+    return true;
+  }
+
+  absl::Status NormMatMulShared(const float* x, int64_t m, int64_t x_stride, const Norm& norm, const SharedOut* outs,
+                                int count) override {
+    if (count <= 0 || m <= 0) return absl::OkStatus();
+    Timer t(this, kMatMul);
+    const int64_t k = outs[0].w->cols;
+    for (int c = 0; c < count; ++c) {
+      SNAPFILL_RETURN_IF_ERROR(CheckProduct("matmul", m, x_stride, *outs[c].w, outs[c].y_stride, k));
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, m, k, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(const void* xin, ProductInput(xd, m, k, norm.weight, norm.eps));
+    for (int c = 0; c < count; ++c) {
+      const WeightView& w = *outs[c].w;
+      SNAPFILL_ASSIGN_OR_RETURN(float* yd, Buffer<float>(kY, m * w.rows));
+      SNAPFILL_RETURN_IF_ERROR(Gemm(xin, m, w, yd, w.rows, /*beta=*/0.0f));
+      SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, outs[c].y, outs[c].y_stride));
+      CountMatMul(m, w);
+    }
+    return Sync("matmul");
+  }
+
+  absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                         int64_t y_stride) override {
+    if (m <= 0) return absl::OkStatus();
+    Timer t(this, kMatMul);
+    SNAPFILL_RETURN_IF_ERROR(CheckProduct("matmul", m, x_stride, w, y_stride, w.cols));
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, m, w.cols, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(const void* xin, ProductInput(xd, m, w.cols, nullptr, 0.0f));
+    SNAPFILL_ASSIGN_OR_RETURN(float* yd, UploadRows(kY, y, m, w.rows, y_stride));
+    SNAPFILL_RETURN_IF_ERROR(Gemm(xin, m, w, yd, w.rows, /*beta=*/1.0f));
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, y, y_stride));
+    CountMatMul(m, w);
+    return Sync("matmul");
+  }
+
+  absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride, const WeightView& w, float* y,
+                            int64_t y_stride, bool add) override {
+    if (m <= 0) return absl::OkStatus();
+    Timer t(this, kMatMul);
+    SNAPFILL_RETURN_IF_ERROR(CheckProduct("matmul", m, x_stride, w, y_stride, w.cols));
+    SNAPFILL_ASSIGN_OR_RETURN(float* gd, UploadRows(kGate, gate, m, w.cols, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(float* ud, UploadRows(kUp, up, m, w.cols, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(const void* h, SwiGluInput(gd, ud, m, w.cols));
+    float* yd = nullptr;
+    if (add) {
+      SNAPFILL_ASSIGN_OR_RETURN(yd, UploadRows(kY, y, m, w.rows, y_stride));
+    } else {
+      SNAPFILL_ASSIGN_OR_RETURN(yd, Buffer<float>(kY, m * w.rows));
+    }
+    SNAPFILL_RETURN_IF_ERROR(Gemm(h, m, w, yd, w.rows, add ? 1.0f : 0.0f));
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, y, y_stride));
+    CountMatMul(m, w);
+    return Sync("matmul");
+  }
+
+  absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const FeedForwardBlock& f, float* y,
+                           int64_t y_stride, bool add) override {
+    if (m <= 0) return absl::OkStatus();
+    Timer t(this, kMatMul);
+    const int64_t dim = f.gate->cols, ffn = f.gate->rows;
+    SNAPFILL_RETURN_IF_ERROR(CheckProduct("feed-forward", m, x_stride, *f.gate, ffn, dim));
+    SNAPFILL_RETURN_IF_ERROR(CheckProduct("feed-forward", m, x_stride, *f.up, ffn, dim));
+    SNAPFILL_RETURN_IF_ERROR(CheckProduct("feed-forward", m, ffn, *f.down, y_stride, ffn));
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, m, dim, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(const void* xin, ProductInput(xd, m, dim, f.norm.weight, f.norm.eps));
+    SNAPFILL_ASSIGN_OR_RETURN(float* gd, Buffer<float>(kGate, m * ffn));
+    SNAPFILL_ASSIGN_OR_RETURN(float* ud, Buffer<float>(kUp, m * ffn));
+    SNAPFILL_RETURN_IF_ERROR(Gemm(xin, m, *f.gate, gd, ffn, 0.0f));
+    SNAPFILL_RETURN_IF_ERROR(Gemm(xin, m, *f.up, ud, ffn, 0.0f));
+    SNAPFILL_ASSIGN_OR_RETURN(const void* h, SwiGluInput(gd, ud, m, ffn));
+    // y += the block: x's rows are already here where y is x.
+    float* yd = nullptr;
+    if (add && y == x && y_stride == x_stride && f.down->rows == dim) {
+      yd = xd;
+    } else if (add) {
+      SNAPFILL_ASSIGN_OR_RETURN(yd, UploadRows(kY, y, m, f.down->rows, y_stride));
+    } else {
+      SNAPFILL_ASSIGN_OR_RETURN(yd, Buffer<float>(kY, m * f.down->rows));
+    }
+    SNAPFILL_RETURN_IF_ERROR(Gemm(h, m, *f.down, yd, f.down->rows, add ? 1.0f : 0.0f));
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, f.down->rows, y, y_stride));
+    CountMatMul(m, *f.gate);
+    CountMatMul(m, *f.up);
+    CountMatMul(m, *f.down);
+    return Sync("feed-forward");
+  }
+
+  // ---- Element-wise ops.
+
+  absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                       int64_t out_stride) override {
+    Timer t(this, kGetRows);
+    if (!cpu::MatMulSupports(table.type)) {
+      return absl::InvalidArgumentError(absl::StrCat("get_rows: unsupported GGML type ", static_cast<int>(table.type)));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= table.rows) {
+        return absl::InvalidArgumentError(absl::StrCat("get_rows: id ", ids[i], " outside [0, ", table.rows, ")"));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      cpu::DequantizeRow(table.type, static_cast<const char*>(table.data) + ids[i] * table.row_bytes,
+                         out + i * out_stride, table.cols);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
+                       int64_t rows, int64_t dim, float eps) override {
+    if (rows <= 0) return absl::OkStatus();
+    Timer t(this, kRmsNorm);
+    if (x_stride < dim || y_stride < dim) return absl::InvalidArgumentError("rms_norm: stride below dim");
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, rows, dim, x_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(const float* wd, Vector(weight, dim));
+    SNAPFILL_CUDA(cuda::RmsNorm(xd, dim, wd, xd, dim, rows, dim, eps, stream_), "rms_norm");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, rows, dim, y, y_stride));
+    return Sync("rms_norm");
+  }
+
+  absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
+                    const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) override {
+    if (num_tokens <= 0 || num_heads <= 0) return absl::OkStatus();
+    Timer t(this, kRope);
+    if (rot_dim % 2 != 0 || rot_dim > head_dim || token_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", rot_dim, ", head_dim ", head_dim,
+                                                     ", token stride ", token_stride));
+    }
+    const int64_t width = num_heads * head_dim;
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_tokens, width, token_stride));
+    SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_tokens));
+    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+                  "rope positions");
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, pd, rot_dim, freq_base, freq_scale, neox,
+                             stream_),
+                  "rope");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
+    return Sync("rope");
+  }
+
+  absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    Timer t(this, kSwiGlu);
+    SNAPFILL_ASSIGN_OR_RETURN(float* gd, UploadRows(kGate, gate, 1, n, n));
+    SNAPFILL_ASSIGN_OR_RETURN(float* ud, UploadRows(kUp, up, 1, n, n));
+    SNAPFILL_CUDA(cuda::SwiGlu(gd, ud, gd, n, stream_), "swiglu");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(gd, 1, n, out, n));
+    return Sync("swiglu");
+  }
+
+  // ---- The attention family.
+
+  absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
+    if (q.count <= 0) return absl::OkStatus();
+    Timer t(this, kAttention);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
+    if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: output stride too small");
+    SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/true));
+    const int64_t width = q.num_heads * q.head_dim;
+    SNAPFILL_ASSIGN_OR_RETURN(float* od, Buffer<float>(kOut, q.count * width));
+    SNAPFILL_CUDA(cuda::Attention(o.q, o.k, o.v, o.shape, od, width, stream_), "attention");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
+    if (profile_) {
+      // Visible (query, key) pairs: the causal triangle's.
+      const double pairs = q.count * (kv.num_keys - q.count) + q.count * (q.count + 1) / 2.0;
+      ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * pairs;
+    }
+    return Sync("attention");
+  }
+
+  absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
+    if (kv.num_keys <= 0) return absl::OkStatus();
+    Timer t(this, kWindowScores);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("window_scores", q, kv, /*causal=*/true));
+    if (votes_stride < kv.num_keys) return absl::InvalidArgumentError("window_scores: votes stride below the keys");
+    SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/false));
+    SNAPFILL_ASSIGN_OR_RETURN(float* lse, Buffer<float>(kLse, std::max<int64_t>(1, q.num_heads * q.count)));
+    SNAPFILL_ASSIGN_OR_RETURN(float* sd, Buffer<float>(kOut, q.num_kv_heads * kv.num_keys));
+    if (q.count == 0) {
+      SNAPFILL_CUDA(cudaMemsetAsync(sd, 0, q.num_kv_heads * kv.num_keys * sizeof(float), stream_), "window_scores");
+    } else {
+      SNAPFILL_CUDA(cuda::QueryLogSumExp(o.q, o.k, o.shape, lse, stream_), "window_scores");
+      SNAPFILL_CUDA(cuda::KeyWeights(o.q, lse, o.k, o.shape, /*causal=*/true, sd, kv.num_keys, stream_),
+                    "window_scores");
+    }
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, kv.num_keys, votes, votes_stride));
+    if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * kv.num_keys;
+    return Sync("window_scores");
+  }
+
+  absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
+    if (q.count <= 0) return absl::OkStatus();
+    Timer t(this, kRecall);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("query_lse", q, kv, /*causal=*/true));
+    SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/false));
+    SNAPFILL_ASSIGN_OR_RETURN(float* ld, Buffer<float>(kLse, q.num_heads * q.count));
+    SNAPFILL_CUDA(cuda::QueryLogSumExp(o.q, o.k, o.shape, ld, stream_), "query_lse");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(ld, 1, q.num_heads * q.count, lse, q.num_heads * q.count));
+    return Sync("query_lse");
+  }
+
+  absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
+                            int64_t scores_stride) override {
+    if (keys.num_keys <= 0) return absl::OkStatus();
+    Timer t(this, kRecall);
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
+    if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
+    SNAPFILL_ASSIGN_OR_RETURN(float* sd, Buffer<float>(kOut, q.num_kv_heads * keys.num_keys));
+    if (q.count == 0) {
+      SNAPFILL_CUDA(cudaMemsetAsync(sd, 0, q.num_kv_heads * keys.num_keys * sizeof(float), stream_), "recall_scores");
+    } else {
+      SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, keys, /*with_v=*/false));
+      SNAPFILL_ASSIGN_OR_RETURN(float* ld, Buffer<float>(kLse, q.num_heads * q.count));
+      SNAPFILL_CUDA(cudaMemcpyAsync(ld, lse, q.num_heads * q.count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+                    "recall_scores");
+      o.shape.num_keys = keys.num_keys;
+      SNAPFILL_CUDA(cuda::KeyWeights(o.q, ld, o.k, o.shape, /*causal=*/false, sd, keys.num_keys, stream_),
+                    "recall_scores");
+    }
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, keys.num_keys, scores, scores_stride));
+    return Sync("recall_scores");
+  }
+
+  // ---- The selection.
+
+  // One head's votes are a few thousand values in host memory, where a
+  // round trip to the device costs more than the CPU's selection (and the
+  // pruner runs the heads on ParallelFor's threads); from kDeviceSelectMin
+  // values on (the recall tier's stores, very large memories) the device
+  // pools and sorts, one call at a time.
+  static constexpr int64_t kDeviceSelectMin = int64_t{1} << 16;
+
+  absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
+    if (n <= 0) return absl::OkStatus();
+    if (kernel <= 1) {
+      if (out != in) std::memmove(out, in, n * sizeof(float));
+      return absl::OkStatus();
+    }
+    if (kernel % 2 == 0) return absl::InvalidArgumentError(absl::StrCat("pool1d: kernel ", kernel, " is even"));
+    if (n < kDeviceSelectMin) {
+      if (op == PoolOp::kAvg) {
+        cpu::AvgPool1d(in, out, n, kernel);
+      } else {
+        cpu::MaxPool1d(in, out, n, kernel);
+      }
+      return absl::OkStatus();
+    }
+    std::lock_guard<std::mutex> lock(select_mutex_);
+    Timer t(this, kSelect);
+    SNAPFILL_ASSIGN_OR_RETURN(float* id, UploadRows(kX, in, 1, n, n));
+    SNAPFILL_ASSIGN_OR_RETURN(float* od, Buffer<float>(kOut, n));
+    SNAPFILL_CUDA(cuda::Pool1d(id, od, n, kernel, op == PoolOp::kMax, stream_), "pool1d");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, 1, n, out, n));
+    return Sync("pool1d");
+  }
+
+  absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
+    if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
+    if (k == 0) return absl::OkStatus();
+    if (n < kDeviceSelectMin) {
+      cpu::TopKIndices(scores, n, k, positions);
+      return absl::OkStatus();
+    }
+    std::lock_guard<std::mutex> lock(select_mutex_);
+    Timer t(this, kSelect);
+    SNAPFILL_ASSIGN_OR_RETURN(float* sd, UploadRows(kX, scores, 1, n, n));
+    SNAPFILL_ASSIGN_OR_RETURN(int32_t* order, Buffer<int32_t>(kOut, n));
+    const size_t scratch_bytes = cuda::TopKScratchBytes(n);
+    SNAPFILL_ASSIGN_OR_RETURN(void* scratch, scratch_[kSortScratch]->Get(scratch_bytes));
+    SNAPFILL_CUDA(cuda::SortDescending(sd, n, order, scratch, scratch_bytes, stream_), "top_k");
+    SNAPFILL_CUDA(cudaMemcpyAsync(positions, order, k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "top_k");
+    SNAPFILL_RETURN_IF_ERROR(Sync("top_k"));
+    std::sort(positions, positions + k);
+    return absl::OkStatus();
+  }
+
+  // ---- Weights on the device.
+
+  uint64_t DecodeCopyBytes(const WeightView& w) const override { return DeviceWeightBytes(w); }
+  bool PrepareDecodeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
+    if (!cpu::MatMulSupports(w.type)) return false;
+    if (!Weight(w).ok()) return false;  // the product that needs it reports the error
+    if (copied) copied(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+    return true;
+  }
+  bool BatchReadsDecodeCopy(const WeightView& w) const override { return cpu::MatMulSupports(w.type); }
+
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(host_threads_)
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+
+  absl::Status Synchronize() override { return Sync("synchronize"); }
+
+  // ---- BackendProfile.
+
+  BackendProfile* profile() override { return this; }
+
+  std::string Report() const override {
+    std::string out;
+    if (profile_) {
+      double total = 0;
+      for (double s : seconds_) total += s;
+      out = absl::StrFormat("%-14s %10s %8s %8s %12s %10s\n", "op", "seconds", "share", "calls", "GOP", "GOP/s");
+      for (int i = 0; i < kNumOps; ++i) {
+        absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d", kOpNames[i], seconds_[i],
+                              total > 0 ? 100 * seconds_[i] / total : 0.0, calls_[i]);
+        if (ops_[i] > 0) {
+          absl::StrAppendFormat(&out, " %12.1f %10.1f", ops_[i] * 1e-9,
+                                seconds_[i] > 0 ? ops_[i] * 1e-9 / seconds_[i] : 0.0);
+        }
+        out += "\n";
+      }
+      absl::StrAppendFormat(&out, "%-14s %10.3f\n", "backend total", total);
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    absl::StrAppendFormat(&out, "device memory: %.1f MiB held by the backend (peak %.1f MiB), %.1f MiB in use on the "
+                          "device of %.1f MiB\n",
+                          memory_.current() / kMiB, memory_.peak() / kMiB, (total_bytes - free_bytes) / kMiB,
+                          total_bytes / kMiB);
+    return out;
+  }
+  std::vector<std::pair<std::string, double>> Seconds() const override {
+    std::vector<std::pair<std::string, double>> out;
+    if (!profile_) return out;
+    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
+    return out;
+  }
+  std::vector<std::pair<std::string, double>> Ops() const override {
+    std::vector<std::pair<std::string, double>> out;
+    if (!profile_) return out;
+    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], ops_[i]);
+    return out;
+  }
+  double Int8MatMulOps() const override { return 0; }
+  // The rate cuBLAS reaches here on a large product of the kind the
+  // backend runs (bf16 operands with f32 sums, or f32 when exact): the peak
+  // the products' and the attention's shares are reported against.
+  Peaks MeasurePeaks() override {
+    Peaks p;
+    absl::StatusOr<double> rate = GemmPeak();
+    if (!rate.ok()) return p;
+    const Peak peak{exact_ ? "cublas-f32-gemm" : "cublas-bf16-gemm", *rate};
+    p.f32 = peak;
+    p.prefill_attention = peak;
+    return p;
+  }
+
+  uint64_t DevicePeakBytes() const override { return memory_.peak(); }
+
+  absl::StatusOr<double> GemmPeak() {
+    constexpr int kN = 8192, kRuns = 5;
+    const uint64_t peak_before = memory_.peak();
+    const size_t elem = exact_ ? sizeof(float) : sizeof(uint16_t);
+    const size_t in_bytes = size_t{kN} * kN * elem;
+    SNAPFILL_ASSIGN_OR_RETURN(void* a, memory_.Allocate(in_bytes));
+    absl::StatusOr<void*> b = memory_.Allocate(in_bytes);
+    absl::StatusOr<void*> c = memory_.Allocate(size_t{kN} * kN * sizeof(float));
+    absl::StatusOr<double> result = absl::InternalError("not measured");
+    if (b.ok() && c.ok()) {
+      cudaMemsetAsync(a, 0, in_bytes, stream_);
+      cudaMemsetAsync(*b, 0, in_bytes, stream_);
+      const float alpha = 1.0f, beta = 0.0f;
+      const cudaDataType in = exact_ ? CUDA_R_32F : CUDA_R_16BF;
+      auto gemm = [&] {
+        return cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kN, kN, kN, &alpha, a, in, kN, *b, in, kN, &beta, *c,
+                            CUDA_R_32F, kN, exact_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT);
+      };
+      absl::Status s = CublasStatus(gemm(), "peak");  // warm-up
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      cudaEventRecord(start, stream_);
+      for (int r = 0; r < kRuns && s.ok(); ++r) s = CublasStatus(gemm(), "peak");
+      cudaEventRecord(stop, stream_);
+      if (s.ok()) s = CudaStatus(cudaEventSynchronize(stop), "peak");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      if (s.ok() && ms > 0) result = 2.0 * kN * kN * double{kN} * kRuns / (ms * 1e-3);
+    }
+    if (c.ok()) memory_.Free(*c);
+    if (b.ok()) memory_.Free(*b);
+    memory_.Free(a);
+    memory_.set_peak(peak_before);
+    return result;
+  }
+
+ private:
+  // The scratch buffers, by use.
+  enum Slot { kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kNumSlots };
+
+  template <typename T>
+  absl::StatusOr<T*> Buffer(Slot slot, int64_t n) {
+    SNAPFILL_ASSIGN_OR_RETURN(void* p, scratch_[slot]->Get(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
+    return static_cast<T*>(p);
+  }
+
+  // rows × cols floats at `stride` on the host into a dense device buffer.
+  absl::StatusOr<float*> UploadRows(Slot slot, const float* x, int64_t rows, int64_t cols, int64_t stride) {
+    SNAPFILL_ASSIGN_OR_RETURN(float* d, Buffer<float>(slot, rows * cols));
+    SNAPFILL_CUDA(cudaMemcpy2DAsync(d, cols * sizeof(float), x, stride * sizeof(float), cols * sizeof(float), rows,
+                                    cudaMemcpyHostToDevice, stream_),
+                  "copy to device");
+    return d;
+  }
+  absl::Status DownloadRows(const float* d, int64_t rows, int64_t cols, float* y, int64_t stride) {
+    SNAPFILL_CUDA(cudaMemcpy2DAsync(y, stride * sizeof(float), d, cols * sizeof(float), cols * sizeof(float), rows,
+                                    cudaMemcpyDeviceToHost, stream_),
+                  "copy from device");
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync(absl::string_view what) {
+    SNAPFILL_CUDA(cudaStreamSynchronize(stream_), what);
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckProduct(const char* op, int64_t m, int64_t x_stride, const WeightView& w,
+                                   int64_t y_stride, int64_t k) {
+    if (!cpu::MatMulSupports(w.type)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": unsupported GGML weight type ", static_cast<int>(w.type)));
+    }
+    if (w.cols != k || x_stride < k || y_stride < w.rows || w.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": bad shapes: x [", m, ", ", k, "] stride ", x_stride,
+                                                     ", W [", w.rows, ", ", w.cols, "], y stride ", y_stride));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal) {
+    if (q.num_kv_heads <= 0 || q.num_heads % q.num_kv_heads != 0 || q.count < 0 ||
+        (causal && q.count > kv.num_keys) || q.stride < q.num_heads * q.head_dim || kv.key_stride < q.head_dim ||
+        q.head_dim <= 0 || q.head_dim > cuda::kMaxHeadDim || (kv.num_keys > 0 && kv.k == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": bad shapes: ", q.count, " queries (stride ", q.stride, "), ", kv.num_keys, " keys (stride ",
+          kv.key_stride, "), ", q.num_heads, "/", q.num_kv_heads, " heads of ", q.head_dim, " (at most ",
+          cuda::kMaxHeadDim, " here)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The attention family's operands on the device: the queries dense, and
+  // each KV head's keys (and values) as the span from its first key to its
+  // last, heads packed one after the other.
+  struct Operands {
+    const float* q = nullptr;
+    const float* k = nullptr;
+    const float* v = nullptr;
+    cuda::AttentionShape shape;
+  };
+  absl::StatusOr<Operands> UploadAttention(const Queries& q, const KvView& kv, bool with_v) {
+    Operands o;
+    const int64_t width = q.num_heads * q.head_dim;
+    SNAPFILL_ASSIGN_OR_RETURN(float* qd, UploadRows(kQ, q.q, std::max<int64_t>(q.count, 0), width, q.stride));
+    o.q = qd;
+    const int64_t span = kv.num_keys > 0 ? (kv.num_keys - 1) * kv.key_stride + q.head_dim : 0;
+    int64_t head_stride = span;
+    if (span > 0) {
+      // Head-major (the KV cache): each head's span, packed. Heads
+      // interleaved within a key (a token-major store): the whole region,
+      // its strides kept.
+      const bool packed = kv.head_stride >= span || q.num_kv_heads == 1;
+      const int64_t rows = packed ? q.num_kv_heads : 1;
+      const int64_t cols = packed ? span : (q.num_kv_heads - 1) * kv.head_stride + span;
+      const int64_t pitch = packed ? std::max(kv.head_stride, span) : cols;
+      if (!packed) head_stride = kv.head_stride;
+      SNAPFILL_ASSIGN_OR_RETURN(float* kd, UploadRows(kK, kv.k, rows, cols, pitch));
+      o.k = kd;
+      if (with_v) {
+        SNAPFILL_ASSIGN_OR_RETURN(float* vd, UploadRows(kV, kv.v, rows, cols, pitch));
+        o.v = vd;
+      }
+    }
+    o.shape = cuda::AttentionShape{width, head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
+                                   q.num_kv_heads, q.head_dim, q.scale};
+    return o;
+  }
+
+  // The products' input from x's dense rows on the device: RmsNorm'd with
+  // `norm` where given, in the weights' type (bf16, or f32 when exact).
+  absl::StatusOr<const void*> ProductInput(float* xd, int64_t m, int64_t k, const float* norm, float eps) {
+    const float* nd = nullptr;
+    if (norm != nullptr) {
+      SNAPFILL_ASSIGN_OR_RETURN(nd, Vector(norm, k));
+    }
+    if (exact_) {
+      if (nd == nullptr) return static_cast<const void*>(xd);
+      SNAPFILL_ASSIGN_OR_RETURN(float* xn, Buffer<float>(kXin, m * k));
+      SNAPFILL_CUDA(cuda::RmsNorm(xd, k, nd, xn, k, m, k, eps, stream_), "rms_norm");
+      return static_cast<const void*>(xn);
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(uint16_t* xb, Buffer<uint16_t>(kXin, m * k));
+    if (nd != nullptr) {
+      SNAPFILL_CUDA(cuda::RmsNormBf16(xd, k, nd, xb, m, k, eps, stream_), "rms_norm");
+    } else {
+      SNAPFILL_CUDA(cuda::ToBf16(xd, m, k, k, xb, stream_), "to bf16");
+    }
+    return static_cast<const void*>(xb);
+  }
+
+  absl::StatusOr<const void*> SwiGluInput(const float* gd, const float* ud, int64_t m, int64_t n) {
+    if (exact_) {
+      SNAPFILL_ASSIGN_OR_RETURN(float* h, Buffer<float>(kH, m * n));
+      SNAPFILL_CUDA(cuda::SwiGluRows(gd, ud, m, n, n, h, stream_), "swiglu");
+      return static_cast<const void*>(h);
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(uint16_t* h, Buffer<uint16_t>(kH, m * n));
+    SNAPFILL_CUDA(cuda::SwiGluRowsBf16(gd, ud, m, n, n, h, stream_), "swiglu");
+    return static_cast<const void*>(h);
+  }
+
+  // yd[m, w.rows] (dense) = x · Wᵀ + beta · yd, x dense [m, w.cols] in the
+  // weights' type. Row-major y = x·Wᵀ is column-major yᵀ = W·xᵀ: W's rows
+  // are the columns of a k × n column-major matrix, hence op(A) = Aᵀ.
+  absl::Status Gemm(const void* x, int64_t m, const WeightView& w, float* yd, int64_t ldy, float beta) {
+    SNAPFILL_ASSIGN_OR_RETURN(const void* wd, Weight(w));
+    const float alpha = 1.0f;
+    const cudaDataType in = exact_ ? CUDA_R_32F : CUDA_R_16BF;
+    return CublasStatus(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(m),
+                                     static_cast<int>(w.cols), &alpha, wd, in, static_cast<int>(w.cols), x, in,
+                                     static_cast<int>(w.cols), &beta, yd, CUDA_R_32F, static_cast<int>(ldy),
+                                     exact_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        absl::StrCat("gemm ", m, "x", w.rows, "x", w.cols));
+  }
+
+  void CountMatMul(int64_t m, const WeightView& w) {
+    if (profile_) ops_[kMatMul] += 2.0 * m * w.rows * w.cols;
+  }
+
+  uint64_t DeviceWeightBytes(const WeightView& w) const {
+    if (!cpu::MatMulSupports(w.type)) return 0;
+    return static_cast<uint64_t>(w.rows) * w.cols * (exact_ ? sizeof(float) : sizeof(uint16_t));
+  }
+
+  struct DeviceWeight {
+    void* data = nullptr;
+  };
+
+  // The device copy of w, made on first use: its rows read (pread where the
+  // file is known, so the mapping's pages stay out of memory), dequantized
+  // to f32 on the host's cores, converted to bf16 on the device.
+  absl::StatusOr<const void*> Weight(const WeightView& w) {
+    auto it = weights_.find(w.data);
+    if (it != weights_.end()) return static_cast<const void*>(it->second.data);
+    Timer t(this, kUpload);
+    const size_t elem = exact_ ? sizeof(float) : sizeof(uint16_t);
+    SNAPFILL_ASSIGN_OR_RETURN(void* dst, memory_.Allocate(static_cast<size_t>(w.rows) * w.cols * elem));
+    DeviceWeight dw{dst};
+    // Rows per piece: about 16 MiB of f32.
+    const int64_t piece = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.cols));
+    std::vector<char> raw(static_cast<size_t>(std::min(piece, w.rows)) * w.row_bytes);
+    std::vector<float> f32(static_cast<size_t>(std::min(piece, w.rows)) * w.cols);
+    absl::Status status;
+    for (int64_t r0 = 0; r0 < w.rows && status.ok(); r0 += piece) {
+      const int64_t rows = std::min(piece, w.rows - r0);
+      const char* src = static_cast<const char*>(w.data) + r0 * w.row_bytes;
+      if (w.fd >= 0) {
+        const size_t want = static_cast<size_t>(rows) * w.row_bytes;
+        size_t got = 0;
+        while (got < want) {
+          const ssize_t n = pread(w.fd, raw.data() + got, want - got, w.file_offset + r0 * w.row_bytes + got);
+          if (n <= 0) {
+            status = absl::DataLossError(absl::StrCat("CUDA weight upload: cannot read the model file: ",
+                                                      n < 0 ? std::strerror(errno) : "unexpected end of file"));
+            break;
+          }
+          got += static_cast<size_t>(n);
+        }
+        src = raw.data();
+      }
+      if (!status.ok()) break;
+#pragma omp parallel for num_threads(host_threads_)
+      for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRow(w.type, src + r * w.row_bytes, f32.data() + r * w.cols, w.cols);
+      char* out = static_cast<char*>(dst) + static_cast<size_t>(r0) * w.cols * elem;
+      if (exact_) {
+        status = CudaStatus(cudaMemcpy(out, f32.data(), rows * w.cols * sizeof(float), cudaMemcpyHostToDevice),
+                            "weight upload");
+      } else {
+        absl::StatusOr<float*> stage = Buffer<float>(kStage, rows * w.cols);
+        if (!stage.ok()) {
+          status = stage.status();
+          break;
+        }
+        status = CudaStatus(cudaMemcpyAsync(*stage, f32.data(), rows * w.cols * sizeof(float), cudaMemcpyHostToDevice,
+                                            stream_),
+                            "weight upload");
+        if (status.ok()) {
+          status = CudaStatus(cuda::F32ToBf16(*stage, reinterpret_cast<uint16_t*>(out), rows * w.cols, stream_),
+                              "weight upload");
+        }
+        if (status.ok()) status = Sync("weight upload");
+      }
+    }
+    if (!status.ok()) {
+      memory_.Free(dst);
+      return status;
+    }
+    weights_.emplace(w.data, dw);
+    return static_cast<const void*>(dst);
+  }
+
+  // A norm's weights on the device, uploaded once (by their address).
+  absl::StatusOr<const float*> Vector(const float* v, int64_t n) {
+    auto it = vectors_.find(v);
+    if (it != vectors_.end()) return static_cast<const float*>(it->second);
+    SNAPFILL_ASSIGN_OR_RETURN(void* d, memory_.Allocate(n * sizeof(float)));
+    absl::Status s = CudaStatus(cudaMemcpy(d, v, n * sizeof(float), cudaMemcpyHostToDevice), "norm upload");
+    if (!s.ok()) {
+      memory_.Free(d);
+      return s;
+    }
+    vectors_.emplace(v, d);
+    return static_cast<const float*>(d);
+  }
+
+  // Accumulates an op's wall time (synchronized at its end: every op ends
+  // with Sync) when profiling; nested timers (the upload inside a product)
+  // count once, in the outer op.
+  class Timer {
+   public:
+    Timer(CudaBackend* b, Op op) : b_(b->profile_ ? b : nullptr), op_(op) {
+      if (b_ == nullptr) return;
+      outer_ = b_->timer_depth_++ == 0;
+      if (outer_) ++b_->calls_[op];
+    }
+    ~Timer() {
+      if (b_ == nullptr) return;
+      --b_->timer_depth_;
+      if (outer_) b_->seconds_[op_] += watch_.Seconds();
+    }
+
+   private:
+    CudaBackend* b_;
+    Op op_;
+    bool outer_ = false;
+    Stopwatch watch_;
+  };
+
+  int device_;
+  cudaDeviceProp prop_;
+  bool exact_;
+  bool profile_;
+  int host_threads_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceMemory memory_;
+  std::unique_ptr<Scratch> scratch_[kNumSlots];
+  std::unordered_map<const void*, DeviceWeight> weights_;
+  std::unordered_map<const void*, void*> vectors_;
+  std::mutex select_mutex_;  // the device's selection, from ParallelFor's threads
+  int timer_depth_ = 0;
+  double seconds_[kNumOps] = {};
+  int64_t calls_[kNumOps] = {};
+  double ops_[kNumOps] = {};
+};
+
+absl::StatusOr<int> FindDevice(cudaDeviceProp* prop) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device: ", e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports none",
+        " (use --device cpu)"));
+  }
+  SNAPFILL_CUDA(cudaGetDeviceProperties(prop, 0), "cudaGetDeviceProperties");
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> DescribeCudaDevice() {
+  cudaDeviceProp prop;
+  SNAPFILL_ASSIGN_OR_RETURN(int device, FindDevice(&prop));
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  size_t free_bytes = 0, total = 0;
+  cudaSetDevice(device);
+  cudaMemGetInfo(&free_bytes, &total);
+  return absl::StrFormat("%s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), driver CUDA %d.%d, runtime %d.%d",
+                         prop.name, prop.major, prop.minor, prop.multiProcessorCount, total / (kMiB * 1024),
+                         free_bytes / (kMiB * 1024), driver / 1000, driver % 1000 / 10, runtime / 1000,
+                         runtime % 1000 / 10);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
+  }
+  cudaDeviceProp prop;
+  SNAPFILL_ASSIGN_OR_RETURN(int device, FindDevice(&prop));
+  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
+  auto backend = std::make_unique<CudaBackend>(device, prop, options.exact_matmul, options.profile, threads);
+  SNAPFILL_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace snapfill

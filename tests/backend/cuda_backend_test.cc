@@ -1,0 +1,559 @@
+// The CUDA backend against the scalar twins (kernels/ref) op by op on odd
+// shapes, and against the CPU backend on a whole tiny model: logits, the
+// entries SnapKV keeps, and caches that cross from one device to the other.
+// Each test skips, saying why, where no GPU can be used (label "cuda").
+//
+// Tolerances, stated once:
+//  - element-wise ops and the attention family: f32 arithmetic against the
+//    twins' double, 2e-5 of the operands' scale (the online softmax's
+//    rescaling and expf's ulp);
+//  - exact products (f32 weights, f32 sums, no TF32): 3e-5 of Σ|x·w|
+//    per output (k = 256 f32 additions: about k·2⁻²⁴ at worst);
+//  - bf16 products: against ref::MatMulBf16 (the same rounded operands,
+//    exact sums), 3e-5 of Σ|x·w| (cuBLAS sums the exact bf16 products in
+//    f32);
+//  - whole-model logits, exact: 1e-4 of the largest logit and the same
+//    top-1 (llama.cpp's backend tests compare logits with NMSE ~1e-7; this
+//    is of that order); bf16: 5e-2 of the largest logit.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/ref/ops_ref.h"
+#include "kernels/ref/quant_ref.h"
+#include "snapfill/backend.h"
+#include "snapfill/status.h"
+#include "src/engine/generate.h"
+#include "src/engine/prefill_engine.h"
+#include "src/gguf/fingerprint.h"
+#include "src/kv/cache_file.h"
+#include "src/model/llama_forward.h"
+#include "tests/testing/matmul_data.h"
+#include "tests/testing/ref_backend.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
+
+namespace snapfill {
+namespace {
+
+std::unique_ptr<Backend> MakeCuda(bool exact, std::string* why) {
+  BackendOptions o;
+  o.exact_matmul = exact;
+  auto b = CreateBackend(Device::kCuda, o);
+  if (!b.ok()) {
+    *why = b.status().ToString();
+    return nullptr;
+  }
+  return std::move(*b);
+}
+
+#define CUDA_BACKEND_OR_SKIP(name, exact)                                   \
+  std::string name##_why;                                                   \
+  std::unique_ptr<Backend> name = MakeCuda(exact, &name##_why);             \
+  if (name == nullptr) GTEST_SKIP() << "no CUDA backend here: " << name##_why
+
+std::vector<float> Normal(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double MaxAbs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  // RmsNorm over padded rows.
+  const int64_t rows = 7, dim = 333, xs = 340, ys = 350;
+  std::vector<float> x = Normal(rows * xs, 1), w = Normal(dim, 2);
+  std::vector<float> got(rows * ys, -7.0f), want(rows * ys, -7.0f);
+  SNAPFILL_ASSERT_OK(b->RmsNorm(x.data(), xs, w.data(), got.data(), ys, rows, dim, 1e-5f));
+  ref::RmsNorm(x.data(), xs, w.data(), want.data(), ys, rows, dim, 1e-5f);
+  for (int64_t i = 0; i < rows * ys; ++i) ASSERT_NEAR(got[i], want[i], 2e-5 * MaxAbs(want)) << "rms_norm " << i;
+
+  // Rope at positions up to a million, both pairings, a partial rotation.
+  for (bool neox : {false, true}) {
+    const int64_t tokens = 5, heads = 3, hd = 24, rot = 16, stride = 80;
+    std::vector<float> r = Normal(tokens * stride, 3), r_ref = r;
+    const std::vector<int32_t> pos = {0, 1, 4097, 131071, 1000003};
+    SNAPFILL_ASSERT_OK(b->Rope(r.data(), tokens, heads, hd, stride, pos.data(), rot, 10000.0f, 1.0f, neox));
+    ref::Rope(r_ref.data(), tokens, heads, hd, stride, pos.data(), rot, 10000.0f, 1.0f, neox);
+    for (int64_t i = 0; i < tokens * stride; ++i) ASSERT_NEAR(r[i], r_ref[i], 2e-5 * MaxAbs(r_ref)) << neox << " " << i;
+  }
+
+  const int64_t n = 1001;
+  std::vector<float> g = Normal(n, 4, 3.0f), u = Normal(n, 5), out(n), out_ref(n);
+  SNAPFILL_ASSERT_OK(b->SwiGlu(g.data(), u.data(), out.data(), n));
+  ref::SwiGlu(g.data(), u.data(), out_ref.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "swiglu " << i;
+}
+
+struct AttentionCase {
+  int64_t num_q, num_keys, heads, kv_heads, head_dim, key_pad;
+};
+
+TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  const AttentionCase cases[] = {{1, 1, 2, 1, 16, 0},     {37, 101, 6, 2, 24, 4}, {32, 300, 9, 3, 64, 0},
+                                 {5, 70, 4, 4, 128, 0},   {3, 40, 2, 1, 256, 0},  {64, 64, 4, 2, 96, 2},
+                                 {1, 2049, 32, 32, 128, 0}};
+  uint32_t seed = 10;
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.num_q << " queries, " << c.num_keys << " keys, " << c.heads << "/"
+                                      << c.kv_heads << " heads of " << c.head_dim);
+    const int64_t key_stride = c.head_dim + c.key_pad, capacity = c.num_keys + 3;
+    const int64_t head_stride = capacity * key_stride;
+    const int64_t q_stride = c.heads * c.head_dim + 3;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    std::vector<float> q = Normal(c.num_q * q_stride, ++seed), k = Normal(c.kv_heads * head_stride, ++seed),
+                       v = Normal(c.kv_heads * head_stride, ++seed);
+    const Queries queries{q.data(), q_stride, c.num_q, c.heads, c.kv_heads, c.head_dim, scale};
+    KvView kv;
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.head_stride = head_stride;
+    kv.key_stride = key_stride;
+    kv.num_keys = c.num_keys;
+
+    const int64_t out_stride = c.heads * c.head_dim + 5;
+    std::vector<float> out(c.num_q * out_stride, 9.0f), out_ref(c.num_q * out_stride, 9.0f);
+    SNAPFILL_ASSERT_OK(b->Attention(queries, kv, out.data(), out_stride));
+    ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out_ref.data(), out_stride,
+                   c.num_q, c.num_keys, c.heads, c.kv_heads, c.head_dim, scale);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "attention " << i;
+
+    const int64_t votes_stride = c.num_keys + 7;
+    std::vector<float> votes(c.kv_heads * votes_stride, -1.0f), votes_ref(c.kv_heads * votes_stride, -1.0f);
+    SNAPFILL_ASSERT_OK(b->WindowScores(queries, kv, votes.data(), votes_stride));
+    ref::WindowScores(q.data(), q_stride, k.data(), head_stride, key_stride, votes_ref.data(), votes_stride, c.num_q,
+                      c.num_keys, c.heads, c.kv_heads, c.head_dim, scale);
+    for (size_t i = 0; i < votes.size(); ++i) ASSERT_NEAR(votes[i], votes_ref[i], 2e-5 * MaxAbs(votes_ref)) << i;
+
+    std::vector<float> lse(c.heads * c.num_q), lse_ref(c.heads * c.num_q);
+    SNAPFILL_ASSERT_OK(b->QueryLogSumExp(queries, kv, lse.data()));
+    ref::QueryLogSumExp(q.data(), q_stride, k.data(), head_stride, key_stride, c.num_q, c.num_keys, c.heads,
+                        c.kv_heads, c.head_dim, scale, lse_ref.data());
+    for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], lse_ref[i], 2e-5 * std::max(1.0, MaxAbs(lse_ref)));
+
+    // The recall tier's scores of other keys (every one visible), stored
+    // token-major as the recall store reads them: a key's heads side by side.
+    const int64_t stored = 2 * c.num_keys + 1;
+    std::vector<float> sk = Normal(c.kv_heads * stored * c.head_dim, ++seed);
+    KvView keys;
+    keys.k = sk.data();
+    keys.head_stride = c.head_dim;
+    keys.key_stride = c.kv_heads * c.head_dim;
+    keys.num_keys = stored;
+    std::vector<float> rs(c.kv_heads * stored), rs_ref(c.kv_heads * stored);
+    SNAPFILL_ASSERT_OK(b->RecallScores(queries, lse_ref.data(), keys, rs.data(), stored));
+    ref::RecallScores(q.data(), q_stride, c.num_q, lse_ref.data(), sk.data(), keys.head_stride, keys.key_stride,
+                      stored, rs_ref.data(), stored, c.heads, c.kv_heads, c.head_dim, scale);
+    for (size_t i = 0; i < rs.size(); ++i) ASSERT_NEAR(rs[i], rs_ref[i], 2e-5 * MaxAbs(rs_ref)) << "recall " << i;
+  }
+}
+
+TEST(CudaBackend, SelectionMatchesTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  for (int64_t n : {1, 5, 33, 1000, 100003}) {
+    std::vector<float> votes = Normal(n, static_cast<uint32_t>(n));
+    for (float& x : votes) x = std::fabs(x);
+    for (int64_t i = 0; i + 7 < n; i += 7) votes[i + 7] = votes[i];  // ties go to the lower position
+    for (int64_t kernel : {1, 3, 7}) {
+      for (Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
+        std::vector<float> got(n), want(n);
+        SNAPFILL_ASSERT_OK(b->Pool1d(votes.data(), got.data(), n, kernel, op));
+        if (kernel <= 1) {
+          want = votes;
+        } else if (op == Backend::PoolOp::kAvg) {
+          ref::AvgPool1d(votes.data(), want.data(), n, kernel);
+        } else {
+          ref::MaxPool1d(votes.data(), want.data(), n, kernel);
+        }
+        ASSERT_EQ(got, want) << n << " " << kernel;
+      }
+    }
+    for (int64_t k : {int64_t{0}, int64_t{1}, n / 2, n}) {
+      std::vector<int32_t> got(k), want(k);
+      SNAPFILL_ASSERT_OK(b->TopK(votes.data(), n, k, got.data()));
+      ref::TopKIndices(votes.data(), n, k, want.data());
+      ASSERT_EQ(got, want) << n << " " << k;
+    }
+  }
+}
+
+// Σ|x·w| per output, with w dequantized as the twins do.
+std::vector<double> AbsTerms(const float* x, int64_t m, int64_t k, int64_t x_stride, const std::vector<float>& w,
+                             int64_t n) {
+  std::vector<double> out(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t t = 0; t < k; ++t) s += std::fabs(static_cast<double>(x[i * x_stride + t]) * w[j * k + t]);
+      out[i * n + j] = s;
+    }
+  }
+  return out;
+}
+
+TEST(CudaBackend, ProductsMatchTheTwins) {
+  CUDA_BACKEND_OR_SKIP(exact, true);
+  CUDA_BACKEND_OR_SKIP(bf16, false);
+  const int64_t n = 67, k = 256;
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    const size_t row_bytes = RowBytes(type, k) + 16;
+    const std::vector<uint8_t> wq = testing::QuantizedWeights(type, n, k, row_bytes, 7, 0.01f);
+    WeightView w;
+    w.data = wq.data();
+    w.type = type;
+    w.rows = n;
+    w.cols = k;
+    w.row_bytes = row_bytes;
+    std::vector<float> wf(n * k);
+    for (int64_t j = 0; j < n; ++j) ASSERT_TRUE(ref::DequantizeRow(type, wq.data() + j * row_bytes, wf.data() + j * k, k));
+    for (int64_t m : {1, 37}) {
+      SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type) << ", m = " << m);
+      const int64_t x_stride = k + 9, y_stride = n + 3;
+      const std::vector<float> x = testing::HiddenStates(m, k, x_stride, 11);
+      const std::vector<double> abs_terms = AbsTerms(x.data(), m, k, x_stride, wf, n);
+      std::vector<float> got(m * y_stride, 5.0f);
+      SNAPFILL_ASSERT_OK(exact->MatMul(x.data(), m, x_stride, w, got.data(), y_stride));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (int64_t t = 0; t < k; ++t) want += static_cast<double>(x[i * x_stride + t]) * wf[j * k + t];
+          ASSERT_NEAR(got[i * y_stride + j], want, 3e-5 * abs_terms[i * n + j] + 1e-30) << i << " " << j;
+        }
+        for (int64_t j = n; j < y_stride; ++j) ASSERT_EQ(got[i * y_stride + j], 5.0f) << "wrote past the row";
+      }
+      // MatMulAdd adds the same product.
+      std::vector<float> added(m * y_stride, 0.5f);
+      SNAPFILL_ASSERT_OK(exact->MatMulAdd(x.data(), m, x_stride, w, added.data(), y_stride));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_NEAR(added[i * y_stride + j], got[i * y_stride + j] + 0.5f, 3e-5 * abs_terms[i * n + j] + 1e-6);
+        }
+      }
+
+      std::vector<float> b16(m * y_stride), want16(m * y_stride);
+      std::vector<double> abs16(m * y_stride);
+      SNAPFILL_ASSERT_OK(bf16->MatMul(x.data(), m, x_stride, w, b16.data(), y_stride));
+      ASSERT_TRUE(ref::MatMulBf16(x.data(), m, k, x_stride, wq.data(), type, n, row_bytes, want16.data(), y_stride,
+                                  abs16.data()));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_NEAR(b16[i * y_stride + j], want16[i * y_stride + j], 3e-5 * abs16[i * n + j] + 1e-30) << i << " " << j;
+        }
+      }
+    }
+  }
+}
+
+// The fused feed-forward block (norm, gate and up, SwiGLU, down, the
+// residual add) against the same steps through the twins.
+TEST(CudaBackend, FusedFeedForwardMatchesItsSteps) {
+  CUDA_BACKEND_OR_SKIP(b, true);
+  const int64_t m = 19, dim = 96, ffn = 160;
+  auto weight = [](int64_t rows, int64_t cols, uint32_t seed, std::vector<uint8_t>* bytes) {
+    *bytes = testing::QuantizedWeights(GgmlType::kF32, rows, cols, cols * sizeof(float), seed, 0.0f);
+    WeightView w;
+    w.data = bytes->data();
+    w.type = GgmlType::kF32;
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = cols * sizeof(float);
+    return w;
+  };
+  std::vector<uint8_t> gb, ub, db;
+  const WeightView gate = weight(ffn, dim, 1, &gb), up = weight(ffn, dim, 2, &ub), down = weight(dim, ffn, 3, &db);
+  const std::vector<float> norm = Normal(dim, 4);
+  std::vector<float> x = Normal(m * dim, 5), want = x;
+  Backend::FeedForwardBlock f{&gate, &up, &down, Backend::Norm{norm.data(), 1e-5f, nullptr, dim}, nullptr, nullptr, ffn};
+  ASSERT_TRUE(b->FusesLayer({&gate, &gate, &gate, &down, &gate, &up, &down}, m));
+  SNAPFILL_ASSERT_OK(b->FeedForward(x.data(), m, dim, f, x.data(), dim, /*add=*/true));
+
+  std::vector<float> xn(m * dim), g(m * ffn), u(m * ffn), h(m * ffn), y(m * dim);
+  ref::RmsNorm(want.data(), dim, norm.data(), xn.data(), dim, m, dim, 1e-5f);
+  auto product = [](const std::vector<float>& in, int64_t m, int64_t k, const WeightView& w, std::vector<float>* out) {
+    const float* wf = static_cast<const float*>(w.data);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < w.rows; ++j) {
+        double s = 0;
+        for (int64_t t = 0; t < k; ++t) s += static_cast<double>(in[i * k + t]) * wf[j * k + t];
+        (*out)[i * w.rows + j] = static_cast<float>(s);
+      }
+    }
+  };
+  product(xn, m, dim, gate, &g);
+  product(xn, m, dim, up, &u);
+  ref::SwiGlu(g.data(), u.data(), h.data(), m * ffn);
+  product(h, m, ffn, down, &y);
+  for (int64_t i = 0; i < m * dim; ++i) want[i] += y[i];
+  for (int64_t i = 0; i < m * dim; ++i) ASSERT_NEAR(x[i], want[i], 1e-4 * MaxAbs(want)) << i;
+}
+
+TEST(CudaBackend, BadArgumentsAreRefused) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  std::vector<float> v(4096, 1.0f), out(4096);
+  std::vector<int32_t> pos(9);
+  EXPECT_EQ(b->Pool1d(v.data(), out.data(), 8, 4, Backend::PoolOp::kAvg).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->TopK(v.data(), 8, 9, pos.data()).code(), absl::StatusCode::kInvalidArgument);
+  KvView kv;
+  kv.k = v.data();
+  kv.v = v.data();
+  kv.head_stride = 512;
+  kv.key_stride = 512;
+  kv.num_keys = 2;
+  // A head wider than the kernels take, and more queries than keys.
+  EXPECT_EQ(b->Attention(Queries{v.data(), 512, 1, 1, 1, 512, 1.0f}, kv, out.data(), 512).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->Attention(Queries{v.data(), 64, 3, 1, 1, 64, 1.0f}, kv, out.data(), 64).code(),
+            absl::StatusCode::kInvalidArgument);
+  WeightView w;
+  w.data = v.data();
+  w.type = GgmlType::kF32;
+  w.rows = 4;
+  w.cols = 8;
+  w.row_bytes = 32;
+  EXPECT_EQ(b->MatMul(v.data(), 2, 4, w, out.data(), 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+std::unique_ptr<LlamaModel> TinyModel(GgmlType type) {
+  TinyLlamaOptions opts;
+  opts.num_layers = 3;
+  opts.model_dim = 128;
+  opts.num_heads = 4;
+  opts.num_kv_heads = 2;
+  opts.ffn_dim = 256;
+  opts.matrix_type = type;
+  opts.context_length = 4096;
+  return testing::LoadTinyModel(opts);
+}
+
+std::vector<float> Logits(const LlamaModel& model, Backend* backend, const std::vector<int32_t>& ids, int64_t rows) {
+  auto fwd = LlamaForward::Create(model, backend, 64);
+  SNAPFILL_CHECK(fwd.ok());
+  auto kv = (*fwd)->NewKvCache(ids.size());
+  SNAPFILL_CHECK(kv.ok());
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits(rows * model.config().vocab_size);
+  const absl::Status s = (*fwd)->Forward(ids.data(), ids.size(), pos.data(), **kv, rows, logits.data());
+  SNAPFILL_CHECK(s.ok());
+  return logits;
+}
+
+TEST(CudaBackend, TinyModelLogitsMatchTheReference) {
+  CUDA_BACKEND_OR_SKIP(exact, true);
+  CUDA_BACKEND_OR_SKIP(bf16, false);
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    auto model = TinyModel(type);
+    const int64_t vocab = model->config().vocab_size;
+    const std::vector<int32_t> ids = testing::TestTokens(150, vocab);  // three batches of 64
+    const int64_t rows = 4;
+    std::unique_ptr<Backend> ref = testing::CreateRefBackend(/*quantized_activations=*/false);
+    const std::vector<float> want = Logits(*model, ref.get(), ids, rows);
+    const std::vector<float> got = Logits(*model, exact.get(), ids, rows);
+    const std::vector<float> got16 = Logits(*model, bf16.get(), ids, rows);
+    const double scale = MaxAbs(want);
+    double worst16 = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* w = want.data() + r * vocab;
+      const float* g = got.data() + r * vocab;
+      for (int64_t i = 0; i < vocab; ++i) ASSERT_NEAR(g[i], w[i], 1e-4 * scale) << "row " << r << " logit " << i;
+      EXPECT_EQ(std::max_element(g, g + vocab) - g, std::max_element(w, w + vocab) - w) << "row " << r;
+      for (int64_t i = 0; i < vocab; ++i) worst16 = std::max(worst16, std::fabs(double(got16[r * vocab + i]) - w[i]));
+    }
+    EXPECT_LT(worst16, 5e-2 * scale) << "bf16 logits";
+    std::printf("type %d: bf16 logits within %.3g of the exact ones (largest %.3g)\n", static_cast<int>(type), worst16,
+                scale);
+  }
+}
+
+// The chunk loop with SnapKV on each device; what it keeps, per layer and
+// KV head.
+std::vector<std::vector<int32_t>> Kept(const LlamaModel& model, Backend* backend, const std::vector<int32_t>& ids,
+                                       std::unique_ptr<KvCache>* decoder_cache, int64_t* next_position) {
+  PrefillConfig config;
+  config.schedule.kind = ScheduleKind::kIncrementalDecremental;
+  config.schedule.chunk = 128;
+  config.schedule.memory = 96;
+  config.schedule.window = 16;
+  auto engine = PrefillEngine::Create(model, backend, config, ids.size());
+  SNAPFILL_CHECK(engine.ok());
+  SNAPFILL_CHECK((*engine)->Run(ids, nullptr).ok());
+  std::vector<std::vector<int32_t>> kept;
+  const KvCache& mem = (*engine)->memory();
+  for (int64_t l = 0; l < model.config().num_layers; ++l) {
+    for (int64_t h = 0; h < model.config().num_kv_heads; ++h) {
+      kept.emplace_back(mem.pos(l, h), mem.pos(l, h) + mem.size(l));
+    }
+  }
+  if (decoder_cache != nullptr) {
+    auto c = (*engine)->MakeDecoderCache(0);
+    SNAPFILL_CHECK(c.ok());
+    *decoder_cache = std::move(*c);
+    *next_position = (*engine)->next_position();
+  }
+  return kept;
+}
+
+TEST(CudaBackend, SnapKvKeepsWhatTheCpuKeeps) {
+  CUDA_BACKEND_OR_SKIP(exact, true);
+  CUDA_BACKEND_OR_SKIP(bf16, false);
+  auto model = TinyModel(GgmlType::kF32);
+  const std::vector<int32_t> ids = testing::TestTokens(900, model->config().vocab_size);
+  BackendOptions o;
+  o.exact_matmul = true;
+  auto cpu = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(cpu);
+  const auto want = Kept(*model, cpu->get(), ids, nullptr, nullptr);
+  EXPECT_EQ(Kept(*model, exact.get(), ids, nullptr, nullptr), want);
+  // bf16 products: most of the same entries.
+  const auto got16 = Kept(*model, bf16.get(), ids, nullptr, nullptr);
+  int64_t same = 0, total = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    std::vector<int32_t> both;
+    std::set_intersection(want[i].begin(), want[i].end(), got16[i].begin(), got16[i].end(), std::back_inserter(both));
+    same += both.size();
+    total += want[i].size();
+  }
+  EXPECT_GE(same, 0.9 * total) << same << " of " << total << " kept entries in common";
+  std::printf("bf16: %lld of %lld kept entries as the exact CPU backend's\n", static_cast<long long>(same),
+              static_cast<long long>(total));
+}
+
+// A cache compressed on one device decodes on the other: the same greedy
+// tokens as decoding where it was made.
+TEST(CudaBackend, CachesCrossDevices) {
+  CUDA_BACKEND_OR_SKIP(gpu, true);
+  auto model = TinyModel(GgmlType::kF32);
+  const std::vector<int32_t> ids = testing::TestTokens(700, model->config().vocab_size);
+  BackendOptions o;
+  o.exact_matmul = true;
+  auto cpu = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(cpu);
+  const std::vector<int32_t> prompt = {5, 77, 140, 3};
+  GenerateOptions gen;
+  gen.max_new_tokens = 12;
+  const std::string path = ::testing::TempDir() + "/snapfill_cuda_cache.kv";
+  auto decode = [&](Backend* backend) {
+    auto loaded = LoadCacheFile(path, ModelFingerprint(model->gguf()), prompt.size() + gen.max_new_tokens);
+    SNAPFILL_CHECK(loaded.ok());
+    auto fwd = LlamaForward::Create(*model, backend, 16);
+    SNAPFILL_CHECK(fwd.ok());
+    auto r = Generate(**fwd, *loaded->kv, loaded->next_position, prompt, gen, nullptr);
+    SNAPFILL_CHECK(r.ok());
+    return r->tokens;
+  };
+  for (Backend* maker : {gpu.get(), cpu->get()}) {
+    PromptCache cache;
+    Kept(*model, maker, ids, &cache.kv, &cache.next_position);
+    cache.model_fingerprint = ModelFingerprint(model->gguf());
+    cache.config = "{\"test\":true}";
+    cache.input_tokens = ids.size();
+    std::remove(path.c_str());
+    SNAPFILL_ASSERT_OK(SaveCacheFile(path, cache, /*overwrite=*/false));
+    const std::vector<int32_t> on_gpu = decode(gpu.get());
+    const std::vector<int32_t> on_cpu = decode(cpu->get());
+    EXPECT_EQ(on_gpu, on_cpu) << "cache made on " << (maker == gpu.get() ? "the GPU" : "the CPU");
+    EXPECT_EQ(on_gpu.size(), 12u);
+  }
+  std::remove(path.c_str());
+}
+
+// SmolLM2-135M's shapes (30 layers, 576 wide, 9 query and 3 KV heads of 64,
+// feed-forward 1,536) with random F16 weights: the chunk loop with SnapKV
+// on the exact CPU backend and on the exact GPU backend keeps the same
+// entries, ends on the same logits (1e-4 of the largest, same top-1) and
+// the caches decode to the same greedy tokens.
+TEST(CudaBackend, SmolLm2ShapedModelMatchesTheCpu) {
+  CUDA_BACKEND_OR_SKIP(gpu, true);
+  TinyLlamaOptions opts;
+  opts.num_layers = 30;
+  opts.model_dim = 576;
+  opts.num_heads = 9;
+  opts.num_kv_heads = 3;
+  opts.ffn_dim = 1536;
+  opts.context_length = 8192;
+  opts.f16_matrices = true;
+  opts.rope_freq_base = 100000.0f;
+  auto model = testing::LoadTinyModel(opts);
+  const std::vector<int32_t> ids = testing::TestTokens(2048, model->config().vocab_size);
+  BackendOptions o;
+  o.exact_matmul = true;
+  auto cpu = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(cpu);
+  struct Result {
+    std::vector<std::vector<int32_t>> kept;
+    std::vector<float> logits;
+    std::vector<int32_t> tokens;
+  };
+  auto run = [&](Backend* backend) {
+    Result r;
+    PrefillConfig config;
+    config.schedule.kind = ScheduleKind::kIncrementalDecremental;
+    config.schedule.chunk = 512;
+    config.schedule.memory = 256;
+    config.schedule.window = 32;
+    auto engine = PrefillEngine::Create(*model, backend, config, ids.size());
+    SNAPFILL_CHECK(engine.ok());
+    SNAPFILL_CHECK((*engine)->Run(ids, nullptr).ok());
+    const KvCache& mem = (*engine)->memory();
+    for (int64_t l = 0; l < opts.num_layers; ++l) {
+      for (int64_t h = 0; h < opts.num_kv_heads; ++h) r.kept.emplace_back(mem.pos(l, h), mem.pos(l, h) + mem.size(l));
+    }
+    r.logits = (*engine)->last_logits();
+    auto cache = (*engine)->MakeDecoderCache(24);
+    SNAPFILL_CHECK(cache.ok());
+    auto fwd = LlamaForward::Create(*model, backend, 16);
+    SNAPFILL_CHECK(fwd.ok());
+    GenerateOptions gen;
+    gen.max_new_tokens = 16;
+    auto g = Generate(**fwd, **cache, (*engine)->next_position(), {5, 77, 140, 3}, gen, nullptr);
+    SNAPFILL_CHECK(g.ok());
+    r.tokens = g->tokens;
+    return r;
+  };
+  const Result want = run(cpu->get());
+  const Result got = run(gpu.get());
+  // Over 30 layers and four compressions a near-tie in the votes may fall
+  // the other way in another summation order; then what follows differs a
+  // little too. Identical sets are the expectation, and then the logits
+  // and the greedy tokens must agree.
+  int64_t same = 0, total = 0;
+  for (size_t i = 0; i < want.kept.size(); ++i) {
+    std::vector<int32_t> both;
+    std::set_intersection(want.kept[i].begin(), want.kept[i].end(), got.kept[i].begin(), got.kept[i].end(),
+                          std::back_inserter(both));
+    same += both.size();
+    total += want.kept[i].size();
+  }
+  std::printf("SmolLM2-shaped, exact: %lld of %lld kept entries as the CPU's\n", static_cast<long long>(same),
+              static_cast<long long>(total));
+  EXPECT_GE(same, 0.99 * total);
+  const double scale = MaxAbs(want.logits);
+  double worst = 0;
+  for (size_t i = 0; i < want.logits.size(); ++i) worst = std::max(worst, std::fabs(double(got.logits[i]) - want.logits[i]));
+  std::printf("last logits within %.3g of the CPU's (largest %.3g)\n", worst, scale);
+  if (same == total) {
+    EXPECT_LT(worst, 1e-4 * scale);
+    EXPECT_EQ(std::max_element(got.logits.begin(), got.logits.end()) - got.logits.begin(),
+              std::max_element(want.logits.begin(), want.logits.end()) - want.logits.begin());
+    EXPECT_EQ(got.tokens, want.tokens);
+  } else {
+    EXPECT_LT(worst, 1e-2 * scale);
+  }
+}
+
+}  // namespace
+}  // namespace snapfill

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The CUDA checks on a GPU machine, as one report: the machine, the CUDA
+# tests (each op against its scalar twin, whole tiny and SmolLM2-shaped
+# models against the exact CPU backend, caches across devices),
+# compute-sanitizer memcheck and racecheck, the cuBLAS bf16 peak, then the
+# prefill benchmarks on synthetic models made there (SmolLM2-135M's shapes
+# and Llama-2-7B's, random Q8_0 weights). Reads a bundle from
+# tools/gpu_bundle.sh; builds nothing. Steps past the time budget are
+# skipped, and say so.
+#
+#   bash tools/gpu_check.sh [BUNDLE]       (default: out/gpu_bundle)
+# Environment: OUT (report folder; default out/gpu_report), GPU_CHECK_BUDGET
+# (seconds, default 480), GPU_CHECK_STEPS (a regex of step names to run;
+# default all), GPU_CHECK_7B_TOKENS (default 16384), GPU_CHECK_LONG_TOKENS
+# (the SmolLM2-shaped long run; default 1000000).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUNDLE="$(cd "${1:-$ROOT/out/gpu_bundle}" && pwd)"
+OUT="${OUT:-$ROOT/out/gpu_report}"
+BUDGET="${GPU_CHECK_BUDGET:-480}"
+STEPS="${GPU_CHECK_STEPS:-.}"
+TOKENS_7B="${GPU_CHECK_7B_TOKENS:-16384}"
+LONG_TOKENS="${GPU_CHECK_LONG_TOKENS:-1000000}"
+mkdir -p "$OUT"
+REPORT="$OUT/report.txt"
+: > "$REPORT"
+WORK="$(mktemp -d /tmp/snapfill-gpu-check.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+START=$SECONDS
+BIN="$BUNDLE/bin"
+TEXT="$BUNDLE/data/kjv.txt"
+
+say() { echo "$*" | tee -a "$REPORT"; }
+# step NAME SECONDS COMMAND...: runs the command with a time limit unless
+# the budget is spent or NAME is not asked for; its output goes to the report.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  [[ "$name" =~ $STEPS ]] || return 0
+  local used=$((SECONDS - START))
+  if (( used + 10 > BUDGET )); then
+    say "== $name: skipped (budget of ${BUDGET} s spent: ${used} s)"
+    return 0
+  fi
+  (( limit > BUDGET - used )) && limit=$((BUDGET - used))
+  say "== $name (limit ${limit} s)"
+  echo "\$ $*" >> "$REPORT"
+  local t0=$SECONDS
+  timeout --kill-after=5 "$limit" "$@" >> "$REPORT" 2>&1
+  local rc=$?
+  say "-- $name: exit $rc, $((SECONDS - t0)) s$( ((rc == 124)) && echo ' (timed out)')"
+}
+
+# The CUDA libraries of this machine, then the bundle's; its libstdc++ only
+# where this machine's is too old for the binaries.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -e "$d/libcublas.so.13" ]] && CUDA_LIBS="${CUDA_LIBS:+$CUDA_LIBS:}$d"
+done
+export LD_LIBRARY_PATH="$BUNDLE/lib:${CUDA_LIBS:-}:${LD_LIBRARY_PATH:-}"
+if ! "$BIN/snapfill" --help > /dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$BUNDLE/lib:$BUNDLE/lib_std:${CUDA_LIBS:-}:${LD_LIBRARY_PATH:-}"
+fi
+export OMP_WAIT_POLICY=PASSIVE
+
+machine() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
+  echo "cores: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  ldd --version | head -1
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$BIN/snapfill" | grep -E "not found|cublas|cudart|stdc" || true
+  "$BIN/snapfill" --help > /dev/null && echo "snapfill starts"
+}
+step machine 30 machine
+step tests 200 "$BIN/cuda_backend_test" --gtest_color=no
+step device_choice 30 "$BIN/device_choice_test" --gtest_color=no
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
+if [[ -n "$SAN" ]]; then
+  step memcheck 120 "$SAN" --tool memcheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
+    "--gtest_filter=$OPS:CudaBackend.TinyModel*"
+  step racecheck 90 "$SAN" --tool racecheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
+    '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*'
+else
+  say "== sanitizers: compute-sanitizer not found"
+fi
+
+SMOL="$WORK/smollm2-shaped-q8_0.gguf"
+step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --seed 1 --out "$SMOL"
+step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"
+prefill() {  # MODEL TOKENS SCHEDULE
+  "$BIN/snapfill" prefill --device cuda --model "$1" --input "$TEXT" --max_tokens "$2" --schedule "$3" \
+    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile
+}
+step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
+MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
+step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
+step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
+step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
+step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
+step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im
+say "== done in $((SECONDS - START)) s"
