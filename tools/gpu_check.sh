@@ -46,7 +46,8 @@ step() {
   say "== $name (limit ${limit} s)"
   echo "\$ $*" >> "$REPORT"
   local t0=$SECONDS
-  timeout --kill-after=5 "$limit" "$@" >> "$REPORT" 2>&1
+  # (bash -c: a step may be one of the functions below, exported.)
+  timeout --kill-after=5 "$limit" bash -c '"$@"' _ "$@" >> "$REPORT" 2>&1
   local rc=$?
   say "-- $name: exit $rc, $((SECONDS - t0)) s$( ((rc == 124)) && echo ' (timed out)')"
 }
@@ -70,9 +71,23 @@ machine() {
   ldd "$BIN/snapfill" | grep -E "not found|cublas|cudart|stdc" || true
   "$BIN/snapfill" --help > /dev/null && echo "snapfill starts"
 }
+export BIN TEXT WORK
+export -f machine
 step machine 30 machine
 step tests 200 "$BIN/cuda_backend_test" --gtest_color=no
 step device_choice 30 "$BIN/device_choice_test" --gtest_color=no
+SMOL="$WORK/smollm2-shaped-q8_0.gguf"
+step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --fast_weights --seed 1 --out "$SMOL"
+step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"
+prefill() {  # MODEL TOKENS SCHEDULE
+  "$BIN/snapfill" prefill --device cuda --model "$1" --input "$TEXT" --max_tokens "$2" --schedule "$3" \
+    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile
+}
+export -f prefill
+step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
+MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
+step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
+step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
 if [[ -n "$SAN" ]]; then
@@ -84,17 +99,6 @@ else
   say "== sanitizers: compute-sanitizer not found"
 fi
 
-SMOL="$WORK/smollm2-shaped-q8_0.gguf"
-step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --seed 1 --out "$SMOL"
-step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"
-prefill() {  # MODEL TOKENS SCHEDULE
-  "$BIN/snapfill" prefill --device cuda --model "$1" --input "$TEXT" --max_tokens "$2" --schedule "$3" \
-    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile
-}
-step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
-MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
-step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
-step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
 step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
 step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
 step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im

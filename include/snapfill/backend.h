@@ -220,6 +220,23 @@ class Backend {
   virtual absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                             int64_t token_stride, const int32_t* pos, int64_t rot_dim,
                             float freq_base, float freq_scale, bool neox) = 0;
+  // Rope of num_heads separate runs of num_tokens rows of head_dim floats
+  // (one head each, as the chunk loop keeps its candidates: head h's token
+  // t at x + h * head_stride + t * head_dim), head h's positions at
+  // pos + h * pos_stride (pos_stride 0: the same for every head). The same
+  // results as Rope(x + h * head_stride, num_tokens, 1, head_dim, head_dim,
+  // pos + h * pos_stride, ...) for each head, which is what this default
+  // does; a backend may do them in one call.
+  virtual absl::Status RopeHeads(float* x, int64_t num_heads, int64_t head_stride, int64_t num_tokens,
+                                 int64_t head_dim, const int32_t* pos, int64_t pos_stride, int64_t rot_dim,
+                                 float freq_base, float freq_scale, bool neox) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      absl::Status s = Rope(x + h * head_stride, num_tokens, 1, head_dim, head_dim, pos + h * pos_stride, rot_dim,
+                            freq_base, freq_scale, neox);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   // out = silu(gate) * up, element-wise over n values.
   virtual absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
   // Whether this backend adds a product into y itself for this weight and a

@@ -71,19 +71,19 @@ __global__ void ToBf16Kernel(const float* __restrict__ x, int64_t rows, int64_t 
 // One thread per (token, head, pair): the pair's angle by ggml's f32
 // recurrence (theta_0 = pos, theta_{i+1} = theta_i · theta_scale), the
 // rotation in double as the twin does.
-__global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-                           const int32_t* __restrict__ pos, int64_t half, float theta_scale, float freq_scale,
-                           bool neox) {
+__global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int64_t token_stride, int64_t head_stride,
+                           const int32_t* __restrict__ pos, int64_t pos_stride, int64_t half, float theta_scale,
+                           float freq_scale, bool neox) {
   const int64_t n = num_tokens * num_heads * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e % half;
     const int64_t h = (e / half) % num_heads;
     const int64_t t = e / (half * num_heads);
-    float theta = static_cast<float>(pos[t]);
+    float theta = static_cast<float>(pos[h * pos_stride + t]);
     for (int64_t s = 0; s < i; ++s) theta *= theta_scale;
     double sn, cs;
     sincos(static_cast<double>(freq_scale * theta), &sn, &cs);
-    float* xh = x + t * token_stride + h * head_dim;
+    float* xh = x + t * token_stride + h * head_stride;
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + half : 2 * i + 1;
     const double x0 = xh[a], x1 = xh[b];
@@ -322,16 +322,16 @@ cudaError_t ToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
 }
 
 cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-                 const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
-                 cudaStream_t stream) {
+                 int64_t head_stride, const int32_t* pos, int64_t pos_stride, int64_t rot_dim, float freq_base,
+                 float freq_scale, bool neox, cudaStream_t stream) {
   if (rot_dim % 2 != 0 || rot_dim > head_dim) return cudaErrorInvalidValue;
   const int64_t half = rot_dim / 2;
   const int64_t n = num_tokens * num_heads * half;
   if (n <= 0) return cudaSuccess;
   // The twin's theta scale, computed the same way on the host.
   const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
-  RopeKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, num_tokens, num_heads, head_dim, token_stride, pos, half,
-                                                   theta_scale, freq_scale, neox);
+  RopeKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, num_tokens, num_heads, token_stride, head_stride, pos,
+                                                   pos_stride, half, theta_scale, freq_scale, neox);
   return cudaGetLastError();
 }
 

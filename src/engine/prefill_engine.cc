@@ -254,12 +254,10 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   //    the largest position is m + c (+ the question); or each entry at its
   //    input position.
   std::iota(rot_pos_.begin(), rot_pos_.begin() + total, 0);
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-    const int32_t* pos = original ? cand_pos_.data() + h * cand_capacity_ : rot_pos_.data();
-    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cand_k_rot_.data() + h * head_stride, total, 1, d, d,
-                                            pos, c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
-                                            c.rope_neox));
-  }
+  SNAPFILL_RETURN_IF_ERROR(backend_->RopeHeads(cand_k_rot_.data(), c.num_kv_heads, head_stride, total, d,
+                                               original ? cand_pos_.data() : rot_pos_.data(),
+                                               original ? cand_capacity_ : 0, c.rope_dim, c.rope_freq_base,
+                                               c.rope_freq_scale, c.rope_neox));
   // Chunk queries sit after the memory: position m + t (or start + t); the
   // question's after the chunk, at num + i (or start + n + i).
   const int32_t* qpos = original ? cand_pos_.data() : rot_pos_.data();

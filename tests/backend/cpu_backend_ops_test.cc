@@ -53,6 +53,31 @@ TEST(CpuBackendOps, PoolAndTopKMatchTheTwins) {
   }
 }
 
+// RopeHeads (the base class's loop over the heads): each head's run as
+// Rope of that head alone, with shared and with per-head positions.
+TEST(CpuBackendOps, RopeHeadsRotatesEachHeadsRun) {
+  Backend& b = testing::SharedCpuBackend();
+  const int64_t heads = 3, tokens = 21, hd = 16, head_stride = 30 * hd;
+  for (int64_t pos_stride : {0, 30}) {
+    std::mt19937 rng(static_cast<uint32_t>(pos_stride));
+    std::normal_distribution<float> normal;
+    std::vector<float> x(heads * head_stride), want;
+    for (float& v : x) v = normal(rng);
+    want = x;
+    std::vector<int32_t> pos(heads * 30);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(5 * i + 1);
+    ASSERT_TRUE(b.RopeHeads(x.data(), heads, head_stride, tokens, hd, pos.data(), pos_stride, hd, 10000.0f, 1.0f,
+                            false)
+                    .ok());
+    for (int64_t h = 0; h < heads; ++h) {
+      ASSERT_TRUE(b.Rope(want.data() + h * head_stride, tokens, 1, hd, hd, pos.data() + h * pos_stride, hd, 10000.0f,
+                         1.0f, false)
+                      .ok());
+    }
+    EXPECT_EQ(x, want) << pos_stride;
+  }
+}
+
 TEST(CpuBackendOps, BadArgumentsAreRefused) {
   Backend& b = testing::SharedCpuBackend();
   std::vector<float> v(8, 1.0f), out(8);

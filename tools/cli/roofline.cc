@@ -76,7 +76,9 @@ std::string PeaksLine(const BackendProfile::Peaks& p) {
       p.prefill_attention.instruction == p.f32.instruction && p.f32.ops_per_second > 0
           ? std::string("prefill attention on the f32 FMA")
           : one("prefill attention", p.prefill_attention);
-  return absl::StrFormat("peaks here (%d threads): %s, %s, %s", p.threads, one("int8 products", p.int8_products),
+  // (A GPU's peaks are the device's, not its host threads'.)
+  const std::string threads = p.threads > 0 ? absl::StrFormat(" (%d threads)", p.threads) : "";
+  return absl::StrFormat("peaks here%s: %s, %s, %s", threads, one("int8 products", p.int8_products),
                          one("f32", p.f32), attention);
 }
 

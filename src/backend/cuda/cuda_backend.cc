@@ -317,10 +317,37 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_tokens));
     SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                   "rope positions");
-    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, pd, rot_dim, freq_base, freq_scale, neox,
-                             stream_),
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, head_dim, pd, 0, rot_dim, freq_base,
+                             freq_scale, neox, stream_),
                   "rope");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
+    return Sync("rope");
+  }
+
+  // The chunk loop's candidates: every KV head in one call (a call per
+  // head costs a round trip each).
+  absl::Status RopeHeads(float* x, int64_t num_heads, int64_t head_stride, int64_t num_tokens, int64_t head_dim,
+                         const int32_t* pos, int64_t pos_stride, int64_t rot_dim, float freq_base, float freq_scale,
+                         bool neox) override {
+    if (num_tokens <= 0 || num_heads <= 0) return absl::OkStatus();
+    const int64_t span = num_tokens * head_dim;
+    if (head_stride < span || pos_stride < 0) {
+      return Backend::RopeHeads(x, num_heads, head_stride, num_tokens, head_dim, pos, pos_stride, rot_dim, freq_base,
+                                freq_scale, neox);
+    }
+    Timer t(this, kRope);
+    if (rot_dim % 2 != 0 || rot_dim > head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", rot_dim, ", head_dim ", head_dim));
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_heads, span, head_stride));
+    const int64_t num_pos = pos_stride == 0 ? num_tokens : (num_heads - 1) * pos_stride + num_tokens;
+    SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_pos));
+    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_pos * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+                  "rope positions");
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, span, pd, pos_stride, rot_dim, freq_base,
+                             freq_scale, neox, stream_),
+                  "rope");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_heads, span, x, head_stride));
     return Sync("rope");
   }
 
@@ -722,8 +749,19 @@ class CudaBackend final : public Backend, public BackendProfile {
     return static_cast<uint64_t>(w.rows) * w.cols * (exact_ ? sizeof(float) : sizeof(uint16_t));
   }
 
+  // A device copy and what it was made from. By address alone a matrix of
+  // another model mapped where an earlier one was would find the old copy;
+  // one of another type or shape is made again. (The same type and shape
+  // at the same address is the caller's to avoid, as with the CPU backend's
+  // copies: one backend per model.)
   struct DeviceWeight {
     void* data = nullptr;
+    GgmlType type = GgmlType::kF32;
+    int64_t rows = 0, cols = 0;
+    size_t row_bytes = 0;
+    bool Holds(const WeightView& w) const {
+      return type == w.type && rows == w.rows && cols == w.cols && row_bytes == w.row_bytes;
+    }
   };
 
   // The device copy of w, made on first use: its rows read (pread where the
@@ -731,11 +769,15 @@ class CudaBackend final : public Backend, public BackendProfile {
   // to f32 on the host's cores, converted to bf16 on the device.
   absl::StatusOr<const void*> Weight(const WeightView& w) {
     auto it = weights_.find(w.data);
-    if (it != weights_.end()) return static_cast<const void*>(it->second.data);
+    if (it != weights_.end()) {
+      if (it->second.Holds(w)) return static_cast<const void*>(it->second.data);
+      memory_.Free(it->second.data);
+      weights_.erase(it);
+    }
     Timer t(this, kUpload);
     const size_t elem = exact_ ? sizeof(float) : sizeof(uint16_t);
     SNAPFILL_ASSIGN_OR_RETURN(void* dst, memory_.Allocate(static_cast<size_t>(w.rows) * w.cols * elem));
-    DeviceWeight dw{dst};
+    const DeviceWeight dw{dst, w.type, w.rows, w.cols, w.row_bytes};
     // Rows per piece: about 16 MiB of f32.
     const int64_t piece = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.cols));
     std::vector<char> raw(static_cast<size_t>(std::min(piece, w.rows)) * w.row_bytes);
