@@ -45,6 +45,9 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
 }
 
 void BM_Attention_Cpu(benchmark::State& state) {
+  // Third argument, where given: the implementation (cpu::AttentionImpl:
+  // 0 auto, 1 f32, 2 AVX-512 BF16).
+  if (state.range(2) >= 0) cpu::SetAttentionImplForTesting(static_cast<cpu::AttentionImpl>(state.range(2)));
   const ModelShape m = kSmolLM2_135M;
   const int64_t num_q = state.range(0);
   const int64_t num_keys = state.range(1);
@@ -74,15 +77,17 @@ void BM_Attention_Cpu(benchmark::State& state) {
                           static_cast<int64_t>(sizeof(float)));
 }
 BENCHMARK(BM_Attention_Cpu)
-    ->ArgNames({"q", "keys"})
-    ->Args({1, 512})
-    ->Args({1, 2048})
-    ->Args({1, 4096})
-    ->Args({512, 512})
-    ->Args({512, 2048})
-    ->Args({512, 4096})
-    ->Args({1024, 2048})
-    ->Args({1024, 4096})
+    ->ArgNames({"q", "keys", "impl"})
+    ->Args({1, 512, -1})
+    ->Args({1, 2048, -1})
+    ->Args({1, 4096, -1})
+    ->Args({512, 512, -1})
+    ->Args({512, 2048, -1})
+    ->Args({512, 4096, -1})
+    ->Args({1024, 2048, 1})
+    ->Args({1024, 2048, 2})
+    ->Args({1024, 2048, 0})
+    ->Args({1024, 4096, -1})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

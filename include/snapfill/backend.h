@@ -95,6 +95,17 @@ struct BackendOptions {
   // (kSpin), or sleep at once (kPassive; for a machine shared with others).
   enum class Waits { kUnset, kSpin, kPassive };
   Waits thread_waits = Waits::kUnset;
+  // The prefill attention's implementation: "" leaves it (at first, by the
+  // CPU's flags: AMX-BF16, else AVX512-BF16, else f32; what the tests
+  // assume); "measure": the fastest of those this CPU runs, timed when the
+  // backend is made (about 0.1 s, once per process; on some CPUs the bf16
+  // dot products run at half the f32 FMA's rate); or one by name, "f32",
+  // "avx512-bf16", "amx-bf16" (InvalidArgument where this CPU does not run
+  // it), or "auto" (by the flags). Unlike the choices above it may change
+  // between backends: it decides how each later chunk is computed, and the
+  // backend's kernels() names it, so a checkpoint records it and a resume
+  // can ask for it again.
+  std::string attention_kernel;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at

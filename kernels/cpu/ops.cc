@@ -4,6 +4,9 @@
 // to the active level's copy.
 #include "kernels/cpu/ops.h"
 
+#include <algorithm>
+#include <chrono>
+
 // GCC 12 reports (maybe-)uninitialized inside its own AVX-512 intrinsic
 // headers (the _mm512_undefined_* pass-through operands, GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -75,8 +78,74 @@ float* KeptScores(int64_t floats) {
 
 namespace snapfill::cpu {
 
-void SetAttentionImplForTesting(AttentionImpl impl) {
+void SetAttentionImpl(AttentionImpl impl) {
   internal::g_attention_impl.store(static_cast<int>(impl), std::memory_order_relaxed);
+}
+
+AttentionImpl ActiveAttentionImpl() {
+  return static_cast<AttentionImpl>(internal::g_attention_impl.load(std::memory_order_relaxed));
+}
+
+const char* AttentionImplName(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::kAuto: return "auto";
+    case AttentionImpl::kF32: return "f32";
+    case AttentionImpl::kAvx512Bf16: return "avx512-bf16";
+    case AttentionImpl::kAmxBf16: return "amx-bf16";
+  }
+  return "?";
+}
+
+std::optional<AttentionImpl> AttentionImplFromName(std::string_view name) {
+  for (AttentionImpl impl :
+       {AttentionImpl::kAuto, AttentionImpl::kF32, AttentionImpl::kAvx512Bf16, AttentionImpl::kAmxBf16}) {
+    if (name == AttentionImplName(impl)) return impl;
+  }
+  return std::nullopt;
+}
+
+std::vector<AttentionImpl> AvailableAttentionImpls() {
+  const AttentionImpl was = ActiveAttentionImpl();
+  std::vector<AttentionImpl> out = {AttentionImpl::kF32};
+  SetAttentionImpl(AttentionImpl::kAvx512Bf16);
+  if (AttentionHasAvx512Bf16()) out.push_back(AttentionImpl::kAvx512Bf16);
+  SetAttentionImpl(AttentionImpl::kAmxBf16);
+  if (AttentionHasAmx()) out.push_back(AttentionImpl::kAmxBf16);
+  SetAttentionImpl(was);
+  return out;
+}
+
+std::vector<AttentionRate> MeasureAttentionImpls() {
+  constexpr int64_t kHeads = 9, kKvHeads = 3, kDim = 64, kQ = 512, kKeys = 1536;
+  std::vector<float> q(kQ * kHeads * kDim), k(kKvHeads * kKeys * kDim), v(k.size()), out(q.size());
+  // Deterministic values of a realistic spread (the kernels' speed does not
+  // depend on them).
+  uint32_t x = 12345;
+  auto next = [&x] {
+    x = x * 1664525u + 1013904223u;
+    return static_cast<float>(x >> 8) / 16777216.0f - 0.5f;
+  };
+  for (float& f : q) f = next();
+  for (float& f : k) f = next();
+  for (float& f : v) f = next();
+  const double visible = (kKeys - kQ) + (kQ + 1) / 2.0;
+  const double ops = 4.0 * kQ * visible * kDim * kHeads;
+  const AttentionImpl was = ActiveAttentionImpl();
+  std::vector<AttentionRate> rates;
+  for (AttentionImpl impl : AvailableAttentionImpls()) {
+    SetAttentionImpl(impl);
+    double best = 0;
+    for (int run = 0; run < 4; ++run) {  // the first warms up
+      const auto t0 = std::chrono::steady_clock::now();
+      Attention(q.data(), kHeads * kDim, k.data(), v.data(), kKeys * kDim, kDim, out.data(), kHeads * kDim, kQ, kKeys,
+                kHeads, kKvHeads, kDim, 0.125f);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (run > 0 && s > 0) best = std::max(best, ops / s * 1e-9);
+    }
+    rates.push_back({impl, best});
+  }
+  SetAttentionImpl(was);
+  return rates;
 }
 
 int64_t WindowScoresKeptFloats() { return internal::g_window_scores_kept.load(std::memory_order_relaxed); }

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
 #include <string>
 
 namespace snapfill::cpu {
@@ -90,12 +93,32 @@ void AttentionF32(const float* q, int64_t q_stride, const float* k, const float*
                   int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
                   int64_t head_dim, float scale);
 
-// Which Attention implementation runs. kAuto: AMX-BF16 for chunks where
-// available, else AVX512-BF16 where available, else f32; kF32: always f32;
-// kAvx512Bf16: the AVX512-BF16 kernel where the CPU has it (so AMX machines
-// test it too), else f32. Process-wide; for tests and benchmarks only.
-enum class AttentionImpl { kAuto, kF32, kAvx512Bf16 };
-void SetAttentionImplForTesting(AttentionImpl impl);
+// Which Attention implementation runs a chunk. kAuto: by the CPU's flags,
+// AMX-BF16 where available, else AVX512-BF16 where available, else f32;
+// kF32: always f32; kAvx512Bf16: the AVX512-BF16 kernel where the CPU has
+// it (so AMX machines run it too), else f32; kAmxBf16: AMX-BF16 where
+// available, else f32. Process-wide: the CPU backend sets it when it is
+// made (BackendOptions::attention_kernel); tests and benchmarks set it too.
+enum class AttentionImpl { kAuto, kF32, kAvx512Bf16, kAmxBf16 };
+void SetAttentionImpl(AttentionImpl impl);
+inline void SetAttentionImplForTesting(AttentionImpl impl) { SetAttentionImpl(impl); }
+AttentionImpl ActiveAttentionImpl();
+// "auto", "f32", "avx512-bf16", "amx-bf16"; and back (nullopt for another
+// name).
+const char* AttentionImplName(AttentionImpl impl);
+std::optional<AttentionImpl> AttentionImplFromName(std::string_view name);
+// The implementations that run a chunk here (at the active level, with the
+// AMX choice in force): f32 always, then those the CPU has.
+std::vector<AttentionImpl> AvailableAttentionImpls();
+// The rate of each available implementation on a chunk of the default
+// model's shape (512 queries of 9 heads of 64 over 1,536 keys, 3 KV heads):
+// the best of three runs, in GOP/s (attention's ops: Backend::Ops). About
+// 0.1 s in all. Leaves the implementation in force as it was.
+struct AttentionRate {
+  AttentionImpl impl;
+  double gops = 0;
+};
+std::vector<AttentionRate> MeasureAttentionImpls();
 
 // The most scores WindowScores keeps between its passes (by default
 // kDefaultWindowScoresKeptFloats: 4 Mi floats, 16 MiB, 14,000 keys at

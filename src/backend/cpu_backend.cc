@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -60,6 +62,9 @@ absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bo
   return absl::OkStatus();
 }
 
+std::vector<cpu::AttentionRate>& MeasuredAttention();
+absl::Status ChooseAttention(const std::string& name);
+
 class CpuBackend final : public Backend, public BackendProfile {
  public:
   CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode, bool half_kv)
@@ -84,9 +89,15 @@ class CpuBackend final : public Backend, public BackendProfile {
     const char* attention = cpu::AttentionHasAmx()        ? "amx-bf16"
                             : cpu::AttentionHasAvx512Bf16() ? "avx512-bf16"
                                                             : "f32";
+    std::string measured;
+    for (const cpu::AttentionRate& r : MeasuredAttention()) {
+      absl::StrAppendFormat(&measured, "%s%s %.0f", measured.empty() ? " (measured GOP/s: " : ", ",
+                            cpu::AttentionImplName(r.impl), r.gops);
+    }
+    if (!measured.empty()) measured += ")";
     return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), " (of ",
                         cpu::CpuLevelName(cpu::MaxCpuLevel()), "): products ", products, ", prefill attention ",
-                        attention, ", decode layout ",
+                        attention, measured, ", decode layout ",
                         pack_decode_ && cpu::MatMulHasDecodeLayout() ? "yes" : "no",
                         ", decode KV ", half_kv_ ? "fp16" : "f32");
   }
@@ -671,6 +682,51 @@ void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }
 
+namespace {
+
+// The attention rates measured in this process (BackendOptions::
+// attention_kernel "measure"), for kernels(); empty until then.
+std::vector<cpu::AttentionRate>& MeasuredAttention() {
+  static std::vector<cpu::AttentionRate> rates;
+  return rates;
+}
+
+absl::Status ChooseAttention(const std::string& name) {
+  if (name.empty()) return absl::OkStatus();
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (name == "measure") {
+    std::vector<cpu::AttentionRate>& rates = MeasuredAttention();
+    if (rates.empty()) rates = cpu::MeasureAttentionImpls();
+    // The fastest; f32 (the first) unless another is clearly faster, so
+    // that timing noise between near-equals does not flip the choice.
+    cpu::AttentionRate best = rates.front();
+    for (const cpu::AttentionRate& r : rates) {
+      if (r.gops > 1.1 * best.gops) best = r;
+    }
+    cpu::SetAttentionImpl(best.impl);
+    return absl::OkStatus();
+  }
+  const std::optional<cpu::AttentionImpl> impl = cpu::AttentionImplFromName(name);
+  if (!impl) {
+    return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", name,
+                                                   "\": expected measure, auto, f32, avx512-bf16 or amx-bf16"));
+  }
+  if (*impl != cpu::AttentionImpl::kAuto) {
+    const std::vector<cpu::AttentionImpl> here = cpu::AvailableAttentionImpls();
+    if (std::find(here.begin(), here.end(), *impl) == here.end()) {
+      std::string names;
+      for (cpu::AttentionImpl a : here) absl::StrAppend(&names, names.empty() ? "" : ", ", cpu::AttentionImplName(a));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention kernel ", name, " is not one this CPU runs here (it runs: ", names, ")"));
+    }
+  }
+  cpu::SetAttentionImpl(*impl);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int> KernelLevelIndex(std::string_view name) {
   static constexpr cpu::CpuLevel kLevels[] = {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2,
                                               cpu::CpuLevel::kAvxVnni, cpu::CpuLevel::kAvx512};
@@ -700,9 +756,11 @@ absl::Status ConfigureCpuKernels(const BackendOptions& options) {
     choices.passive_waits = options.thread_waits == BackendOptions::Waits::kPassive;
   }
   std::string why;
-  if (cpu::ConfigureKernels(choices, &why)) return absl::OkStatus();
-  if (choices.level && !cpu::CpuSupports(*choices.level)) return absl::InvalidArgumentError(why);
-  return absl::FailedPreconditionError(why);
+  if (!cpu::ConfigureKernels(choices, &why)) {
+    if (choices.level && !cpu::CpuSupports(*choices.level)) return absl::InvalidArgumentError(why);
+    return absl::FailedPreconditionError(why);
+  }
+  return ChooseAttention(options.attention_kernel);
 }
 
 #ifndef SNAPFILL_WITH_CUDA

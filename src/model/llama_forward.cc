@@ -149,7 +149,8 @@ uint64_t LlamaForward::ResidentWeightBytes(const LlamaModel& model, const Backen
   uint64_t total = model.copied_vector_bytes();
   for (const Placement& p : Placements(model, backend, decode)) {
     if (p.copy) {
-      total += backend.DecodeCopyBytes(*p.w);
+      // A GPU's copies are in its own memory, not the host's.
+      if (backend.device() == Device::kCpu) total += backend.DecodeCopyBytes(*p.w);
     } else if (!p.shares_embd) {
       total += Bytes(*p.w);
     }

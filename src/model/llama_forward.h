@@ -38,7 +38,8 @@ class LlamaForward {
   // Bytes the weights hold resident once a forward over `model` on
   // `backend` has prepared its batches (decode = false) or its one-token
   // steps (decode = true): token_embd and every matrix read in place, whole,
-  // the backend's copies of the others, and the norms' copies.
+  // the backend's copies of the others (none on the host for a GPU's, which
+  // live in its memory), and the norms' copies.
   static uint64_t ResidentWeightBytes(const LlamaModel& model, const Backend& backend, bool decode);
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
                                                               Backend* backend,

@@ -1,6 +1,7 @@
 // The CPU backend's selection ops against their scalar twins, its checks of
 // their arguments, and the kernels' process-wide choices it makes
 // (ConfigureCpuKernels).
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -9,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/kernel_config.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
 #include "tests/testing/ref_backend.h"
@@ -76,6 +78,52 @@ TEST(CpuBackendOps, RopeHeadsRotatesEachHeadsRun) {
     }
     EXPECT_EQ(x, want) << pos_stride;
   }
+}
+
+// The prefill attention's implementation: by measurement (the fastest, or
+// f32 unless another is more than 10% faster), by name, or refused.
+TEST(CpuBackendOps, AttentionIsChosenByMeasurementOrByName) {
+  const std::vector<cpu::AttentionImpl> here = cpu::AvailableAttentionImpls();
+  ASSERT_FALSE(here.empty());
+  EXPECT_EQ(here.front(), cpu::AttentionImpl::kF32);
+  const std::vector<cpu::AttentionRate> rates = cpu::MeasureAttentionImpls();
+  ASSERT_EQ(rates.size(), here.size());
+  for (size_t i = 0; i < rates.size(); ++i) {
+    EXPECT_EQ(rates[i].impl, here[i]);
+    EXPECT_GT(rates[i].gops, 0.0) << cpu::AttentionImplName(rates[i].impl);
+  }
+  BackendOptions o;
+  o.attention_kernel = "measure";
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  const cpu::AttentionImpl chosen = cpu::ActiveAttentionImpl();
+  EXPECT_NE(std::find(here.begin(), here.end(), chosen), here.end()) << cpu::AttentionImplName(chosen);
+  auto backend = CreateBackend(Device::kCpu, o);
+  ASSERT_TRUE(backend.ok());
+  EXPECT_NE((*backend)->kernels().find("measured GOP/s: f32"), std::string::npos) << (*backend)->kernels();
+  EXPECT_NE((*backend)->kernels().find(std::string("prefill attention ") + cpu::AttentionImplName(chosen)),
+            std::string::npos)
+      << (*backend)->kernels();
+
+  o.attention_kernel = "f32";
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_EQ(cpu::ActiveAttentionImpl(), cpu::AttentionImpl::kF32);
+  EXPECT_FALSE(cpu::AttentionHasAvx512Bf16());
+  EXPECT_FALSE(cpu::AttentionHasAmx());
+  o.attention_kernel = "avx1024-fp4";
+  EXPECT_EQ(ConfigureCpuKernels(o).code(), absl::StatusCode::kInvalidArgument);
+  for (const char* name : {"avx512-bf16", "amx-bf16"}) {
+    const cpu::AttentionImpl impl = *cpu::AttentionImplFromName(name);
+    o.attention_kernel = name;
+    const absl::Status s = ConfigureCpuKernels(o);
+    if (std::find(here.begin(), here.end(), impl) != here.end()) {
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_EQ(cpu::ActiveAttentionImpl(), impl);
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+      EXPECT_NE(s.message().find("it runs: f32"), absl::string_view::npos) << s;
+    }
+  }
+  cpu::SetAttentionImpl(cpu::AttentionImpl::kAuto);  // as the other tests assume
 }
 
 TEST(CpuBackendOps, BadArgumentsAreRefused) {

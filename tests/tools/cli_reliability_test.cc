@@ -105,6 +105,43 @@ TEST_F(ReliabilityTest, KilledRunResumesToTheSameCache) {
   }
 }
 
+// A resumed run computes its remaining chunks with the prefill attention the
+// checkpoint records, not with what --kernels=auto would measure now: a run
+// on the AVX512-BF16 kernel (not what the measurement picks where f32 is
+// faster) resumes to the same cache as one never stopped. Where the CPU
+// has no such kernel there is no second choice to tell apart.
+TEST_F(ReliabilityTest, ResumeComputesWithTheRecordedAttention) {
+  // Heads of 64, the width the bf16 kernels take.
+  TinyLlamaOptions opts;
+  opts.num_layers = 4;
+  opts.model_dim = 256;
+  opts.num_heads = 4;
+  opts.num_kv_heads = 2;
+  opts.ffn_dim = 512;
+  opts.context_length = 4096;
+  auto bytes = MakeTinyLlamaGguf(opts);
+  SNAPFILL_ASSERT_OK(bytes);
+  testing::WriteRaw(model_, *bytes);
+  if (Run("info --model " + model_ + " --kernels attention=avx512-bf16").exit_code != 0) {
+    GTEST_SKIP() << "no AVX512-BF16 attention on this CPU";
+  }
+  const std::string bf16 = job_ + " --kernels attention=avx512-bf16";
+  const std::string ref = dir_ + "/reference.kv";
+  Result r = Run(bf16 + " --out " + ref);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string f32_out = dir_ + "/f32.kv";
+  r = Run(job_ + " --kernels attention=f32 --out " + f32_out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_FALSE(testing::ReadAll(f32_out) == testing::ReadAll(ref)) << "the two kernels must differ for this test";
+
+  const std::string out = dir_ + "/resumed.kv";
+  KillAfterFirstCheckpoint(bf16 + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");  // no --kernels
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == testing::ReadAll(ref)) << "the resumed cache differs";
+}
+
 TEST_F(ReliabilityTest, SigtermSavesACheckpointAndStops) {
   const std::string reference = Reference();
   const std::string out = dir_ + "/resumed.kv";

@@ -17,7 +17,7 @@ const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory"
                          "pooling", "pruner", "sinks", "original_positions"};
 const Flags kSampling = {"n", "temp", "top_k", "top_p", "seed"};
 const Flags kPrompt = {"chat_template", "system"};
-const Flags kMachine = {"model", "device", "threads", "pack_decode"};
+const Flags kMachine = {"model", "device", "threads", "kernels", "pack_decode"};
 const Flags kLongRun = {"telemetry", "progress", "dry_run", "max_memory", "checkpoint", "checkpoint_every",
                         "resume"};
 
@@ -50,7 +50,7 @@ const std::vector<Command>& Commands() {
              {"decode_kv_f16", "batch", "timing", "profile", "verbosity"}}),
        &RunGenerate},
       {"info", "Print a model's architecture, tensor types, sizes and context.",
-       {"model", "device", "verbosity"},
+       {"model", "device", "kernels", "verbosity"},
        &RunInfo},
       {"ppl",
        "Loss and perplexity of a text read chunk by chunk: every token scored once, given the "

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "snapfill/status.h"
+#include "src/kv/checkpoint_file.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"
 
@@ -113,9 +114,39 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
     SNAPFILL_ASSIGN_OR_RETURN(opts.num_threads, DefaultThreads());
   }
   SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
+  SNAPFILL_ASSIGN_OR_RETURN(opts.attention_kernel, AttentionKernelFromFlag(absl::GetFlag(FLAGS_kernels)));
+  // A resumed run computes its remaining chunks as the checkpoint's did
+  // (bit for bit), whatever a new measurement would say.
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (absl::GetFlag(FLAGS_resume) && !checkpoint.empty() && !FlagGiven("kernels") && access(checkpoint.c_str(), F_OK) == 0) {
+    SNAPFILL_ASSIGN_OR_RETURN(PrefillCheckpoint ck, LoadCheckpointFile(checkpoint));
+    const std::string recorded = AttentionFromKernelsRecord(ck.state.kernels);
+    if (!recorded.empty()) opts.attention_kernel = recorded;
+  }
   const absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   return CreateBackend(*device, opts);
+}
+
+std::string AttentionFromKernelsRecord(const std::string& kernels) {
+  constexpr std::string_view kKey = "prefill attention ";
+  const size_t at = kernels.find(kKey);
+  if (at == std::string::npos) return "";
+  const size_t from = at + kKey.size();
+  const size_t end = kernels.find_first_of(" ,(", from);
+  return kernels.substr(from, end == std::string::npos ? std::string::npos : end - from);
+}
+
+absl::StatusOr<std::string> AttentionKernelFromFlag(const std::string& value) {
+  if (value == "auto") return std::string("measure");
+  if (value == "flags") return std::string("");
+  constexpr std::string_view kKey = "attention=";
+  if (value.rfind(kKey, 0) == 0) {
+    const std::string name = value.substr(kKey.size());
+    if (name == "auto" || name == "f32" || name == "avx512-bf16" || name == "amx-bf16") return name;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--kernels=", value,
+                                                 ": expected auto, flags or attention=f32|avx512-bf16|amx-bf16|auto"));
 }
 
 std::string DevicePeakNote(const Backend& backend) {

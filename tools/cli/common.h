@@ -39,6 +39,13 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags();
 
 // The CPU backend with --threads and --pack_decode.
 absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
+// The prefill attention a Backend::kernels() record names ("f32",
+// "avx512-bf16", "amx-bf16"), or "" where it names none.
+std::string AttentionFromKernelsRecord(const std::string& kernels);
+// BackendOptions::attention_kernel for a --kernels value: "auto" measures,
+// "flags" leaves the CPU's flags to decide, "attention=NAME" names one.
+absl::StatusOr<std::string> AttentionKernelFromFlag(const std::string& value);
+
 // " | peak device memory X" where the backend holds device memory; "" on
 // the CPU.
 std::string DevicePeakNote(const Backend& backend);

@@ -13,6 +13,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(std::string, kernels);
 ABSL_DECLARE_FLAG(bool, pack_decode);
 ABSL_DECLARE_FLAG(bool, decode_kv_f16);
 // Prompt and sampling.

@@ -156,6 +156,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
 
   Device device() const override { return Device::kCuda; }
+  std::string thread_waits() const override { return "the host waits for the GPU's stream at the end of each op"; }
   int num_threads() const override { return host_threads_; }
 
   std::string kernels() const override {
