@@ -191,6 +191,11 @@ class Backend {
   // CPU backend: the x86-64 level picked at run time and the paths of the
   // products and the attention), for `snapfill info` and the benchmarks.
   virtual std::string kernels() const { return ""; }
+  // What the backend timed to choose its kernels (the CPU backend: each
+  // prefill attention's rate, where it measured them), in words; "" where
+  // it timed nothing. Apart from kernels(), which checkpoints and caches
+  // record: a record must not change with timing noise.
+  virtual std::string kernel_timings() const { return ""; }
 
   // y[m, w.rows] = x[m, w.cols] · Wᵀ.
   virtual absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w,

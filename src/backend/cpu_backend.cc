@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
+#include "src/backend/op_table.h"
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/kernel_config.h"
 #include "kernels/cpu/matmul.h"
@@ -89,17 +90,20 @@ class CpuBackend final : public Backend, public BackendProfile {
     const char* attention = cpu::AttentionHasAmx()        ? "amx-bf16"
                             : cpu::AttentionHasAvx512Bf16() ? "avx512-bf16"
                                                             : "f32";
-    std::string measured;
-    for (const cpu::AttentionRate& r : MeasuredAttention()) {
-      absl::StrAppendFormat(&measured, "%s%s %.0f", measured.empty() ? " (measured GOP/s: " : ", ",
-                            cpu::AttentionImplName(r.impl), r.gops);
-    }
-    if (!measured.empty()) measured += ")";
     return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), " (of ",
                         cpu::CpuLevelName(cpu::MaxCpuLevel()), "): products ", products, ", prefill attention ",
-                        attention, measured, ", decode layout ",
+                        attention, ", decode layout ",
                         pack_decode_ && cpu::MatMulHasDecodeLayout() ? "yes" : "no",
                         ", decode KV ", half_kv_ ? "fp16" : "f32");
+  }
+
+  std::string kernel_timings() const override {
+    std::string out;
+    for (const cpu::AttentionRate& r : MeasuredAttention()) {
+      absl::StrAppendFormat(&out, "%s%s %.0f", out.empty() ? "prefill attention, GOP/s: " : ", ",
+                            cpu::AttentionImplName(r.impl), r.gops);
+    }
+    return out;
   }
 
   uint64_t DecodeCopyBytes(const WeightView& w) const override {
@@ -118,35 +122,14 @@ class CpuBackend final : public Backend, public BackendProfile {
   BackendProfile* profile() override { return this; }
 
   std::string Report() const override {
-    if (!profile_) return "";
-    double total = 0;
-    for (double s : seconds_) total += s;
-    std::string out =
-        absl::StrFormat("%-14s %10s %8s %8s %12s %10s\n", "op", "seconds", "share", "calls", "GOP", "GOP/s");
-    for (int i = 0; i < kNumOps; ++i) {
-      absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d", kOpNames[i], seconds_[i],
-                            total > 0 ? 100 * seconds_[i] / total : 0.0, calls_[i]);
-      if (ops_[i] > 0) {
-        absl::StrAppendFormat(&out, " %12.1f %10.1f", ops_[i] * 1e-9, seconds_[i] > 0 ? ops_[i] * 1e-9 / seconds_[i] : 0.0);
-      }
-      out += "\n";
-    }
-    absl::StrAppendFormat(&out, "%-14s %10.3f\n", "backend total", total);
-    return out;
+    return profile_ ? OpTableReport(kOpNames, seconds_, calls_, ops_, kNumOps) : "";
   }
 
   std::vector<std::pair<std::string, double>> Seconds() const override {
-    std::vector<std::pair<std::string, double>> out;
-    if (!profile_) return out;
-    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
-    return out;
+    return profile_ ? OpTablePairs(kOpNames, seconds_, kNumOps) : std::vector<std::pair<std::string, double>>{};
   }
-
   std::vector<std::pair<std::string, double>> Ops() const override {
-    std::vector<std::pair<std::string, double>> out;
-    if (!profile_) return out;
-    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], ops_[i]);
-    return out;
+    return profile_ ? OpTablePairs(kOpNames, ops_, kNumOps) : std::vector<std::pair<std::string, double>>{};
   }
   double Int8MatMulOps() const override { return int8_matmul_ops_; }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -114,7 +115,14 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
     SNAPFILL_ASSIGN_OR_RETURN(opts.num_threads, DefaultThreads());
   }
   SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
-  SNAPFILL_ASSIGN_OR_RETURN(opts.attention_kernel, AttentionKernelFromFlag(absl::GetFlag(FLAGS_kernels)));
+  // --kernels, else SNAPFILL_KERNELS, else auto.
+  const char* env = std::getenv("SNAPFILL_KERNELS");
+  const bool from_env = env != nullptr && !FlagGiven("kernels");
+  absl::StatusOr<std::string> attention = AttentionKernelFromFlag(from_env ? env : absl::GetFlag(FLAGS_kernels));
+  if (!attention.ok() && from_env) {
+    return absl::InvalidArgumentError(absl::StrCat("SNAPFILL_KERNELS: ", attention.status().message()));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(opts.attention_kernel, std::move(attention));
   // A resumed run computes its remaining chunks as the checkpoint's did
   // (bit for bit), whatever a new measurement would say.
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);

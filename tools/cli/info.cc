@@ -60,6 +60,9 @@ absl::Status RunInfo() {
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
   std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks a lower level)\n",
               backend->kernels().c_str(), backend->num_threads());
+  if (const std::string timed = backend->kernel_timings(); !timed.empty()) {
+    std::printf("kernels timed:   %s (the fastest is taken; --kernels)\n", timed.c_str());
+  }
   std::printf("thread waits:    %s\n", backend->thread_waits().c_str());
   // The instructions' peaks here, and what they allow the products of a
   // token of prefill (tools/cli/roofline.h).

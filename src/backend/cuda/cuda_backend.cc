@@ -38,6 +38,7 @@
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
+#include "src/backend/op_table.h"
 
 namespace snapfill {
 namespace {
@@ -511,22 +512,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   BackendProfile* profile() override { return this; }
 
   std::string Report() const override {
-    std::string out;
-    if (profile_) {
-      double total = 0;
-      for (double s : seconds_) total += s;
-      out = absl::StrFormat("%-14s %10s %8s %8s %12s %10s\n", "op", "seconds", "share", "calls", "GOP", "GOP/s");
-      for (int i = 0; i < kNumOps; ++i) {
-        absl::StrAppendFormat(&out, "%-14s %10.3f %7.1f%% %8d", kOpNames[i], seconds_[i],
-                              total > 0 ? 100 * seconds_[i] / total : 0.0, calls_[i]);
-        if (ops_[i] > 0) {
-          absl::StrAppendFormat(&out, " %12.1f %10.1f", ops_[i] * 1e-9,
-                                seconds_[i] > 0 ? ops_[i] * 1e-9 / seconds_[i] : 0.0);
-        }
-        out += "\n";
-      }
-      absl::StrAppendFormat(&out, "%-14s %10.3f\n", "backend total", total);
-    }
+    std::string out = profile_ ? OpTableReport(kOpNames, seconds_, calls_, ops_, kNumOps) : "";
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
     absl::StrAppendFormat(&out, "device memory: %.1f MiB held by the backend (peak %.1f MiB), %.1f MiB in use on the "
@@ -536,16 +522,10 @@ class CudaBackend final : public Backend, public BackendProfile {
     return out;
   }
   std::vector<std::pair<std::string, double>> Seconds() const override {
-    std::vector<std::pair<std::string, double>> out;
-    if (!profile_) return out;
-    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], seconds_[i]);
-    return out;
+    return profile_ ? OpTablePairs(kOpNames, seconds_, kNumOps) : std::vector<std::pair<std::string, double>>{};
   }
   std::vector<std::pair<std::string, double>> Ops() const override {
-    std::vector<std::pair<std::string, double>> out;
-    if (!profile_) return out;
-    for (int i = 0; i < kNumOps; ++i) out.emplace_back(kOpNames[i], ops_[i]);
-    return out;
+    return profile_ ? OpTablePairs(kOpNames, ops_, kNumOps) : std::vector<std::pair<std::string, double>>{};
   }
   double Int8MatMulOps() const override { return 0; }
   // The rate cuBLAS reaches here on a large product of the kind the
