@@ -17,6 +17,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,9 +55,59 @@ absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
+// cuBLAS, opened when the first CUDA backend is made rather than linked:
+// loading libcublasLt maps and relocates hundreds of MB, about 150 MiB of
+// it resident, which a run on the CPU would otherwise carry. The functions
+// the backend calls, by their exported names.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  // (C++ sees cublasGemmEx overloaded: the C one, spelled out.)
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+};
+
+absl::StatusOr<const Cublas*> LoadCublas() {
+  static const absl::StatusOr<Cublas> loaded = []() -> absl::StatusOr<Cublas> {
+    // The loader's search path first (LD_LIBRARY_PATH, ldconfig), then the
+    // toolkit this was built with, then the toolkit's usual place.
+    void* lib = nullptr;
+    for (const char* path : {"libcublas.so.13", SNAPFILL_CUDA_LIBRARY_DIR "/libcublas.so.13",
+                             "/usr/local/cuda/lib64/libcublas.so.13"}) {
+      if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    }
+    if (lib == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot load cuBLAS (libcublas.so.13): ", dlerror(), " (use --device cpu)"));
+    }
+    Cublas c;
+    bool ok = true;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      ok = ok && fn != nullptr;
+    };
+    get(c.create, "cublasCreate_v2");
+    get(c.destroy, "cublasDestroy_v2");
+    get(c.set_stream, "cublasSetStream_v2");
+    get(c.set_math_mode, "cublasSetMathMode");
+    get(c.gemm_ex, "cublasGemmEx");
+    get(c.status_string, "cublasGetStatusString");
+    if (!ok) return absl::FailedPreconditionError("libcublas.so.13 lacks a function the backend calls");
+    return c;
+  }();
+  if (!loaded.ok()) return loaded.status();
+  return &*loaded;
+}
+
 absl::Status CublasStatus(cublasStatus_t s, absl::string_view what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuBLAS ", what, ": ", cublasGetStatusString(s)));
+  absl::StatusOr<const Cublas*> c = LoadCublas();
+  return absl::InternalError(
+      absl::StrCat("cuBLAS ", what, ": ", c.ok() ? (*c)->status_string(s) : std::to_string(static_cast<int>(s))));
 }
 
 #define SNAPFILL_CUDA(expr, what) SNAPFILL_RETURN_IF_ERROR(CudaStatus((expr), (what)))
@@ -141,18 +193,19 @@ class CudaBackend final : public Backend, public BackendProfile {
     for (auto& [data, w] : weights_) memory_.Free(w.data);
     for (auto& [data, v] : vectors_) memory_.Free(v);
     for (auto& s : scratch_) s.reset();
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_ != nullptr) lib_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init() {
     SNAPFILL_CUDA(cudaSetDevice(device_), "cudaSetDevice");
     SNAPFILL_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "create"));
-    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "set stream"));
+    SNAPFILL_ASSIGN_OR_RETURN(lib_, LoadCublas());
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(lib_->create(&cublas_), "create"));
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(lib_->set_stream(cublas_, stream_), "set stream"));
     // The default math mode: no TF32 for f32 products (the exact backend
     // asks for CUBLAS_COMPUTE_32F_PEDANTIC besides), tensor cores for bf16.
-    SNAPFILL_RETURN_IF_ERROR(CublasStatus(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "math mode"));
+    SNAPFILL_RETURN_IF_ERROR(CublasStatus(lib_->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "math mode"));
     return absl::OkStatus();
   }
 
@@ -558,7 +611,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       const float alpha = 1.0f, beta = 0.0f;
       const cudaDataType in = exact_ ? CUDA_R_32F : CUDA_R_16BF;
       auto gemm = [&] {
-        return cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kN, kN, kN, &alpha, a, in, kN, *b, in, kN, &beta, *c,
+        return lib_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, kN, kN, kN, &alpha, a, in, kN, *b, in, kN, &beta, *c,
                             CUDA_R_32F, kN, exact_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT);
       };
@@ -596,12 +649,14 @@ class CudaBackend final : public Backend, public BackendProfile {
   // rows × cols floats at `stride` on the host into a dense device buffer.
   absl::StatusOr<float*> UploadRows(Slot slot, const float* x, int64_t rows, int64_t cols, int64_t stride) {
     SNAPFILL_ASSIGN_OR_RETURN(float* d, Buffer<float>(slot, rows * cols));
+    if (rows <= 0 || cols <= 0) return d;  // (a copy of nothing is not one CUDA takes)
     SNAPFILL_CUDA(cudaMemcpy2DAsync(d, cols * sizeof(float), x, stride * sizeof(float), cols * sizeof(float), rows,
                                     cudaMemcpyHostToDevice, stream_),
                   "copy to device");
     return d;
   }
   absl::Status DownloadRows(const float* d, int64_t rows, int64_t cols, float* y, int64_t stride) {
+    if (rows <= 0 || cols <= 0) return absl::OkStatus();
     SNAPFILL_CUDA(cudaMemcpy2DAsync(y, stride * sizeof(float), d, cols * sizeof(float), cols * sizeof(float), rows,
                                     cudaMemcpyDeviceToHost, stream_),
                   "copy from device");
@@ -714,7 +769,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(const void* wd, Weight(w));
     const float alpha = 1.0f;
     const cudaDataType in = exact_ ? CUDA_R_32F : CUDA_R_16BF;
-    return CublasStatus(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(m),
+    return CublasStatus(lib_->gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(m),
                                      static_cast<int>(w.cols), &alpha, wd, in, static_cast<int>(w.cols), x, in,
                                      static_cast<int>(w.cols), &beta, yd, CUDA_R_32F, static_cast<int>(ldy),
                                      exact_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -855,6 +910,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   bool profile_;
   int host_threads_;
   cudaStream_t stream_ = nullptr;
+  const Cublas* lib_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceMemory memory_;
   std::unique_ptr<Scratch> scratch_[kNumSlots];
