@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -137,7 +138,14 @@ TEST_F(ReliabilityTest, ResumeComputesWithTheRecordedAttention) {
   const std::string out = dir_ + "/resumed.kv";
   KillAfterFirstCheckpoint(bf16 + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
   if (HasFatalFailure()) return;
-  r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");  // no --kernels
+  // No --kernels, and not the suite's SNAPFILL_KERNELS=flags either (which
+  // would pick the bf16 kernel here by itself): the default, auto, would
+  // time the kernels and take f32.
+  const char* suite = std::getenv("SNAPFILL_KERNELS");
+  const std::string saved_env = suite != nullptr ? suite : "";
+  ::unsetenv("SNAPFILL_KERNELS");
+  r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  if (suite != nullptr) ::setenv("SNAPFILL_KERNELS", saved_env.c_str(), 1);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(testing::ReadAll(out) == testing::ReadAll(ref)) << "the resumed cache differs";
 }

@@ -17,7 +17,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "snapfill/status.h"
-#include "src/kv/checkpoint_file.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"
 
@@ -123,14 +122,6 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("SNAPFILL_KERNELS: ", attention.status().message()));
   }
   SNAPFILL_ASSIGN_OR_RETURN(opts.attention_kernel, std::move(attention));
-  // A resumed run computes its remaining chunks as the checkpoint's did
-  // (bit for bit), whatever a new measurement would say.
-  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
-  if (absl::GetFlag(FLAGS_resume) && !checkpoint.empty() && !FlagGiven("kernels") && access(checkpoint.c_str(), F_OK) == 0) {
-    SNAPFILL_ASSIGN_OR_RETURN(PrefillCheckpoint ck, LoadCheckpointFile(checkpoint));
-    const std::string recorded = AttentionFromKernelsRecord(ck.state.kernels);
-    if (!recorded.empty()) opts.attention_kernel = recorded;
-  }
   const absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
   return CreateBackend(*device, opts);

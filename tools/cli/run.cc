@@ -352,13 +352,26 @@ CheckpointState RunState(Prepared& p) {
 
 // --resume: loads the checkpoint, checks it belongs to this run, restores
 // the engine. Returns the step to continue from.
-absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& path,
-                                             const CheckpointState& run) {
+absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& path, CheckpointState& run) {
   if (access(path.c_str(), F_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("--resume: checkpoint ", path,
                                             " does not exist (start without --resume)"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(PrefillCheckpoint ck, LoadCheckpointFile(path));
+  // The remaining chunks are computed as the stopped run's were (bit for
+  // bit), with the prefill attention its record names, whatever a new
+  // timing would pick; only --kernels given here overrides it.
+  if (!FlagGiven("kernels") && p.backend->device() == Device::kCpu) {
+    if (const std::string recorded = AttentionFromKernelsRecord(ck.state.kernels); !recorded.empty()) {
+      BackendOptions o;
+      o.attention_kernel = recorded;
+      if (const absl::Status s = ConfigureCpuKernels(o); !s.ok()) {
+        std::fprintf(stderr, "snapfill: warning: the checkpoint's prefill attention cannot run here (%s)\n",
+                     std::string(s.message()).c_str());
+      }
+      run.kernels = p.backend->kernels();  // and the next checkpoints record it
+    }
+  }
   std::string warning;
   SNAPFILL_RETURN_IF_ERROR(CheckpointMismatch(ck.state, run, path, &warning));
   if (!warning.empty()) std::fprintf(stderr, "snapfill: warning: %s\n", warning.c_str());
@@ -592,9 +605,10 @@ absl::Status RunPrefill() {
   // would map them all again beside the copies.
   PromptCache cache;
   cache.model_fingerprint = Fingerprint(p);
-  cache.kernels = p.backend->kernels();
   double seconds = 0;
   const absl::Status prefill = RunPrefillLoop(p, &seconds);
+  // After the loop: a resume computes with the kernels its checkpoint names.
+  cache.kernels = p.backend->kernels();
   DropRecallStore(p, prefill, /*keep_if_ok=*/true);
   SNAPFILL_RETURN_IF_ERROR(prefill);
   cache.config = ConfigJson(p.config, p.model.path, static_cast<int64_t>(p.tokens.size()));
