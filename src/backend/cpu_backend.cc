@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
-#include "src/backend/op_table.h"
+#include "src/backend/backend_common.h"
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/kernel_config.h"
 #include "kernels/cpu/matmul.h"
@@ -49,19 +49,6 @@ class OpTimer {
 enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kNumOps };
 constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
                                            "swiglu",   "attention", "window_scores"};
-
-// InvalidArgument unless the queries' heads group evenly over their KV
-// heads, their rows and the keys fit their strides, and (causal) no more
-// queries than keys.
-absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal) {
-  if (q.num_kv_heads <= 0 || q.num_heads % q.num_kv_heads != 0 || q.count < 0 || (causal && q.count > kv.num_keys) ||
-      q.stride < q.num_heads * q.head_dim || kv.key_stride < q.head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shapes: ", q.count, " queries (stride ", q.stride,
-                                                   "), ", kv.num_keys, " keys (stride ", kv.key_stride, "), ",
-                                                   q.num_heads, "/", q.num_kv_heads, " heads of ", q.head_dim));
-  }
-  return absl::OkStatus();
-}
 
 std::vector<cpu::AttentionRate>& MeasuredAttention();
 absl::Status ChooseAttention(const std::string& name);
@@ -325,22 +312,10 @@ class CpuBackend final : public Backend, public BackendProfile {
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override { cpu::ParallelFor(n, f); }
 
   absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
-    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("pool1d: n = ", n));
-    if (kernel <= 1) {
-      std::copy(in, in + n, out);
-    } else if (kernel % 2 == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("pool1d: kernel ", kernel, " is even"));
-    } else if (op == PoolOp::kAvg) {
-      cpu::AvgPool1d(in, out, n, kernel);
-    } else {
-      cpu::MaxPool1d(in, out, n, kernel);
-    }
-    return absl::OkStatus();
+    return HostPool1d(in, out, n, kernel, op);
   }
   absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
-    if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
-    cpu::TopKIndices(scores, n, k, positions);
-    return absl::OkStatus();
+    return HostTopK(scores, n, k, positions);
   }
   uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const override {
     const uint64_t scores = static_cast<uint64_t>(num_heads) * static_cast<uint64_t>(num_q) *

@@ -505,12 +505,7 @@ TEST(CudaBackend, CachesCrossDevices) {
 TEST(CudaBackend, SmolLm2ShapedModelMatchesTheCpu) {
   CUDA_BACKEND_OR_SKIP(gpu, true);
   TinyLlamaOptions opts;
-  opts.num_layers = 30;
-  opts.model_dim = 576;
-  opts.num_heads = 9;
-  opts.num_kv_heads = 3;
-  opts.ffn_dim = 1536;
-  opts.context_length = 8192;
+  SNAPFILL_ASSERT_OK(ApplyTinyLlamaPreset("smollm2-135m", &opts));
   opts.f16_matrices = true;
   opts.rope_freq_base = 100000.0f;
   auto model = testing::LoadTinyModel(opts);

@@ -35,12 +35,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
-#include "src/backend/op_table.h"
+#include "src/backend/backend_common.h"
 
 namespace snapfill {
 namespace {
@@ -421,7 +420,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
     if (q.count <= 0) return absl::OkStatus();
     Timer t(this, kAttention);
-    SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
+    SNAPFILL_RETURN_IF_ERROR(CheckDeviceQueries("attention", q, kv, /*causal=*/true));
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: output stride too small");
     SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/true));
     const int64_t width = q.num_heads * q.head_dim;
@@ -439,7 +438,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
     if (kv.num_keys <= 0) return absl::OkStatus();
     Timer t(this, kWindowScores);
-    SNAPFILL_RETURN_IF_ERROR(CheckQueries("window_scores", q, kv, /*causal=*/true));
+    SNAPFILL_RETURN_IF_ERROR(CheckDeviceQueries("window_scores", q, kv, /*causal=*/true));
     if (votes_stride < kv.num_keys) return absl::InvalidArgumentError("window_scores: votes stride below the keys");
     SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/false));
     SNAPFILL_ASSIGN_OR_RETURN(float* lse, Buffer<float>(kLse, std::max<int64_t>(1, q.num_heads * q.count)));
@@ -459,7 +458,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
     if (q.count <= 0) return absl::OkStatus();
     Timer t(this, kRecall);
-    SNAPFILL_RETURN_IF_ERROR(CheckQueries("query_lse", q, kv, /*causal=*/true));
+    SNAPFILL_RETURN_IF_ERROR(CheckDeviceQueries("query_lse", q, kv, /*causal=*/true));
     SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/false));
     SNAPFILL_ASSIGN_OR_RETURN(float* ld, Buffer<float>(kLse, q.num_heads * q.count));
     SNAPFILL_CUDA(cuda::QueryLogSumExp(o.q, o.k, o.shape, ld, stream_), "query_lse");
@@ -471,7 +470,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                             int64_t scores_stride) override {
     if (keys.num_keys <= 0) return absl::OkStatus();
     Timer t(this, kRecall);
-    SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
+    SNAPFILL_RETURN_IF_ERROR(CheckDeviceQueries("recall_scores", q, keys, /*causal=*/false));
     if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
     SNAPFILL_ASSIGN_OR_RETURN(float* sd, Buffer<float>(kOut, q.num_kv_heads * keys.num_keys));
     if (q.count == 0) {
@@ -499,20 +498,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   static constexpr int64_t kDeviceSelectMin = int64_t{1} << 16;
 
   absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
-    if (n <= 0) return absl::OkStatus();
-    if (kernel <= 1) {
-      if (out != in) std::memmove(out, in, n * sizeof(float));
-      return absl::OkStatus();
-    }
-    if (kernel % 2 == 0) return absl::InvalidArgumentError(absl::StrCat("pool1d: kernel ", kernel, " is even"));
-    if (n < kDeviceSelectMin) {
-      if (op == PoolOp::kAvg) {
-        cpu::AvgPool1d(in, out, n, kernel);
-      } else {
-        cpu::MaxPool1d(in, out, n, kernel);
-      }
-      return absl::OkStatus();
-    }
+    if (n < kDeviceSelectMin || kernel <= 1 || kernel % 2 == 0) return HostPool1d(in, out, n, kernel, op);
     std::lock_guard<std::mutex> lock(select_mutex_);
     Timer t(this, kSelect);
     SNAPFILL_ASSIGN_OR_RETURN(float* id, UploadRows(kX, in, 1, n, n));
@@ -523,12 +509,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
-    if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
-    if (k == 0) return absl::OkStatus();
-    if (n < kDeviceSelectMin) {
-      cpu::TopKIndices(scores, n, k, positions);
-      return absl::OkStatus();
-    }
+    if (n < kDeviceSelectMin || k <= 0 || k > n) return HostTopK(scores, n, k, positions);
     std::lock_guard<std::mutex> lock(select_mutex_);
     Timer t(this, kSelect);
     SNAPFILL_ASSIGN_OR_RETURN(float* sd, UploadRows(kX, scores, 1, n, n));
@@ -680,14 +661,13 @@ class CudaBackend final : public Backend, public BackendProfile {
     return absl::OkStatus();
   }
 
-  static absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal) {
-    if (q.num_kv_heads <= 0 || q.num_heads % q.num_kv_heads != 0 || q.count < 0 ||
-        (causal && q.count > kv.num_keys) || q.stride < q.num_heads * q.head_dim || kv.key_stride < q.head_dim ||
-        q.head_dim <= 0 || q.head_dim > cuda::kMaxHeadDim || (kv.num_keys > 0 && kv.k == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": bad shapes: ", q.count, " queries (stride ", q.stride, "), ", kv.num_keys, " keys (stride ",
-          kv.key_stride, "), ", q.num_heads, "/", q.num_kv_heads, " heads of ", q.head_dim, " (at most ",
-          cuda::kMaxHeadDim, " here)"));
+  // CheckQueries, and what the kernels need besides: heads of at most
+  // cuda::kMaxHeadDim, f32 keys.
+  static absl::Status CheckDeviceQueries(const char* op, const Queries& q, const KvView& kv, bool causal) {
+    SNAPFILL_RETURN_IF_ERROR(CheckQueries(op, q, kv, causal));
+    if (q.head_dim <= 0 || q.head_dim > cuda::kMaxHeadDim || (kv.num_keys > 0 && kv.k == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": heads of ", q.head_dim, " (at most ", cuda::kMaxHeadDim,
+                                                     " here) or no f32 keys"));
     }
     return absl::OkStatus();
   }

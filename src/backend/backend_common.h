@@ -1,0 +1,39 @@
+// What the CPU and the CUDA backend share: the profile's table, the
+// attention family's shape checks, and the selection of one head's votes
+// in host memory (on kernels/cpu).
+#ifndef SNAPFILL_SRC_BACKEND_BACKEND_COMMON_H_
+#define SNAPFILL_SRC_BACKEND_BACKEND_COMMON_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "snapfill/backend.h"
+
+namespace snapfill {
+
+// The profile's table, as the backends keep it: per op kind, its seconds,
+// calls and work (BackendProfile::Report, Seconds, Ops).
+
+// The table of `n` op kinds: name, seconds, share of the total, calls, and
+// GOP and GOP/s where an op counts its work; then the total.
+std::string OpTableReport(const char* const* names, const double* seconds, const int64_t* calls, const double* ops,
+                          int n);
+// (name, value) for each of the n op kinds, in order.
+std::vector<std::pair<std::string, double>> OpTablePairs(const char* const* names, const double* values, int n);
+
+// InvalidArgument unless the queries' heads group evenly over their KV
+// heads, their rows and the keys fit their strides, and (causal) no more
+// queries than keys.
+absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal);
+
+// Backend::Pool1d and Backend::TopK over host memory, with their checks,
+// on the CPU's kernels.
+absl::Status HostPool1d(const float* in, float* out, int64_t n, int64_t kernel, Backend::PoolOp op);
+absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positions);
+
+}  // namespace snapfill
+
+#endif  // SNAPFILL_SRC_BACKEND_BACKEND_COMMON_H_
