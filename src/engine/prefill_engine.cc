@@ -68,10 +68,10 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   e->query_rows_ = QueryRows(e->config_);
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
                                                               e->plan_.max_chunk_tokens + e->query_rows_));
-  if (e->query_rows_ > 0) {
-    e->batch_.resize(e->plan_.max_chunk_tokens + e->query_rows_);
-    std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
-  }
+  // The question's rows, the chunk's, and the token past the chunk (what
+  // its last position is scored against).
+  e->batch_.resize(e->query_rows_ + e->plan_.max_chunk_tokens + 1);
+  std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
   e->prefill_capacity_ = capacity;
   e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens + e->query_rows_;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
@@ -126,7 +126,12 @@ int64_t PrefillEngine::ChunkOf(int32_t position) const {
 
 absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
                                 const std::function<bool(const StepTelemetry&)>& on_step) {
-  if (static_cast<int64_t>(tokens.size()) != plan_.config.total_tokens) {
+  return Run(SpanTokenSource(tokens), on_step);
+}
+
+absl::Status PrefillEngine::Run(const TokenSource& tokens,
+                                const std::function<bool(const StepTelemetry&)>& on_step) {
+  if (tokens.size() != plan_.config.total_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan_.config.total_tokens,
                                                    " tokens, got ", tokens.size()));
   }
@@ -171,16 +176,15 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
     // The final hidden states of every row when they are scored, else only
     // of the input's last token (its logits), after the last chunk.
     const int64_t logits_rows = last ? 1 : 0;
-    const int32_t* batch = tokens.data() + step.start_token;
-    if (query_rows_ > 0) {  // the question, then the chunk (see batch_)
-      std::copy(batch, batch + step.chunk_tokens, batch_.begin() + query_rows_);
-      batch = batch_.data();
-    }
+    // The question, then the chunk (see batch_), and the token after it.
+    const int64_t past = step.start_token + step.chunk_tokens < tokens.size() ? 1 : 0;
+    SNAPFILL_RETURN_IF_ERROR(tokens.Read(step.start_token, step.chunk_tokens + past, batch_.data() + query_rows_));
+    const int32_t* batch = batch_.data();
     telemetry_.query_rows = query_rows_;
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
         batch, query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
         config_.score_tokens ? step.chunk_tokens : logits_rows));
-    if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens, step));
+    if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens.size(), step));
     retention_ = telemetry_.retention;
     steps_done_ = step_ + 1;
     telemetry_.seconds = watch.Seconds();

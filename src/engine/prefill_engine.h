@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
 #include "snapfill/schedule.h"
+#include "snapfill/token_source.h"
 #include "src/base/paged_array.h"
 #include "src/compress/pruner.h"
 #include "src/engine/recall.h"
@@ -159,6 +160,8 @@ class PrefillEngine {
   // returning false stops early with Cancelled (steps_done() then counts the
   // step just seen, so a checkpoint taken in on_step resumes after it).
   // Afterwards last_logits() holds the logits of the final token.
+  // The ids are read a chunk (and one more) at a time.
+  absl::Status Run(const TokenSource& tokens, const std::function<bool(const StepTelemetry&)>& on_step);
   absl::Status Run(const std::vector<int32_t>& tokens,
                    const std::function<bool(const StepTelemetry&)>& on_step);
 
@@ -212,7 +215,9 @@ class PrefillEngine {
   // memory.
   absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen);
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
-  absl::Status ScoreChunk(const std::vector<int32_t>& tokens, const ScheduleStep& step);
+  // The step's chunk and the token past it are in batch_ after the
+  // question's rows; `total` is the input's length.
+  absl::Status ScoreChunk(int64_t total, const ScheduleStep& step);
 
   const LlamaModel& model_;
   Backend* backend_;
@@ -247,7 +252,8 @@ class PrefillEngine {
   std::vector<std::vector<int32_t>> evict_;
   std::unique_ptr<Recaller> recaller_;
   // Question-guided: the question's rows per batch (0 without one), and the
-  // batch of a step: the question's tokens, then the chunk's. The question
+  // batch of a step: the question's tokens, then the chunk's (and the token
+  // after the chunk, read with it for ScoreChunk). The question
   // goes first so that the rows whose final hidden states the forward
   // keeps (the last ones) stay the chunk's.
   int64_t query_rows_ = 0;

@@ -12,10 +12,10 @@ namespace snapfill {
 
 using prefill_internal::RunItems;
 
-absl::Status PrefillEngine::ScoreChunk(const std::vector<int32_t>& tokens,
-                                       const ScheduleStep& step) {
+absl::Status PrefillEngine::ScoreChunk(int64_t total, const ScheduleStep& step) {
   const int64_t vocab = model_.config().vocab_size;
-  const int64_t total = static_cast<int64_t>(tokens.size());
+  // tokens[t] for t in [start, end], from the batch.
+  const int32_t* tokens = batch_.data() + query_rows_ - step.start_token;
   const int64_t end = step.start_token + step.chunk_tokens;
   std::vector<float>& nll = telemetry_.token_nll;
   nll.clear();

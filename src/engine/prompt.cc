@@ -19,22 +19,15 @@ void Append(std::vector<int32_t>& out, const std::vector<int32_t>& ids) {
 
 }  // namespace
 
-absl::StatusOr<DocumentPrompt> BuildDocumentPrompt(const Tokenizer& tokenizer,
-                                                   const ChatTemplate& chat_template,
-                                                   std::string_view document,
-                                                   std::string_view question,
-                                                   std::string_view system) {
-  if (document.empty()) return absl::InvalidArgumentError("the input document is empty");
-  DocumentPrompt p;
+absl::StatusOr<PromptFrame> BuildPromptFrame(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                             std::string_view question, std::string_view system) {
+  PromptFrame f;
   if (chat_template.kind == ChatTemplateKind::kNone) {
-    std::vector<int32_t> doc = tokenizer.Encode(document, /*add_special=*/true, false);
-    p.document_tokens = static_cast<int64_t>(doc.size());
-    Append(p.tokens, doc);
-    p.document_end = static_cast<int64_t>(p.tokens.size());
+    f.document_add_special = true;
     if (!question.empty()) {
-      Append(p.tokens, tokenizer.Encode(std::string("\n\n").append(question), false, false));
+      Append(f.suffix, tokenizer.Encode(std::string("\n\n").append(question), false, false));
     }
-    return p;
+    return f;
   }
   std::vector<ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", std::string(system)});
@@ -49,20 +42,33 @@ absl::StatusOr<DocumentPrompt> BuildDocumentPrompt(const Tokenizer& tokenizer,
   }
   const std::string_view r(rendered);
   // Template text before the document: special tokens parsed, BOS if any.
-  Append(p.tokens, tokenizer.Encode(r.substr(0, doc_at), /*add_special=*/true, true));
-  std::vector<int32_t> doc = tokenizer.Encode(document, false, false);
-  p.document_tokens = static_cast<int64_t>(doc.size());
-  Append(p.tokens, doc);
-  p.document_end = static_cast<int64_t>(p.tokens.size());
+  Append(f.prefix, tokenizer.Encode(r.substr(0, doc_at), /*add_special=*/true, true));
   std::string_view rest = r.substr(doc_at + kDocMarker.size());
   if (!question.empty()) {
     const size_t q_at = rest.find(kQuestionMarker);
     if (q_at == std::string_view::npos) return absl::InternalError("question marker lost");
-    Append(p.tokens, tokenizer.Encode(rest.substr(0, q_at), false, true));
-    Append(p.tokens, tokenizer.Encode(question, false, false));
+    Append(f.suffix, tokenizer.Encode(rest.substr(0, q_at), false, true));
+    Append(f.suffix, tokenizer.Encode(question, false, false));
     rest = rest.substr(q_at + kQuestionMarker.size());
   }
-  Append(p.tokens, tokenizer.Encode(rest, false, true));
+  Append(f.suffix, tokenizer.Encode(rest, false, true));
+  return f;
+}
+
+absl::StatusOr<DocumentPrompt> BuildDocumentPrompt(const Tokenizer& tokenizer,
+                                                   const ChatTemplate& chat_template,
+                                                   std::string_view document,
+                                                   std::string_view question,
+                                                   std::string_view system) {
+  if (document.empty()) return absl::InvalidArgumentError("the input document is empty");
+  SNAPFILL_ASSIGN_OR_RETURN(PromptFrame f, BuildPromptFrame(tokenizer, chat_template, question, system));
+  DocumentPrompt p;
+  p.tokens = std::move(f.prefix);
+  const std::vector<int32_t> doc = tokenizer.Encode(document, f.document_add_special, false);
+  p.document_tokens = static_cast<int64_t>(doc.size());
+  Append(p.tokens, doc);
+  p.document_end = static_cast<int64_t>(p.tokens.size());
+  Append(p.tokens, f.suffix);
   return p;
 }
 

@@ -23,6 +23,20 @@ struct DocumentPrompt {
   int64_t document_end = 0;
 };
 
+// What surrounds the document in a long-document prompt, for a document
+// tokenized apart (streamed from a file): prefix, then the document's own
+// tokens, Encode(document, document_add_special, false), then suffix (the
+// user turn's closing, with the question). BuildDocumentPrompt's tokens are
+// exactly these three.
+struct PromptFrame {
+  std::vector<int32_t> prefix;
+  // Without a chat template the document itself carries BOS (and EOS).
+  bool document_add_special = false;
+  std::vector<int32_t> suffix;
+};
+absl::StatusOr<PromptFrame> BuildPromptFrame(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                             std::string_view question, std::string_view system);
+
 // The template's markers are tokenized as special tokens; the document and
 // the question as plain text (a document that contains "<|im_start|>" stays
 // text). InvalidArgument if the document is empty.

@@ -266,6 +266,16 @@ absl::Status Tokenizer::Init(Vocab vocab) {
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](int32_t a, int32_t b) {
     return tokens_[a].size() > tokens_[b].size();
   });
+  joined_.assign(256 * 256, false);
+  auto mark_pairs = [&](std::string_view text) {
+    for (size_t i = 1; i < text.size(); ++i) {
+      joined_[static_cast<uint8_t>(text[i - 1]) * 256 + static_cast<uint8_t>(text[i])] = true;
+    }
+  };
+  for (const int32_t special : special_tokens_) mark_pairs(tokens_[special]);
+  if (model_ == TokenizerModel::kSpm) {
+    for (const std::string& token : tokens_) mark_pairs(token);
+  }
 
   if (model_ == TokenizerModel::kBpe) {
     std::unordered_map<std::string, int32_t> extra;
@@ -397,6 +407,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
                                        bool parse_special) const {
+  std::vector<int32_t> out;
+  bool prev_special = true;  // the first fragment gets the space prefix
+  EncodePart(text, /*first=*/true, /*last=*/true, add_special, parse_special, &prev_special, &out);
+  return out;
+}
+
+void Tokenizer::EncodePart(std::string_view text, bool first, bool last, bool add_special,
+                           bool parse_special, bool* prev_special, std::vector<int32_t>* out_ptr) const {
   // Split out special-token texts, longest token first, each over all
   // remaining raw fragments (llama.cpp's tokenizer_st_partition).
   std::vector<Fragment> fragments;
@@ -433,11 +451,11 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
     fragments.swap(next);
   }
 
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 2);
+  std::vector<int32_t>& out = *out_ptr;
+  if (out.empty()) out.reserve(text.size() / 3 + 2);
   if (model_ == TokenizerModel::kSpm) {
-    bool is_prev_special = true;  // the first fragment gets the space prefix
-    if (add_special && add_bos_) out.push_back(bos_id_);
+    bool is_prev_special = *prev_special;
+    if (first && add_special && add_bos_) out.push_back(bos_id_);
     std::string buf;
     for (const Fragment& f : fragments) {
       if (f.token != kNoToken) {
@@ -452,9 +470,10 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
       EncodeSpmText(buf, &out);
       is_prev_special = false;
     }
-    if (add_special && add_eos_) out.push_back(eos_id_);
+    *prev_special = is_prev_special;
+    if (last && add_special && add_eos_) out.push_back(eos_id_);
   } else {
-    if (add_special && add_bos_) out.push_back(bos_id_);
+    if (first && add_special && add_bos_) out.push_back(bos_id_);
     for (const Fragment& f : fragments) {
       if (f.token != kNoToken) {
         out.push_back(f.token);
@@ -462,9 +481,116 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
         EncodeBpeText(text.substr(f.offset, f.length), &out);
       }
     }
-    if (add_special && add_eos_) out.push_back(eos_id_);
+    if (last && add_special && add_eos_) out.push_back(eos_id_);
   }
-  return out;
+}
+
+namespace {
+
+// The code point that ends at byte `end` (exclusive), if its bytes are one
+// valid UTF-8 sequence; -1 otherwise.
+int64_t CodepointBefore(std::string_view t, size_t end) {
+  size_t start = end;
+  for (int back = 0; back < 4 && start > 0; ++back) {
+    --start;
+    if ((static_cast<uint8_t>(t[start]) & 0xC0) != 0x80) break;
+  }
+  if (start == end || Utf8LenFromLead(t[start]) != end - start) return -1;
+  const DecodedText d = DecodeUtf8(t.substr(start, end - start));
+  if (d.cpts.size() != 1 || (d.cpts[0] == 0xFFFD && t.substr(start, end - start) != "\xEF\xBF\xBD")) return -1;
+  return d.cpts[0];
+}
+
+// The code point that starts at byte `at`, if valid; -1 otherwise.
+int64_t CodepointAt(std::string_view t, size_t at) {
+  if (at >= t.size()) return -1;
+  const size_t len = Utf8LenFromLead(t[at]);
+  if ((static_cast<uint8_t>(t[at]) & 0xC0) == 0x80 || at + len > t.size()) return -1;
+  return CodepointBefore(t, at + len);
+}
+
+bool IsAsciiSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+
+}  // namespace
+
+bool Tokenizer::CanSplitAt(std::string_view t, size_t c) const {
+  if (c < 2 || c + 2 > t.size()) return false;
+  const char before = t[c - 1];
+  if (before == '\n') {
+    // A lone line break: whitespace before it would join it.
+    if (IsAsciiSpace(t[c - 2])) return false;
+    const int64_t b = CodepointBefore(t, c - 1);
+    if (b < 0 || GetCodepointInfo(static_cast<uint32_t>(b)).whitespace) return false;
+    const int64_t next = CodepointAt(t, c);
+    if (next < 0) return false;
+    const CodepointInfo info = GetCodepointInfo(static_cast<uint32_t>(next));
+    if (!(info.IsLetter() || info.IsNumber())) return false;
+  } else {
+    if (t[c] != ' ') return false;
+    const int64_t b = CodepointBefore(t, c);
+    const int64_t next = CodepointAt(t, c + 1);
+    if (b < 0 || next < 0 || !GetCodepointInfo(static_cast<uint32_t>(b)).IsLetter() ||
+        !GetCodepointInfo(static_cast<uint32_t>(next)).IsLetter()) {
+      return false;
+    }
+  }
+  // The bytes as the merges see them: SentencePiece writes a space as U+2581.
+  uint8_t left = static_cast<uint8_t>(before);
+  uint8_t right = static_cast<uint8_t>(t[c]);
+  if (model_ == TokenizerModel::kSpm && right == ' ') right = static_cast<uint8_t>(kSpmSpace[0]);
+  if (joined_[left * 256 + right]) return false;
+  // A special token is matched on the raw text.
+  return model_ != TokenizerModel::kSpm || right == static_cast<uint8_t>(t[c]) ||
+         !joined_[left * 256 + static_cast<uint8_t>(t[c])];
+}
+
+size_t Tokenizer::LastSplitPoint(std::string_view text, size_t from) const {
+  if (text.size() < kSplitLookahead + 2) return 0;
+  for (size_t c = text.size() - kSplitLookahead; c > std::max<size_t>(from, 1); --c) {
+    const char b = text[c - 1];
+    if ((b == '\n' || text[c] == ' ') && CanSplitAt(text, c)) return c;
+  }
+  return 0;
+}
+
+StreamingEncoder::StreamingEncoder(const Tokenizer& tokenizer, bool add_special, bool parse_special,
+                                   size_t block_bytes)
+    : tokenizer_(tokenizer), add_special_(add_special), parse_special_(parse_special),
+      block_bytes_(std::max<size_t>(block_bytes, 1)) {}
+
+uint64_t StreamingEncoder::WorkingSetBytes(size_t block_bytes) {
+  // Held text (a block plus one read of up to a block) and, while a block
+  // is encoded, per byte at most: a code point and its offset (8 bytes), a
+  // word range (8), a collapsed byte (1) and an id (4); the special-token
+  // fragments and the BPE word scratch are small beside those.
+  return static_cast<uint64_t>(block_bytes) * (2 + 8 + 8 + 1 + 4);
+}
+
+void StreamingEncoder::EncodeHeld(size_t end, bool last, std::vector<int32_t>* out) {
+  tokenizer_.EncodePart(std::string_view(held_).substr(0, end), first_, last, add_special_, parse_special_,
+                        &prev_special_, out);
+  first_ = false;
+  held_.erase(0, end);
+  scanned_ = 0;
+}
+
+void StreamingEncoder::Add(std::string_view bytes, std::vector<int32_t>* out) {
+  held_.append(bytes);
+  peak_held_ = std::max(peak_held_, held_.size());
+  if (held_.size() < block_bytes_ + Tokenizer::kSplitLookahead) return;
+  // The split point nearest the end, found once per block of text.
+  const size_t cut = tokenizer_.LastSplitPoint(held_, scanned_);
+  if (cut == 0) {
+    scanned_ = held_.size() - Tokenizer::kSplitLookahead;
+    return;
+  }
+  EncodeHeld(cut, /*last=*/false, out);
+}
+
+void StreamingEncoder::Finish(std::vector<int32_t>* out) {
+  EncodeHeld(held_.size(), /*last=*/true, out);
+  first_ = true;
+  prev_special_ = true;
 }
 
 void Tokenizer::EncodeBpeText(std::string_view text, std::vector<int32_t>* out) const {

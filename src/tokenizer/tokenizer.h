@@ -93,6 +93,23 @@ class Tokenizer {
   // are always split out, as in llama.cpp).
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
 
+  // The last position c in [from, text.size() - kSplitLookahead] where the
+  // text may be cut for StreamingEncoder: Encode(text) is then the encoding
+  // of text[0, c) followed by that of the rest, whatever follows text.
+  // 0 if there is none. Two kinds of place qualify (both leave the words of
+  // every supported pre-tokenizer whole, and the merges of both vocabulary
+  // kinds on their side):
+  //   - after a line break that follows a non-space character, before a
+  //     letter or digit ("...end.\nNext"): a lone "\n" is a word of its own;
+  //   - after a letter, before a space and a letter ("word| next"): a word
+  //     never ends in a space, and " next" starts one.
+  // The bytes on the two sides must never be adjacent in a special token
+  // (which is split out before pre-tokenization) or, for SentencePiece, in
+  // any token (its merges run over the whole text).
+  size_t LastSplitPoint(std::string_view text, size_t from = 0) const;
+  // Bytes past a split point that LastSplitPoint needs to see.
+  static constexpr size_t kSplitLookahead = 8;
+
   // Bytes of one token. Control and unknown tokens render as "" unless
   // render_special. Out-of-range ids give "".
   std::string TokenToPiece(int32_t id, bool render_special = false) const;
@@ -126,6 +143,13 @@ class Tokenizer {
  private:
   Tokenizer();
   absl::Status Init(Vocab vocab);
+  friend class StreamingEncoder;
+  // Encode() of one part of a text given in parts: BOS before the first,
+  // EOS after the last (add_special); *prev_special carries SentencePiece's
+  // "the last fragment was a special token" (the space prefix) across parts.
+  void EncodePart(std::string_view text, bool first, bool last, bool add_special, bool parse_special,
+                  bool* prev_special, std::vector<int32_t>* out) const;
+  bool CanSplitAt(std::string_view text, size_t c) const;
   void EncodeBpeText(std::string_view text, std::vector<int32_t>* out) const;
   void EncodeBpeWord(std::string_view word, std::vector<int32_t>* out) const;
   void EncodeSpmText(std::string_view text, std::vector<int32_t>* out) const;
@@ -155,6 +179,9 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id_;
   std::vector<int32_t> special_tokens_;  // control / user-defined / unknown, longest first
   std::vector<int32_t> eog_ids_;         // sorted
+  // joined_[a * 256 + b]: bytes a, b are adjacent in a special token's text
+  // or (SentencePiece, spaces as U+2581) in any token's: no split between.
+  std::vector<bool> joined_;
   std::unique_ptr<PreTokenizer> pre_;
   bool ignore_merges_ = false;
   bool clean_spaces_ = false;
@@ -188,6 +215,45 @@ class Tokenizer {
   bool add_eos_ = false;
   bool add_space_prefix_ = false;
   std::string chat_template_;
+};
+
+// Tokenizes a text handed over in parts (a file read block by block) with
+// the result of Tokenizer::Encode over the whole text, holding only about
+// one block: text is kept back until a split point (LastSplitPoint) past a
+// block's worth, and encoded up to it. Text without split points (no line
+// breaks or spaces between words) is held until one comes or it ends.
+class StreamingEncoder {
+ public:
+  static constexpr size_t kDefaultBlockBytes = size_t{1} << 20;
+  StreamingEncoder(const Tokenizer& tokenizer, bool add_special, bool parse_special,
+                   size_t block_bytes = kDefaultBlockBytes);
+  // Appends the ids of the text settled so far to *out.
+  void Add(std::string_view bytes, std::vector<int32_t>* out);
+  // The rest (and EOS where add_special asks for it). Add after Finish
+  // starts a new text.
+  void Finish(std::vector<int32_t>* out);
+  // The most text held at once, and the bytes encoded in one call: what the
+  // memory prediction counts for tokenization.
+  size_t peak_held_bytes() const { return peak_held_; }
+  // Text seen and not yet encoded.
+  size_t held_bytes() const { return held_.size(); }
+  // What an encoder with this block size holds at most on text with split
+  // points: the block, a read of up to one block beside it, and Encode's
+  // own working set for a block (words, code points, ids).
+  static uint64_t WorkingSetBytes(size_t block_bytes = kDefaultBlockBytes);
+
+ private:
+  void EncodeHeld(size_t end, bool last, std::vector<int32_t>* out);
+
+  const Tokenizer& tokenizer_;
+  const bool add_special_;
+  const bool parse_special_;
+  const size_t block_bytes_;
+  std::string held_;
+  size_t scanned_ = 0;  // no split point in held_[0, scanned_) (past the lookahead)
+  bool first_ = true;
+  bool prev_special_ = true;
+  size_t peak_held_ = 0;
 };
 
 }  // namespace snapfill

@@ -44,7 +44,7 @@ struct Layer {
 // The layer picture of docs/DESIGN.md §13, bottom up.
 const std::vector<Layer>& Layers() {
   static const std::vector<Layer> kLayers = {
-      {"base", {"src/base/", "include/snapfill/status.h", "include/snapfill/dtype.h"}, {}},
+      {"base", {"src/base/", "include/snapfill/status.h", "include/snapfill/dtype.h", "include/snapfill/token_source.h"}, {}},
       {"kernels", {"kernels/"}, {"base"}, /*product=*/true, /*only_through=*/"backend"},
       {"kernels_ref", {"kernels/ref/"}, {"kernels"}, /*product=*/false},
       {"gguf", {"src/gguf/"}, {"base"}},

@@ -1,7 +1,9 @@
 // Tokenizer tests against the real SmolLM2 vocabulary and llama.cpp
 // reference tokenizations (tests/data/, produced by llama.cpp's tools).
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -158,6 +160,87 @@ TEST_F(ModelTokenizerTest, CorpusRoundTrip) {
     std::string text;
     if (!ReadFile(SourcePath(name), &text)) continue;
     EXPECT_EQ(tokenizer_->Decode(tokenizer_->Encode(text, false, false)), text) << name;
+  }
+}
+
+std::vector<int32_t> StreamIn(const Tokenizer& tok, const std::string& text, size_t block, size_t read) {
+  StreamingEncoder enc(tok, /*add_special=*/true, /*parse_special=*/false, block);
+  std::vector<int32_t> out;
+  for (size_t at = 0; at < text.size(); at += read) enc.Add(std::string_view(text).substr(at, read), &out);
+  enc.Finish(&out);
+  return out;
+}
+
+// The King James Bible (the Debian package bible-kjv that
+// tools/install_deps.sh installs): about 4 MB of public-domain text.
+std::string KjvText() {
+  FILE* p = popen("bible -f 'Gen1:1-Rev22:21' 2>/dev/null", "r");
+  if (p == nullptr) return "";
+  std::string text;
+  char buf[1 << 16];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  pclose(p);
+  return text;
+}
+
+// Streaming tokenization (a file read block by block) gives the ids of the
+// whole text, on the 121 KB corpus and on a few MB of public-domain text,
+// with blocks from 64 bytes (a cut at nearly every place that allows one)
+// to the default 1 MiB.
+TEST_F(ModelTokenizerTest, StreamingMatchesWholeText) {
+  std::string corpus;
+  ASSERT_TRUE(ReadFile(SourcePath("tests/data/tokenizer_corpus.txt"), &corpus));
+  const std::vector<int32_t> whole = tokenizer_->Encode(corpus, true, false);
+  for (const auto& [block, read] : {std::pair<size_t, size_t>{64, 61}, {1000, 4096}, {1 << 20, 1 << 20}}) {
+    EXPECT_EQ(StreamIn(*tokenizer_, corpus, block, read), whole) << "block " << block;
+  }
+  const std::string kjv = KjvText();
+  if (kjv.size() < (1u << 20)) GTEST_SKIP() << "the bible command (Debian bible-kjv) is missing";
+  const std::vector<int32_t> kjv_whole = tokenizer_->Encode(kjv, true, false);
+  EXPECT_GT(kjv_whole.size(), 1000000u);
+  for (const auto& [block, read] : {std::pair<size_t, size_t>{4096, 1000}, {1 << 20, 1 << 20}}) {
+    EXPECT_EQ(StreamIn(*tokenizer_, kjv, block, read), kjv_whole) << "block " << block;
+  }
+}
+
+// A SentencePiece vocabulary made from SmolLM2's: the same tokens as bytes
+// with "▁" for the space, scored by rank, with byte fallback.
+TEST_F(ModelTokenizerTest, StreamingMatchesWholeTextSentencePiece) {
+  Vocab v;
+  v.model = TokenizerModel::kSpm;
+  auto add = [&](std::string t, float score, int type) {
+    v.tokens.push_back(std::move(t));
+    v.scores.push_back(score);
+    v.token_types.push_back(type);
+  };
+  add("<unk>", 0, 2);
+  add("<s>", 0, 3);
+  add("</s>", 0, 3);
+  for (int b = 0; b < 256; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    add(buf, 0, 6);
+  }
+  std::set<std::string> seen(v.tokens.begin(), v.tokens.end());
+  for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
+    if (tokenizer_->IsControl(id)) continue;
+    std::string bytes = tokenizer_->TokenToPiece(id);
+    std::string text;
+    for (char c : bytes) text += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
+    if (text.empty() || !seen.insert(text).second) continue;
+    add(text, -static_cast<float>(id), 1);
+  }
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.unk_id = 0;
+  auto spm = Tokenizer::FromVocab(std::move(v));
+  ASSERT_TRUE(spm.ok()) << spm.status();
+  std::string corpus;
+  ASSERT_TRUE(ReadFile(SourcePath("tests/data/tokenizer_corpus.txt"), &corpus));
+  const std::vector<int32_t> whole = (*spm)->Encode(corpus, true, false);
+  EXPECT_GT(whole.size(), 10000u);
+  for (const auto& [block, read] : {std::pair<size_t, size_t>{64, 61}, {1000, 4096}, {1 << 20, 1 << 20}}) {
+    EXPECT_EQ(StreamIn(**spm, corpus, block, read), whole) << "block " << block;
   }
 }
 

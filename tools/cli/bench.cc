@@ -428,6 +428,8 @@ absl::Status RunBench() {
       "--pruner=" + absl::GetFlag(FLAGS_pruner),
       "--ignore_eos", "--profile", "--progress=false", "--timing=false"};
   if (!absl::GetFlag(FLAGS_model).empty()) common.push_back("--model=" + absl::GetFlag(FLAGS_model));
+  if (!absl::GetFlag(FLAGS_spool_dir).empty()) common.push_back("--spool_dir=" + absl::GetFlag(FLAGS_spool_dir));
+  common.push_back(absl::StrCat("--spool_after=", absl::GetFlag(FLAGS_spool_after)));
 
   std::vector<Config> configs = Configs(common);
   const int reps = absl::GetFlag(FLAGS_repetitions);

@@ -10,7 +10,7 @@ namespace {
 using Flags = std::vector<const char*>;
 
 // The flag groups, each declared once; a command lists the groups it reads.
-const Flags kLongInput = {"input", "max_tokens"};
+const Flags kLongInput = {"input", "max_tokens", "spool_dir", "spool_after"};
 const Flags kQuestionGuided = {"query_aware", "query_share", "select", "span", "query_heads"};
 const Flags kRecall = {"recall_dir", "recall", "recall_format"};
 const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory", "window", "pool_kernel",

@@ -170,6 +170,40 @@ absl::StatusOr<LongInput> OpenLongInput(const std::string& path) {
   return in;
 }
 
+absl::StatusOr<StreamedInput> OpenStreamedInput(const std::string& path) {
+  StreamedInput in;
+  SNAPFILL_ASSIGN_OR_RETURN(in.file, InputFile::Open(path, "--input"));
+  SNAPFILL_ASSIGN_OR_RETURN(in.model, LoadModelFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags());
+  return in;
+}
+
+absl::StatusOr<InputOptions> InputOptionsFromFlags(bool with_suffix) {
+  InputOptions o;
+  o.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  if (o.max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_tokens=", o.max_tokens, " must be >= 0"));
+  }
+  o.with_suffix = with_suffix;
+  o.spool.dir = absl::GetFlag(FLAGS_spool_dir).empty() ? DefaultSpoolDir() : absl::GetFlag(FLAGS_spool_dir);
+  o.spool.memory_ids = absl::GetFlag(FLAGS_spool_after);
+  if (o.spool.memory_ids < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--spool_after=", o.spool.memory_ids, " must be >= 0"));
+  }
+  o.progress = absl::GetFlag(FLAGS_progress);
+  return o;
+}
+
+void WarnIfNotUtf8(const std::string& path, const InputTokens& tokens) {
+  if (tokens.invalid_utf8 == 0) return;
+  // Byte-level vocabularies encode any bytes; say so, since a wrong
+  // encoding (Latin-1, UTF-16) is more often a mistake than intended.
+  std::fprintf(stderr,
+               "snapfill: warning: --input %s is not valid UTF-8 (%llu bytes, the first at byte "
+               "%llu); they are read as raw bytes\n",
+               path.c_str(), (unsigned long long)tokens.invalid_utf8, (unsigned long long)tokens.first_invalid_utf8);
+}
+
 ChunkProgress::ChunkProgress(const char* tag, int64_t total_tokens, int64_t steps, bool on)
     : tag_(tag), total_(total_tokens), steps_(steps), on_(on), tty_(isatty(fileno(stderr)) != 0) {}
 

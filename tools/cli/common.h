@@ -16,6 +16,7 @@
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tools/cli/environment.h"
+#include "tools/cli/input.h"
 
 namespace snapfill::cli {
 
@@ -60,6 +61,20 @@ struct LongInput {
 };
 // `path`: --input's value, which the command checked is given.
 absl::StatusOr<LongInput> OpenLongInput(const std::string& path);
+
+// The prologue of the commands that stream a long input (run, prefill,
+// ppl): --input opened (and refused first where it cannot be read), then
+// the model and the backend; TokenizeInput reads it.
+struct StreamedInput {
+  std::unique_ptr<InputFile> file;
+  LoadedModel model;
+  std::unique_ptr<Backend> backend;
+};
+absl::StatusOr<StreamedInput> OpenStreamedInput(const std::string& path);
+// --max_tokens, --spool_dir (or its default), --progress.
+absl::StatusOr<InputOptions> InputOptionsFromFlags(bool with_suffix);
+// The warning for an input that is not UTF-8.
+void WarnIfNotUtf8(const std::string& path, const InputTokens& tokens);
 
 // The progress line of a chunked run on stderr (--progress): tokens done,
 // rate, time left, and what the command adds; redrawn in place every 0.5 s

@@ -79,6 +79,11 @@ std::string ResolveModelPath(const std::string& flag) {
 #endif
 }
 
+std::string DefaultSpoolDir() {
+  if (const char* env = Get("TMPDIR"); env != nullptr && *env != '\0') return env;
+  return "/tmp";
+}
+
 absl::StatusOr<int> DefaultThreads() {
   if (const char* n = Get("OMP_NUM_THREADS")) {
     // OpenMP's list form "4,2" gives the outermost level first.
@@ -107,6 +112,7 @@ const char* EnvironmentHelp() {
          "  SNAPFILL_CPU           generic|avx2|avxvnni|avx512: a lower kernel level than the CPU's highest\n"
          "  SNAPFILL_AMX           0: no AMX; int8: AMX-INT8 products only, no AMX-BF16\n"
          "  SNAPFILL_KERNELS       --kernels when it is not given (the test suite sets flags: no timing)\n"
+         "  TMPDIR                 --spool_dir when it is not given (else /tmp)\n"
          "  OMP_WAIT_POLICY        passive: the kernels' threads sleep at once between regions\n"
          "  OMP_NUM_THREADS        threads when --threads is 0 (else every CPU, or of OMP_PLACES)\n"
          "  OMP_PLACES, OMP_PROC_BIND  where the kernels' threads run, as OpenMP's would\n";

@@ -6,6 +6,7 @@
 //   SNAPFILL_CPU     generic | avx2 | avxvnni | avx512: a lower kernel level
 //                    than the CPU's highest (BackendOptions::kernel_level)
 //   SNAPFILL_AMX     0 (no AMX) | int8 (AMX-INT8 products, no AMX-BF16)
+//   TMPDIR           where long inputs' token ids are spooled (--spool_dir)
 //   OMP_WAIT_POLICY  passive: the kernels' threads sleep at once between
 //                    regions (active or unset: they spin a while first)
 //   OMP_NUM_THREADS, OMP_PLACES, OMP_PROC_BIND
@@ -30,6 +31,10 @@ absl::Status KernelChoicesFromEnvironment(BackendOptions* options);
 // models/SmolLM2-135M-Instruct.Q4_1.gguf in the current folder or one of
 // the three above it, else in the source tree the command was built from.
 std::string ResolveModelPath(const std::string& flag);
+
+// Where a long input's token ids are spooled when --spool_dir is not
+// given: $TMPDIR, else /tmp.
+std::string DefaultSpoolDir();
 
 // Threads for --threads 0: OMP_NUM_THREADS's first number where it is set;
 // else, where OMP_PLACES or OMP_PROC_BIND made OpenMP places, every CPU of

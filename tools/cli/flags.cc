@@ -107,6 +107,11 @@ ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table 
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");
 
 ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
+ABSL_FLAG(std::string, spool_dir, "",
+          "Where the input's token ids go once they pass --spool_after: a temporary file, unlinked "
+          "as it is made. Default: $TMPDIR, else /tmp");
+ABSL_FLAG(int64_t, spool_after, int64_t{1} << 22,
+          "Token ids kept in memory (4 bytes each) before they go to a file in --spool_dir");
 ABSL_FLAG(int64_t, max_tokens, 0,
           "Read only the first N tokens of the input (ppl: score them); 0 = all");
 ABSL_FLAG(std::string, report, "",

@@ -74,6 +74,8 @@ ABSL_DECLARE_FLAG(int32_t, verbosity);
 // Quality harness: ppl, needle, plot.
 ABSL_DECLARE_FLAG(std::string, json);
 ABSL_DECLARE_FLAG(int64_t, max_tokens);
+ABSL_DECLARE_FLAG(std::string, spool_dir);
+ABSL_DECLARE_FLAG(int64_t, spool_after);
 ABSL_DECLARE_FLAG(std::string, lengths);
 ABSL_DECLARE_FLAG(std::string, depths);
 ABSL_DECLARE_FLAG(std::string, tasks);

@@ -44,10 +44,13 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
 }
 
 std::string PeakPrediction::Format() const {
-  return absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = process ",
-                      HumanBytes(process), " + weights ", HumanBytes(weights), " + prefill ",
-                      HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoding ",
-                      HumanBytes(after));
+  std::string s = absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = ",
+                               tokenizing > process + weights + prefill + backend + after ? "tokenizing, else " : "",
+                               "process ", HumanBytes(process), " + weights ", HumanBytes(weights), " + prefill ",
+                               HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoding ",
+                               HumanBytes(after));
+  if (tokenizing > 0) absl::StrAppend(&s, " (tokenizing peaked at ", HumanBytes(tokenizing), ")");
+  return s;
 }
 
 PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_t weight_bytes,

@@ -2,7 +2,8 @@
 //
 // The peak resident memory of `snapfill run` / `prefill` is predicted as
 //   the process as it stands when the plan is made (measured: code,
-//     libraries, tokenizer, the input's token ids; the input text is freed)
+//     libraries, the tokenizer's vocabulary, the input's token ids where
+//     they are kept in memory: up to 16 MiB, the rest is spooled to a file)
 //   + the model's tensor bytes (mapped; every page is read by the first chunk)
 //   + the prefill's own buffers (PrefillEngine::Footprint: memory with room
 //     for the -n tokens `run` generates, candidates, activations)
@@ -19,11 +20,13 @@
 //     half_decode_kv: they replace the f32 entries layer by layer, so one
 //     layer's fp16 bytes of the memory's capacity; only for a command that
 //     decodes).
+// or, where larger, the peak while the input was tokenized (measured).
 // The backend term is a fit to measured peaks (docs/RELIABILITY.md), the
 // rest is exact arithmetic on the allocations.
 #ifndef SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
 #define SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -45,7 +48,11 @@ struct PeakPrediction {
   uint64_t prefill = 0;   // PrefillFootprint::total()
   uint64_t backend = 0;   // per-chunk work buffers (fit)
   uint64_t after = 0;     // decoding's activations, logits and decode copy's growth
-  uint64_t total() const { return process + weights + prefill + backend + after; }
+  // The peak while the input was read and tokenized (measured: it is past
+  // when the plan is made). Tokenizing streams, so this is the process
+  // then, a block of text, its words and the ids kept in memory.
+  uint64_t tokenizing = 0;
+  uint64_t total() const { return std::max(tokenizing, process + weights + prefill + backend + after); }
   // "predicted peak 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;
 };

@@ -98,19 +98,20 @@ absl::Status RunPpl() {
   // chunks are --chunk tokens each (an IMDC plan of the whole input as
   // memory would refuse most chunk sizes).
   if (config.pruner.kind == PrunerKind::kFull) config.schedule.kind = ScheduleKind::kFixed;
-  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
-  std::string& text = in.text;
+  SNAPFILL_ASSIGN_OR_RETURN(InputOptions input_options, InputOptionsFromFlags(/*with_suffix=*/false));
+  input_options.progress_tag = "[snapfill ppl]";
+  SNAPFILL_ASSIGN_OR_RETURN(StreamedInput in, OpenStreamedInput(input_path));
   LoadedModel& model = in.model;
   std::unique_ptr<Backend>& backend = in.backend;
-  // Plain text, BOS as the model's tokenizer wants it.
-  std::vector<int32_t> tokens = model.tokenizer->Encode(text, /*add_special=*/true,
-                                                        /*parse_special=*/false);
-  text.clear();
-  text.shrink_to_fit();
-  const int64_t input_tokens = static_cast<int64_t>(tokens.size());
-  if (max_tokens > 0 && input_tokens > max_tokens) tokens.resize(max_tokens);
-  tokens.shrink_to_fit();
-  const int64_t total = static_cast<int64_t>(tokens.size());
+  // Plain text, BOS as the model's tokenizer wants it; the first
+  // --max_tokens only where that is given.
+  PromptFrame plain;
+  plain.document_add_special = true;
+  SNAPFILL_ASSIGN_OR_RETURN(InputTokens input, TokenizeInput(*in.file, *model.tokenizer, plain, input_options));
+  WarnIfNotUtf8(input_path, input);
+  const TokenSpool& tokens = *input.tokens;
+  const int64_t total = tokens.size();
+  const int64_t input_tokens = input.document_tokens_seen;
   if (total < 2) {
     return absl::InvalidArgumentError(absl::StrCat("--input ", input_path, " has ", total,
                                                    " token; ppl needs at least 2"));
@@ -174,7 +175,9 @@ absl::Status RunPpl() {
   std::printf("ppl: %s, %lld tokens%s | schedule %s (growth %s), pruner %s, memory %lld, chunk "
               "%lld, window %lld, positions %s, %lld steps\n",
               input_path.c_str(), (long long)total,
-              total < input_tokens ? absl::StrCat(" (first of ", input_tokens, ")").c_str() : "",
+              total < input_tokens ? absl::StrCat(" (the first of ", input.read_to_end ? "" : "more than ",
+                                                  input.read_to_end ? input_tokens : total, ")").c_str()
+                                   : "",
               std::string(ScheduleKindName(ran.schedule.kind)).c_str(),
               std::string(GrowthName(ran.schedule.growth)).c_str(), PrunerKindName(ran.pruner.kind),
               (long long)ran.schedule.memory, (long long)ran.schedule.chunk,
@@ -192,6 +195,7 @@ absl::Status RunPpl() {
     j["model"] = model.path;
     j["input"] = input_path;
     j["input_tokens"] = input_tokens;
+    j["input_read_to_end"] = input.read_to_end;
     j["tokens"] = total;
     Json cfg = Json::parse(ConfigJson(ran, "", total), nullptr, /*allow_exceptions=*/false);
     j["config"] = cfg.is_discarded() ? Json::object() : cfg;

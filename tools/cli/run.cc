@@ -38,7 +38,11 @@ namespace {
 struct Prepared {
   LoadedModel model;
   std::unique_ptr<Backend> backend;
-  std::vector<int32_t> tokens;
+  // The prompt's ids: the template's opening, the document, the question.
+  std::unique_ptr<TokenSpool> tokens;
+  int64_t total = 0;  // tokens->size()
+  uint64_t input_bytes = 0;
+  uint64_t tokenizing_peak = 0;  // peak RSS by the end of tokenizing (measured)
   PrefillConfig config;
   std::unique_ptr<PrefillEngine> engine;
   double tokenize_seconds = 0;
@@ -63,8 +67,8 @@ const std::string& Fingerprint(Prepared& p) {
 RecallStoreInfo RecallInfo(Prepared& p) {
   RecallStoreInfo info = RecallShape(p.model.model->config(), p.config.recall_format);
   info.model_fingerprint = Fingerprint(p);
-  info.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
-  info.input_tokens = static_cast<int64_t>(p.tokens.size());
+  info.input_digest = p.tokens->digest();
+  info.input_tokens = p.total;
   info.plan_digest = p.engine->plan_digest();
   return info;
 }
@@ -87,7 +91,7 @@ uint64_t FreeDiskBytes(const std::string& dir) {
 // none does, before anything runs.
 absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
   const LlamaConfig& mc = p.model.model->config();
-  const int64_t total = static_cast<int64_t>(p.tokens.size());
+  const int64_t total = p.total;
   const bool fixed_memory = FlagGiven("memory");
   const bool fixed_chunk = FlagGiven("chunk");
   static constexpr int64_t kSizes[] = {8192, 6144, 4096, 3072, 2048, 1536, 1024, 768,
@@ -111,8 +115,9 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
         fp->plan.peak_attention_length > mc.context_length) {
       continue;
     }
-    const PeakPrediction peak = PredictPeak(mc, *p.backend, p.weight_bytes, *fp,
-                                            process_bytes, p.decode_copy_bytes, p.half_decode_kv);
+    PeakPrediction peak = PredictPeak(mc, *p.backend, p.weight_bytes, *fp, process_bytes,
+                                      p.decode_copy_bytes, p.half_decode_kv);
+    peak.tokenizing = p.tokenizing_peak;
     smallest = peak;
     any = true;
     if (peak.total() <= budget) {
@@ -151,8 +156,8 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
         "to start over and replace it"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
-  std::string& text = in.text;
+  SNAPFILL_ASSIGN_OR_RETURN(InputOptions input_options, InputOptionsFromFlags(/*with_suffix=*/with_question));
+  SNAPFILL_ASSIGN_OR_RETURN(StreamedInput in, OpenStreamedInput(input_path));
   Prepared p;
   p.config = config;
   // run decodes -n tokens into the memory itself.
@@ -168,34 +173,25 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     p.decode_copy_bytes = decode > p.weight_bytes ? decode - p.weight_bytes : 0;
     p.half_decode_kv = p.backend->HalfDecodeKv();
   }
-  Stopwatch tok;
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
-  SNAPFILL_ASSIGN_OR_RETURN(
-      DocumentPrompt prompt, BuildDocumentPrompt(*p.model.tokenizer, p.model.chat_template, text,
-                                                 question, absl::GetFlag(FLAGS_system)));
+  SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*p.model.tokenizer, p.model.chat_template, question,
+                                                                absl::GetFlag(FLAGS_system)));
   if (with_question && !question.empty() && absl::GetFlag(FLAGS_query_aware)) {
     // The question as it closes the prompt guides every chunk's compression.
     SNAPFILL_ASSIGN_OR_RETURN(p.config.query_tokens,
                               BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
   }
-  p.tokenize_seconds = tok.Seconds();
-  p.tokens = std::move(prompt.tokens);
-  if (!with_question) p.tokens.resize(prompt.document_end);
-  const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
-  if (max_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_tokens=", max_tokens, " must be >= 0"));
-  }
-  if (max_tokens > 0 && prompt.document_tokens > max_tokens) {
-    // Only the document is cut (its first N tokens); the template's opening
-    // and the question stay.
-    const int64_t cut_from = prompt.document_end - prompt.document_tokens + max_tokens;
-    p.tokens.erase(p.tokens.begin() + cut_from, p.tokens.begin() + prompt.document_end);
-  }
-  text.clear();
-  text.shrink_to_fit();
-  p.tokens.shrink_to_fit();
-  // The process as it stands (the tokenizer's peak, when larger, is
-  // already past and counted in PeakRssBytes()).
+  // The document is read and tokenized as a stream, only its first
+  // --max_tokens where that is given; the template's opening and the
+  // question stay whole.
+  SNAPFILL_ASSIGN_OR_RETURN(InputTokens input, TokenizeInput(*in.file, *p.model.tokenizer, frame, input_options));
+  WarnIfNotUtf8(input_path, input);
+  p.tokenize_seconds = input.seconds;
+  p.input_bytes = input.bytes_read;
+  p.tokenizing_peak = PeakRssBytes();
+  p.tokens = std::move(input.tokens);
+  p.total = p.tokens->size();
+  // The process as it stands: the ids the spool holds in memory are in it.
   const uint64_t process_bytes = CurrentRssBytes();
   const std::string max_memory = absl::GetFlag(FLAGS_max_memory);
   uint64_t budget = 0;
@@ -203,13 +199,14 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     SNAPFILL_ASSIGN_OR_RETURN(budget, ParseByteSize(max_memory));
     SNAPFILL_RETURN_IF_ERROR(ChooseSizes(p, budget, process_bytes));
   }
-  const int64_t total = static_cast<int64_t>(p.tokens.size());
+  const int64_t total = p.total;
   SNAPFILL_ASSIGN_OR_RETURN(
       PrefillFootprint fp,
       PrefillEngine::Footprint(p.model.model->config(), p.config, total,
                                LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
   p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
                        p.decode_copy_bytes, p.half_decode_kv);
+  p.peak.tokenizing = p.tokenizing_peak;
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
   const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
@@ -236,7 +233,10 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
 void PrintPlan(const Prepared& p) {
   const SchedulePlan& plan = p.engine->plan();
   std::printf("%s", FormatPlan(plan).c_str());
-  std::printf("input: %zu tokens (tokenized in %.2f s)\n", p.tokens.size(), p.tokenize_seconds);
+  std::printf("input: %lld tokens from %s (tokenized in %.2f s); the ids %s\n", (long long)p.total,
+              HumanBytes(p.input_bytes).c_str(), p.tokenize_seconds,
+              p.tokens->on_disk() ? absl::StrCat("spooled to a temporary file in ", p.tokens->dir()).c_str()
+                                  : absl::StrCat("in memory (", HumanBytes(p.tokens->resident_bytes()), ")").c_str());
   std::printf("memory: %s for the compressed KV, %s scratch, weights %s resident (%s in the file)\n",
               HumanBytes(p.engine->memory_bytes()).c_str(),
               HumanBytes(p.engine->scratch_bytes()).c_str(), HumanBytes(p.weight_bytes).c_str(),
@@ -250,7 +250,7 @@ void PrintPlan(const Prepared& p) {
     std::printf("question-guided: the question's %lld tokens vote after each of the %lld chunks "
                 "(%lld more rows, +%.1f%%; %s)\n",
                 (long long)q, (long long)steps, (long long)(q * steps),
-                100.0 * q * steps / std::max<double>(1, p.tokens.size()),
+                100.0 * q * steps / std::max<double>(1, p.total),
                 QuestionSelectionLabel(c.pruner).c_str());
   }
   if (const std::string dir = absl::GetFlag(FLAGS_recall_dir); !dir.empty()) {
@@ -340,9 +340,9 @@ class StopSignals {
 CheckpointState RunState(Prepared& p) {
   CheckpointState s;
   s.model_fingerprint = Fingerprint(p);
-  s.config = ConfigJson(p.engine->config(), "", static_cast<int64_t>(p.tokens.size()));
-  s.input_digest = TokenDigest(p.tokens.data(), p.tokens.size());
-  s.input_tokens = static_cast<int64_t>(p.tokens.size());
+  s.config = ConfigJson(p.engine->config(), "", p.total);
+  s.input_digest = p.tokens->digest();
+  s.input_tokens = p.total;
   s.plan_digest = p.engine->plan_digest();
   s.threads = p.backend->num_threads();
   s.kernels = p.backend->kernels();
@@ -389,9 +389,9 @@ absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& pat
                                                             ck.state.recall_slots));
     SNAPFILL_RETURN_IF_ERROR(p.engine->AttachRecallStore(p.recall.get()));
   }
-  std::fprintf(stderr, "snapfill: resuming from %s after step %lld/%zu (token %lld/%zu)\n",
+  std::fprintf(stderr, "snapfill: resuming from %s after step %lld/%zu (token %lld/%lld)\n",
                path.c_str(), (long long)ck.state.steps_done, steps.size(),
-               (long long)ck.state.next_token, p.tokens.size());
+               (long long)ck.state.next_token, (long long)p.total);
   return ck.state.steps_done;
 }
 
@@ -466,7 +466,7 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
     }
     return true;
   };
-  const absl::Status run = p.engine->Run(p.tokens, on_step);
+  const absl::Status run = p.engine->Run(*p.tokens, on_step);
   if (!checkpoint_status.ok()) return checkpoint_status;
   SNAPFILL_RETURN_IF_ERROR(run);
   *seconds = watch.Seconds();
@@ -549,10 +549,10 @@ absl::Status RunRun() {
     const SchedulePlan& plan = p.engine->plan();
     const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
     std::fprintf(stderr,
-                 "prefill: %zu tokens in %lld chunks, %.1f s (%.0f tokens/s), schedule %s, "
+                 "prefill: %lld tokens in %lld chunks, %.1f s (%.0f tokens/s), schedule %s, "
                  "memory %lld\nTTFT %.2f s | decode %zu tokens, %.1f tokens/s | peak RSS %s%s\n",
-                 p.tokens.size(), (long long)plan.steps.size(), prefill_seconds,
-                 p.tokens.size() / std::max(prefill_seconds, 1e-9),
+                 (long long)p.total, (long long)plan.steps.size(), prefill_seconds,
+                 p.total / std::max(prefill_seconds, 1e-9),
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
                  (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
                  HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
@@ -568,7 +568,7 @@ absl::Status RunRun() {
   if (const std::string report = absl::GetFlag(FLAGS_report); !report.empty()) {
     const SchedulePlan& plan = p.engine->plan();
     RunReport rr;
-    rr.input_tokens = static_cast<int64_t>(p.tokens.size());
+    rr.input_tokens = p.total;
     rr.steps = static_cast<int64_t>(plan.steps.size());
     rr.mean_memory = plan.mean_memory;
     rr.peak_attention_length = plan.peak_attention_length;
@@ -611,14 +611,14 @@ absl::Status RunPrefill() {
   cache.kernels = p.backend->kernels();
   DropRecallStore(p, prefill, /*keep_if_ok=*/true);
   SNAPFILL_RETURN_IF_ERROR(prefill);
-  cache.config = ConfigJson(p.config, p.model.path, static_cast<int64_t>(p.tokens.size()));
+  cache.config = ConfigJson(p.config, p.model.path, p.total);
   if (p.recall != nullptr) {
     // Whose store answers this cache's questions (generate --recall_dir).
     cache.config.pop_back();
     absl::StrAppendFormat(&cache.config, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
                           p.recall->info().input_digest, p.recall->info().plan_digest);
   }
-  cache.input_tokens = static_cast<int64_t>(p.tokens.size());
+  cache.input_tokens = p.total;
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->TakeDecoderCache());
   cache.next_position = p.engine->next_position();
   if (const absl::Status saved = SaveCacheFile(out, cache, absl::GetFlag(FLAGS_force)); !saved.ok()) {
@@ -633,8 +633,8 @@ absl::Status RunPrefill() {
                  p.recall->dir().c_str(), out.c_str(), p.recall->dir().c_str());
   }
   if (absl::GetFlag(FLAGS_timing)) {
-    std::fprintf(stderr, "prefill: %zu tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
-                 p.tokens.size(), seconds, p.tokens.size() / std::max(seconds, 1e-9), out.c_str(),
+    std::fprintf(stderr, "prefill: %lld tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
+                 (long long)p.total, seconds, p.total / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
                  DevicePeakNote(*p.backend).c_str());
   }
