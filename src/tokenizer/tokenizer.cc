@@ -559,11 +559,13 @@ StreamingEncoder::StreamingEncoder(const Tokenizer& tokenizer, bool add_special,
       block_bytes_(std::max<size_t>(block_bytes, 1)) {}
 
 uint64_t StreamingEncoder::WorkingSetBytes(size_t block_bytes) {
-  // Held text (a block plus one read of up to a block) and, while a block
-  // is encoded, per byte at most: a code point and its offset (8 bytes), a
-  // word range (8), a collapsed byte (1) and an id (4); the special-token
-  // fragments and the BPE word scratch are small beside those.
-  return static_cast<uint64_t>(block_bytes) * (2 + 8 + 8 + 1 + 4);
+  // The held block and, while it is encoded, per byte of it at most: a code
+  // point and its offset (8 bytes), the pre-tokenizer's pieces before and
+  // after a step (8 each, a piece per byte at worst), a word range (8), a
+  // collapsed byte (1), an invalid byte's position (8) and an id (4); the
+  // special-token fragments and a word's merge scratch are small beside
+  // those. English text takes about a quarter of this.
+  return static_cast<uint64_t>(block_bytes) * (1 + 8 + 16 + 8 + 1 + 8 + 4);
 }
 
 void StreamingEncoder::EncodeHeld(size_t end, bool last, std::vector<int32_t>* out) {
@@ -575,16 +577,23 @@ void StreamingEncoder::EncodeHeld(size_t end, bool last, std::vector<int32_t>* o
 }
 
 void StreamingEncoder::Add(std::string_view bytes, std::vector<int32_t>* out) {
-  held_.append(bytes);
-  peak_held_ = std::max(peak_held_, held_.size());
-  if (held_.size() < block_bytes_ + Tokenizer::kSplitLookahead) return;
-  // The split point nearest the end, found once per block of text.
-  const size_t cut = tokenizer_.LastSplitPoint(held_, scanned_);
-  if (cut == 0) {
-    scanned_ = held_.size() - Tokenizer::kSplitLookahead;
-    return;
+  const size_t full = block_bytes_ + Tokenizer::kSplitLookahead;
+  while (!bytes.empty()) {
+    // A block at a time, however much was handed over: what one Encode
+    // call holds (code points, words, ids) scales with its text.
+    const size_t take = std::min(bytes.size(), held_.size() < full ? full - held_.size() : block_bytes_);
+    held_.append(bytes.substr(0, take));
+    bytes.remove_prefix(take);
+    peak_held_ = std::max(peak_held_, held_.size());
+    if (held_.size() < full) continue;
+    // The split point nearest the end, found once per block of text.
+    const size_t cut = tokenizer_.LastSplitPoint(held_, scanned_);
+    if (cut == 0) {
+      scanned_ = held_.size() - Tokenizer::kSplitLookahead;
+      continue;
+    }
+    EncodeHeld(cut, /*last=*/false, out);
   }
-  EncodeHeld(cut, /*last=*/false, out);
 }
 
 void StreamingEncoder::Finish(std::vector<int32_t>* out) {

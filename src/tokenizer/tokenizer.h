@@ -224,7 +224,9 @@ class Tokenizer {
 // breaks or spaces between words) is held until one comes or it ends.
 class StreamingEncoder {
  public:
-  static constexpr size_t kDefaultBlockBytes = size_t{1} << 20;
+  // Large enough that a block's fixed costs vanish, small enough that its
+  // working set (WorkingSetBytes: about 11 MiB) stays beside the model's.
+  static constexpr size_t kDefaultBlockBytes = size_t{1} << 18;
   StreamingEncoder(const Tokenizer& tokenizer, bool add_special, bool parse_special,
                    size_t block_bytes = kDefaultBlockBytes);
   // Appends the ids of the text settled so far to *out.
@@ -232,14 +234,14 @@ class StreamingEncoder {
   // The rest (and EOS where add_special asks for it). Add after Finish
   // starts a new text.
   void Finish(std::vector<int32_t>* out);
-  // The most text held at once, and the bytes encoded in one call: what the
-  // memory prediction counts for tokenization.
+  // The most text held at once: a block (and the lookahead) on text with
+  // split points.
   size_t peak_held_bytes() const { return peak_held_; }
   // Text seen and not yet encoded.
   size_t held_bytes() const { return held_.size(); }
   // What an encoder with this block size holds at most on text with split
-  // points: the block, a read of up to one block beside it, and Encode's
-  // own working set for a block (words, code points, ids).
+  // points: the block and Encode's own working set for it (code points,
+  // words, ids).
   static uint64_t WorkingSetBytes(size_t block_bytes = kDefaultBlockBytes);
 
  private:

@@ -9,6 +9,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "gtest/gtest.h"
+#include "snapfill/status.h"
+
 namespace snapfill::testing {
 
 std::string ReadAll(const std::string& path) {
@@ -21,6 +24,12 @@ std::string ReadAll(const std::string& path) {
 void WriteRaw(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << data;
+}
+
+std::string MakeTempDir(const std::string& stem) {
+  std::string tmpl = ::testing::TempDir() + "/" + stem + ".XXXXXX";
+  SNAPFILL_CHECK(::mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
 }
 
 std::vector<std::string> ListDir(const std::string& dir) {

@@ -12,6 +12,8 @@ namespace snapfill::testing {
 std::string ReadAll(const std::string& path);
 // Replaces the file with `data`.
 void WriteRaw(const std::string& path, const std::string& data);
+// A new empty folder under gtest's TempDir(), named after `stem`.
+std::string MakeTempDir(const std::string& stem);
 // Names in `dir`, without "." and "..", sorted.
 std::vector<std::string> ListDir(const std::string& dir);
 // Bytes of the pages of [data, data + bytes) that this process has mapped

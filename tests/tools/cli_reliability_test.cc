@@ -299,11 +299,18 @@ TEST_F(ReliabilityTest, FullDiskLeavesNoPartialFileAndSaysSo) {
   const std::string bin = std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill ";
   // Inside the namespace: an old cache to keep, then a prefill whose cache
   // does not fit, then a listing and the old file's content.
-  const std::string script =
+  std::string script =
       "mount -t tmpfs -o size=16k tmpfs " + mnt + " && printf precious > " + mnt +
       "/cache.kv && " + bin + job_ + " --force --out " + mnt + "/cache.kv; echo rc=\\$?; ls -a " +
       mnt + "; cat " + mnt + "/cache.kv; echo; " + bin + job_ + " --out " + dir_ +
       "/ok.kv --checkpoint " + mnt + "/job.ck --checkpoint_every 1; echo rc=\\$?; ls -a " + mnt;
+  // The input's token ids spooled to the full disk (--spool_after 0: all).
+  std::string big;
+  for (int i = 0; i < 4; ++i) big += testing::ReadAll(text_);
+  testing::WriteRaw(dir_ + "/big.txt", big);
+  script += "; " + bin + "prefill --model " + model_ + " --input " + dir_ + "/big.txt --schedule fm --memory 64 " +
+            "--chunk 64 --window 8 --progress=false --spool_after 0 --spool_dir " + mnt + " --out " + dir_ +
+            "/spool.kv; echo rc=\\$?; ls -a " + mnt;
   const std::string log_path = dir_ + "/full_disk.log";
   std::system(("unshare -rm sh -c \"" + script + "\" >" + log_path + " 2>&1").c_str());
   const std::string log = testing::ReadAll(log_path);
@@ -313,6 +320,43 @@ TEST_F(ReliabilityTest, FullDiskLeavesNoPartialFileAndSaysSo) {
   EXPECT_NE(log.find("disk full while writing " + mnt + "/job.ck"), std::string::npos) << log;
   EXPECT_EQ(log.find(".tmp."), std::string::npos) << "no temporary may be left: " << log;
   EXPECT_EQ(log.find("job.ck\n"), std::string::npos) << "no partial checkpoint: " << log;
+  EXPECT_NE(log.find("disk full while writing the token spool in " + mnt), std::string::npos) << log;
+  EXPECT_EQ(log.find(".snapfill-tokens"), std::string::npos) << "no spool may be left: " << log;
+  EXPECT_FALSE(Exists(dir_ + "/spool.kv"));
+}
+
+// Token ids spooled to a file (--spool_after 0) give the cache of ids kept
+// in memory, byte for byte; a run over a spooled input killed and resumed
+// too (the checkpoint's input digest is the spool's); nothing is left in
+// the spool's folder; a folder that cannot take the spool is named.
+TEST_F(ReliabilityTest, SpooledInputGivesTheSameCacheAndResumes) {
+  const std::string reference = Reference();
+  const std::string spool = dir_ + "/spool";
+  ASSERT_EQ(::mkdir(spool.c_str(), 0755), 0);
+  const std::string spooled = job_ + " --spool_after 0 --spool_dir " + spool;
+  Result r = Run(spooled + " --out " + dir_ + "/spooled.kv --verbosity 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("spooled to a temporary file in " + spool), std::string::npos) << r.out;
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/spooled.kv") == reference);
+
+  const std::string out = dir_ + "/resumed.kv";
+  KillAfterFirstCheckpoint(spooled + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  r = Run(spooled + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == reference) << "the resumed cache differs";
+  EXPECT_TRUE(testing::ListDir(spool).empty()) << "the spool is unlinked as it is made";
+
+  // The same input through a pipe, spooled.
+  r = Run(job_ + " --spool_after 10 --spool_dir " + spool + " --input - --out " + dir_ + "/pipe.kv <" + text_);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/pipe.kv") == reference);
+
+  r = Run(job_ + " --spool_after 0 --spool_dir " + dir_ + "/none/here --out " + dir_ + "/x.kv");
+  EXPECT_FAILS_WITH(r, 1, "cannot create the token spool in " + dir_ + "/none/here");
+  EXPECT_FALSE(Exists(dir_ + "/x.kv"));
+  EXPECT_FAILS_WITH(Run(job_ + " --spool_after -1 --out " + dir_ + "/x.kv"), 2, "--spool_after=-1");
 }
 
 // The recall tier through `run`: a run killed with SIGKILL and resumed

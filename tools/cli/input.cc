@@ -22,7 +22,7 @@
 namespace snapfill::cli {
 namespace {
 
-constexpr size_t kReadBytes = size_t{1} << 20;
+constexpr size_t kReadBytes = size_t{1} << 18;
 constexpr int64_t kProgressFromBytes = int64_t{64} << 20;
 
 int64_t MtimeNs(const struct stat& st) {
