@@ -4,12 +4,17 @@
 // busy: the engine makes what the weights hold resident deterministic
 // (LlamaForward::SettleWeights), so the prediction can be.
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -171,6 +176,59 @@ std::vector<PredictionCase> Cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configurations, MemoryPredictionTest, ::testing::ValuesIn(Cases()));
+
+// Peak resident memory of a spawned command (wait4's ru_maxrss), in MiB;
+// the wait status in *status.
+double PeakMibOf(pid_t pid, int* status) {
+  struct rusage usage {};
+  EXPECT_EQ(::wait4(pid, status, 0, &usage), pid);
+  return usage.ru_maxrss / 1024.0;
+}
+
+// An input of 40 MB (about 10M tokens): tokenizing streams and the ids go
+// to a file, so --dry_run peaks about where it does on a small input, and
+// a real run over the whole file, stopped after its first chunks, has never
+// exceeded the peak --dry_run predicted for it (issue 42).
+TEST_F(RealModelCliTest, LargeInputStaysWithinItsPrediction) {
+  const std::string big = dir_ + "/big.txt";
+  {
+    std::ofstream out(big, std::ios::binary);
+    for (size_t written = 0; written < (40u << 20); written += corpus_.size()) out << corpus_;
+  }
+  testing::WriteRaw(dir_ + "/small.txt", corpus_.substr(0, 20000));
+  const std::string job = "prefill --schedule imdc --memory 1024 --chunk 1024 --progress=false --model " + model_ +
+                          " --spool_dir " + dir_ + " --out " + dir_ + "/c.kv";
+  int status = 0;
+  const double small_dry = PeakMibOf(Spawn(job + " --input " + dir_ + "/small.txt --dry_run"), &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const double big_dry = PeakMibOf(Spawn(job + " --input " + big + " --dry_run"), &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << testing::ReadAll(dir_ + "/stderr");
+  const std::string plan = testing::ReadAll(dir_ + "/stdout");
+  const double predicted = MibAfter(plan, "predicted peak RSS ");
+  ASSERT_GT(predicted, 0) << plan;
+  EXPECT_NE(plan.find("spooled to a temporary file"), std::string::npos) << plan;
+  // The 16 MiB of ids kept in memory before the spool, and the tokenizer's
+  // block: not 50 bytes per token, as the whole text and its ids would be.
+  EXPECT_LT(big_dry, small_dry + 40) << "dry run: " << small_dry << " MiB on 20 KB, " << big_dry << " MiB on 40 MB";
+
+  const std::string checkpoint = dir_ + "/job.ck";
+  const pid_t pid = Spawn(job + " --input " + big + " --checkpoint " + checkpoint + " --checkpoint_every 1");
+  bool saved = false;
+  for (int i = 0; i < 120000 && !saved; ++i) {
+    saved = access(checkpoint.c_str(), F_OK) == 0;
+    if (!saved) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(saved) << "no checkpoint in 120 s";
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // a few more chunks
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const double measured = PeakMibOf(pid, &status);
+  std::printf("40 MB input: dry run %.1f MiB (20 KB: %.1f MiB); run stopped after its first chunks %.1f MiB, "
+              "predicted %.1f MiB\n", big_dry, small_dry, measured, predicted);
+  EXPECT_LE(measured, predicted) << plan;
+  for (const std::string& f : testing::ListDir(dir_)) {
+    EXPECT_EQ(f.find("snapfill-tokens"), std::string::npos) << "no spool is left: " << f;
+  }
+}
 
 // IMDC keeps memory + chunk constant (m̂ + c̄), so at equal memory and
 // chunk its peak must be below FM's (m_max + c): the buffers are paged and
