@@ -116,12 +116,17 @@ struct PrefillFootprint {
   uint64_t recall_bytes = 0;       // the recall tier's blocks of stored keys and its picks
   // At most this many bytes of evicted entries in the recall store.
   uint64_t recall_disk_bytes = 0;
+  // The plan the engine keeps (its steps and their per-layer budgets, about
+  // 300 bytes a step for a 30-layer model: 72 MiB for the 250K steps of a
+  // 1 GB input) and the batch of token ids a step reads.
+  uint64_t plan_bytes = 0;
   // What is allocated (address space).
-  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes + recall_bytes; }
+  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes + recall_bytes + plan_bytes; }
   // What is resident at the worst step: buffers are paged and written only
   // as far as each step uses them, and the activations past the current
   // chunk are given back, so step i holds the memory entries written so far,
-  // the largest memory ∪ chunk so far, and its own chunk's activations.
+  // the largest memory ∪ chunk so far, and its own chunk's activations;
+  // and the plan.
   uint64_t resident_peak = 0;
 };
 

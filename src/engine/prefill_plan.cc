@@ -157,6 +157,14 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   }
   // The last step's recall: its scratch and the entries it adds.
   f.resident_peak += f.recall_bytes + c.recall_budget * entry_bytes;
+  // The plan as the engine keeps it: the steps, and each step's budgets in
+  // an allocation of their own (glibc: 8 bytes of header, 16-byte granules,
+  // 32 at least).
+  auto heap_bytes = [](uint64_t bytes) { return bytes == 0 ? 0 : std::max<uint64_t>(32, (bytes + 8 + 15) / 16 * 16); };
+  f.plan_bytes = heap_bytes(f.plan.steps.size() * sizeof(ScheduleStep)) +
+                 (query_rows + f.plan.max_chunk_tokens + 1) * sizeof(int32_t);
+  for (const ScheduleStep& s : f.plan.steps) f.plan_bytes += heap_bytes(s.budget.size() * sizeof(int64_t));
+  f.resident_peak += f.plan_bytes;
   return f;
 }
 

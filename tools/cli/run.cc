@@ -200,13 +200,17 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     SNAPFILL_RETURN_IF_ERROR(ChooseSizes(p, budget, process_bytes));
   }
   const int64_t total = p.total;
-  SNAPFILL_ASSIGN_OR_RETURN(
-      PrefillFootprint fp,
-      PrefillEngine::Footprint(p.model.model->config(), p.config, total,
-                               LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
-  p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
-                       p.decode_copy_bytes, p.half_decode_kv);
-  p.peak.tokenizing = p.tokenizing_peak;
+  {
+    // Let go of this plan before the engine makes its own: a plan is
+    // about 300 bytes a step.
+    SNAPFILL_ASSIGN_OR_RETURN(
+        PrefillFootprint fp,
+        PrefillEngine::Footprint(p.model.model->config(), p.config, total,
+                                 LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
+    p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
+                         p.decode_copy_bytes, p.half_decode_kv);
+    p.peak.tokenizing = p.tokenizing_peak;
+  }
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
   const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
