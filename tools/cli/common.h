@@ -51,9 +51,10 @@ absl::StatusOr<std::string> AttentionKernelFromFlag(const std::string& value);
 // the CPU.
 std::string DevicePeakNote(const Backend& backend);
 
-// The prologue of the commands that read a long input (run, prefill, ppl,
-// needle): --input's text, which must not be empty (a warning where it is
-// not UTF-8: it is read as raw bytes), then the model and the backend.
+// The prologue of needle, which cuts its haystacks from --input's text:
+// the text, which must not be empty (a warning where it is not UTF-8: it
+// is read as raw bytes), then the model and the backend. The commands that
+// read a whole long input stream it instead (OpenStreamedInput).
 struct LongInput {
   std::string text;
   LoadedModel model;

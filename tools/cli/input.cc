@@ -88,7 +88,9 @@ absl::StatusOr<std::unique_ptr<InputFile>> InputFile::Open(const std::string& pa
   if (S_ISDIR(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is a directory, not a file"));
   }
-  if (S_ISREG(st.st_mode)) {
+  // A regular file (standard input too, when it is one read from its start)
+  // has a size to show progress against and to check it kept.
+  if (S_ISREG(st.st_mode) && ::lseek(f->fd_, 0, SEEK_CUR) == 0) {
     f->size_ = static_cast<int64_t>(st.st_size);
     f->mtime_ns_ = MtimeNs(st);
     // Read once, front to back.

@@ -27,7 +27,8 @@ class InputFile {
   static absl::StatusOr<std::unique_ptr<InputFile>> Open(const std::string& path, const char* flag = "--input");
   ~InputFile();
   const std::string& path() const { return path_; }
-  // The size when opened; -1 for a pipe or device.
+  // The size when opened; -1 for a pipe or device (or standard input that
+  // is a file read from elsewhere than its start).
   int64_t size() const { return size_; }
   int fd() const { return fd_; }
   // For a regular file: FailedPrecondition if it changed since it was
