@@ -12,9 +12,12 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
+#include "src/gguf/gguf_reader.h"
+#include "src/tokenizer/tokenizer.h"
 #include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/cli_fixture.h"
 #include "tests/testing/files.h"
@@ -249,6 +252,71 @@ TEST_F(CliTest, AQuestionGuidesTheCompression) {
   EXPECT_FAILS_WITH(Run(base + "--question why --select sentence"), 2, "--select=sentence");
   EXPECT_FAILS_WITH(Run(base + "--question why --span 0"), 2, "--span=0");
   EXPECT_FAILS_WITH(Run(base + "--question why --query_heads both"), 2, "--query_heads=both");
+}
+
+}  // namespace
+}  // namespace snapfill
+
+namespace snapfill {
+namespace {
+
+std::vector<int32_t> ParseIdList(const std::string& line) {
+  std::vector<int32_t> ids;
+  std::string digits;
+  for (const char c : line) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      digits += c;
+    } else if (!digits.empty()) {
+      ids.push_back(std::stoi(digits));
+      digits.clear();
+    }
+  }
+  return ids;
+}
+
+// snapfill tokenize prints the tokenizer's ids (as llama-tokenize does),
+// for a prompt and for a file streamed through it, and refuses what is
+// ambiguous.
+TEST_F(CliTest, TokenizePrintsTheTokenizersIds) {
+  auto gguf = GgufFile::FromBytes(tiny_bytes_);
+  SNAPFILL_ASSERT_OK(gguf);
+  auto tok = Tokenizer::FromGguf(**gguf);
+  SNAPFILL_ASSERT_OK(tok);
+  const std::string prompt = "The quick brown fox, 12345 times.";
+  Result r = Run("tokenize --model " + tiny_ + " --prompt '" + prompt + "' --ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<int32_t> expected = (*tok)->Encode(prompt, true, false);
+  ASSERT_FALSE(expected.empty());
+  EXPECT_EQ(ParseIdList(r.out), expected) << r.out;
+  EXPECT_EQ(r.out.front(), '[');
+  // A file, read as a stream, and the default "id -> 'piece'" lines.
+  const std::string text = testing::ReadAll(text_);
+  r = Run("tokenize --model " + tiny_ + " --input " + text_ + " --ids");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ParseIdList(r.out), (*tok)->Encode(text, true, false));
+  r = Run("tokenize --model " + tiny_ + " --prompt '" + prompt + "' --add_special=false");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line, joined;
+  int count = 0;
+  for (; std::getline(lines, line); ++count) {
+    const size_t arrow = line.find(" -> '");
+    ASSERT_NE(arrow, std::string::npos) << line;
+    EXPECT_EQ(std::stoi(line.substr(0, arrow)), (*tok)->Encode(prompt, false, false)[count]) << line;
+    joined += line.substr(arrow + 5, line.size() - arrow - 6);
+  }
+  EXPECT_EQ(joined, prompt);
+  r = Run("tokenize --model " + tiny_ + " --prompt '" + prompt + "' --pieces --add_special=false");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string pieces;
+  for (std::istringstream in(r.out); std::getline(in, line);) pieces += line;
+  EXPECT_EQ(pieces, prompt);
+
+  EXPECT_FAILS_WITH(Run("tokenize --model " + tiny_), 2, "--prompt TEXT or --input FILE");
+  EXPECT_FAILS_WITH(Run("tokenize --model " + tiny_ + " --prompt x --input " + text_), 2, "one of them");
+  EXPECT_FAILS_WITH(Run("tokenize --model " + tiny_ + " --prompt x --ids --pieces"), 2, "give one");
+  EXPECT_FAILS_WITH(Run("tokenize --model " + dir_ + "/none.gguf --prompt x"), 1, "none.gguf");
+  EXPECT_FAILS_WITH(Run("tokenize --model " + tiny_ + " --input " + dir_ + "/none.txt"), 1, "none.txt");
 }
 
 }  // namespace

@@ -49,6 +49,11 @@ const std::vector<Command>& Commands() {
        Join({{"prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span"}, kSampling, kPrompt, kMachine,
              {"decode_kv_f16", "batch", "timing", "profile", "verbosity"}}),
        &RunGenerate},
+      {"tokenize",
+       "Print a model's token ids for a text (--prompt, or --input streamed from a file of any size), "
+       "as llama.cpp's llama-tokenize does: the text as given, special tokens only with --parse_special.",
+       {"model", "prompt", "input", "ids", "pieces", "parse_special", "add_special", "verbosity"},
+       &RunTokenize},
       {"info", "Print a model's architecture, tensor types, sizes and context.",
        {"model", "device", "kernels", "verbosity"},
        &RunInfo},

@@ -26,6 +26,7 @@ absl::Status RunPpl();
 absl::Status RunNeedle();
 absl::Status RunPlot();
 absl::Status RunBench();
+absl::Status RunTokenize();
 
 }  // namespace snapfill::cli
 

@@ -107,6 +107,11 @@ ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table 
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");
 
 ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
+ABSL_FLAG(bool, ids, false, "tokenize: print the ids as one list, [1, 2, 3]");
+ABSL_FLAG(bool, pieces, false, "tokenize: print each token's text on a line of its own");
+ABSL_FLAG(bool, parse_special, false,
+          "tokenize: special-token texts in the text (<|im_start|>) become their ids; else they are text");
+ABSL_FLAG(bool, add_special, true, "tokenize: BOS (and EOS) where the vocabulary adds them");
 ABSL_FLAG(std::string, spool_dir, "",
           "Where the input's token ids go once they pass --spool_after: a temporary file, unlinked "
           "as it is made. Default: $TMPDIR, else /tmp");

@@ -103,6 +103,14 @@ InputFile::~InputFile() {
   if (own_fd_) ::close(fd_);
 }
 
+absl::StatusOr<size_t> InputFile::Read(char* buffer, size_t n) {
+  while (true) {
+    const ssize_t got = ::read(fd_, buffer, n);
+    if (got >= 0) return static_cast<size_t>(got);
+    if (errno != EINTR) return FileErrnoStatus(errno, "error reading", path_);
+  }
+}
+
 absl::Status InputFile::CheckUnchanged(uint64_t bytes_read, bool read_to_end) const {
   if (size_ < 0) return absl::OkStatus();
   struct stat st {};
@@ -164,13 +172,9 @@ absl::StatusOr<InputTokens> TokenizeInput(InputFile& input, const Tokenizer& tok
   };
   bool stopped = false;  // by max_tokens
   while (true) {
-    const ssize_t got = ::read(input.fd(), buffer.data(), buffer.size());
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return FileErrnoStatus(errno, "error reading", input.path());
-    }
+    SNAPFILL_ASSIGN_OR_RETURN(const size_t got, input.Read(buffer.data(), buffer.size()));
     if (got == 0) break;
-    const std::string_view bytes(buffer.data(), static_cast<size_t>(got));
+    const std::string_view bytes(buffer.data(), got);
     result.bytes_read += bytes.size();
     utf8.Add(bytes);
     encoder.Add(bytes, &ids);

@@ -30,7 +30,9 @@ class InputFile {
   // The size when opened; -1 for a pipe or device (or standard input that
   // is a file read from elsewhere than its start).
   int64_t size() const { return size_; }
-  int fd() const { return fd_; }
+  // Reads up to `n` bytes (0 at the end), retrying EINTR; errors name the
+  // path.
+  absl::StatusOr<size_t> Read(char* buffer, size_t n);
   // For a regular file: FailedPrecondition if it changed since it was
   // opened (size or modification time), or if `bytes_read` (the whole of
   // it, read to its end) is not its size then.
