@@ -15,6 +15,7 @@
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/vocab.h"
 #include "tools/cli/environment.h"
 
 namespace snapfill {
@@ -206,21 +207,7 @@ TEST_F(ModelTokenizerTest, StreamingMatchesWholeText) {
 // A SentencePiece vocabulary made from SmolLM2's: the same tokens as bytes
 // with "▁" for the space, scored by rank, with byte fallback.
 TEST_F(ModelTokenizerTest, StreamingMatchesWholeTextSentencePiece) {
-  Vocab v;
-  v.model = TokenizerModel::kSpm;
-  auto add = [&](std::string t, float score, int type) {
-    v.tokens.push_back(std::move(t));
-    v.scores.push_back(score);
-    v.token_types.push_back(type);
-  };
-  add("<unk>", 0, 2);
-  add("<s>", 0, 3);
-  add("</s>", 0, 3);
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
-    add(buf, 0, 6);
-  }
+  Vocab v = testing::SpmVocabBase();
   std::set<std::string> seen(v.tokens.begin(), v.tokens.end());
   for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id) {
     if (tokenizer_->IsControl(id)) continue;
@@ -228,11 +215,8 @@ TEST_F(ModelTokenizerTest, StreamingMatchesWholeTextSentencePiece) {
     std::string text;
     for (char c : bytes) text += c == ' ' ? std::string("\xE2\x96\x81") : std::string(1, c);
     if (text.empty() || !seen.insert(text).second) continue;
-    add(text, -static_cast<float>(id), 1);
+    testing::AddSpmToken(v, text, -static_cast<float>(id));
   }
-  v.bos_id = 1;
-  v.eos_id = 2;
-  v.unk_id = 0;
   auto spm = Tokenizer::FromVocab(std::move(v));
   ASSERT_TRUE(spm.ok()) << spm.status();
   std::string corpus;

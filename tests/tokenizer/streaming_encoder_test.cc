@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "src/tokenizer/tokenizer.h"
 #include "src/tokenizer/unicode.h"
+#include "tests/testing/vocab.h"
 
 namespace snapfill {
 namespace {
@@ -69,21 +70,8 @@ Vocab MakeBpe(const std::string& pre) {
 // A SentencePiece vocabulary: single characters, byte fallback, and
 // scored merges of pairs and triples, some across "▁" and "\n".
 Vocab MakeSpm(uint32_t seed) {
-  Vocab v;
-  v.model = TokenizerModel::kSpm;
-  auto add = [&](const std::string& t, float score, int type) {
-    v.tokens.push_back(t);
-    v.scores.push_back(score);
-    v.token_types.push_back(type);
-  };
-  add("<unk>", 0, 2);
-  add("<s>", 0, 3);
-  add("</s>", 0, 3);
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
-    add(buf, 0, 6);
-  }
+  Vocab v = testing::SpmVocabBase();
+  auto add = [&](const std::string& t, float score, int type) { testing::AddSpmToken(v, t, score, type); };
   const std::string sp = "\xE2\x96\x81";
   const std::vector<std::string> chars = {"a", "b", "Z", "x", "1", "2", sp, "\n", ".", "'", "s", "é", "\t", "\r"};
   std::mt19937 rng(seed);
@@ -101,9 +89,6 @@ Vocab MakeSpm(uint32_t seed) {
     }
   }
   add("<tool>", 0, 4);
-  v.bos_id = 1;
-  v.eos_id = 2;
-  v.unk_id = 0;
   v.add_eos = true;
   return v;
 }

@@ -11,6 +11,7 @@
 #include "src/tokenizer/pretokenizer.h"
 #include "src/tokenizer/unicode.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/vocab.h"
 
 namespace snapfill {
 namespace {
@@ -274,20 +275,8 @@ struct SpmFixture {
 SpmFixture MakeSpm() {
   SpmFixture f;
   Vocab& v = f.vocab;
-  v.model = TokenizerModel::kSpm;
-  auto add = [&](const std::string& t, float score, int type) {
-    v.tokens.push_back(t);
-    v.scores.push_back(score);
-    v.token_types.push_back(type);
-  };
-  add("<unk>", 0, 2);
-  add("<s>", 0, 3);
-  add("</s>", 0, 3);
-  for (int b = 0; b < 256; ++b) {
-    char buf[8];
-    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
-    add(buf, 0, 6);
-  }
+  v = testing::SpmVocabBase();
+  auto add = [&](const std::string& t, float score, int type) { testing::AddSpmToken(v, t, score, type); };
   const std::string sp = "\xE2\x96\x81";
   for (const char* c : {"h", "e", "l", "o", "w", "r", "d", "a"}) add(c, -10, 1);
   add(sp, -10, 1);
@@ -302,9 +291,6 @@ SpmFixture MakeSpm() {
   add(sp + "wor", -0.6f, 1);
   add(sp + "world", -0.2f, 1);
   add("aa", -1, 1);
-  v.bos_id = 1;
-  v.eos_id = 2;
-  v.unk_id = 0;
   return f;
 }
 
