@@ -49,6 +49,14 @@ const std::vector<Command>& Commands() {
        Join({{"prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span"}, kSampling, kPrompt, kMachine,
              {"decode_kv_f16", "batch", "timing", "profile", "verbosity"}}),
        &RunGenerate},
+      {"batch",
+       "Many documents through one loaded model: a manifest (JSONL) of documents and their questions in, "
+       "an answer per JSON line out, flushed as each comes; --resume goes on where a job stopped, --shard "
+       "(or a Slurm array) takes a share split by size.",
+       Join({{"manifest", "out", "resume", "force", "shard", "guided", "schedule", "memory", "chunk", "window",
+              "pruner", "spool_dir", "spool_after"},
+             kSampling, kPrompt, kMachine, {"verbosity"}}),
+       &RunBatch},
       {"tokenize",
        "Print a model's token ids for a text (--prompt, or --input streamed from a file of any size), "
        "as llama.cpp's llama-tokenize does: the text as given, special tokens only with --parse_special.",

@@ -27,6 +27,7 @@ absl::Status RunNeedle();
 absl::Status RunPlot();
 absl::Status RunBench();
 absl::Status RunTokenize();
+absl::Status RunBatch();
 
 }  // namespace snapfill::cli
 

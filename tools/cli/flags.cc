@@ -107,6 +107,15 @@ ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table 
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");
 
 ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
+ABSL_FLAG(std::string, manifest, "",
+          "batch: the documents, a JSON line each: {\"id\", \"input\", \"questions\": [...] or \"task\": "
+          "\"summarize\"; optional schedule, memory, chunk, n, seed, guided}");
+ABSL_FLAG(std::string, shard, "",
+          "batch: i/N, this process's share of the documents (split by size); default: the Slurm array "
+          "task (SLURM_ARRAY_TASK_ID of _COUNT, or of _MIN.._MAX), else all");
+ABSL_FLAG(bool, guided, false,
+          "batch: each question guides its document's compression (a prefill per question); else one "
+          "prefill serves all of a document's questions");
 ABSL_FLAG(bool, ids, false, "tokenize: print the ids as one list, [1, 2, 3]");
 ABSL_FLAG(bool, pieces, false, "tokenize: print each token's text on a line of its own");
 ABSL_FLAG(bool, parse_special, false,

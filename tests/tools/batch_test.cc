@@ -1,0 +1,249 @@
+// snapfill batch: the manifest (every bad line named, nothing written), the
+// shards (every document exactly once, balanced by size), the answers file
+// (round trip, a torn last line cut, another model or settings refused),
+// and the command end to end on the tiny model: a resumed job and a
+// sharded one give the answers of one uninterrupted run.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/cli_fixture.h"
+#include "tests/testing/files.h"
+#include "tests/testing/status_matchers.h"
+#include "tools/cli/batch_manifest.h"
+
+namespace snapfill::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+class BatchManifestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("batch");
+    testing::WriteRaw(dir_ + "/a.txt", std::string(3000, 'a'));
+    testing::WriteRaw(dir_ + "/b.txt", std::string(1000, 'b'));
+    ASSERT_EQ(::mkdir((dir_ + "/sub").c_str(), 0755), 0);
+    manifest_ = dir_ + "/m.jsonl";
+  }
+  absl::StatusOr<std::vector<BatchDocument>> Parse(const std::string& text) {
+    return ParseManifest(text, manifest_, BatchSettings());
+  }
+  std::string dir_, manifest_;
+};
+
+TEST_F(BatchManifestTest, ReadsDocumentsQuestionsAndSettings) {
+  auto docs = Parse(
+      R"({"id": "a", "input": "a.txt", "questions": ["Q1?", "Q2?"], "memory": 512, "schedule": "fm"})"
+      "\n\n"
+      R"({"id": "b", "input": ")" + dir_ + R"(/b.txt", "task": "summarize", "guided": true, "n": 8, "seed": 3})" "\n");
+  SNAPFILL_ASSERT_OK(docs);
+  ASSERT_EQ(docs->size(), 2u);
+  const BatchDocument& a = (*docs)[0];
+  EXPECT_EQ(a.id, "a");
+  EXPECT_EQ(a.input, dir_ + "/a.txt") << "relative to the manifest's folder";
+  EXPECT_EQ(a.questions, (std::vector<std::string>{"Q1?", "Q2?"}));
+  EXPECT_EQ(a.settings.memory, 512);
+  EXPECT_EQ(a.settings.schedule, "fm");
+  EXPECT_EQ(a.settings.chunk, BatchSettings().chunk);
+  EXPECT_EQ(a.bytes, 3000u);
+  EXPECT_EQ(a.line, 1);
+  const BatchDocument& b = (*docs)[1];
+  EXPECT_EQ(b.questions, (std::vector<std::string>{std::string(kSummarizePrompt)}));
+  EXPECT_TRUE(b.settings.guided);
+  EXPECT_EQ(b.settings.n, 8);
+  EXPECT_EQ(b.settings.seed, 3u);
+  EXPECT_EQ(b.line, 3);
+  EXPECT_EQ(Json::parse(a.settings.Json())["memory"], 512);
+}
+
+TEST_F(BatchManifestTest, EveryBadLineIsNamed) {
+  const std::string ok = R"({"id": "a", "input": "a.txt", "questions": ["Q?"]})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not json", ":2: not a JSON object"},
+      {R"(["a"])", ":2: not a JSON object"},
+      {R"({"input": "b.txt", "questions": ["Q?"]})", ":2: no \"id\""},
+      {R"({"id": "a", "input": "b.txt", "questions": ["Q?"]})", ":2: duplicate id \"a\""},
+      {R"({"id": "b", "questions": ["Q?"]})", ":2: no \"input\""},
+      {R"({"id": "b", "input": "b.txt"})", ":2: no \"questions\" and no \"task\""},
+      {R"({"id": "b", "input": "b.txt", "questions": []})", ":2: \"questions\" must be"},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?", "Q?"]})", ":2: question asked twice"},
+      {R"({"id": "b", "input": "b.txt", "task": "translate"})", ":2: \"task\" must be \"summarize\""},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "temperature": 1})", ":2: unknown key \"temperature\""},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "memory": -4})", ":2: \"memory\" must be an integer"},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "schedule": "xl"})", ":2: \"schedule\" must be"},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "guided": "yes"})", ":2: \"guided\" must be"},
+      {R"({"id": "b", "input": "none.txt", "questions": ["Q?"]})", ":2: input " + dir_ + "/none.txt"},
+      {R"({"id": "b", "input": "sub", "questions": ["Q?"]})", ":2: input " + dir_ + "/sub is a directory"},
+  };
+  for (const auto& [line, message] : cases) {
+    const auto docs = Parse(ok + "\n" + line + "\n");
+    ASSERT_FALSE(docs.ok()) << line;
+    EXPECT_NE(docs.status().message().find(manifest_ + message), std::string::npos)
+        << line << " -> " << docs.status();
+  }
+  EXPECT_FALSE(Parse("\n\n").ok()) << "no documents";
+}
+
+TEST_F(BatchManifestTest, ShardsCoverEveryDocumentOnceAndBalanceBytes) {
+  std::vector<BatchDocument> docs(23);
+  for (size_t i = 0; i < docs.size(); ++i) docs[i].bytes = (i * 7919) % 1000 + 1;
+  for (int n = 1; n <= 8; ++n) {
+    const std::vector<int> shard = AssignShards(docs, n);
+    ASSERT_EQ(shard.size(), docs.size());
+    std::vector<uint64_t> load(n, 0);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      ASSERT_GE(shard[i], 0);
+      ASSERT_LT(shard[i], n);
+      load[shard[i]] += docs[i].bytes;
+    }
+    // Largest first, each to the lightest: no shard is more than the
+    // largest document above another.
+    EXPECT_LE(*std::max_element(load.begin(), load.end()) - *std::min_element(load.begin(), load.end()), 1000u)
+        << n << " shards";
+    EXPECT_EQ(AssignShards(docs, n), shard) << "the same for every process";
+  }
+}
+
+const char* NoEnv(const char*) { return nullptr; }
+const char* SlurmCount(const char* name) {
+  const std::string n = name;
+  return n == "SLURM_ARRAY_TASK_ID" ? "2" : n == "SLURM_ARRAY_TASK_COUNT" ? "4" : nullptr;
+}
+const char* SlurmMinMax(const char* name) {
+  const std::string n = name;
+  return n == "SLURM_ARRAY_TASK_ID" ? "7" : n == "SLURM_ARRAY_TASK_MIN" ? "5" : n == "SLURM_ARRAY_TASK_MAX" ? "8" : nullptr;
+}
+const char* SlurmIdOnly(const char* name) { return std::string(name) == "SLURM_ARRAY_TASK_ID" ? "1" : nullptr; }
+
+TEST(BatchShardTest, FromTheFlagOrSlurm) {
+  EXPECT_EQ(*ResolveShard("", NoEnv), std::make_pair(0, 1));
+  EXPECT_EQ(*ResolveShard("3/5", NoEnv), std::make_pair(3, 5));
+  EXPECT_EQ(*ResolveShard("1/2", SlurmCount), std::make_pair(1, 2)) << "the flag wins";
+  EXPECT_EQ(*ResolveShard("", SlurmCount), std::make_pair(2, 4));
+  EXPECT_EQ(*ResolveShard("", SlurmMinMax), std::make_pair(2, 4));
+  for (const char* bad : {"5/5", "-1/2", "1", "a/b", "1/0", "1/2/3"}) {
+    EXPECT_EQ(ResolveShard(bad, NoEnv).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ResolveShard("", SlurmIdOnly).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BatchManifestTest, AnswersResumeAndTornLinesAreCut) {
+  auto docs = Parse(R"({"id": "a", "input": "a.txt", "questions": ["Q1?", "Q2?"]})" "\n");
+  SNAPFILL_ASSERT_OK(docs);
+  const std::string out = dir_ + "/out.jsonl";
+  auto answer = [&](const std::string& q, const std::string& model, const std::string& settings) {
+    Json j;
+    j["id"] = "a";
+    j["question"] = q;
+    j["answer"] = "x";
+    j["model"] = model;
+    j["settings"] = Json::parse(settings);
+    return j.dump() + "\n";
+  };
+  const std::string settings = (*docs)[0].settings.Json();
+  auto none = ReadAnswered(out, "m1", *docs);
+  SNAPFILL_ASSERT_OK(none);
+  EXPECT_TRUE(none->pairs.empty()) << "no output yet";
+  const std::string first = answer("Q1?", "m1", settings);
+  testing::WriteRaw(out, first + answer("Q2?", "m1", settings).substr(0, 30));
+  auto done = ReadAnswered(out, "m1", *docs);
+  SNAPFILL_ASSERT_OK(done);
+  EXPECT_EQ(done->pairs, (std::set<std::pair<std::string, std::string>>{{"a", "Q1?"}}));
+  EXPECT_EQ(done->torn_bytes, 30);
+  EXPECT_EQ(testing::ReadAll(out), first) << "the torn line is cut from the file";
+  // Another model, other settings, a line that is not an answer.
+  EXPECT_EQ(ReadAnswered(out, "m2", *docs).status().code(), absl::StatusCode::kFailedPrecondition);
+  BatchSettings other = (*docs)[0].settings;
+  other.memory = 7;
+  testing::WriteRaw(out, answer("Q1?", "m1", other.Json()));
+  const auto refused = ReadAnswered(out, "m1", *docs);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("\"memory\":7"), std::string::npos) << refused.status();
+  testing::WriteRaw(out, "{\"hello\": 1}\n");
+  EXPECT_EQ(ReadAnswered(out, "m1", *docs).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// The command on the tiny model.
+class BatchCliTest : public testing::CliTest {
+ protected:
+  void SetUp() override {
+    CliTest::SetUp();
+    std::string manifest;
+    for (int d = 0; d < 5; ++d) {
+      std::string text;
+      for (int i = 0; i < 60 * (d + 1); ++i) text += "Document " + std::to_string(d) + " says line " + std::to_string(i) + ".\n";
+      testing::WriteRaw(dir_ + "/d" + std::to_string(d) + ".txt", text);
+      manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
+                  ".txt\", \"questions\": [\"What is said?\", \"Which document?\"]" +
+                  (d == 3 ? ", \"guided\": true" : "") + (d == 4 ? ", \"memory\": 96" : "") + "}\n";
+    }
+    manifest_ = dir_ + "/m.jsonl";
+    testing::WriteRaw(manifest_, manifest);
+    job_ = "batch --model " + tiny_ + " --manifest " + manifest_ + " --memory 128 --chunk 128 --window 8 -n 4";
+  }
+  // (id, question) -> answer.
+  std::map<std::pair<std::string, std::string>, std::string> Answers(const std::string& path) {
+    std::map<std::pair<std::string, std::string>, std::string> m;
+    std::istringstream in(testing::ReadAll(path));
+    for (std::string line; std::getline(in, line);) {
+      const Json j = Json::parse(line);
+      EXPECT_TRUE(m.emplace(std::make_pair(j["id"], j["question"]), j["answer"]).second) << "answered twice: " << line;
+    }
+    return m;
+  }
+  std::string manifest_, job_;
+};
+
+TEST_F(BatchCliTest, ResumedAndShardedJobsGiveTheAnswersOfOneRun) {
+  testing::Result r = Run(job_ + " --out " + dir_ + "/all.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto all = Answers(dir_ + "/all.jsonl");
+  ASSERT_EQ(all.size(), 10u);
+  {
+    const Json first = Json::parse(testing::ReadAll(dir_ + "/all.jsonl").substr(0, testing::ReadAll(dir_ + "/all.jsonl").find('\n')));
+    for (const char* key : {"id", "question", "answer", "input_tokens", "ttft_seconds", "decode_tokens_per_second",
+                            "peak_rss_bytes", "settings", "model", "snapfill"}) {
+      EXPECT_TRUE(first.contains(key)) << key;
+    }
+  }
+  // A job that died while writing its fourth answer: resumed, it answers
+  // the rest, and nothing twice.
+  const std::string text = testing::ReadAll(dir_ + "/all.jsonl");
+  size_t cut = 0;
+  for (int i = 0; i < 3; ++i) cut = text.find('\n', cut) + 1;
+  testing::WriteRaw(dir_ + "/resumed.jsonl", text.substr(0, cut + 25));
+  EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/resumed.jsonl"), 1, "add --resume");
+  r = Run(job_ + " --out " + dir_ + "/resumed.jsonl --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("torn line"), std::string::npos) << r.err;
+  EXPECT_EQ(Answers(dir_ + "/resumed.jsonl"), all);
+  // Three shards, one through Slurm's variables.
+  std::map<std::pair<std::string, std::string>, std::string> merged;
+  for (int s = 0; s < 3; ++s) {
+    const std::string out = dir_ + "/shard" + std::to_string(s) + ".jsonl";
+    r = s == 2 ? Run("--help >/dev/null; SLURM_ARRAY_TASK_ID=2 SLURM_ARRAY_TASK_COUNT=3 " + std::string(SNAPFILL_BINARY_DIR) +
+                     "/bin/snapfill " + job_ + " --out " + out)
+               : Run(job_ + " --shard " + std::to_string(s) + "/3 --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const auto& [key, answer] : Answers(out)) EXPECT_TRUE(merged.emplace(key, answer).second);
+  }
+  EXPECT_EQ(merged, all);
+  // Resuming with other settings is refused, naming them.
+  r = Run(job_ + " --window 16 --out " + dir_ + "/all.jsonl --resume");
+  EXPECT_FAILS_WITH(r, 1, "\"window\":8");
+  EXPECT_FAILS_WITH(Run("batch --model " + tiny_ + " --out " + dir_ + "/x.jsonl"), 2, "--manifest");
+  EXPECT_FALSE(access((dir_ + "/x.jsonl").c_str(), F_OK) == 0);
+}
+
+}  // namespace
+}  // namespace snapfill::cli

@@ -1,0 +1,244 @@
+// snapfill batch: many documents, each with its questions, through one
+// loaded model; an answer per JSON line, appended and flushed as it comes;
+// --resume goes on where a job stopped; --shard (or a Slurm array) splits
+// the documents by size (batch_manifest.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "snapfill/status.h"
+#include "src/base/file_util.h"
+#include "src/base/sys_stats.h"
+#include "src/engine/generate.h"
+#include "src/engine/prefill_engine.h"
+#include "src/engine/prompt.h"
+#include "src/gguf/fingerprint.h"
+#include "src/model/llama_forward.h"
+#include "tools/cli/batch_manifest.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/common.h"
+#include "tools/cli/flags.h"
+#include "tools/cli/input.h"
+
+namespace snapfill::cli {
+namespace {
+
+using Json = nlohmann::json;
+
+const char* Getenv(const char* name) { return std::getenv(name); }
+
+struct Answer {
+  std::string text;
+  GenerateResult result;
+  int64_t input_tokens = 0;
+  double prefill_seconds = 0;  // the document's prefill (shared by its questions unless guided)
+  double ttft_seconds = 0;     // prefill, the question, the first token
+};
+
+class BatchRunner {
+ public:
+  BatchRunner(LoadedModel& m, Backend* backend, const InputOptions& input) : m_(m), backend_(backend), input_(input) {}
+
+  // One document: a prefill shared by its questions, or one per question
+  // with the question guiding it; `on_answer` sees each.
+  absl::Status Document(const BatchDocument& d, const std::vector<std::string>& questions,
+                        const std::function<absl::Status(const std::string&, const Answer&)>& on_answer) {
+    SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
+    SNAPFILL_ASSIGN_OR_RETURN(config.schedule.kind, ParseScheduleKind(d.settings.schedule));
+    config.schedule.memory = d.settings.memory;
+    config.schedule.chunk = d.settings.chunk;
+    config.recall_budget = 0;
+    GenerateOptions gopts;
+    gopts.max_new_tokens = d.settings.n;
+    SNAPFILL_ASSIGN_OR_RETURN(gopts.sampling, SamplingFromFlags());
+    gopts.sampling.seed = d.settings.seed;
+    gopts.is_eog = [&](int32_t id) { return m_.tokenizer->IsEndOfGeneration(id); };
+    if (d.settings.guided) {
+      for (const std::string& q : questions) {
+        Stopwatch watch;
+        SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, q, ""));
+        InputOptions o = input_;
+        o.with_suffix = true;
+        SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));
+        PrefillConfig c = config;
+        c.decode_reserve = d.settings.n;
+        SNAPFILL_ASSIGN_OR_RETURN(c.query_tokens, BuildContinuation(*m_.tokenizer, m_.chat_template, q));
+        SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, c, in.tokens->size()));
+        SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
+        Answer a;
+        a.input_tokens = in.tokens->size();
+        a.prefill_seconds = watch.Seconds();
+        SNAPFILL_ASSIGN_OR_RETURN(auto kv, engine->TakeDecoderCache());
+        SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m_.model, backend_, 1));
+        SNAPFILL_ASSIGN_OR_RETURN(a.result, GenerateFromLogits(*forward, *kv, engine->next_position(),
+                                                              engine->last_logits(), gopts, Collect(&a.text)));
+        a.ttft_seconds = a.prefill_seconds + a.result.ttft_seconds;
+        SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
+      }
+      return absl::OkStatus();
+    }
+    Stopwatch watch;
+    SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, "", ""));
+    InputOptions o = input_;
+    o.with_suffix = false;
+    SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));
+    SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
+    SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
+    const double prefill_seconds = watch.Seconds();
+    SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m_.model, backend_, kQuestionBatch));
+    for (const std::string& q : questions) {
+      // Each question continues its own copy of the document's cache.
+      SNAPFILL_ASSIGN_OR_RETURN(std::vector<int32_t> ids, BuildContinuation(*m_.tokenizer, m_.chat_template, q));
+      SNAPFILL_ASSIGN_OR_RETURN(auto kv, engine->MakeDecoderCache(static_cast<int64_t>(ids.size()) + d.settings.n));
+      Answer a;
+      a.input_tokens = in.tokens->size() + static_cast<int64_t>(ids.size());
+      a.prefill_seconds = prefill_seconds;
+      SNAPFILL_ASSIGN_OR_RETURN(a.result, Generate(*forward, *kv, engine->next_position(), ids, gopts, Collect(&a.text)));
+      a.ttft_seconds = prefill_seconds + a.result.ttft_seconds;
+      SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static constexpr int64_t kQuestionBatch = 64;  // question tokens run at once
+
+  absl::StatusOr<InputTokens> Tokenize(const BatchDocument& d, const PromptFrame& frame, const InputOptions& o) {
+    SNAPFILL_ASSIGN_OR_RETURN(auto file, InputFile::Open(d.input, "input"));
+    return TokenizeInput(*file, *m_.tokenizer, frame, o);
+  }
+
+  std::function<bool(int32_t)> Collect(std::string* text) {
+    return [this, text](int32_t id) {
+      *text += m_.tokenizer->TokenToPiece(id);
+      return true;
+    };
+  }
+
+  LoadedModel& m_;
+  Backend* backend_;
+  const InputOptions& input_;
+};
+
+}  // namespace
+
+absl::Status RunBatch() {
+  const std::string manifest_path = absl::GetFlag(FLAGS_manifest);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (manifest_path.empty()) return absl::InvalidArgumentError("--manifest FILE (JSONL, a document a line) is required");
+  if (out.empty()) return absl::InvalidArgumentError("--out FILE (the answers, JSONL) is required");
+  const bool resume = absl::GetFlag(FLAGS_resume);
+  const bool force = absl::GetFlag(FLAGS_force);
+  if (resume && force) return absl::InvalidArgumentError("--resume goes on with --out, --force replaces it: give one");
+  if (!resume && !force && access(out.c_str(), F_OK) == 0) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "--out ", out, " exists: add --resume to answer what it lacks, or --force to start over"));
+  }
+  BatchSettings defaults;
+  defaults.schedule = absl::GetFlag(FLAGS_schedule);
+  defaults.memory = absl::GetFlag(FLAGS_memory);
+  defaults.chunk = absl::GetFlag(FLAGS_chunk);
+  defaults.n = absl::GetFlag(FLAGS_n);
+  defaults.seed = absl::GetFlag(FLAGS_seed);
+  defaults.guided = absl::GetFlag(FLAGS_guided);
+  defaults.window = absl::GetFlag(FLAGS_window);
+  defaults.pruner = absl::GetFlag(FLAGS_pruner);
+  defaults.temp = absl::GetFlag(FLAGS_temp);
+  defaults.top_k = absl::GetFlag(FLAGS_top_k);
+  defaults.top_p = absl::GetFlag(FLAGS_top_p);
+  SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
+  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
+  SNAPFILL_ASSIGN_OR_RETURN(const auto shard, ResolveShard(absl::GetFlag(FLAGS_shard), Getenv));
+  const std::vector<int> assigned = AssignShards(docs, shard.second);
+  SNAPFILL_ASSIGN_OR_RETURN(InputOptions input, InputOptionsFromFlags(/*with_suffix=*/false));
+  input.progress = false;
+  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  const std::string fingerprint = ModelFingerprint(m.model->gguf());
+  AnsweredSet done;
+  if (resume) {
+    SNAPFILL_ASSIGN_OR_RETURN(done, ReadAnswered(out, fingerprint, docs));
+  }
+  if (done.torn_bytes > 0) {
+    std::fprintf(stderr, "snapfill: %s ended in a torn line (%lld bytes): cut off, its answer is done again\n",
+                 out.c_str(), (long long)done.torn_bytes);
+  }
+  FILE* f = std::fopen(out.c_str(), resume ? "a" : "w");
+  if (f == nullptr) return FileErrnoStatus(errno, "cannot open", out);
+  std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
+
+  // This shard's documents and their questions not yet answered.
+  int64_t todo_docs = 0, todo_answers = 0, skipped = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (assigned[i] != shard.first) continue;
+    int64_t left = 0;
+    for (const std::string& q : docs[i].questions) {
+      if (done.pairs.count({docs[i].id, q})) {
+        ++skipped;
+      } else {
+        ++left;
+      }
+    }
+    todo_answers += left;
+    todo_docs += left > 0;
+  }
+  std::fprintf(stderr, "[batch] shard %d/%d: %lld documents, %lld answers to give (%lld already in %s)\n", shard.first,
+               shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped, out.c_str());
+  BatchRunner runner(m, backend.get(), input);
+  Stopwatch job;
+  int64_t answers = 0, docs_done = 0, tokens = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const BatchDocument& d = docs[i];
+    if (assigned[i] != shard.first) continue;
+    std::vector<std::string> questions;
+    for (const std::string& q : d.questions) {
+      if (!done.pairs.count({d.id, q})) questions.push_back(q);
+    }
+    if (questions.empty()) continue;
+    const absl::Status s = runner.Document(d, questions, [&](const std::string& q, const Answer& a) {
+      Json j;
+      j["id"] = d.id;
+      j["question"] = q;
+      j["answer"] = a.text;
+      j["input_tokens"] = a.input_tokens;
+      j["generated_tokens"] = a.result.tokens.size();
+      j["stopped_at_eog"] = a.result.stopped_at_eog;
+      j["prefill_seconds"] = a.prefill_seconds;
+      j["ttft_seconds"] = a.ttft_seconds;
+      const double decode_tps =
+          a.result.tokens.size() > 1 ? (a.result.tokens.size() - 1) / std::max(a.result.decode_seconds, 1e-9) : 0.0;
+      j["decode_tokens_per_second"] = decode_tps;
+      j["peak_rss_bytes"] = PeakRssBytes();
+      j["settings"] = Json::parse(d.settings.Json());
+      j["model"] = fingerprint;
+      j["snapfill"] = SNAPFILL_VERSION;
+      const std::string line = j.dump() + "\n";
+      if (std::fwrite(line.data(), 1, line.size(), f) != line.size() || std::fflush(f) != 0) {
+        return FileErrnoStatus(errno, "error writing", out);
+      }
+      ++answers;
+      tokens += a.input_tokens;
+      const double t = job.Seconds();
+      std::fprintf(stderr, "[batch] %lld/%lld answers | %s | %.0f tokens/s | ETA %s\n", (long long)answers,
+                   (long long)todo_answers, d.id.c_str(), tokens / std::max(t, 1e-9),
+                   HumanSeconds(t / answers * (todo_answers - answers)).c_str());
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("document \"", d.id, "\" (", d.input, "): ", s.message()));
+    ++docs_done;
+  }
+  std::fprintf(stderr, "batch: %lld answers for %lld documents in %.1f s (%lld were already there) | peak RSS %s\n",
+               (long long)answers, (long long)docs_done, job.Seconds(), (long long)skipped,
+               HumanBytes(PeakRssBytes()).c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace snapfill::cli
