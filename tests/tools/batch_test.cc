@@ -189,7 +189,10 @@ class BatchCliTest : public testing::CliTest {
     }
     manifest_ = dir_ + "/m.jsonl";
     testing::WriteRaw(manifest_, manifest);
-    job_ = "batch --model " + tiny_ + " --manifest " + manifest_ + " --memory 128 --chunk 128 --window 8 -n 4";
+    // Sampled (the same seed, so repeatable): the tiny random model's greedy
+    // answers are all line breaks, which would not tell two caches apart.
+    job_ = "batch --model " + tiny_ + " --manifest " + manifest_ + " --memory 128 --chunk 128 --window 8 -n 4" +
+           kSampling;
   }
   // (id, question) -> answer.
   std::map<std::pair<std::string, std::string>, std::string> Answers(const std::string& path) {
@@ -201,14 +204,23 @@ class BatchCliTest : public testing::CliTest {
     }
     return m;
   }
+  static constexpr const char* kSampling = " --temp 1.5 --top_k 0 --top_p 1 --seed 5";
   std::string manifest_, job_;
 };
+
+// Text as a JSON line holds it: bytes that are not UTF-8 become U+FFFD.
+std::string AsJsonText(const std::string& raw) {
+  return Json::parse(Json(raw).dump(-1, ' ', false, Json::error_handler_t::replace)).get<std::string>();
+}
 
 TEST_F(BatchCliTest, ResumedAndShardedJobsGiveTheAnswersOfOneRun) {
   testing::Result r = Run(job_ + " --out " + dir_ + "/all.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto all = Answers(dir_ + "/all.jsonl");
   ASSERT_EQ(all.size(), 10u);
+  std::set<std::string> distinct;
+  for (const auto& [key, answer] : all) distinct.insert(answer);
+  EXPECT_GT(distinct.size(), 5u) << "the answers should tell the documents and questions apart";
   {
     const Json first = Json::parse(testing::ReadAll(dir_ + "/all.jsonl").substr(0, testing::ReadAll(dir_ + "/all.jsonl").find('\n')));
     for (const char* key : {"id", "question", "answer", "input_tokens", "ttft_seconds", "decode_tokens_per_second",
@@ -243,6 +255,34 @@ TEST_F(BatchCliTest, ResumedAndShardedJobsGiveTheAnswersOfOneRun) {
   EXPECT_FAILS_WITH(r, 1, "\"window\":8");
   EXPECT_FAILS_WITH(Run("batch --model " + tiny_ + " --out " + dir_ + "/x.jsonl"), 2, "--manifest");
   EXPECT_FALSE(access((dir_ + "/x.jsonl").c_str(), F_OK) == 0);
+}
+
+// --cache_dir keeps each document's cache: a later generate --cache with
+// the same question gives the batch's answer.
+TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
+  std::string manifest;
+  for (int d = 0; d < 3; ++d) {
+    manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
+                ".txt\", \"questions\": [\"What is said?\"]}\n";
+  }
+  testing::WriteRaw(manifest_, manifest);
+  const std::string caches = dir_ + "/caches";
+  ASSERT_EQ(::mkdir(caches.c_str(), 0755), 0);
+  testing::Result r = Run(job_ + " --cache_dir " + caches + " --out " + dir_ + "/a.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto answers = Answers(dir_ + "/a.jsonl");
+  ASSERT_EQ(answers.size(), 3u);
+  for (int d = 0; d < 3; ++d) {
+    const std::string id = "doc" + std::to_string(d);
+    r = Run("generate --model " + tiny_ + " --cache " + caches + "/" + id + ".kv --prompt 'What is said?' -n 4 --batch 64" +
+            kSampling);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_FALSE(r.out.empty());
+    EXPECT_EQ(AsJsonText(r.out.substr(0, r.out.size() - 1)), answers.at({id, "What is said?"})) << id;
+  }
+  testing::WriteRaw(manifest_, R"({"id": "a/b", "input": "d0.txt", "questions": ["Q?"]})" "\n");
+  EXPECT_FAILS_WITH(Run(job_ + " --cache_dir " + caches + " --out " + dir_ + "/b.jsonl"), 2, "cannot name a cache file");
+  EXPECT_FAILS_WITH(Run(job_ + " --cache_dir " + dir_ + "/none --out " + dir_ + "/b.jsonl"), 2, "is not a folder");
 }
 
 }  // namespace

@@ -2,7 +2,10 @@
 // loaded model; an answer per JSON line, appended and flushed as it comes;
 // --resume goes on where a job stopped; --shard (or a Slurm array) splits
 // the documents by size (batch_manifest.h).
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cctype>
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +24,7 @@
 #include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
 #include "src/gguf/fingerprint.h"
+#include "src/kv/cache_file.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/batch_manifest.h"
 #include "tools/cli/commands.h"
@@ -35,6 +39,17 @@ using Json = nlohmann::json;
 
 const char* Getenv(const char* name) { return std::getenv(name); }
 
+std::string CachePath(const std::string& dir, const std::string& id) { return dir + "/" + id + ".kv"; }
+
+// An id names its cache file in --cache_dir.
+bool IsFileName(const std::string& id) {
+  if (id == "." || id == "..") return false;
+  for (const char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
 struct Answer {
   std::string text;
   GenerateResult result;
@@ -45,7 +60,10 @@ struct Answer {
 
 class BatchRunner {
  public:
-  BatchRunner(LoadedModel& m, Backend* backend, const InputOptions& input) : m_(m), backend_(backend), input_(input) {}
+  BatchRunner(LoadedModel& m, Backend* backend, const InputOptions& input, std::string fingerprint,
+              std::string cache_dir)
+      : m_(m), backend_(backend), input_(input), fingerprint_(std::move(fingerprint)),
+        cache_dir_(std::move(cache_dir)) {}
 
   // One document: a prefill shared by its questions, or one per question
   // with the question guiding it; `on_answer` sees each.
@@ -93,6 +111,17 @@ class BatchRunner {
     SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
     SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
     const double prefill_seconds = watch.Seconds();
+    if (!cache_dir_.empty()) {
+      // For later questions: generate --cache DIR/ID.kv --prompt "...".
+      PromptCache cache;
+      cache.model_fingerprint = fingerprint_;
+      cache.config = ConfigJson(engine->config(), m_.path, in.tokens->size());
+      cache.kernels = backend_->kernels();
+      cache.input_tokens = in.tokens->size();
+      SNAPFILL_ASSIGN_OR_RETURN(cache.kv, engine->MakeDecoderCache(0));
+      cache.next_position = engine->next_position();
+      SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(CachePath(cache_dir_, d.id), cache, /*overwrite=*/true));
+    }
     SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m_.model, backend_, kQuestionBatch));
     for (const std::string& q : questions) {
       // Each question continues its own copy of the document's cache.
@@ -126,6 +155,8 @@ class BatchRunner {
   LoadedModel& m_;
   Backend* backend_;
   const InputOptions& input_;
+  const std::string fingerprint_;
+  const std::string cache_dir_;
 };
 
 }  // namespace
@@ -156,6 +187,24 @@ absl::Status RunBatch() {
   defaults.top_p = absl::GetFlag(FLAGS_top_p);
   SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
   SNAPFILL_ASSIGN_OR_RETURN(const std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
+  const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  if (!cache_dir.empty()) {
+    struct stat st {};
+    if (::stat(cache_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("--cache_dir ", cache_dir, " is not a folder"));
+    }
+    for (const BatchDocument& d : docs) {
+      if (!IsFileName(d.id)) {
+        return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": id \"", d.id,
+                                                       "\" cannot name a cache file in --cache_dir (letters, digits, "
+                                                       "'.', '_' and '-' only)"));
+      }
+      if (d.settings.guided) {
+        return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": a guided document's caches are "
+                                                       "its questions'; --cache_dir keeps unguided ones only"));
+      }
+    }
+  }
   SNAPFILL_ASSIGN_OR_RETURN(const auto shard, ResolveShard(absl::GetFlag(FLAGS_shard), Getenv));
   const std::vector<int> assigned = AssignShards(docs, shard.second);
   SNAPFILL_ASSIGN_OR_RETURN(InputOptions input, InputOptionsFromFlags(/*with_suffix=*/false));
@@ -192,7 +241,7 @@ absl::Status RunBatch() {
   }
   std::fprintf(stderr, "[batch] shard %d/%d: %lld documents, %lld answers to give (%lld already in %s)\n", shard.first,
                shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped, out.c_str());
-  BatchRunner runner(m, backend.get(), input);
+  BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir);
   Stopwatch job;
   int64_t answers = 0, docs_done = 0, tokens = 0;
   for (size_t i = 0; i < docs.size(); ++i) {
@@ -220,7 +269,8 @@ absl::Status RunBatch() {
       j["settings"] = Json::parse(d.settings.Json());
       j["model"] = fingerprint;
       j["snapfill"] = SNAPFILL_VERSION;
-      const std::string line = j.dump() + "\n";
+      // A piece may end inside a UTF-8 sequence: JSON takes U+FFFD for such bytes.
+      const std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
       if (std::fwrite(line.data(), 1, line.size(), f) != line.size() || std::fflush(f) != 0) {
         return FileErrnoStatus(errno, "error writing", out);
       }

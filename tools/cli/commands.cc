@@ -53,7 +53,7 @@ const std::vector<Command>& Commands() {
        "Many documents through one loaded model: a manifest (JSONL) of documents and their questions in, "
        "an answer per JSON line out, flushed as each comes; --resume goes on where a job stopped, --shard "
        "(or a Slurm array) takes a share split by size.",
-       Join({{"manifest", "out", "resume", "force", "shard", "guided", "schedule", "memory", "chunk", "window",
+       Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "schedule", "memory", "chunk", "window",
               "pruner", "spool_dir", "spool_after"},
              kSampling, kPrompt, kMachine, {"verbosity"}}),
        &RunBatch},

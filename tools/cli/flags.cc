@@ -113,6 +113,8 @@ ABSL_FLAG(std::string, manifest, "",
 ABSL_FLAG(std::string, shard, "",
           "batch: i/N, this process's share of the documents (split by size); default: the Slurm array "
           "task (SLURM_ARRAY_TASK_ID of _COUNT, or of _MIN.._MAX), else all");
+ABSL_FLAG(std::string, cache_dir, "",
+          "batch: keep each document's compressed cache as DIR/ID.kv, for later generate --cache questions");
 ABSL_FLAG(bool, guided, false,
           "batch: each question guides its document's compression (a prefill per question); else one "
           "prefill serves all of a document's questions");
