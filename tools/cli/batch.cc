@@ -82,7 +82,8 @@ class BatchRunner {
     if (d.settings.guided) {
       for (const std::string& q : questions) {
         Stopwatch watch;
-        SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, q, ""));
+        SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, q,
+                                                                            absl::GetFlag(FLAGS_system)));
         InputOptions o = input_;
         o.with_suffix = true;
         SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));
@@ -104,7 +105,8 @@ class BatchRunner {
       return absl::OkStatus();
     }
     Stopwatch watch;
-    SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, "", ""));
+    SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*m_.tokenizer, m_.chat_template, "",
+                                                                            absl::GetFlag(FLAGS_system)));
     InputOptions o = input_;
     o.with_suffix = false;
     SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));

@@ -94,9 +94,11 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(int64_t, checkpoint_every, 50, "Chunks between two checkpoints (with --checkpoint)");
 ABSL_FLAG(bool, resume, false,
           "Continue from --checkpoint: same model, input and settings; the result is bit for "
-          "bit that of an uninterrupted run with the same --threads");
+          "bit that of an uninterrupted run with the same --threads. batch: give only the answers "
+          "--out lacks");
 
-ABSL_FLAG(std::string, out, "", "prefill: file to save the compressed cache to");
+ABSL_FLAG(std::string, out, "",
+          "prefill: file to save the compressed cache to; batch: the answers, a JSON line each");
 ABSL_FLAG(std::string, cache, "", "generate: answer from a cache file saved by snapfill prefill");
 ABSL_FLAG(bool, force, false, "Overwrite an output file that exists");
 ABSL_FLAG(std::string, telemetry, "",
