@@ -7,6 +7,8 @@
 //                    than the CPU's highest (BackendOptions::kernel_level)
 //   SNAPFILL_AMX     0 (no AMX) | int8 (AMX-INT8 products, no AMX-BF16)
 //   TMPDIR           where long inputs' token ids are spooled (--spool_dir)
+//   SLURM_ARRAY_TASK_ID, _COUNT, _MIN, _MAX
+//                    batch's share when --shard is not given
 //   OMP_WAIT_POLICY  passive: the kernels' threads sleep at once between
 //                    regions (active or unset: they spin a while first)
 //   OMP_NUM_THREADS, OMP_PLACES, OMP_PROC_BIND
