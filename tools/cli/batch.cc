@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include <cstdio>
@@ -110,6 +111,15 @@ class BatchRunner {
     InputOptions o = input_;
     o.with_suffix = false;
     SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));
+    std::vector<std::vector<int32_t>> question_ids;
+    int64_t longest = 0;
+    for (const std::string& q : questions) {
+      SNAPFILL_ASSIGN_OR_RETURN(question_ids.emplace_back(), BuildContinuation(*m_.tokenizer, m_.chat_template, q));
+      longest = std::max<int64_t>(longest, question_ids.back().size());
+    }
+    // Room in the memory itself for the last question and its answer: that
+    // one takes the memory over instead of a copy.
+    config.decode_reserve = longest + d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
     SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
     const double prefill_seconds = watch.Seconds();
@@ -125,14 +135,21 @@ class BatchRunner {
       SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(CachePath(cache_dir_, d.id), cache, /*overwrite=*/true));
     }
     SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m_.model, backend_, kQuestionBatch));
-    for (const std::string& q : questions) {
-      // Each question continues its own copy of the document's cache.
-      SNAPFILL_ASSIGN_OR_RETURN(std::vector<int32_t> ids, BuildContinuation(*m_.tokenizer, m_.chat_template, q));
-      SNAPFILL_ASSIGN_OR_RETURN(auto kv, engine->MakeDecoderCache(static_cast<int64_t>(ids.size()) + d.settings.n));
+    const int64_t next_position = engine->next_position();
+    for (size_t i = 0; i < questions.size(); ++i) {
+      const std::string& q = questions[i];
+      const std::vector<int32_t>& ids = question_ids[i];
+      // Each question but the last continues a copy of the document's cache.
+      std::unique_ptr<KvCache> kv;
+      if (i + 1 < questions.size()) {
+        SNAPFILL_ASSIGN_OR_RETURN(kv, engine->MakeDecoderCache(static_cast<int64_t>(ids.size()) + d.settings.n));
+      } else {
+        SNAPFILL_ASSIGN_OR_RETURN(kv, engine->TakeDecoderCache());
+      }
       Answer a;
       a.input_tokens = in.tokens->size() + static_cast<int64_t>(ids.size());
       a.prefill_seconds = prefill_seconds;
-      SNAPFILL_ASSIGN_OR_RETURN(a.result, Generate(*forward, *kv, engine->next_position(), ids, gopts, Collect(&a.text)));
+      SNAPFILL_ASSIGN_OR_RETURN(a.result, Generate(*forward, *kv, next_position, ids, gopts, Collect(&a.text)));
       a.ttft_seconds = prefill_seconds + a.result.ttft_seconds;
       SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
     }
