@@ -1,16 +1,10 @@
 #include "tools/cli/common.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <iostream>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -38,37 +32,19 @@ std::string HumanSeconds(double s) {
 }
 
 absl::StatusOr<std::string> ReadInput(const std::string& path, const char* flag) {
-  std::ostringstream ss;
-  if (path == "-") {
-    ss << std::cin.rdbuf();
-    return ss.str();
-  }
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    const int err = errno;
-    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(flag, " ", path, ": no such file"));
-    return absl::PermissionDeniedError(absl::StrCat(flag, " ", path, ": ", std::strerror(err)));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is a directory, not a file"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat(flag, " ", path, ": cannot open: ",
-                                                    std::strerror(errno)));
-  }
-  // Read straight into one string of the file's size: a stream copy would
-  // hold the text two or three times at the peak.
+  // InputFile refuses what cannot be read (missing, a directory, ...) as
+  // the streamed inputs are refused.
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<InputFile> file, InputFile::Open(path, flag));
   std::string text;
-  if (S_ISREG(st.st_mode)) {
-    text.resize(static_cast<size_t>(st.st_size));
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(in.gcount()));
-  } else {
-    ss << in.rdbuf();  // a pipe or device: its size is not known
-    text = ss.str();
+  // One string of the file's size: a stream copy would hold the text two or
+  // three times at the peak.
+  if (file->size() > 0) text.reserve(static_cast<size_t>(file->size()));
+  char buffer[1 << 16];
+  while (true) {
+    SNAPFILL_ASSIGN_OR_RETURN(const size_t got, file->Read(buffer, sizeof(buffer)));
+    if (got == 0) break;
+    text.append(buffer, got);
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
   return text;
 }
 
