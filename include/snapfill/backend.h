@@ -369,11 +369,13 @@ class Backend {
   // visibility), lse: [num_heads][q.count]. RecallScores: for each KV head
   // and each of keys.num_keys stored keys (all visible), the softmax weight
   // the queries would give it beside the keys behind `lse`, summed over the
-  // queries and averaged over the KV group's query heads; scores:
+  // queries and averaged over the KV group's query heads; with max_weight
+  // the largest such weight over the queries and the group's heads instead
+  // (context reconstruction, DESIGN.md §9); scores:
   // [num_kv_heads][scores_stride].
   virtual absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) = 0;
   virtual absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
-                                    int64_t scores_stride) = 0;
+                                    int64_t scores_stride, bool max_weight) = 0;
   // The selection's ops over one head's votes (host memory, n values).
   // Pool1d: out[i] = the average (counting the pads as zeros, always over
   // `kernel`) or the maximum (ignoring the pads) of in[i - kernel/2,

@@ -228,9 +228,9 @@ void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv
 void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                  float scale) {
+                  float scale, bool max_weight) {
   SNAPFILL_CPU_DISPATCH(RecallScores, q, q_stride, num_q, lse, k, kv_head_stride, kv_key_stride, num_keys, scores,
-                        scores_stride, num_heads, num_kv_heads, head_dim, scale);
+                        scores_stride, num_heads, num_kv_heads, head_dim, scale, max_weight);
 }
 
 void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {

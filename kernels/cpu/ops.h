@@ -131,7 +131,9 @@ void SetWindowScoresKeptFloatsForTesting(int64_t floats);
 
 // Each query's log softmax denominator over the keys it sees (Attention's
 // visibility), lse: [num_heads][num_q]; and the recall tier's scores of
-// stored keys against those queries (every key visible to every query).
+// stored keys against those queries (every key visible to every query);
+// max_weight: each key's largest weight over the queries and the group's
+// heads instead (context reconstruction's score, DESIGN.md §9).
 // Twins: ref::QueryLogSumExp and ref::RecallScores (see there). Threads:
 // the kernels' team over KV heads, and over (KV head × 1,024-key chunks).
 void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
@@ -140,7 +142,7 @@ void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv
 void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                  float scale);
+                  float scale, bool max_weight = false);
 
 // True if Attention of a chunk (num_q > 1, head_dim 64) runs on AMX-BF16
 // tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.

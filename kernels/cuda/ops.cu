@@ -231,7 +231,7 @@ cudaError_t LaunchAttention(const float* q, const float* k, const float* v, cons
 // summed in f32, then averaged over the group.
 __global__ void KeyWeightsKernel(const float* __restrict__ q, const float* __restrict__ lse,
                                  const float* __restrict__ k, AttentionShape s, bool causal,
-                                 float* __restrict__ scores, int64_t scores_stride) {
+                                 float* __restrict__ scores, int64_t scores_stride, bool max_weight) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
   if (j >= s.num_keys) return;
@@ -258,10 +258,11 @@ __global__ void KeyWeightsKernel(const float* __restrict__ q, const float* __res
         if (d < hd) dot = fmaf(qr[d], kl[r], dot);
       }
       dot = WarpSum(dot);
-      total += expf(dot * s.scale - lse[h * s.num_q + i]);
+      const float w = expf(dot * s.scale - lse[h * s.num_q + i]);
+      total = max_weight ? fmaxf(total, w) : total + w;
     }
   }
-  if (lane == 0) scores[kvh * scores_stride + j] = total / static_cast<float>(group);
+  if (lane == 0) scores[kvh * scores_stride + j] = max_weight ? total : total / static_cast<float>(group);
 }
 
 __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t kernel,
@@ -363,14 +364,15 @@ cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape&
 }
 
 cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
-                       float* scores, int64_t scores_stride, cudaStream_t stream) {
+                       float* scores, int64_t scores_stride, cudaStream_t stream, bool max_weight) {
   if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
   if (s.num_keys <= 0) return cudaSuccess;
   constexpr int kKeysPerBlock = 8;
   const dim3 grid(Blocks(s.num_keys, kKeysPerBlock), static_cast<unsigned>(s.num_kv_heads));
-  KeyWeightsKernel<<<grid, kKeysPerBlock * 32, 0, stream>>>(q, lse, k, s, causal, scores, scores_stride);
+  KeyWeightsKernel<<<grid, kKeysPerBlock * 32, 0, stream>>>(q, lse, k, s, causal, scores, scores_stride,
+                                                            max_weight);
   return cudaGetLastError();
 }
 

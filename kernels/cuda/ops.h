@@ -77,8 +77,10 @@ cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape&
 // see j where `causal`, else all) and averaged over the group's query heads.
 // causal with the lse of QueryLogSumExp over the same keys: SnapKV's votes
 // (cpu::WindowScores); not causal: the recall tier's RecallScores.
+// max_weight: the largest weight over the queries and the group's heads
+// instead (cpu::RecallScores' max_weight).
 cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
-                       float* scores, int64_t scores_stride, cudaStream_t stream);
+                       float* scores, int64_t scores_stride, cudaStream_t stream, bool max_weight = false);
 
 // Stride-1 pooling with kernel/2 padding (ref::AvgPool1d / ref::MaxPool1d).
 cudaError_t Pool1d(const float* in, float* out, int64_t n, int64_t kernel, bool max, cudaStream_t stream);

@@ -199,7 +199,7 @@ void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv
 void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                  float scale) {
+                  float scale, bool max_weight) {
   assert(num_heads % num_kv_heads == 0);
   const int64_t group = num_heads / num_kv_heads;
   std::vector<double> s;
@@ -210,11 +210,14 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       for (int64_t i = 0; i < num_q; ++i) {
         Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_keys, head_dim, scale, s);
-        for (int64_t j = 0; j < num_keys; ++j) acc[j] += std::exp(s[j] - lse[h * num_q + i]);
+        for (int64_t j = 0; j < num_keys; ++j) {
+          const double w = std::exp(s[j] - lse[h * num_q + i]);
+          acc[j] = max_weight ? std::max(acc[j], w) : acc[j] + w;
+        }
       }
     }
     for (int64_t j = 0; j < num_keys; ++j) {
-      scores[kvh * scores_stride + j] = static_cast<float>(acc[j] / static_cast<double>(group));
+      scores[kvh * scores_stride + j] = static_cast<float>(max_weight ? acc[j] : acc[j] / static_cast<double>(group));
     }
   }
 }

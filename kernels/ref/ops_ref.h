@@ -66,10 +66,12 @@ void QueryLogSumExp(const float* q, int64_t q_stride, const float* k, int64_t kv
 // summed over the queries and averaged over the KV group's query heads:
 // scores[kvh * scores_stride + j] = (1 / group) Σ_{h of kvh} Σ_i
 // exp(scale · q_{i,h} · k_{kvh,j} - lse[h * num_q + i]).
+// max_weight: the largest of those weights over i and the group's h
+// instead of the average of the sums (context reconstruction, DESIGN.md §9).
 void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                  float scale);
+                  float scale, bool max_weight = false);
 
 // Stride-1 pooling with kernel/2 padding on both sides; output length n.
 // Avg: pads count as zeros, always divided by kernel (PyTorch avg_pool1d

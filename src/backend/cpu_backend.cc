@@ -484,13 +484,13 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
-                            int64_t scores_stride) override {
+                            int64_t scores_stride, bool max_weight) override {
     OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
     if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * keys.num_keys;
     cpu::RecallScores(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
-                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
+                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale, max_weight);
     return absl::OkStatus();
   }
 

@@ -23,6 +23,7 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
     case PrunerKind::kSnapKv:
     case PrunerKind::kStreaming:
     case PrunerKind::kFull:
+    case PrunerKind::kReconstruct:
       break;
     default:
       return absl::InvalidArgumentError(
@@ -51,6 +52,10 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--select: unknown selection ", static_cast<int>(config.query_select)));
   }
+  if (config.repeat_stride < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--repeat_stride=", config.repeat_stride, " must be >= 1"));
+  }
   if (config.span < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--span=", config.span, " must be >= 1"));
   }
@@ -60,8 +65,9 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
 absl::Status ValidatePrunerBudget(const PrunerConfig& config, int64_t budget) {
   switch (config.kind) {
     case PrunerKind::kSnapKv:
+    case PrunerKind::kReconstruct:
       if (budget < config.window) {
-        return absl::InvalidArgumentError(absl::StrCat("SnapKV budget ", budget,
+        return absl::InvalidArgumentError(absl::StrCat(PrunerKindName(config.kind), " budget ", budget,
                                                        " must be >= --window=", config.window,
                                                        " (the window's entries are always kept)"));
       }
@@ -80,15 +86,16 @@ absl::Status ValidatePrunerBudget(const PrunerConfig& config, int64_t budget) {
 }
 
 int64_t KeptCapacity(const PrunerConfig& config, int64_t budget) {
-  return config.kind == PrunerKind::kSnapKv ? budget + config.sink_tokens : budget;
+  return RanksByScores(config.kind) ? budget + config.sink_tokens : budget;
 }
 
 absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name) {
   if (name == "snapkv") return PrunerKind::kSnapKv;
   if (name == "streaming") return PrunerKind::kStreaming;
   if (name == "full") return PrunerKind::kFull;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--pruner=", std::string(name), ": expected snapkv, streaming or full"));
+  if (name == "reconstruct") return PrunerKind::kReconstruct;
+  return absl::InvalidArgumentError(absl::StrCat("--pruner=", std::string(name),
+                                                 ": expected snapkv, streaming, full or reconstruct"));
 }
 
 absl::StatusOr<Pooling> ParsePooling(std::string_view name) {
@@ -113,6 +120,8 @@ const char* PrunerKindName(PrunerKind kind) {
       return "streaming";
     case PrunerKind::kFull:
       return "full";
+    case PrunerKind::kReconstruct:
+      return "reconstruct";
   }
   return "unknown";
 }
@@ -141,6 +150,7 @@ absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config,
   SNAPFILL_RETURN_IF_ERROR(ValidatePrunerConfig(config));
   switch (config.kind) {
     case PrunerKind::kSnapKv:
+    case PrunerKind::kReconstruct:
       return compress_internal::NewSnapKvPruner(config, backend);
     case PrunerKind::kStreaming:
       return compress_internal::NewStreamingPruner(config);

@@ -13,6 +13,12 @@
 //             non-window candidates -> per-head top-k -> + the window.
 //   streaming StreamingLLM: the first s "sink" tokens + the most recent.
 //   full      no eviction (the baseline).
+//   reconstruct
+//             context reconstruction (KVzip; DESIGN.md §9): SnapKV's
+//             selection (window, sinks, pooling, top-k) over scores each
+//             entry got once, when its own chunk was repeated after a
+//             "repeat the previous text" prompt, and keeps while it is
+//             kept. The engine passes those scores as SelectionInput::votes.
 //
 // Candidate order: in every KV head, candidates [0, num_memory) are the
 // memory in original order and [num_memory, num_candidates) the chunk, so
@@ -50,7 +56,7 @@
 
 namespace snapfill {
 
-enum class PrunerKind { kSnapKv, kStreaming, kFull };
+enum class PrunerKind { kSnapKv, kStreaming, kFull, kReconstruct };
 enum class Pooling { kAvg, kMax };
 // How the question's votes pick entries (question-guided compression):
 // single tokens by pooled vote, or spans around the highest pooled votes
@@ -88,10 +94,21 @@ struct PrunerConfig {
   // keeps what any of them found (the heads that answer need not be those
   // that voted), or each head's own. --query_heads shared|each
   bool shared_query_votes = false;
+  // Context reconstruction: the repetition takes every repeat_stride-th
+  // token of the chunk (1: the whole chunk; 2 halves the extra rows, the
+  // cheaper variant). --repeat_stride
+  int64_t repeat_stride = 1;
 };
 
+// Whether the pruner ranks by SnapKV's rule (window, sinks, pooling,
+// top-k) over scores the engine gives it as SelectionInput::votes.
+inline bool RanksByScores(PrunerKind kind) {
+  return kind == PrunerKind::kSnapKv || kind == PrunerKind::kReconstruct;
+}
+
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,
-// --sinks, --query_share, --span) when a value is out of range.
+// --sinks, --query_share, --span, --repeat_stride) when a value is out of
+// range.
 absl::Status ValidatePrunerConfig(const PrunerConfig& config);
 
 // Returns InvalidArgument unless `budget` (entries kept per head per step,
@@ -100,8 +117,8 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config);
 absl::Status ValidatePrunerBudget(const PrunerConfig& config, int64_t budget);
 
 // Returns the most entries per KV head that a step with `budget` can keep:
-// budget + sink_tokens for SnapKV (sinks are outside its budget), budget for
-// streaming. For full it returns budget: the engine must give full a budget
+// budget + sink_tokens for SnapKV and reconstruct (sinks are outside their
+// budget), budget for streaming. For full it returns budget: the engine must give full a budget
 // of at least the whole input, which it then never exceeds.
 int64_t KeptCapacity(const PrunerConfig& config, int64_t budget);
 
@@ -112,7 +129,7 @@ inline int64_t EffectiveWindow(int64_t window, int64_t chunk_size) {
   return window < chunk_size ? window : chunk_size;
 }
 
-// "snapkv" | "streaming" | "full"; InvalidArgument otherwise.
+// "snapkv" | "streaming" | "full" | "reconstruct"; InvalidArgument otherwise.
 absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name);
 // "avg" | "max"; InvalidArgument otherwise.
 absl::StatusOr<Pooling> ParsePooling(std::string_view name);

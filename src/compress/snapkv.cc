@@ -19,6 +19,9 @@
 // as single tokens or as spans around its peaks (--select); the rest by the
 // window's pooled votes among the entries the question left. Without query
 // votes the selection is exactly the above.
+//
+// The reconstruct pruner is this selection over the entries' stored
+// reconstruction scores instead of the window's votes (pruner.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -50,7 +53,7 @@ class SnapKvPruner final : public Pruner {
  public:
   SnapKvPruner(const PrunerConfig& config, Backend& backend) : config_(config), backend_(backend) {}
 
-  PrunerKind kind() const override { return PrunerKind::kSnapKv; }
+  PrunerKind kind() const override { return config_.kind; }
   bool needs_votes() const override { return true; }
 
   absl::Status Select(const SelectionInput& in, std::vector<std::vector<int32_t>>* keep) override {

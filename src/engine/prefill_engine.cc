@@ -65,20 +65,25 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   SNAPFILL_ASSIGN_OR_RETURN(
       e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
                                    capacity + e->config_.recall_budget + e->config_.decode_reserve}));
-  e->query_rows_ = QueryRows(e->config_);
+  const bool reconstruct = e->config_.pruner.kind == PrunerKind::kReconstruct;
+  e->query_rows_ = QueryRows(e->config_, e->plan_.max_chunk_tokens);
+  if (reconstruct) {
+    SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());
+    e->repeat_lse_.resize(mc.num_heads * e->query_rows_);
+  }
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
                                                               e->plan_.max_chunk_tokens + e->query_rows_));
   // The question's rows, the chunk's, and the token past the chunk (what
   // its last position is scored against).
   e->batch_.resize(e->query_rows_ + e->plan_.max_chunk_tokens + 1);
-  std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
+  if (!reconstruct) std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
   e->prefill_capacity_ = capacity;
   e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens + e->query_rows_;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
   if (!e->cand_k_raw_.Allocate(cand * mc.head_dim) || !e->cand_k_rot_.Allocate(cand * mc.head_dim) ||
       !e->cand_v_.Allocate(cand * mc.head_dim) || !e->cand_pos_.Allocate(cand) ||
       !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_) ||
-      (e->query_rows_ > 0 && !e->query_votes_.Allocate(cand))) {
+      (e->query_rows_ > 0 && !reconstruct && !e->query_votes_.Allocate(cand))) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate the candidates of ", e->cand_capacity_, " entries"));
   }
@@ -176,13 +181,26 @@ absl::Status PrefillEngine::Run(const TokenSource& tokens,
     // The final hidden states of every row when they are scored, else only
     // of the input's last token (its logits), after the last chunk.
     const int64_t logits_rows = last ? 1 : 0;
-    // The question, then the chunk (see batch_), and the token after it.
+    // The question (or the repetition), then the chunk (see batch_), and
+    // the token after it.
+    const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
+    step_query_rows_ = reconstruct ? QueryRows(config_, step.chunk_tokens) : query_rows_;
     const int64_t past = step.start_token + step.chunk_tokens < tokens.size() ? 1 : 0;
-    SNAPFILL_RETURN_IF_ERROR(tokens.Read(step.start_token, step.chunk_tokens + past, batch_.data() + query_rows_));
+    SNAPFILL_RETURN_IF_ERROR(
+        tokens.Read(step.start_token, step.chunk_tokens + past, batch_.data() + step_query_rows_));
+    if (reconstruct) {  // the prompt, then every stride-th token of the chunk
+      const std::vector<int32_t>& prompt = config_.repeat_prompt;
+      std::copy(prompt.begin(), prompt.end(), batch_.begin());
+      const int64_t stride = config_.pruner.repeat_stride;
+      const int32_t* chunk = batch_.data() + step_query_rows_;
+      for (int64_t i = 0, r = static_cast<int64_t>(prompt.size()); r < step_query_rows_; ++i, ++r) {
+        batch_[r] = chunk[i * stride];
+      }
+    }
     const int32_t* batch = batch_.data();
-    telemetry_.query_rows = query_rows_;
+    telemetry_.query_rows = step_query_rows_;
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
-        batch, query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
+        batch, step_query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
         config_.score_tokens ? step.chunk_tokens : logits_rows));
     if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens.size(), step));
     retention_ = telemetry_.retention;
@@ -203,8 +221,11 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   const LlamaConfig& c = model_.config();
   const int64_t d = c.head_dim;
   const int64_t m = memory_->size(layer);
-  // The batch: the question's qn rows, then the chunk's n (see batch_).
-  const int64_t qn = query_rows_;
+  // The batch: the question's (or the repetition's) qn rows, then the
+  // chunk's n (see batch_).
+  const int64_t qn = step_query_rows_;
+  const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
+  const bool question = qn > 0 && !reconstruct;
   const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
   // The question's keys follow the candidates, at rows [num, num + qn).
@@ -224,10 +245,12 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   mem_k_.resize(c.num_kv_heads);
   mem_v_.resize(c.num_kv_heads);
   mem_pos_.resize(c.num_kv_heads);
+  mem_score_.resize(c.num_kv_heads);
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     mem_k_[h] = memory_->k(layer, h);
     mem_v_[h] = memory_->v(layer, h);
     mem_pos_[h] = memory_->pos(layer, h);
+    mem_score_[h] = reconstruct ? memory_->score(layer, h) : nullptr;
   }
   auto gather = [&](int64_t item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
@@ -240,6 +263,10 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
       std::memcpy(kr + r0 * d, mem_k_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(vv + r0 * d, mem_v_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(pp + r0, mem_pos_[h] + r0, (mem1 - r0) * sizeof(int32_t));
+      // The memory's stored scores beside its entries (reconstruct).
+      if (reconstruct) {
+        std::memcpy(votes_.data() + h * cand_capacity_ + r0, mem_score_[h] + r0, (mem1 - r0) * sizeof(float));
+      }
     }
     for (int64_t r = std::max(r0, m); r < r1; ++r) {
       // Chunk token t is batch row qn + t; question token i (r = num + i)
@@ -318,18 +345,36 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   const float* voter_q = q;
   int64_t voters = qn;
   KvView voter_seen = with_question;
-  if (qn > 0 && in.final_step) {
+  if (question && in.final_step) {
     voters = std::min(qn, n);
     voter_q = chunk_q + (n - voters) * q_stride;
     voter_seen = view;
   }
-  if (qn > 0) {
+  if (question) {
     SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, voter_q, q_stride, voters), voter_seen,
                                                     query_votes_.data(), cand_capacity_));
     in.query_votes = query_votes_.data();
     in.query_votes_stride = cand_capacity_;
   }
-  if (pruner_->needs_votes() && !(qn > 0 && config_.pruner.query_share >= 1.0)) {
+  if (reconstruct) {
+    // Context reconstruction (DESIGN.md §9): each chunk entry's largest
+    // weight from the repeated tokens' queries (not the prompt's), over
+    // every key they see (the real denominators), beside the memory's
+    // stored scores. They are the batch's last rows of with_question.
+    Stopwatch watch;
+    const Queries repeat =
+        LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
+    SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, repeat_lse_.data()));
+    KvView chunk_keys = view;
+    chunk_keys.k += m * d;
+    chunk_keys.v += m * d;
+    chunk_keys.num_keys = n;
+    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, repeat_lse_.data(), chunk_keys, votes_.data() + m,
+                                                    cand_capacity_, /*max_weight=*/true));
+    in.votes = votes_.data();
+    in.votes_stride = cand_capacity_;
+    telemetry_.repeat_seconds += watch.Seconds();
+  } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
     // Votes from a separate small pass over the last w queries only.
     const int64_t w = std::min<int64_t>(plan_.config.window, n);
     SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
@@ -354,11 +399,14 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     float* mk = mem_k_[h];  // (looked up in step 1, before any thread started)
     float* mv = mem_v_[h];
     int32_t* mp = mem_pos_[h];
+    float* ms = mem_score_[h];
+    const float* cs = votes_.data() + h * cand_capacity_;
     for (int64_t j = kept * part / kCopyParts; j < kept * (part + 1) / kCopyParts; ++j) {
       const int32_t idx = keep_[h][j];
       std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));
       std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
       mp[j] = pp[idx];
+      if (ms != nullptr) ms[j] = cs[idx];
     }
   };
   RunItems(*backend_, items, items > 1 && kept * d >= kParallelCopyFloats, copy_back);
@@ -400,7 +448,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     SNAPFILL_RETURN_IF_ERROR(store->Append(layer, num - kept, lists.data(), cand_k_raw_.data(), cand_v_.data(),
                                            head_stride, cand_pos_.data(), cand_capacity_));
   }
-  if (in.final_step && config_.recall_budget > 0 && qn > 0) {
+  if (in.final_step && config_.recall_budget > 0 && question) {
     SNAPFILL_RETURN_IF_ERROR(Recall(layer, voter_q, q_stride, voters, voter_seen));
   }
   return absl::OkStatus();

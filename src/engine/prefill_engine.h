@@ -62,6 +62,17 @@ struct PrefillConfig {
   // SnapKV's own window alone votes. Used by the SnapKV pruner only (the
   // others do not read votes).
   std::vector<int32_t> query_tokens;
+  // Context reconstruction (PrunerKind::kReconstruct, DESIGN.md §9): the
+  // prompt that asks for the text again ("repeat the previous text", as
+  // the chat template frames a user turn and opens the assistant's). At
+  // every step the batch runs this prompt and then the chunk's tokens again
+  // (every PrunerConfig::repeat_stride-th) after the chunk, at the
+  // positions after it; the repetition sees memory ∪ chunk and itself, and
+  // each chunk entry's score is the largest attention weight any repeated
+  // token's query heads of its KV group pay it. An entry keeps that score
+  // while it is kept (in the memory, checkpoints and caches). The
+  // repetition's K/V are dropped.
+  std::vector<int32_t> repeat_prompt;
   // The recall tier (DESIGN.md §8): at the input's last step the
   // question's queries score every entry of the recall store (the engine's
   // AttachRecallStore) in each layer and bring back the `recall_budget`
@@ -78,7 +89,8 @@ struct StepTelemetry {
   int64_t start_token = 0;
   int64_t chunk_tokens = 0;
   int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
-  int64_t query_rows = 0;              // the question's rows run after the chunk (query_tokens)
+  int64_t query_rows = 0;              // the question's or the repetition's rows run after the chunk
+  double repeat_seconds = 0;           // scoring the repetition's attention (reconstruct)
   int64_t recalled = 0;                // entries per layer and KV head brought back (the last step)
   double recall_seconds = 0;           // scoring the store and bringing entries back
   std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression
@@ -248,7 +260,9 @@ class PrefillEngine {
   PagedArray<float> cand_v_;         // [num_kv_heads, cand_capacity, head_dim]
   PagedArray<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
   PagedArray<int32_t> rot_pos_;      // [cand_capacity] rotation positions
-  PagedArray<float> votes_;          // [num_kv_heads, cand_capacity]
+  // [num_kv_heads, cand_capacity]: the window's votes; for reconstruct,
+  // the candidates' scores (the memory's stored ones, the chunk's new).
+  PagedArray<float> votes_;
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
   // Recall: the store, each head's evicted candidates of a step, and what
@@ -261,11 +275,14 @@ class PrefillEngine {
   // after the chunk, read with it for ScoreChunk). The question
   // goes first so that the rows whose final hidden states the forward
   // keeps (the last ones) stay the chunk's.
-  int64_t query_rows_ = 0;
+  int64_t query_rows_ = 0;       // the most (the batch's room)
+  int64_t step_query_rows_ = 0;  // this step's
   std::vector<int32_t> batch_;
+  std::vector<float> repeat_lse_;  // [num_heads, query_rows_] the repetition's log-denominators
   // A layer's memory rows per KV head, for AttendAndCompress's threads.
   std::vector<float*> mem_k_, mem_v_;
   std::vector<int32_t*> mem_pos_;
+  std::vector<float*> mem_score_;  // null without scores
   int64_t cand_capacity_ = 0;
   int64_t prefill_capacity_ = 0;  // memory entries the prefill may use (no decode reserve)
   int64_t taken_max_size_ = 0;    // memory_->max_size() when TakeDecoderCache() took it

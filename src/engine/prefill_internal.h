@@ -20,8 +20,11 @@ namespace snapfill::prefill_internal {
 // InvalidArgument for a question or recall budget it cannot run.
 absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config, int64_t total_tokens);
 
-// The question's rows in every batch: SnapKV alone reads votes.
-int64_t QueryRows(const PrefillConfig& c);
+// The extra rows a batch runs before the chunk's: the question's (SnapKV
+// alone reads its votes), or context reconstruction's prompt and
+// repetition of the chunk's `chunk_tokens` tokens (every
+// PrunerConfig::repeat_stride-th one).
+int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
 // Positions whose logits score_tokens makes at once: about 16 MiB of
 // logits (64 rows for a 49K vocabulary), at most the largest chunk.

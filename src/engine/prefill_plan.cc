@@ -59,6 +59,23 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
                                                    "only the snapkv pruner reads (--pruner=",
                                                    PrunerKindName(c.pruner.kind), ")"));
   }
+  if (c.pruner.kind == PrunerKind::kReconstruct) {
+    if (!c.query_tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "--pruner=reconstruct scores what the model needs to repeat the text, not the question: "
+          "give --query_aware=false, or --pruner=snapkv for question-guided compression");
+    }
+    if (static_cast<int64_t>(c.repeat_prompt.size()) > kMaxQueryTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("the repeat prompt has ", c.repeat_prompt.size(),
+                                                     " tokens; at most ", kMaxQueryTokens));
+    }
+    for (int32_t id : c.repeat_prompt) {
+      if (id < 0 || id >= mc.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("the repeat prompt holds token id ", id,
+                                                       ", outside the vocabulary of ", mc.vocab_size));
+      }
+    }
+  }
   if (c.recall_budget > 0 && c.query_tokens.empty()) {
     return absl::InvalidArgumentError(
         "recall needs the question: give --question (with --query_aware, the default)");
@@ -66,7 +83,11 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
   return c;
 }
 
-int64_t QueryRows(const PrefillConfig& c) {
+int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
+  if (c.pruner.kind == PrunerKind::kReconstruct) {
+    const int64_t stride = c.pruner.repeat_stride;
+    return static_cast<int64_t>(c.repeat_prompt.size()) + (chunk_tokens + stride - 1) / stride;
+  }
   return c.pruner.kind == PrunerKind::kSnapKv ? static_cast<int64_t>(c.query_tokens.size()) : 0;
 }
 
@@ -97,8 +118,11 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     for (int64_t b : f.plan.steps.back().budget) last = std::max(last, b);
     f.final_entries = std::min(f.memory_capacity, last + c.schedule.sink_tokens);
   }
-  const uint64_t entry_bytes = static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
-                               (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
+  // Keys, values and positions; and a score per entry for reconstruct.
+  const uint64_t entry_bytes =
+      static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
+      (2 * mc.head_dim * sizeof(float) + sizeof(int32_t) +
+       (c.pruner.kind == PrunerKind::kReconstruct ? sizeof(float) : 0));
   if (c.decode_reserve < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
@@ -107,14 +131,18 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   f.final_entries += c.recall_budget;
   f.memory_bytes = entry_bytes * (f.memory_capacity + c.recall_budget + c.decode_reserve);
   // The question's rows follow the chunk in the candidates and the batch.
-  const int64_t query_rows = QueryRows(c);
+  const int64_t query_rows = QueryRows(c, f.plan.max_chunk_tokens);
   const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
-  // Raw and rotated keys, values, votes (and the question's votes) as
-  // floats; positions per head and rotation positions (int32).
-  const int64_t vote_floats = query_rows > 0 ? 2 : 1;
+  // Raw and rotated keys, values, votes (and the question's votes, or the
+  // entries' reconstruction scores) as floats; positions per head and
+  // rotation positions (int32).
+  const bool reconstruct = c.pruner.kind == PrunerKind::kReconstruct;
+  const int64_t vote_floats = query_rows > 0 && !reconstruct ? 2 : 1;
   const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
                                     (mc.num_kv_heads + 1) * sizeof(int32_t);
   f.candidate_bytes = cand * cand_entry_bytes;
+  // The repetition's log-denominators.
+  if (reconstruct) f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
   // (Scored chunks take logits of whole batches, through xn.)
   f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens + query_rows, fused_layers,
                                                   c.score_tokens);

@@ -15,7 +15,7 @@ using prefill_internal::RunItems;
 absl::Status PrefillEngine::ScoreChunk(int64_t total, const ScheduleStep& step) {
   const int64_t vocab = model_.config().vocab_size;
   // tokens[t] for t in [start, end], from the batch.
-  const int32_t* tokens = batch_.data() + query_rows_ - step.start_token;
+  const int32_t* tokens = batch_.data() + step_query_rows_ - step.start_token;
   const int64_t end = step.start_token + step.chunk_tokens;
   std::vector<float>& nll = telemetry_.token_nll;
   nll.clear();
@@ -35,7 +35,7 @@ absl::Status PrefillEngine::ScoreChunk(int64_t total, const ScheduleStep& step) 
   for (int64_t first = step.start_token; first < last_position; first += score_rows_) {
     const int64_t rows = std::min(score_rows_, last_position - first);
     SNAPFILL_RETURN_IF_ERROR(
-        forward_->BatchLogits(query_rows_ + first - step.start_token, rows, score_logits_.data()));
+        forward_->BatchLogits(step_query_rows_ + first - step.start_token, rows, score_logits_.data()));
     for (int64_t r = 0; r < rows; ++r) {
       const int32_t target = tokens[first + r + 1];
       if (target < 0 || target >= vocab) {

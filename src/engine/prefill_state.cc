@@ -42,6 +42,11 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
                                                      "memory holds ", prefill_capacity_));
     }
   }
+  // A pruner that ranks by the entries' own scores resumes only with them.
+  if (memory_->has_scores() && !memory.has_scores()) {
+    return absl::InvalidArgumentError(absl::StrCat("the saved memory has no entry scores, which --pruner=",
+                                                   PrunerKindName(config_.pruner.kind), " ranks by"));
+  }
   memory_->Clear();
   const int64_t d = c.head_dim;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -50,6 +55,7 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
       std::memcpy(memory_->k(l, h), memory.k(l, h), m * d * sizeof(float));
       std::memcpy(memory_->v(l, h), memory.v(l, h), m * d * sizeof(float));
       std::memcpy(memory_->pos(l, h), memory.pos(l, h), m * sizeof(int32_t));
+      if (memory_->has_scores()) std::memcpy(memory_->score(l, h), memory.score(l, h), m * sizeof(float));
     }
     memory_->set_size(l, m);
   }
@@ -87,6 +93,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
   const int64_t max_size = memory_->max_size();
   SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
                                                          max_size + extra_capacity}));
+  if (memory_->has_scores()) SNAPFILL_RETURN_IF_ERROR(cache->EnableScores());
   std::vector<int32_t> rot(max_size);
   std::iota(rot.begin(), rot.end(), 0);
   const int64_t d = c.head_dim;
@@ -96,6 +103,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
       std::memcpy(cache->k(l, h), memory_->k(l, h), m * d * sizeof(float));
       std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
       std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
+      if (memory_->has_scores()) std::memcpy(cache->score(l, h), memory_->score(l, h), m * sizeof(float));
       const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope_dim,
                                               c.rope_freq_base, c.rope_freq_scale, c.rope_neox));

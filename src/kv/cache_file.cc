@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -202,6 +203,10 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
                                                          " entry ", i, " has position ",
                                                          pos[i]));
         }
+        if (kv.has_scores() && !std::isfinite(kv.score(l, h)[i])) {
+          return absl::InvalidArgumentError(absl::StrCat(what, ": layer ", l, " head ", h, " entry ", i,
+                                                         " has score ", kv.score(l, h)[i]));
+        }
       }
     }
     max_size = std::max<uint64_t>(max_size, n);
@@ -226,7 +231,9 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.num_layers));
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.num_kv_heads));
   SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(shape.head_dim));
-  SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(0));  // entry fields: K, V and positions only
+  // Entry fields: K, V and positions, and the scores where the cache keeps them.
+  const bool scores = kv.has_scores();
+  SNAPFILL_RETURN_IF_ERROR(out.Put<uint32_t>(scores ? kEntryScores : 0));
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(kv.size(l)));
     SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(capacity(l)));
@@ -238,6 +245,7 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
       SNAPFILL_RETURN_IF_ERROR(out.Write(kv.k(l, h), n * shape.head_dim * sizeof(float)));
       SNAPFILL_RETURN_IF_ERROR(out.Write(kv.v(l, h), n * shape.head_dim * sizeof(float)));
       SNAPFILL_RETURN_IF_ERROR(out.Write(kv.pos(l, h), n * sizeof(int32_t)));
+      if (scores) SNAPFILL_RETURN_IF_ERROR(out.Write(kv.score(l, h), n * sizeof(float)));
     }
   }
   const uint64_t checksum = out.Digest();
@@ -377,6 +385,7 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
   shape.head_dim = static_cast<int64_t>(head_dim);
   shape.capacity = std::max<int64_t>(1, static_cast<int64_t>(max_size) + extra_capacity);
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, KvCache::Create(shape));
+  if (scores) SNAPFILL_RETURN_IF_ERROR(cache.kv->EnableScores());
   const char* p = bytes.data() + in.offset();
   for (uint64_t l = 0; l < num_layers; ++l) {
     const size_t n = sizes[l];
@@ -395,8 +404,17 @@ absl::StatusOr<KvFileContents> ParseKvFile(const KvFileFormat& format, std::stri
                                             " has position ", pos[i]));
         }
       }
-      // (Scores are kept by no cache yet: a file's are read past.)
-      if (scores) p += n * sizeof(float);
+      if (scores) {
+        float* score = cache.kv->score(l, h);
+        std::memcpy(score, p, n * sizeof(float));
+        p += n * sizeof(float);
+        for (size_t i = 0; i < n; ++i) {
+          if (!std::isfinite(score[i])) {
+            return Damaged(format, name, absl::StrCat("layer ", l, " head ", h, " entry ", i,
+                                                      " has score ", score[i]));
+          }
+        }
+      }
     }
     cache.kv->set_size(l, static_cast<int64_t>(n));
   }

@@ -40,6 +40,15 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
   return cache;
 }
 
+absl::Status KvCache::EnableScores() {
+  if (has_scores()) return absl::OkStatus();
+  if (!score_.Allocate(pos_.size())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate the KV cache's entry scores of ", pos_.size() * 4 / (1 << 20), " MiB"));
+  }
+  return absl::OkStatus();
+}
+
 KvView KvCache::View(int64_t layer, int64_t num_keys) const {
   RestoreF32(layer);
   return ViewNoRestore(layer, num_keys);
@@ -160,6 +169,7 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
       std::memcpy(vd + t * d, v_rows + t * stride + h * d, d * sizeof(float));
       pd[t] = positions != nullptr ? positions[t] : static_cast<int32_t>(start + t);
     }
+    if (has_scores()) std::fill(score(layer, h) + start, score(layer, h) + start + n, 0.0f);
   }
   sizes_[layer] = start + n;
   return absl::OkStatus();
@@ -170,6 +180,7 @@ std::unique_ptr<KvCache> KvCache::Clone() const {
   if (!c->k_.Allocate(k_.size()) || !c->v_.Allocate(v_.size()) || !c->pos_.Allocate(pos_.size())) {
     throw std::bad_alloc();
   }
+  if (has_scores() && !c->score_.Allocate(score_.size())) throw std::bad_alloc();
   // Only the valid entries of each layer and head: the rest is zero anyway
   // and stays unwritten (not resident) in the copy too.
   const int64_t d = shape_.head_dim;
@@ -178,6 +189,7 @@ std::unique_ptr<KvCache> KvCache::Clone() const {
       std::memcpy(c->k(l, h), k(l, h), sizes_[l] * d * sizeof(float));
       std::memcpy(c->v(l, h), v(l, h), sizes_[l] * d * sizeof(float));
       std::memcpy(c->pos(l, h), pos(l, h), sizes_[l] * sizeof(int32_t));
+      if (has_scores()) std::memcpy(c->score(l, h), score(l, h), sizes_[l] * sizeof(float));
     }
   }
   c->sizes_ = sizes_;

@@ -7,6 +7,10 @@
 //   pos_:   [num_layers, num_kv_heads, capacity] int32, each entry's
 //           original position in the input (what SnapKV's selection and the
 //           telemetry need; the rotation itself may use other positions)
+//   score_: [num_layers, num_kv_heads, capacity] f32, only after
+//           EnableScores(): a score the entry keeps for as long as it is
+//           kept (context reconstruction's, DESIGN.md §9), carried by
+//           checkpoints and cache files with the entry
 // size(layer) entries are valid in every head of that layer.
 #ifndef SNAPFILL_KV_KV_CACHE_H_
 #define SNAPFILL_KV_KV_CACHE_H_
@@ -45,10 +49,20 @@ class KvCache {
   }
   // The largest size over layers (layers may hold different counts).
   int64_t max_size() const;
-  // Bytes allocated for keys, values and positions (resident only once written).
+  // Bytes allocated for keys, values, positions and scores (resident only once written).
   uint64_t bytes() const {
-    return static_cast<uint64_t>(k_.size() + v_.size()) * sizeof(float) +
+    return static_cast<uint64_t>(k_.size() + v_.size() + score_.size()) * sizeof(float) +
            pos_.size() * sizeof(int32_t) + (k16_.size() + v16_.size()) * sizeof(uint16_t);
+  }
+
+  // Per-entry scores (see the layout above): allocated by EnableScores
+  // (ResourceExhausted if it cannot be; a no-op when there already), 0 for
+  // entries written without one (Append).
+  absl::Status EnableScores();
+  bool has_scores() const { return score_.size() != 0; }
+  float* score(int64_t layer, int64_t head) { return score_.data() + Offset(layer, head) / shape_.head_dim; }
+  const float* score(int64_t layer, int64_t head) const {
+    return score_.data() + Offset(layer, head) / shape_.head_dim;
   }
 
   int32_t* pos(int64_t layer, int64_t head) { return pos_.data() + Offset(layer, head) / shape_.head_dim; }
@@ -142,6 +156,7 @@ class KvCache {
   mutable PagedArray<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
   mutable PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
   PagedArray<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
+  PagedArray<float> score_;  // [num_layers, num_kv_heads, capacity] or empty
   std::vector<int64_t> sizes_;  // [num_layers]
   // The fp16 copy (SyncHalf) and the valid prefix of each layer in it.
   PagedArray<uint16_t> k16_, v16_;

@@ -171,7 +171,7 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
     keys.key_stride = c.kv_heads * c.head_dim;
     keys.num_keys = stored;
     std::vector<float> rs(c.kv_heads * stored), rs_ref(c.kv_heads * stored);
-    SNAPFILL_ASSERT_OK(b->RecallScores(queries, lse_ref.data(), keys, rs.data(), stored));
+    SNAPFILL_ASSERT_OK(b->RecallScores(queries, lse_ref.data(), keys, rs.data(), stored, /*max_weight=*/false));
     ref::RecallScores(q.data(), q_stride, c.num_q, lse_ref.data(), sk.data(), keys.head_stride, keys.key_stride,
                       stored, rs_ref.data(), stored, c.heads, c.kv_heads, c.head_dim, scale);
     for (size_t i = 0; i < rs.size(); ++i) ASSERT_NEAR(rs[i], rs_ref[i], 2e-5 * MaxAbs(rs_ref)) << "recall " << i;

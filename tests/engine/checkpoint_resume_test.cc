@@ -22,6 +22,7 @@ struct Case {
   Growth growth;
   PrunerKind pruner;
   int64_t memory, chunk;
+  int64_t repeat_stride = 1;
 };
 
 class ResumeTest : public ::testing::TestWithParam<Case> {};
@@ -37,6 +38,10 @@ void ExpectSameMemory(const KvCache& a, const KvCache& b) {
       EXPECT_EQ(std::memcmp(a.k(l, h), b.k(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
       EXPECT_EQ(std::memcmp(a.v(l, h), b.v(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
       EXPECT_EQ(std::memcmp(a.pos(l, h), b.pos(l, h), n * sizeof(int32_t)), 0) << l << "/" << h;
+      ASSERT_EQ(a.has_scores(), b.has_scores());
+      if (a.has_scores()) {
+        EXPECT_EQ(std::memcmp(a.score(l, h), b.score(l, h), n * sizeof(float)), 0) << l << "/" << h;
+      }
     }
   }
 }
@@ -57,6 +62,11 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
   config.schedule.chunk = c.chunk;
   config.schedule.window = 8;
   config.pruner.kind = c.pruner;
+  config.pruner.repeat_stride = c.repeat_stride;
+  // Context reconstruction's entries carry the score their chunk's
+  // repetition gave them: the checkpoint must too, or the resumed run
+  // would rank the older memory differently.
+  if (c.pruner == PrunerKind::kReconstruct) config.repeat_prompt = {5, 9, 2, 11};
 
   auto whole = PrefillEngine::Create(*model, backend->get(), config, ids.size());
   SNAPFILL_ASSERT_OK(whole);
@@ -118,7 +128,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear, PrunerKind::kSnapKv,
                            96, 96},
                       Case{"streaming", ScheduleKind::kFixed, Growth::kLinear,
-                           PrunerKind::kStreaming, 64, 100}),
+                           PrunerKind::kStreaming, 64, 100},
+                      Case{"reconstruct_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear,
+                           PrunerKind::kReconstruct, 96, 96},
+                      Case{"reconstruct_fm_stride2", ScheduleKind::kFixed, Growth::kLinear,
+                           PrunerKind::kReconstruct, 64, 64, 2}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {

@@ -96,7 +96,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(NoEvictionCase{PrunerKind::kFull, true, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kFull, false, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kSnapKv, true, ScheduleKind::kFixed},
-                      NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kFixed}));
+                      NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kReconstruct, true, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kReconstruct, false, ScheduleKind::kIncrementalDecremental}));
 
 // Generating from the decoder cache continues the text like a one-shot
 // prefill followed by decoding (nothing evicted).

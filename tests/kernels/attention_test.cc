@@ -731,6 +731,53 @@ TEST_P(RecallScoresTest, MatchesRef) {
   }
 }
 
+// Context reconstruction's score: the largest weight over the queries and
+// the group's heads, against the twin; and the twin against a direct loop
+// (a max is no larger than the group's summed weight, and at least its
+// average over the group's heads of one query).
+TEST_P(RecallScoresTest, MaxWeightMatchesRef) {
+  const AttnData a = MakeData(GetParam(), 43);
+  const AttnCase& c = a.c;
+  std::vector<float> lse(c.num_heads * c.num_q);
+  ref::QueryLogSumExp(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, c.num_q, c.num_keys,
+                      c.num_heads, c.num_kv_heads, c.head_dim, a.scale, lse.data());
+  const int64_t stride = c.num_keys + 2;
+  std::vector<float> got(c.num_kv_heads * stride, kVoteSentinel), want(c.num_kv_heads * c.num_keys),
+      sum(c.num_kv_heads * c.num_keys);
+  cpu::RecallScores(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride, c.num_keys,
+                    got.data(), stride, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, /*max_weight=*/true);
+  ref::RecallScores(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride, c.num_keys,
+                    want.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, /*max_weight=*/true);
+  ref::RecallScores(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride, c.num_keys,
+                    sum.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    for (int64_t j = 0; j < c.num_keys; ++j) {
+      const float w = want[h * c.num_keys + j];
+      EXPECT_NEAR(got[h * stride + j], w, 1e-4 * w + 1e-30) << "KV head " << h << " key " << j;
+      const float total = sum[h * c.num_keys + j] * group;  // Σ over the group's heads and the queries
+      EXPECT_LE(w, total * (1 + 1e-5) + 1e-30);
+      EXPECT_GE(w * group * c.num_q, total * (1 - 1e-5));
+      // A direct loop over the rows for one key of each head.
+      if (j == c.num_keys / 2) {
+        double best = 0;
+        for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+          for (int64_t i = 0; i < c.num_q; ++i) {
+            double dot = 0;
+            for (int64_t d = 0; d < c.head_dim; ++d) {
+              dot += double(a.Q()[i * a.q_stride + qh * c.head_dim + d]) *
+                     a.K()[h * a.kv_head_stride + j * a.kv_key_stride + d];
+            }
+            best = std::max(best, std::exp(dot * a.scale - lse[qh * c.num_q + i]));
+          }
+        }
+        EXPECT_NEAR(w, best, 1e-4 * best + 1e-30);
+      }
+    }
+    EXPECT_EQ(got[h * stride + c.num_keys], kVoteSentinel) << "wrote into the padding";
+  }
+}
+
 std::vector<AttnCase> RecallCases() {
   return {{1, 5, 2, 1, 16},      {1, 300, 9, 3, 64},   {30, 2100, 9, 3, 64},
           {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128}, {3, 70, 4, 4, 17}};

@@ -66,9 +66,9 @@ class RefBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
-                            int64_t scores_stride) override {
+                            int64_t scores_stride, bool max_weight) override {
     ref::RecallScores(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
-                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
+                      scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale, max_weight);
     return absl::OkStatus();
   }
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {

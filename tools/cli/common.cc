@@ -230,6 +230,7 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   c.pruner.query_share = absl::GetFlag(FLAGS_query_share);
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_select, ParseSelection(absl::GetFlag(FLAGS_select)));
   c.pruner.span = absl::GetFlag(FLAGS_span);
+  c.pruner.repeat_stride = absl::GetFlag(FLAGS_repeat_stride);
   const std::string heads = absl::GetFlag(FLAGS_query_heads);
   if (heads != "shared" && heads != "each") {
     return absl::InvalidArgumentError(
@@ -245,6 +246,15 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
     SNAPFILL_ASSIGN_OR_RETURN(c.recall_format, ParseRecallFormat(absl::GetFlag(FLAGS_recall_format)));
   }
   return c;
+}
+
+absl::Status SetRepeatPrompt(const LoadedModel& m, PrefillConfig& c) {
+  c.repeat_prompt.clear();
+  if (c.pruner.kind != PrunerKind::kReconstruct) return absl::OkStatus();
+  const std::string prompt = absl::GetFlag(FLAGS_repeat_prompt);
+  if (prompt.empty()) return absl::InvalidArgumentError("--repeat_prompt must not be empty");
+  SNAPFILL_ASSIGN_OR_RETURN(c.repeat_prompt, BuildContinuation(*m.tokenizer, m.chat_template, prompt));
+  return absl::OkStatus();
 }
 
 std::string QuestionSelectionLabel(const PrunerConfig& p) {
@@ -264,6 +274,10 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
         ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
         c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
         QueryHeadsName(c.pruner));
+  }
+  if (c.pruner.kind == PrunerKind::kReconstruct) {
+    absl::StrAppendFormat(&query, ",\"repeat_stride\":%d,\"repeat_prompt_tokens\":%d", c.pruner.repeat_stride,
+                          c.repeat_prompt.size());
   }
   if (c.recall_budget > 0) {
     absl::StrAppendFormat(&query, ",\"recall\":%d,\"recall_format\":\"%s\"", c.recall_budget,
@@ -292,6 +306,7 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   }
   s += "]";
   if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
+  if (t.repeat_seconds > 0) absl::StrAppendFormat(&s, ",\"repeat_seconds\":%.6f", t.repeat_seconds);
   if (t.recalled > 0) {
     absl::StrAppendFormat(&s, ",\"recalled\":%d,\"recall_seconds\":%.6f", t.recalled, t.recall_seconds);
   }

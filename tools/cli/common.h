@@ -110,6 +110,10 @@ absl::StatusOr<SamplingParams> SamplingFromFlags();
 // --original_positions) as a PrefillConfig; InvalidArgument for a name that
 // is not one.
 absl::StatusOr<PrefillConfig> PrefillConfigFromFlags();
+// --pruner=reconstruct's prompt: --repeat_prompt as the model's chat
+// template closes a user turn and opens the assistant's (the chunk is
+// repeated after it); nothing for another pruner.
+absl::Status SetRepeatPrompt(const LoadedModel& m, PrefillConfig& c);
 
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.

@@ -77,7 +77,14 @@ ABSL_FLAG(int64_t, window, 32, "SnapKV observation window: the last w queries of
 ABSL_FLAG(int64_t, pool_kernel, 7, "SnapKV pooling kernel over the votes (odd; 1 = none)");
 ABSL_FLAG(std::string, pooling, "avg", "SnapKV pooling: avg | max");
 ABSL_FLAG(std::string, pruner, "snapkv",
-          "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything)");
+          "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything) | "
+          "reconstruct (what the model attends to when asked to repeat each chunk: no question needed)");
+ABSL_FLAG(int64_t, repeat_stride, 1,
+          "--pruner=reconstruct: repeat every k-th token of each chunk (1: all; 2: the cheaper "
+          "variant, half the extra rows)");
+ABSL_FLAG(std::string, repeat_prompt, "Repeat the previous text exactly.",
+          "--pruner=reconstruct: the request that precedes each chunk's repetition (inside the chat "
+          "template's user turn)");
 ABSL_FLAG(int64_t, sinks, 4,
           "Always keep the first s input tokens (attention sinks), outside the memory budget; "
           "without them a small memory loses the sink and the loss jumps (docs/RESULTS.md)");

@@ -40,6 +40,8 @@ ABSL_DECLARE_FLAG(int64_t, pool_kernel);
 ABSL_DECLARE_FLAG(std::string, pooling);
 ABSL_DECLARE_FLAG(bool, query_aware);
 ABSL_DECLARE_FLAG(double, query_share);
+ABSL_DECLARE_FLAG(int64_t, repeat_stride);
+ABSL_DECLARE_FLAG(std::string, repeat_prompt);
 ABSL_DECLARE_FLAG(std::string, recall_dir);
 ABSL_DECLARE_FLAG(int64_t, recall);
 ABSL_DECLARE_FLAG(std::string, recall_format);

@@ -146,7 +146,7 @@ class NeedleHarness {
   absl::StatusOr<std::string> AnswerCompressed(const std::vector<int32_t>& tokens,
                                                const std::string& question, int64_t answer_tokens) {
     PrefillConfig config = config_;
-    if (absl::GetFlag(FLAGS_query_aware)) {
+    if (absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv) {
       SNAPFILL_ASSIGN_OR_RETURN(config.query_tokens,
                                 BuildContinuation(*model_.tokenizer, model_.chat_template, question));
     }
@@ -310,6 +310,7 @@ absl::Status RunNeedle() {
   std::string& text = in.text;
   LoadedModel& model = in.model;
   std::unique_ptr<Backend>& backend = in.backend;
+  SNAPFILL_RETURN_IF_ERROR(SetRepeatPrompt(model, config));
   std::vector<int32_t> haystack = model.tokenizer->Encode(text, false, false);
   text.clear();
   text.shrink_to_fit();
@@ -340,7 +341,7 @@ absl::Status RunNeedle() {
       SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, 0, first));
       // (Checked with a question, as every trial runs with its own.)
       PrefillConfig checked = config;
-      if (absl::GetFlag(FLAGS_query_aware)) {
+      if (absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv) {
         SNAPFILL_ASSIGN_OR_RETURN(checked.query_tokens, BuildContinuation(*model.tokenizer, model.chat_template,
                                                                           first.question));
       }

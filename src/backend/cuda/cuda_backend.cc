@@ -467,7 +467,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
-                            int64_t scores_stride) override {
+                            int64_t scores_stride, bool max_weight) override {
     if (keys.num_keys <= 0) return absl::OkStatus();
     Timer t(this, kRecall);
     SNAPFILL_RETURN_IF_ERROR(CheckDeviceQueries("recall_scores", q, keys, /*causal=*/false));
@@ -481,7 +481,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_CUDA(cudaMemcpyAsync(ld, lse, q.num_heads * q.count * sizeof(float), cudaMemcpyHostToDevice, stream_),
                     "recall_scores");
       o.shape.num_keys = keys.num_keys;
-      SNAPFILL_CUDA(cuda::KeyWeights(o.q, ld, o.k, o.shape, /*causal=*/false, sd, keys.num_keys, stream_),
+      SNAPFILL_CUDA(cuda::KeyWeights(o.q, ld, o.k, o.shape, /*causal=*/false, sd, keys.num_keys, stream_, max_weight),
                     "recall_scores");
     }
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, keys.num_keys, scores, scores_stride));
