@@ -14,6 +14,7 @@ PACKAGES=(
   libabsl-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev nlohmann-json3-dev libxxhash-dev python3 python3-pip unzip
   bible-kjv bible-kjv-text time
+  sqlite3-doc
   gnuplot-nox
   libopenblas-dev
   libdnnl-dev ocl-icd-opencl-dev

@@ -271,4 +271,19 @@ int64_t Argmax(const float* x, int64_t n) {
   return best;
 }
 
+void GateForward(const float* mean, const float* inv_std, const float* w1, const float* b1, const float* w2, float b2,
+                 int64_t head_dim, int64_t hidden, const float* keys, int64_t key_stride, int64_t n, float* y) {
+  std::vector<double> x(head_dim);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t t = 0; t < head_dim; ++t) x[t] = (double(keys[i * key_stride + t]) - mean[t]) * inv_std[t];
+    double out = b2;
+    for (int64_t j = 0; j < hidden; ++j) {
+      double z = b1[j];
+      for (int64_t t = 0; t < head_dim; ++t) z += double(w1[j * head_dim + t]) * x[t];
+      out += double(w2[j]) * std::max(z, 0.0);
+    }
+    y[i] = static_cast<float>(out);
+  }
+}
+
 }  // namespace snapfill::ref

@@ -89,6 +89,12 @@ void Softmax(float* x, int64_t n);
 // Index of the first maximum of x[0..n) (n >= 1).
 int64_t Argmax(const float* x, int64_t n);
 
+// SmartKV's gate on n keys before RoPE (src/compress/gate.h), in double:
+// y[i] = w2 · relu(w1 ((k_i - mean) ⊙ inv_std) + b1) + b2, with w1
+// [hidden][head_dim] and k_i = keys[i * key_stride, + head_dim).
+void GateForward(const float* mean, const float* inv_std, const float* w1, const float* b1, const float* w2, float b2,
+                 int64_t head_dim, int64_t hidden, const float* keys, int64_t key_stride, int64_t n, float* y);
+
 }  // namespace snapfill::ref
 
 #endif  // SNAPFILL_KERNELS_REF_OPS_REF_H_

@@ -24,6 +24,7 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
     case PrunerKind::kStreaming:
     case PrunerKind::kFull:
     case PrunerKind::kReconstruct:
+    case PrunerKind::kGate:
       break;
     default:
       return absl::InvalidArgumentError(
@@ -66,6 +67,7 @@ absl::Status ValidatePrunerBudget(const PrunerConfig& config, int64_t budget) {
   switch (config.kind) {
     case PrunerKind::kSnapKv:
     case PrunerKind::kReconstruct:
+    case PrunerKind::kGate:
       if (budget < config.window) {
         return absl::InvalidArgumentError(absl::StrCat(PrunerKindName(config.kind), " budget ", budget,
                                                        " must be >= --window=", config.window,
@@ -94,8 +96,9 @@ absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name) {
   if (name == "streaming") return PrunerKind::kStreaming;
   if (name == "full") return PrunerKind::kFull;
   if (name == "reconstruct") return PrunerKind::kReconstruct;
+  if (name == "gate") return PrunerKind::kGate;
   return absl::InvalidArgumentError(absl::StrCat("--pruner=", std::string(name),
-                                                 ": expected snapkv, streaming, full or reconstruct"));
+                                                 ": expected snapkv, streaming, full, reconstruct or gate"));
 }
 
 absl::StatusOr<Pooling> ParsePooling(std::string_view name) {
@@ -122,6 +125,8 @@ const char* PrunerKindName(PrunerKind kind) {
       return "full";
     case PrunerKind::kReconstruct:
       return "reconstruct";
+    case PrunerKind::kGate:
+      return "gate";
   }
   return "unknown";
 }
@@ -151,6 +156,7 @@ absl::StatusOr<std::unique_ptr<Pruner>> CreatePruner(const PrunerConfig& config,
   switch (config.kind) {
     case PrunerKind::kSnapKv:
     case PrunerKind::kReconstruct:
+    case PrunerKind::kGate:
       return compress_internal::NewSnapKvPruner(config, backend);
     case PrunerKind::kStreaming:
       return compress_internal::NewStreamingPruner(config);

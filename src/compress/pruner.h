@@ -19,6 +19,9 @@
 //             entry got once, when its own chunk was repeated after a
 //             "repeat the previous text" prompt, and keeps while it is
 //             kept. The engine passes those scores as SelectionInput::votes.
+//   gate      SmartKV (shared/seeds; gate.h): the same selection over each
+//             entry's lifespan as a learned gate predicts it from its key
+//             before RoPE, also kept with the entry.
 //
 // Candidate order: in every KV head, candidates [0, num_memory) are the
 // memory in original order and [num_memory, num_candidates) the chunk, so
@@ -56,7 +59,7 @@
 
 namespace snapfill {
 
-enum class PrunerKind { kSnapKv, kStreaming, kFull, kReconstruct };
+enum class PrunerKind { kSnapKv, kStreaming, kFull, kReconstruct, kGate };
 enum class Pooling { kAvg, kMax };
 // How the question's votes pick entries (question-guided compression):
 // single tokens by pooled vote, or spans around the highest pooled votes
@@ -103,7 +106,12 @@ struct PrunerConfig {
 // Whether the pruner ranks by SnapKV's rule (window, sinks, pooling,
 // top-k) over scores the engine gives it as SelectionInput::votes.
 inline bool RanksByScores(PrunerKind kind) {
-  return kind == PrunerKind::kSnapKv || kind == PrunerKind::kReconstruct;
+  return kind == PrunerKind::kSnapKv || kind == PrunerKind::kReconstruct || kind == PrunerKind::kGate;
+}
+// Whether the pruner's scores are given once, when an entry arrives, and
+// kept with the entry (KvCache entry scores) rather than recomputed.
+inline bool KeepsEntryScores(PrunerKind kind) {
+  return kind == PrunerKind::kReconstruct || kind == PrunerKind::kGate;
 }
 
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,
@@ -129,7 +137,7 @@ inline int64_t EffectiveWindow(int64_t window, int64_t chunk_size) {
   return window < chunk_size ? window : chunk_size;
 }
 
-// "snapkv" | "streaming" | "full" | "reconstruct"; InvalidArgument otherwise.
+// "snapkv" | "streaming" | "full" | "reconstruct" | "gate"; InvalidArgument otherwise.
 absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name);
 // "avg" | "max"; InvalidArgument otherwise.
 absl::StatusOr<Pooling> ParsePooling(std::string_view name);

@@ -67,10 +67,8 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
                                    capacity + e->config_.recall_budget + e->config_.decode_reserve}));
   const bool reconstruct = e->config_.pruner.kind == PrunerKind::kReconstruct;
   e->query_rows_ = QueryRows(e->config_, e->plan_.max_chunk_tokens);
-  if (reconstruct) {
-    SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());
-    e->repeat_lse_.resize(mc.num_heads * e->query_rows_);
-  }
+  if (KeepsEntryScores(e->config_.pruner.kind)) SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());
+  if (reconstruct) e->repeat_lse_.resize(mc.num_heads * e->query_rows_);
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
                                                               e->plan_.max_chunk_tokens + e->query_rows_));
   // The question's rows, the chunk's, and the token past the chunk (what
@@ -225,6 +223,8 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   // chunk's n (see batch_).
   const int64_t qn = step_query_rows_;
   const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
+  const bool gate = config_.pruner.kind == PrunerKind::kGate;
+  const bool stored_scores = reconstruct || gate;  // KeepsEntryScores
   const bool question = qn > 0 && !reconstruct;
   const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
@@ -250,7 +250,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     mem_k_[h] = memory_->k(layer, h);
     mem_v_[h] = memory_->v(layer, h);
     mem_pos_[h] = memory_->pos(layer, h);
-    mem_score_[h] = reconstruct ? memory_->score(layer, h) : nullptr;
+    mem_score_[h] = stored_scores ? memory_->score(layer, h) : nullptr;
   }
   auto gather = [&](int64_t item) {
     const int64_t h = item / kCopyParts, part = item % kCopyParts;
@@ -263,8 +263,8 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
       std::memcpy(kr + r0 * d, mem_k_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(vv + r0 * d, mem_v_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
       std::memcpy(pp + r0, mem_pos_[h] + r0, (mem1 - r0) * sizeof(int32_t));
-      // The memory's stored scores beside its entries (reconstruct).
-      if (reconstruct) {
+      // The memory's stored scores beside its entries (reconstruct, gate).
+      if (stored_scores) {
         std::memcpy(votes_.data() + h * cand_capacity_ + r0, mem_score_[h] + r0, (mem1 - r0) * sizeof(float));
       }
     }
@@ -373,7 +373,18 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
                                                     cand_capacity_, /*max_weight=*/true));
     in.votes = votes_.data();
     in.votes_stride = cand_capacity_;
-    telemetry_.repeat_seconds += watch.Seconds();
+    telemetry_.score_seconds += watch.Seconds();
+  } else if (gate) {
+    // SmartKV: each chunk entry's predicted lifespan from its key before
+    // RoPE, beside the memory's stored predictions.
+    Stopwatch watch;
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      config_.gate->Predict(layer, h, cand_k_raw_.data() + h * head_stride + m * d, d, n,
+                            votes_.data() + h * cand_capacity_ + m);
+    }
+    in.votes = votes_.data();
+    in.votes_stride = cand_capacity_;
+    telemetry_.score_seconds += watch.Seconds();
   } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
     // Votes from a separate small pass over the last w queries only.
     const int64_t w = std::min<int64_t>(plan_.config.window, n);

@@ -26,6 +26,7 @@
 #include "snapfill/schedule.h"
 #include "snapfill/token_source.h"
 #include "src/base/paged_array.h"
+#include "src/compress/gate.h"
 #include "src/compress/pruner.h"
 #include "src/engine/recall.h"
 #include "src/kv/kv_cache.h"
@@ -73,6 +74,10 @@ struct PrefillConfig {
   // while it is kept (in the memory, checkpoints and caches). The
   // repetition's K/V are dropped.
   std::vector<int32_t> repeat_prompt;
+  // SmartKV's gates (PrunerKind::kGate, DESIGN.md §9; not owned): each
+  // chunk entry's score is its gate's prediction from its key before RoPE,
+  // kept with the entry. Shaped for the model (layers, KV heads, head_dim).
+  const GateModel* gate = nullptr;
   // The recall tier (DESIGN.md §8): at the input's last step the
   // question's queries score every entry of the recall store (the engine's
   // AttachRecallStore) in each layer and bring back the `recall_budget`
@@ -90,7 +95,7 @@ struct StepTelemetry {
   int64_t chunk_tokens = 0;
   int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
   int64_t query_rows = 0;              // the question's or the repetition's rows run after the chunk
-  double repeat_seconds = 0;           // scoring the repetition's attention (reconstruct)
+  double score_seconds = 0;           // scoring the chunk's entries (reconstruct's repetition, the gates)
   int64_t recalled = 0;                // entries per layer and KV head brought back (the last step)
   double recall_seconds = 0;           // scoring the store and bringing entries back
   std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression

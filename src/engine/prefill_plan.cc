@@ -76,6 +76,21 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
       }
     }
   }
+  if (c.pruner.kind == PrunerKind::kGate) {
+    if (c.gate == nullptr) return absl::InvalidArgumentError("--pruner=gate needs the gates: give --gates FILE");
+    if (c.gate->num_layers() != mc.num_layers || c.gate->num_kv_heads() != mc.num_kv_heads ||
+        c.gate->head_dim() != mc.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("the gates are shaped ", c.gate->num_layers(), " x ",
+                                                     c.gate->num_kv_heads(), " x ", c.gate->head_dim(),
+                                                     "; the model is ", mc.num_layers, " x ", mc.num_kv_heads,
+                                                     " x ", mc.head_dim));
+    }
+    if (!c.query_tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "--pruner=gate predicts lifespans without the question: give --query_aware=false, or --pruner=snapkv "
+          "for question-guided compression");
+    }
+  }
   if (c.recall_budget > 0 && c.query_tokens.empty()) {
     return absl::InvalidArgumentError(
         "recall needs the question: give --question (with --query_aware, the default)");
@@ -122,7 +137,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   const uint64_t entry_bytes =
       static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
       (2 * mc.head_dim * sizeof(float) + sizeof(int32_t) +
-       (c.pruner.kind == PrunerKind::kReconstruct ? sizeof(float) : 0));
+       (KeepsEntryScores(c.pruner.kind) ? sizeof(float) : 0));
   if (c.decode_reserve < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));

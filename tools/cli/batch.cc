@@ -75,7 +75,7 @@ class BatchRunner {
     config.schedule.memory = d.settings.memory;
     config.schedule.chunk = d.settings.chunk;
     config.recall_budget = 0;
-    SNAPFILL_RETURN_IF_ERROR(SetRepeatPrompt(m_, config));
+    SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config));
     GenerateOptions gopts;
     gopts.max_new_tokens = d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(gopts.sampling, SamplingFromFlags());

@@ -14,7 +14,8 @@ const Flags kLongInput = {"input", "max_tokens", "spool_dir", "spool_after"};
 const Flags kQuestionGuided = {"query_aware", "query_share", "select", "span", "query_heads"};
 const Flags kRecall = {"recall_dir", "recall", "recall_format"};
 const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory", "window", "pool_kernel",
-                         "pooling", "pruner", "sinks", "original_positions", "repeat_stride", "repeat_prompt"};
+                         "pooling", "pruner", "sinks", "original_positions", "repeat_stride", "repeat_prompt",
+                         "gates"};
 const Flags kSampling = {"n", "temp", "top_k", "top_p", "seed"};
 const Flags kPrompt = {"chat_template", "system"};
 const Flags kMachine = {"model", "device", "threads", "kernels", "pack_decode"};
@@ -54,7 +55,7 @@ const std::vector<Command>& Commands() {
        "an answer per JSON line out, flushed as each comes; --resume goes on where a job stopped, --shard "
        "(or a Slurm array) takes a share split by size.",
        Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "schedule", "memory", "chunk", "window",
-              "pruner", "repeat_stride", "repeat_prompt", "spool_dir", "spool_after"},
+              "pruner", "repeat_stride", "repeat_prompt", "gates", "spool_dir", "spool_after"},
              kSampling, kPrompt, kMachine, {"verbosity"}}),
        &RunBatch},
       {"tokenize",
@@ -92,6 +93,13 @@ const std::vector<Command>& Commands() {
                           "full_tokens", "n", "question"},
              kMachine, {"decode_kv_f16", "json", "png"}}),
        &RunBench},
+      {"train-gate",
+       "Train SmartKV's gates for --pruner=gate: runs texts (--input, comma-separated files) through the "
+       "model with full attention, records how long each KV entry is attended, and fits a small MLP per "
+       "layer and KV head on the keys before RoPE; prints the held-out error per layer and writes --out.",
+       {"model", "input", "out", "force", "seq_len", "max_sequences", "tau", "hidden", "epochs", "seed", "threads",
+        "verbosity"},
+       &RunTrainGate},
   };
   return kCommands;
 }

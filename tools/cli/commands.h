@@ -28,6 +28,7 @@ absl::Status RunPlot();
 absl::Status RunBench();
 absl::Status RunTokenize();
 absl::Status RunBatch();
+absl::Status RunTrainGate();
 
 }  // namespace snapfill::cli
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "snapfill/status.h"
+#include "src/compress/gate.h"
+#include "src/gguf/fingerprint.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"
 
@@ -248,8 +250,28 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   return c;
 }
 
-absl::Status SetRepeatPrompt(const LoadedModel& m, PrefillConfig& c) {
+absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c) {
   c.repeat_prompt.clear();
+  c.gate = nullptr;
+  if (c.pruner.kind == PrunerKind::kGate) {
+    const std::string path = absl::GetFlag(FLAGS_gates);
+    if (path.empty()) {
+      return absl::InvalidArgumentError(
+          "--pruner=gate needs --gates FILE (made by snapfill train-gate, or tools/train_gates.sh for the "
+          "default model)");
+    }
+    // The process's gates, loaded at first use (every command runs one model).
+    static std::string* loaded_path = new std::string;
+    static GateModel* gates = nullptr;
+    if (gates == nullptr || *loaded_path != path) {
+      SNAPFILL_ASSIGN_OR_RETURN(GateModel g, GateModel::Load(path, ModelFingerprint(m.model->gguf())));
+      delete gates;
+      gates = new GateModel(std::move(g));
+      *loaded_path = path;
+    }
+    c.gate = gates;
+    return absl::OkStatus();
+  }
   if (c.pruner.kind != PrunerKind::kReconstruct) return absl::OkStatus();
   const std::string prompt = absl::GetFlag(FLAGS_repeat_prompt);
   if (prompt.empty()) return absl::InvalidArgumentError("--repeat_prompt must not be empty");
@@ -306,7 +328,7 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   }
   s += "]";
   if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
-  if (t.repeat_seconds > 0) absl::StrAppendFormat(&s, ",\"repeat_seconds\":%.6f", t.repeat_seconds);
+  if (t.score_seconds > 0) absl::StrAppendFormat(&s, ",\"score_seconds\":%.6f", t.score_seconds);
   if (t.recalled > 0) {
     absl::StrAppendFormat(&s, ",\"recalled\":%d,\"recall_seconds\":%.6f", t.recalled, t.recall_seconds);
   }

@@ -110,10 +110,12 @@ absl::StatusOr<SamplingParams> SamplingFromFlags();
 // --original_positions) as a PrefillConfig; InvalidArgument for a name that
 // is not one.
 absl::StatusOr<PrefillConfig> PrefillConfigFromFlags();
-// --pruner=reconstruct's prompt: --repeat_prompt as the model's chat
-// template closes a user turn and opens the assistant's (the chunk is
-// repeated after it); nothing for another pruner.
-absl::Status SetRepeatPrompt(const LoadedModel& m, PrefillConfig& c);
+// What the pruner reads beside the input: for --pruner=reconstruct its
+// prompt, --repeat_prompt as the model's chat template closes a user turn
+// and opens the assistant's (the chunk is repeated after it); for
+// --pruner=gate the gates of --gates, loaded once per process and checked
+// against the model. Nothing for another pruner.
+absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c);
 
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.

@@ -79,6 +79,14 @@ ABSL_FLAG(std::string, pooling, "avg", "SnapKV pooling: avg | max");
 ABSL_FLAG(std::string, pruner, "snapkv",
           "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything) | "
           "reconstruct (what the model attends to when asked to repeat each chunk: no question needed)");
+ABSL_FLAG(std::string, gates, "",
+          "--pruner=gate: the gate file (snapfill train-gate; tools/train_gates.sh makes the default model's)");
+ABSL_FLAG(int64_t, seq_len, 1024, "train-gate: tokens per training sequence (at most the model's context)");
+ABSL_FLAG(int64_t, max_sequences, 48, "train-gate: training sequences taken from the inputs, spread over them");
+ABSL_FLAG(double, tau, 2.0,
+          "train-gate: an entry is attended while its weight exceeds tau times uniform attention's");
+ABSL_FLAG(int64_t, hidden, 32, "train-gate: hidden units of each gate");
+ABSL_FLAG(int64_t, epochs, 30, "train-gate: passes over the training samples");
 ABSL_FLAG(int64_t, repeat_stride, 1,
           "--pruner=reconstruct: repeat every k-th token of each chunk (1: all; 2: the cheaper "
           "variant, half the extra rows)");

@@ -176,7 +176,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
   SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*p.model.tokenizer, p.model.chat_template, question,
                                                                 absl::GetFlag(FLAGS_system)));
-  SNAPFILL_RETURN_IF_ERROR(SetRepeatPrompt(p.model, p.config));
+  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(p.model, p.config));
   if (with_question && !question.empty() && absl::GetFlag(FLAGS_query_aware) &&
       p.config.pruner.kind == PrunerKind::kSnapKv) {
     // The question as it closes the prompt guides every chunk's compression.

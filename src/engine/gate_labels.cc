@@ -1,0 +1,100 @@
+// The gates' training labels (gate_labels.h).
+#include "src/engine/gate_labels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "Eigen/Core"
+#include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
+#include "src/model/llama_forward.h"
+
+namespace snapfill {
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+}  // namespace
+
+absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const int32_t* tokens, int64_t n,
+                                const GateLabelOptions& options, std::vector<GateSamples>* samples) {
+  const LlamaConfig& c = model.config();
+  if (n < 2 || n > c.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a gate training sequence of ", n, " tokens; expected 2 to ", c.context_length));
+  }
+  if (!(options.tau > 0) || options.alive_margin < 1 || options.skip_first < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("gate labels: tau=", options.tau, " alive_margin=",
+                                                   options.alive_margin, " skip_first=", options.skip_first,
+                                                   " (tau > 0, margin >= 1, skip >= 0)"));
+  }
+  const int64_t d = c.head_dim, group = c.num_heads / c.num_kv_heads;
+  samples->resize(c.num_layers * c.num_kv_heads);
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<int64_t> last(n);
+  std::vector<uint8_t> alive(n);
+  RowMatrix qh(n, d), kh(n, d), s(n, n);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
+                    int64_t out_rows, float* out) -> absl::Status {
+    // The samples' features: the keys before RoPE.
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      GateSamples& gs = (*samples)[layer * c.num_kv_heads + h];
+      gs.head_dim = d;
+      for (int64_t j = options.skip_first; j < rows; ++j) {
+        gs.keys.insert(gs.keys.end(), k + j * kv_stride + h * d, k + j * kv_stride + (h + 1) * d);
+      }
+    }
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope_dim,
+                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope_dim,
+                                           c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    if (out_rows > 0) {
+      KvView view;
+      view.k = k;
+      view.v = v;
+      view.head_stride = d;
+      view.key_stride = kv_stride;
+      view.num_keys = rows;
+      SNAPFILL_RETURN_IF_ERROR(backend->Attention(LlamaQueries(c, q, q_stride, rows).From(rows - out_rows), view,
+                                                  out + (rows - out_rows) * q_stride, q_stride));
+    }
+    // Every weight of the causal softmax, a query head at a time.
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      std::iota(last.begin(), last.end(), 0);
+      std::fill(alive.begin(), alive.end(), 0);
+      for (int64_t j = 0; j < rows; ++j) kh.row(j) = Eigen::Map<const Eigen::RowVectorXf>(k + j * kv_stride + h * d, d);
+      for (int64_t g = h * group; g < (h + 1) * group; ++g) {
+        for (int64_t t = 0; t < rows; ++t) qh.row(t) = Eigen::Map<const Eigen::RowVectorXf>(q + t * q_stride + g * d, d);
+        s.noalias() = (qh * kh.transpose()) * scale;
+        for (int64_t t = 0; t < rows; ++t) {
+          float* row = s.row(t).data();
+          const float mx = *std::max_element(row, row + t + 1);
+          float sum = 0;
+          for (int64_t j = 0; j <= t; ++j) sum += (row[j] = std::exp(row[j] - mx));
+          const float thr = options.tau / static_cast<float>(t + 1) * sum;  // on the unnormalized weights
+          const bool end = t >= rows - options.alive_margin;
+          for (int64_t j = 0; j <= t; ++j) {
+            if (row[j] > thr) {
+              last[j] = std::max(last[j], t);
+              if (end) alive[j] = 1;
+            }
+          }
+        }
+      }
+      GateSamples& gs = (*samples)[layer * c.num_kv_heads + h];
+      for (int64_t j = options.skip_first; j < rows; ++j) {
+        gs.label.push_back(std::log1p(static_cast<float>(last[j] - j)) / std::log(4.0f));
+        gs.censored.push_back(alive[j]);
+      }
+    }
+    return absl::OkStatus();
+  };
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<LlamaForward> forward, LlamaForward::Create(model, backend, n));
+  std::vector<float> logits(c.vocab_size);
+  return forward->ForwardWithAttention(tokens, n, attend, 0, logits.data(), 0);
+}
+
+}  // namespace snapfill
