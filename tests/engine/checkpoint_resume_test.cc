@@ -3,6 +3,7 @@
 // memory and logits, bit for bit, as a run never stopped; and
 // PrefillEngine::Footprint() predicts exactly what Create() allocates.
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,17 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
   // repetition gave them: the checkpoint must too, or the resumed run
   // would rank the older memory differently.
   if (c.pruner == PrunerKind::kReconstruct) config.repeat_prompt = {5, 9, 2, 11};
+  // Gates with random weights, so that entries are ranked apart.
+  GateModel gates = GateModel::Create(opts.num_layers, model->config().num_kv_heads, model->config().head_dim, 8).value();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t l = 0; l < opts.num_layers; ++l) {
+    for (int64_t h = 0; h < model->config().num_kv_heads; ++h) {
+      for (float& x : gates.params(l, h).w1) x = dist(rng);
+      for (float& x : gates.params(l, h).w2) x = dist(rng);
+    }
+  }
+  if (c.pruner == PrunerKind::kGate) config.gate = &gates;
 
   auto whole = PrefillEngine::Create(*model, backend->get(), config, ids.size());
   SNAPFILL_ASSERT_OK(whole);
@@ -132,7 +144,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"reconstruct_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear,
                            PrunerKind::kReconstruct, 96, 96},
                       Case{"reconstruct_fm_stride2", ScheduleKind::kFixed, Growth::kLinear,
-                           PrunerKind::kReconstruct, 64, 64, 2}),
+                           PrunerKind::kReconstruct, 64, 64, 2},
+                      Case{"gate_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear, PrunerKind::kGate,
+                           96, 96}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {

@@ -75,6 +75,10 @@ TEST_P(NoEvictionTest, ChunkedEqualsOneShot) {
   PrefillConfig config;
   config.pruner.kind = GetParam().pruner;
   config.keep_original_positions = GetParam().original_positions;
+  // Zero gates: every entry ties, and nothing is evicted anyway.
+  const GateModel gates =
+      GateModel::Create(model->config().num_layers, model->config().num_kv_heads, model->config().head_dim, 4).value();
+  if (config.pruner.kind == PrunerKind::kGate) config.gate = &gates;
   config.schedule.kind = GetParam().kind;
   config.schedule.chunk = 64;
   config.schedule.memory = 512;  // >= n: SnapKV keeps everything
@@ -98,7 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
                       NoEvictionCase{PrunerKind::kSnapKv, true, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kReconstruct, true, ScheduleKind::kFixed},
-                      NoEvictionCase{PrunerKind::kReconstruct, false, ScheduleKind::kIncrementalDecremental}));
+                      NoEvictionCase{PrunerKind::kReconstruct, false, ScheduleKind::kIncrementalDecremental},
+                      NoEvictionCase{PrunerKind::kGate, false, ScheduleKind::kFixed}));
 
 // Generating from the decoder cache continues the text like a one-shot
 // prefill followed by decoding (nothing evicted).
