@@ -106,6 +106,26 @@ TEST_F(ReliabilityTest, KilledRunResumesToTheSameCache) {
   }
 }
 
+// Context reconstruction's entries carry their scores through the
+// checkpoint: a killed run resumes to the cache of one never stopped.
+TEST_F(ReliabilityTest, KilledReconstructRunResumesToTheSameCache) {
+  job_ += " --pruner reconstruct --repeat_stride 2";
+  const std::string reference = Reference();
+  ASSERT_FALSE(reference.empty());
+  const std::string out = dir_ + "/resumed.kv";
+  KillAfterFirstCheckpoint(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  Result r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == reference) << "the resumed cache differs";
+  // Another stride is another run: its checkpoint is not taken.
+  KillAfterFirstCheckpoint(job_ + " --out " + out + ".2 --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  r = Run(job_ + " --repeat_stride 1 --out " + out + ".3 --checkpoint " + checkpoint_ + " --resume");
+  EXPECT_NE(r.exit_code, 0) << r.err;
+}
+
 // A resumed run computes its remaining chunks with the prefill attention the
 // checkpoint records, not with what --kernels=auto would measure now: a run
 // on the AVX512-BF16 kernel (not what the measurement picks where f32 is
