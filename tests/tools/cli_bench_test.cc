@@ -162,12 +162,27 @@ TEST_F(BenchCliTest, BenchWithoutFmComparesNothing) {
   EXPECT_EQ(j["schedules"][0]["baseline"], "");
 }
 
+// Rows of the question-less pruners beside SnapKV's (schedule/pruner),
+// each compared with the FM row of its chunk.
+TEST_F(BenchCliTest, BenchRunsRowsOfOtherPruners) {
+  nlohmann::json j;
+  Result r = Bench("--schedules fm,fm/reconstruct,fm/streaming --memory 128 --chunk 64"
+                   " --repetitions 1 --full_tokens 0 -n 4 --repeat_stride 2", &j);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(j["schedules"].size(), 3u);
+  EXPECT_EQ(j["schedules"][1]["schedule"], "fm/reconstruct");
+  EXPECT_EQ(j["schedules"][1]["baseline"], "fm");
+  EXPECT_EQ(j["schedules"][2]["schedule"], "fm/streaming");
+  for (const auto& s : j["schedules"]) EXPECT_GT(s["ttft_median"].get<double>(), 0);
+}
+
 TEST_F(BenchCliTest, BenchRefusesBadFlags) {
   const std::string base = "bench --model " + tiny_ + " --input " + text_;
   EXPECT_FAILS_WITH(Run(base + " --schedules fm,im:bogus"), 2, "im:bogus");
   EXPECT_FAILS_WITH(Run(base + " --schedules xyz"), 2, "xyz");
   EXPECT_FAILS_WITH(Run(base + " --schedules fm,imdc@0"), 2, "imdc@0");
   EXPECT_FAILS_WITH(Run(base + " --schedules fm@x"), 2, "fm@x");
+  EXPECT_FAILS_WITH(Run(base + " --schedules fm/bogus"), 2, "fm/bogus");
   EXPECT_FAILS_WITH(Run(base + " --repetitions 0"), 2, "--repetitions");
   EXPECT_FAILS_WITH(Run("bench --model " + tiny_), 2, "--input");
 }

@@ -292,18 +292,26 @@ double ReadBandwidth(uint64_t bytes) {
   return best;
 }
 
-// One --schedules entry: schedule[:growth][@chunk].
+// One --schedules entry: schedule[:growth][@chunk][/pruner].
 struct Spec {
   std::string kind, growth;  // growth empty = the default
   int64_t chunk = 0;         // 0 = not given
+  std::string pruner;        // empty = --pruner
 };
 
 absl::StatusOr<Spec> ParseSpec(absl::string_view spec) {
   Spec out;
+  const std::string whole(spec);
   const auto bad = [&] {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--schedules: \"", spec, "\" is not schedule[:growth][@chunk] (e.g. fm, im:sqrt, imdc@4096)"));
+        "--schedules: \"", whole,
+        "\" is not schedule[:growth][@chunk][/pruner] (e.g. fm, im:sqrt, imdc@4096, fm/reconstruct)"));
   };
+  if (const size_t slash = spec.find('/'); slash != absl::string_view::npos) {
+    if (!ParsePrunerKind(std::string(spec.substr(slash + 1))).ok()) return bad();
+    out.pruner = std::string(spec.substr(slash + 1));
+    spec = spec.substr(0, slash);
+  }
   absl::string_view body = spec;
   if (const size_t at = spec.find('@'); at != absl::string_view::npos) {
     body = spec.substr(0, at);
@@ -328,6 +336,7 @@ Config MakeConfig(const std::vector<std::string>& common, const std::string& lab
   if (!s.growth.empty()) c.args.push_back("--growth=" + s.growth);
   c.args.push_back(absl::StrCat("--chunk=", chunk));
   c.args.push_back(absl::StrCat("--memory=", absl::GetFlag(FLAGS_memory)));
+  if (!s.pruner.empty()) c.args.push_back("--pruner=" + s.pruner);  // after the common --pruner
   return c;
 }
 
@@ -429,6 +438,9 @@ absl::Status RunBench() {
       "--ignore_eos", "--profile", "--progress=false", "--timing=false"};
   if (!absl::GetFlag(FLAGS_model).empty()) common.push_back("--model=" + absl::GetFlag(FLAGS_model));
   if (!absl::GetFlag(FLAGS_spool_dir).empty()) common.push_back("--spool_dir=" + absl::GetFlag(FLAGS_spool_dir));
+  // The question-less pruners' inputs, for the rows that name them.
+  if (!absl::GetFlag(FLAGS_gates).empty()) common.push_back("--gates=" + absl::GetFlag(FLAGS_gates));
+  common.push_back(absl::StrCat("--repeat_stride=", absl::GetFlag(FLAGS_repeat_stride)));
   common.push_back(absl::StrCat("--spool_after=", absl::GetFlag(FLAGS_spool_after)));
 
   std::vector<Config> configs = Configs(common);

@@ -89,7 +89,8 @@ const std::vector<Command>& Commands() {
        "TTFT and peak memory of each schedule on one input (each run in its own process, with "
        "repetitions), the measured speed-ups beside the IMDC paper's eq. 4, and decoding from "
        "the compressed cache against a full cache; a table, --json and a --png chart.",
-       Join({kLongInput, {"schedules", "memory", "chunk", "imdc_chunk", "window", "pruner", "repetitions",
+       Join({kLongInput, {"schedules", "memory", "chunk", "imdc_chunk", "window", "pruner", "gates", "repeat_stride",
+                          "repetitions",
                           "full_tokens", "n", "question"},
              kMachine, {"decode_kv_f16", "json", "png"}}),
        &RunBench},
