@@ -98,8 +98,8 @@ const std::vector<Command>& Commands() {
        "Train SmartKV's gates for --pruner=gate: runs texts (--input, comma-separated files) through the "
        "model with full attention, records how long each KV entry is attended, and fits a small MLP per "
        "layer and KV head on the keys before RoPE; prints the held-out error per layer and writes --out.",
-       {"model", "input", "out", "force", "seq_len", "max_sequences", "tau", "hidden", "epochs", "seed", "threads",
-        "verbosity"},
+       {"model", "input", "out", "force", "seq_len", "max_sequences", "tau", "hidden", "epochs", "compare_hidden",
+        "seed", "threads", "verbosity"},
        &RunTrainGate},
   };
   return kCommands;

@@ -87,6 +87,9 @@ ABSL_FLAG(double, tau, 2.0,
           "train-gate: an entry is attended while its weight exceeds tau times uniform attention's");
 ABSL_FLAG(int64_t, hidden, 32, "train-gate: hidden units of each gate");
 ABSL_FLAG(int64_t, epochs, 30, "train-gate: passes over the training samples");
+ABSL_FLAG(std::string, compare_hidden, "",
+          "train-gate: also fit gates of these hidden sizes (e.g. 8,128) on the same samples and print "
+          "their held-out error beside --hidden's (only --hidden's are saved)");
 ABSL_FLAG(int64_t, repeat_stride, 1,
           "--pruner=reconstruct: repeat every k-th token of each chunk (1: all; 2: the cheaper "
           "variant, half the extra rows)");

@@ -47,6 +47,7 @@ ABSL_DECLARE_FLAG(int64_t, max_sequences);
 ABSL_DECLARE_FLAG(double, tau);
 ABSL_DECLARE_FLAG(int64_t, hidden);
 ABSL_DECLARE_FLAG(int64_t, epochs);
+ABSL_DECLARE_FLAG(std::string, compare_hidden);
 ABSL_DECLARE_FLAG(std::string, repeat_prompt);
 ABSL_DECLARE_FLAG(std::string, recall_dir);
 ABSL_DECLARE_FLAG(int64_t, recall);

@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "snapfill/status.h"
 #include "src/base/sys_stats.h"
@@ -125,6 +126,25 @@ absl::Status RunTrainGate() {
   const double layers = static_cast<double>(mc.num_layers);
   std::printf("all layers: held-out MAE %.3f (log4 lifespan), constant %.3f, rank correlation %.3f\n",
               all_mae / layers, all_base / layers, all_rank / layers);
+  // Other sizes on the same samples, for choosing --hidden.
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_compare_hidden), ',', absl::SkipEmpty())) {
+    int64_t size = 0;
+    if (!absl::SimpleAtoi(text, &size) || size < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--compare_hidden: \"", std::string(text), "\" is not a size"));
+    }
+    SNAPFILL_ASSIGN_OR_RETURN(GateModel other, GateModel::Create(mc.num_layers, mc.num_kv_heads, mc.head_dim, size));
+    double mae = 0, rank = 0;
+    for (int64_t g = 0; g < mc.num_layers * mc.num_kv_heads; ++g) {
+      SNAPFILL_ASSIGN_OR_RETURN(const GateFitReport r, FitGate(train[g], held[g], fit,
+                                                               other.params(g / mc.num_kv_heads, g % mc.num_kv_heads)));
+      mae += r.mae;
+      rank += r.rank_correlation;
+    }
+    const double gates_count = static_cast<double>(mc.num_layers * mc.num_kv_heads);
+    std::printf("hidden %lld: held-out MAE %.3f, rank correlation %.3f, %lld parameters (%s)\n", (long long)size,
+                mae / gates_count, rank / gates_count, (long long)other.num_parameters(),
+                HumanBytes(other.file_bytes()).c_str());
+  }
   SNAPFILL_RETURN_IF_ERROR(gates.Save(out, absl::GetFlag(FLAGS_force)));
   std::printf("gates: %lld gates, %lld parameters, %s in %s (%s)\n", (long long)(mc.num_layers * mc.num_kv_heads),
               (long long)gates.num_parameters(), HumanBytes(gates.file_bytes()).c_str(), out.c_str(),
