@@ -259,6 +259,19 @@ void PrintPlan(const Prepared& p) {
                 100.0 * q * steps / std::max<double>(1, p.total),
                 QuestionSelectionLabel(c.pruner).c_str());
   }
+  if (c.pruner.kind == PrunerKind::kReconstruct) {
+    // What context reconstruction adds: the prompt and the repetition in every batch.
+    int64_t rows = 0;
+    for (const ScheduleStep& s : p.engine->plan().steps) {
+      rows += static_cast<int64_t>(c.repeat_prompt.size()) + (s.chunk_tokens + c.pruner.repeat_stride - 1) /
+                                                                  c.pruner.repeat_stride;
+    }
+    std::printf("context reconstruction: each chunk repeated after a %lld-token prompt%s (%lld more rows, +%.1f%%; "
+                "the scoring's time is in --telemetry's score_seconds and --profile's window_scores)\n",
+                (long long)c.repeat_prompt.size(),
+                c.pruner.repeat_stride > 1 ? absl::StrCat(", one token in ", c.pruner.repeat_stride).c_str() : "",
+                (long long)rows, 100.0 * rows / std::max<double>(1, p.total));
+  }
   if (const std::string dir = absl::GetFlag(FLAGS_recall_dir); !dir.empty()) {
     const uint64_t free = FreeDiskBytes(dir);
     std::printf("recall: up to %s of evicted entries (%s) in %s%s; %s\n", HumanBytes(p.recall_disk_bytes).c_str(),
