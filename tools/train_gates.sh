@@ -3,7 +3,8 @@
 # evaluation here reads: SQLite's documentation (Debian package sqlite3-doc,
 # public domain), its HTML reduced to prose. The gates are rebuilt here,
 # never downloaded. Usage: tools/train_gates.sh OUT.gates [snapfill train-gate flags...]
-# (about 4 minutes on 2 cores with the defaults).
+# (32 sequences of 1,024 tokens, 20 epochs, 8 hidden units: about 4 minutes on 2 cores;
+# flags given here come after these and win).
 set -euo pipefail
 OUT="${1:?usage: tools/train_gates.sh OUT.gates [train-gate flags...]}"
 shift
@@ -39,4 +40,4 @@ PY
 mv "$TEXT.tmp" "$TEXT"
 echo "train_gates: $(wc -c < "$TEXT") bytes of training text in $TEXT"
 BIN="${SNAPFILL_BIN:-$ROOT/build/bin/snapfill}"
-"$BIN" train-gate --input "$TEXT" --out "$OUT" --force "$@"
+"$BIN" train-gate --input "$TEXT" --out "$OUT" --force --seq_len 1024 --max_sequences 32 --epochs 20 "$@"

@@ -85,7 +85,7 @@ ABSL_FLAG(int64_t, seq_len, 1024, "train-gate: tokens per training sequence (at 
 ABSL_FLAG(int64_t, max_sequences, 48, "train-gate: training sequences taken from the inputs, spread over them");
 ABSL_FLAG(double, tau, 2.0,
           "train-gate: an entry is attended while its weight exceeds tau times uniform attention's");
-ABSL_FLAG(int64_t, hidden, 32, "train-gate: hidden units of each gate");
+ABSL_FLAG(int64_t, hidden, 8, "train-gate: hidden units of each gate (8, 16 and 32 fitted as well as each other, 128 and 256 worse: docs/RESULTS.md)");
 ABSL_FLAG(int64_t, epochs, 30, "train-gate: passes over the training samples");
 ABSL_FLAG(std::string, compare_hidden, "",
           "train-gate: also fit gates of these hidden sizes (e.g. 8,128) on the same samples and print "
