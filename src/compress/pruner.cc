@@ -53,6 +53,9 @@ absl::Status ValidatePrunerConfig(const PrunerConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat("--select: unknown selection ", static_cast<int>(config.query_select)));
   }
+  if (config.score_span < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--score_span=", config.score_span, " must be >= 1"));
+  }
   if (config.repeat_stride < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--repeat_stride=", config.repeat_stride, " must be >= 1"));

@@ -101,6 +101,11 @@ struct PrunerConfig {
   // token of the chunk (1: the whole chunk; 2 halves the extra rows, the
   // cheaper variant). --repeat_stride
   int64_t repeat_stride = 1;
+  // The pruners that rank by stored scores (gate, reconstruct): keep spans
+  // of this many entries around the highest scores, as the question's
+  // spans do (a 7-digit key is 8 tokens), or single entries with 1.
+  // --score_span
+  int64_t score_span = 8;
 };
 
 // Whether the pruner ranks by SnapKV's rule (window, sinks, pooling,
@@ -115,8 +120,8 @@ inline bool KeepsEntryScores(PrunerKind kind) {
 }
 
 // Returns InvalidArgument naming the flag (--window, --pool_kernel,
-// --sinks, --query_share, --span, --repeat_stride) when a value is out of
-// range.
+// --sinks, --query_share, --span, --repeat_stride, --score_span) when a
+// value is out of range.
 absl::Status ValidatePrunerConfig(const PrunerConfig& config);
 
 // Returns InvalidArgument unless `budget` (entries kept per head per step,

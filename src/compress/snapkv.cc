@@ -20,8 +20,9 @@
 // window's pooled votes among the entries the question left. Without query
 // votes the selection is exactly the above.
 //
-// The reconstruct pruner is this selection over the entries' stored
-// reconstruction scores instead of the window's votes (pruner.h).
+// The gate and reconstruct pruners are this selection over the entries'
+// stored scores instead of the window's votes (pruner.h), step 4 taking
+// spans of --score_span entries around the highest (single entries at 1).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -159,11 +160,12 @@ class SnapKvPruner final : public Pruner {
                            config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax);
   }
 
-  // Marks `quota` entries of R in sc.taken by sc.pooled (the question's):
-  // the highest single entries (token), or around the highest entries not
-  // yet taken, every entry within span/2 of it, nearest first (span).
-  absl::Status PickQuestion(int64_t num_rest, int64_t quota, Scratch& sc) const {
-    if (config_.query_select == Selection::kToken) {
+  // Marks `quota` entries of R in sc.taken by sc.pooled (the question's,
+  // or the stored scores): the highest single entries (token), or around
+  // the highest entries not yet taken, every entry within span/2 of it,
+  // nearest first (span).
+  absl::Status PickQuestion(int64_t num_rest, int64_t quota, Selection select, int64_t span, Scratch& sc) const {
+    if (select == Selection::kToken) {
       sc.top.resize(quota);
       SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, quota, sc.top.data()));
       for (int32_t i : sc.top) sc.taken[i] = 1;
@@ -176,7 +178,7 @@ class SnapKvPruner final : public Pruner {
     std::sort(sc.order.begin(), sc.order.end(), [pooled](int32_t a, int32_t b) {
       return pooled[a] > pooled[b] || (pooled[a] == pooled[b] && a < b);
     });
-    const int64_t half = config_.span / 2;
+    const int64_t half = span / 2;
     int64_t left = quota;
     for (int64_t r = 0; r < num_rest && left > 0; ++r) {
       const int64_t peak = sc.order[r];
@@ -228,7 +230,18 @@ class SnapKvPruner final : public Pruner {
         in.query_votes == nullptr
             ? 0
             : std::clamp<int64_t>(std::llround(config_.query_share * static_cast<double>(k)), 0, k);
-    if (in.query_votes == nullptr) {
+    if (in.query_votes == nullptr && config_.kind != PrunerKind::kSnapKv && config_.score_span > 1) {
+      // Stored scores (gate, reconstruct) picked as spans around their
+      // peaks, as a question's are: a kept fact keeps its neighbours.
+      SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
+      SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
+      sc.taken.assign(num_rest, 0);
+      SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k, Selection::kSpan, config_.score_span, sc));
+      sc.top.clear();
+      for (int64_t i = 0; i < num_rest; ++i) {
+        if (sc.taken[i]) sc.top.push_back(static_cast<int32_t>(i));
+      }
+    } else if (in.query_votes == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
       SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
       sc.top.resize(k);
@@ -239,7 +252,7 @@ class SnapKvPruner final : public Pruner {
         SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
                                   RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
         SNAPFILL_RETURN_IF_ERROR(Pool(query_votes, num_rest, sc));
-        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k_query, sc));
+        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k_query, config_.query_select, config_.span, sc));
       }
       if (k > k_query) {
         // The window's top among what the question left.

@@ -435,6 +435,34 @@ TEST(GuidedSnapKvTest, SpansKeepTheNeighboursOfTheStrongestVotes) {
   EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 30, 31));
 }
 
+// The pruners that rank by stored scores (gate, reconstruct) take SnapKV's
+// selection over them with the window kept, by token (--score_span 1) or as
+// spans around the highest scores.
+TEST(StoredScoresPrunerTest, WindowThenTokensOrSpans) {
+  // 32 chunk candidates, window 2 -> {30, 31}; budget 12 -> k = 10 of
+  // R = 0..29 (kernel 1). Scores peak at 20 (1.0) and 5 (0.5), the rest a
+  // little above zero falling with the index.
+  std::vector<float> scores(32);
+  for (int i = 0; i < 32; ++i) scores[i] = 0.01f * (32 - i) / 32;
+  scores[20] = 1.0f;
+  scores[5] = 0.5f;
+  for (PrunerKind kind : {PrunerKind::kGate, PrunerKind::kReconstruct}) {
+    PrunerConfig config = SnapKv(2, 1);
+    config.kind = kind;
+    config.score_span = 1;
+    auto pruner = MakePruner(config);
+    EXPECT_EQ(pruner->kind(), kind);
+    Keep keep;
+    // Tokens: 20, 5, then the eight highest of the rest, 0..4 and 6..8.
+    SNAPFILL_ASSERT_OK(pruner->Select(OneHead(scores, 0, 12), &keep));
+    EXPECT_THAT(keep[0], ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 20, 30, 31));
+    // Spans of 4: 20 and its two neighbours each side, then 5's.
+    config.score_span = 4;
+    SNAPFILL_ASSERT_OK(MakePruner(config)->Select(OneHead(scores, 0, 12), &keep));
+    EXPECT_THAT(keep[0], ElementsAre(3, 4, 5, 6, 7, 18, 19, 20, 21, 22, 30, 31));
+  }
+}
+
 // Shared question votes: what one head's question queries found, every
 // head keeps.
 TEST(GuidedSnapKvTest, SharedVotesKeepWhatAnyHeadFound) {

@@ -441,6 +441,7 @@ absl::Status RunBench() {
   // The question-less pruners' inputs, for the rows that name them.
   if (!absl::GetFlag(FLAGS_gates).empty()) common.push_back("--gates=" + absl::GetFlag(FLAGS_gates));
   common.push_back(absl::StrCat("--repeat_stride=", absl::GetFlag(FLAGS_repeat_stride)));
+  common.push_back(absl::StrCat("--score_span=", absl::GetFlag(FLAGS_score_span)));
   common.push_back(absl::StrCat("--spool_after=", absl::GetFlag(FLAGS_spool_after)));
 
   std::vector<Config> configs = Configs(common);

@@ -15,7 +15,7 @@ const Flags kQuestionGuided = {"query_aware", "query_share", "select", "span", "
 const Flags kRecall = {"recall_dir", "recall", "recall_format"};
 const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory", "window", "pool_kernel",
                          "pooling", "pruner", "sinks", "original_positions", "repeat_stride", "repeat_prompt",
-                         "gates"};
+                         "gates", "score_span"};
 const Flags kSampling = {"n", "temp", "top_k", "top_p", "seed"};
 const Flags kPrompt = {"chat_template", "system"};
 const Flags kMachine = {"model", "device", "threads", "kernels", "pack_decode"};
@@ -55,7 +55,7 @@ const std::vector<Command>& Commands() {
        "an answer per JSON line out, flushed as each comes; --resume goes on where a job stopped, --shard "
        "(or a Slurm array) takes a share split by size.",
        Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "schedule", "memory", "chunk", "window",
-              "pruner", "repeat_stride", "repeat_prompt", "gates", "spool_dir", "spool_after"},
+              "pruner", "repeat_stride", "repeat_prompt", "gates", "score_span", "spool_dir", "spool_after"},
              kSampling, kPrompt, kMachine, {"verbosity"}}),
        &RunBatch},
       {"tokenize",
@@ -90,7 +90,7 @@ const std::vector<Command>& Commands() {
        "repetitions), the measured speed-ups beside the IMDC paper's eq. 4, and decoding from "
        "the compressed cache against a full cache; a table, --json and a --png chart.",
        Join({kLongInput, {"schedules", "memory", "chunk", "imdc_chunk", "window", "pruner", "gates", "repeat_stride",
-                          "repetitions",
+                          "score_span", "repetitions",
                           "full_tokens", "n", "question"},
              kMachine, {"decode_kv_f16", "json", "png"}}),
        &RunBench},

@@ -233,6 +233,7 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_select, ParseSelection(absl::GetFlag(FLAGS_select)));
   c.pruner.span = absl::GetFlag(FLAGS_span);
   c.pruner.repeat_stride = absl::GetFlag(FLAGS_repeat_stride);
+  c.pruner.score_span = absl::GetFlag(FLAGS_score_span);
   const std::string heads = absl::GetFlag(FLAGS_query_heads);
   if (heads != "shared" && heads != "each") {
     return absl::InvalidArgumentError(
@@ -301,6 +302,7 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
     absl::StrAppendFormat(&query, ",\"repeat_stride\":%d,\"repeat_prompt_tokens\":%d", c.pruner.repeat_stride,
                           c.repeat_prompt.size());
   }
+  if (KeepsEntryScores(c.pruner.kind)) absl::StrAppendFormat(&query, ",\"score_span\":%d", c.pruner.score_span);
   if (c.recall_budget > 0) {
     absl::StrAppendFormat(&query, ",\"recall\":%d,\"recall_format\":\"%s\"", c.recall_budget,
                           RecallFormatName(c.recall_format));

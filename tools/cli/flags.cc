@@ -90,6 +90,9 @@ ABSL_FLAG(int64_t, epochs, 30, "train-gate: passes over the training samples");
 ABSL_FLAG(std::string, compare_hidden, "",
           "train-gate: also fit gates of these hidden sizes (e.g. 8,128) on the same samples and print "
           "their held-out error beside --hidden's (only --hidden's are saved)");
+ABSL_FLAG(int64_t, score_span, 8,
+          "--pruner=gate|reconstruct: keep spans of this many entries around the highest scores "
+          "(1: single entries)");
 ABSL_FLAG(int64_t, repeat_stride, 1,
           "--pruner=reconstruct: repeat every k-th token of each chunk (1: all; 2: the cheaper "
           "variant, half the extra rows)");

@@ -41,6 +41,7 @@ ABSL_DECLARE_FLAG(std::string, pooling);
 ABSL_DECLARE_FLAG(bool, query_aware);
 ABSL_DECLARE_FLAG(double, query_share);
 ABSL_DECLARE_FLAG(int64_t, repeat_stride);
+ABSL_DECLARE_FLAG(int64_t, score_span);
 ABSL_DECLARE_FLAG(std::string, gates);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_DECLARE_FLAG(int64_t, max_sequences);
