@@ -224,7 +224,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   const int64_t qn = step_query_rows_;
   const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
   const bool gate = config_.pruner.kind == PrunerKind::kGate;
-  const bool stored_scores = reconstruct || gate;  // KeepsEntryScores
+  const bool stored_scores = KeepsEntryScores(config_.pruner.kind);
   const bool question = qn > 0 && !reconstruct;
   const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
