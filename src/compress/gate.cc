@@ -184,7 +184,7 @@ absl::StatusOr<GateModel> GateModel::Parse(std::string_view bytes, std::string_v
   if (flen > kMaxFingerprint) return damaged(absl::StrCat("fingerprint length ", flen));
   std::string fingerprint(flen, '\0');
   SNAPFILL_RETURN_IF_ERROR(in.Read(fingerprint.data(), flen, "fingerprint"));
-  uint64_t shape[4];
+  uint64_t shape[4] = {0, 0, 0, 0};  // (a message may name those not read yet)
   for (uint64_t& v : shape) {
     SNAPFILL_ASSIGN_OR_RETURN(v, in.Get<uint64_t>("shape"));
     if (v < 1 || v > kMaxDim) {
