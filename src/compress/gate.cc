@@ -65,7 +65,7 @@ class Reader {
   Reader(std::string_view bytes, std::string name) : bytes_(bytes), name_(std::move(name)) {}
   template <typename T>
   absl::StatusOr<T> Get(std::string_view what) {
-    T v;
+    T v{};
     SNAPFILL_RETURN_IF_ERROR(Read(&v, sizeof(T), what));
     return v;
   }
