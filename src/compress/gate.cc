@@ -36,6 +36,19 @@ RowMatrix Normalize(const GateParams& p, const float* keys, int64_t key_stride, 
   return ((x.rowwise() - mean).array().rowwise() * inv.array()).matrix();
 }
 
+// y[i] = the gate `p` on keys[i * key_stride, + d) for i < n.
+void PredictGate(const GateParams& p, int64_t d, const float* keys, int64_t key_stride, int64_t n, float* y) {
+  if (n <= 0) return;
+  const int64_t h = static_cast<int64_t>(p.b1.size());
+  const RowMatrix xn = Normalize(p, keys, key_stride, n, d);
+  const Eigen::Map<const RowMatrix> w1(p.w1.data(), h, d);
+  const Eigen::Map<const RowVector> b1(p.b1.data(), h);
+  const Eigen::Map<const Vector> w2(p.w2.data(), h);
+  const RowMatrix a = ((xn * w1.transpose()).rowwise() + b1).cwiseMax(0.0f);
+  Eigen::Map<Vector> out(y, n);
+  out = (a * w2).array() + p.b2;
+}
+
 // Ranks 0..n-1 of v (ties in index order).
 std::vector<double> Ranks(const std::vector<double>& v) {
   std::vector<int64_t> order(v.size());
@@ -123,16 +136,7 @@ uint64_t GateModel::file_bytes() const {
 
 void GateModel::Predict(int64_t layer, int64_t head, const float* keys, int64_t key_stride, int64_t n,
                         float* y) const {
-  if (n <= 0) return;
-  const GateParams& p = params(layer, head);
-  const int64_t d = head_dim_, h = hidden_;
-  const RowMatrix xn = Normalize(p, keys, key_stride, n, d);
-  const Eigen::Map<const RowMatrix> w1(p.w1.data(), h, d);
-  const Eigen::Map<const RowVector> b1(p.b1.data(), h);
-  const Eigen::Map<const Vector> w2(p.w2.data(), h);
-  const RowMatrix a = ((xn * w1.transpose()).rowwise() + b1).cwiseMax(0.0f);
-  Eigen::Map<Vector> out(y, n);
-  out = (a * w2).array() + p.b2;
+  PredictGate(params(layer, head), head_dim_, keys, key_stride, n, y);
 }
 
 absl::Status GateModel::Save(const std::string& path, bool overwrite) const {
@@ -246,10 +250,8 @@ GateFitReport EvaluateGate(const GateParams& params, int64_t head_dim, const Gat
   GateFitReport r;
   r.validation = samples.size();
   if (samples.size() == 0) return r;
-  GateModel one = GateModel::Create(1, 1, head_dim, static_cast<int64_t>(params.b1.size())).value();
-  one.params(0, 0) = params;
   std::vector<float> y(samples.size());
-  one.Predict(0, 0, samples.keys.data(), head_dim, samples.size(), y.data());
+  PredictGate(params, head_dim, samples.keys.data(), head_dim, samples.size(), y.data());
   double err = 0, base = 0;
   int64_t count = 0;
   std::vector<double> pred, label;

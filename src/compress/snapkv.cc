@@ -199,6 +199,15 @@ class SnapKvPruner final : public Pruner {
     return absl::OkStatus();
   }
 
+  // sc.top = the entries of R marked in sc.taken, ascending (k of them).
+  static void TakenToTop(int64_t num_rest, int64_t k, Scratch& sc) {
+    sc.top.clear();
+    for (int64_t i = 0; i < num_rest; ++i) {
+      if (sc.taken[i]) sc.top.push_back(static_cast<int32_t>(i));
+    }
+    SNAPFILL_CHECK(static_cast<int64_t>(sc.top.size()) == k) << "took " << sc.top.size() << " of " << k;
+  }
+
   // Steps 2-4 (see the top of the file) for KV head h, into out.
   absl::Status SelectHead(const SelectionInput& in, int64_t h, int64_t w, int64_t window_begin, int64_t num_sinks,
                           Scratch& sc, std::vector<int32_t>& out) const {
@@ -230,22 +239,19 @@ class SnapKvPruner final : public Pruner {
         in.query_votes == nullptr
             ? 0
             : std::clamp<int64_t>(std::llround(config_.query_share * static_cast<double>(k)), 0, k);
-    if (in.query_votes == nullptr && config_.kind != PrunerKind::kSnapKv && config_.score_span > 1) {
-      // Stored scores (gate, reconstruct) picked as spans around their
-      // peaks, as a question's are: a kept fact keeps its neighbours.
+    if (in.query_votes == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
       SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
-      sc.taken.assign(num_rest, 0);
-      SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k, Selection::kSpan, config_.score_span, sc));
-      sc.top.clear();
-      for (int64_t i = 0; i < num_rest; ++i) {
-        if (sc.taken[i]) sc.top.push_back(static_cast<int32_t>(i));
+      if (KeepsEntryScores(config_.kind) && config_.score_span > 1) {
+        // Stored scores (gate, reconstruct) picked as spans around their
+        // peaks, as a question's are: a kept fact keeps its neighbours.
+        sc.taken.assign(num_rest, 0);
+        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k, Selection::kSpan, config_.score_span, sc));
+        TakenToTop(num_rest, k, sc);
+      } else {
+        sc.top.resize(k);
+        SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k, sc.top.data()));
       }
-    } else if (in.query_votes == nullptr) {
-      SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
-      SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
-      sc.top.resize(k);
-      SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k, sc.top.data()));
     } else {
       sc.taken.assign(num_rest, 0);
       if (k_query > 0) {
@@ -265,11 +271,7 @@ class SnapKvPruner final : public Pruner {
         SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k - k_query, sc.top.data()));
         for (int32_t i : sc.top) sc.taken[i] = 1;
       }
-      sc.top.clear();
-      for (int64_t i = 0; i < num_rest; ++i) {
-        if (sc.taken[i]) sc.top.push_back(static_cast<int32_t>(i));
-      }
-      SNAPFILL_CHECK(static_cast<int64_t>(sc.top.size()) == k) << "took " << sc.top.size() << " of " << k;
+      TakenToTop(num_rest, k, sc);
     }
 
     // Merge sinks, the top-k of R and the window in ascending order: R's
