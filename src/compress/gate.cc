@@ -139,7 +139,7 @@ void GateModel::Predict(int64_t layer, int64_t head, const float* keys, int64_t 
   PredictGate(params(layer, head), head_dim_, keys, key_stride, n, y);
 }
 
-absl::Status GateModel::Save(const std::string& path, bool overwrite) const {
+std::string GateModel::Serialize() const {
   std::string bytes(kMagic, sizeof(kMagic));
   auto put = [&bytes](const void* p, size_t n) { bytes.append(static_cast<const char*>(p), n); };
   auto put_u64 = [&put](uint64_t v) { put(&v, 8); };
@@ -158,7 +158,18 @@ absl::Status GateModel::Save(const std::string& path, bool overwrite) const {
   const uint64_t digest = XXH3_64bits(bytes.data(), bytes.size());
   put(&digest, 8);
   SNAPFILL_CHECK(bytes.size() == file_bytes()) << bytes.size() << " vs " << file_bytes();
-  return WriteFileAtomically(path, bytes, overwrite);
+  return bytes;
+}
+
+uint64_t GateModel::Digest() const {
+  const std::string bytes = Serialize();
+  uint64_t digest;
+  std::memcpy(&digest, bytes.data() + bytes.size() - 8, 8);
+  return digest;
+}
+
+absl::Status GateModel::Save(const std::string& path, bool overwrite) const {
+  return WriteFileAtomically(path, Serialize(), overwrite);
 }
 
 absl::StatusOr<GateModel> GateModel::Parse(std::string_view bytes, std::string_view name_view,

@@ -73,6 +73,10 @@ class GateModel {
   // for i < n (Eigen products; ref::GateForward is the scalar twin).
   void Predict(int64_t layer, int64_t head, const float* keys, int64_t key_stride, int64_t n, float* y) const;
 
+  // The file's bytes, and its checksum (the XXH3-64 trailer): what a
+  // checkpoint records of the gates its scores came from.
+  std::string Serialize() const;
+  uint64_t Digest() const;
   // Saves atomically (AlreadyExists if the file exists and !overwrite).
   absl::Status Save(const std::string& path, bool overwrite) const;
   // Loads and checks a gate file: DataLoss for a file that is not one, is

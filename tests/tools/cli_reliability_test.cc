@@ -126,6 +126,33 @@ TEST_F(ReliabilityTest, KilledReconstructRunResumesToTheSameCache) {
   EXPECT_NE(r.exit_code, 0) << r.err;
 }
 
+// So do the gates' predictions; and a checkpoint records which gates made
+// them: resuming it with other gates (trained otherwise) is refused.
+TEST_F(ReliabilityTest, KilledGateRunResumesAndOtherGatesAreRefused) {
+  const std::string gates = dir_ + "/a.gates", other = dir_ + "/b.gates";
+  for (const auto& [path, epochs] : {std::pair{gates, 2}, std::pair{other, 3}}) {
+    Result r = Run("train-gate --model " + model_ + " --input " + text_ + " --out " + path +
+                   " --seq_len 128 --max_sequences 4 --epochs " + std::to_string(epochs));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  job_ += " --pruner gate --gates " + gates;
+  const std::string reference = Reference();
+  ASSERT_FALSE(reference.empty());
+  const std::string out = dir_ + "/resumed.kv";
+  KillAfterFirstCheckpoint(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  const std::string saved = testing::ReadAll(checkpoint_);
+  const std::string resume = " --out " + out + " --checkpoint " + checkpoint_ + " --resume";
+  Result r = Run(job_ + " --gates " + other + resume);
+  EXPECT_FAILS_WITH(r, 1, "another configuration");
+  EXPECT_NE(r.err.find("\"gates\":"), std::string::npos) << r.err;
+  EXPECT_TRUE(testing::ReadAll(checkpoint_) == saved) << "a refusal must not touch the checkpoint";
+  r = Run(job_ + resume);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == reference) << "the resumed cache differs";
+}
+
 // A resumed run computes its remaining chunks with the prefill attention the
 // checkpoint records, not with what --kernels=auto would measure now: a run
 // on the AVX512-BF16 kernel (not what the measurement picks where f32 is

@@ -303,6 +303,11 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                           c.repeat_prompt.size());
   }
   if (KeepsEntryScores(c.pruner.kind)) absl::StrAppendFormat(&query, ",\"score_span\":%d", c.pruner.score_span);
+  // The gates' checksum: a resume with other gates would rank the rest of
+  // the input by other predictions than the checkpoint's scores.
+  if (c.pruner.kind == PrunerKind::kGate && c.gate != nullptr) {
+    absl::StrAppendFormat(&query, ",\"gates\":\"%016x\"", c.gate->Digest());
+  }
   if (c.recall_budget > 0) {
     absl::StrAppendFormat(&query, ",\"recall\":%d,\"recall_format\":\"%s\"", c.recall_budget,
                           RecallFormatName(c.recall_format));
