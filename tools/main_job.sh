@@ -15,6 +15,10 @@ bash tools/install_deps.sh
 bash tools/fetch_model.sh
 bash tools/build.sh
 BUILD_DIR="${SNAPFILL_BUILD_DIR:-$ROOT/build}"
+# The default model's gates (about 4 minutes, once): prefill without a
+# question (prefill --out, then generate --cache) compresses with them.
+GATES=models/SmolLM2-135M-Instruct.Q4_1.gates
+[ -s "$GATES" ] || SNAPFILL_BIN="$BUILD_DIR/bin/snapfill" bash tools/train_gates.sh "$GATES"
 mkdir -p out
 [ -s out/kjv.txt ] || bash tools/make_kjv.sh out/kjv.txt
 INPUT=out/kjv.txt

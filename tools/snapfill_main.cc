@@ -29,7 +29,8 @@ namespace {
 void PrintUsage(std::FILE* out) {
   std::fprintf(out,
                "snapfill: read inputs far longer than memory through a Llama-family model, chunk "
-               "by chunk,\ncompressing the KV cache with SnapKV under FM, IM or IMDC schedules.\n\n"
+               "by chunk,\ncompressing the KV cache under FM, IM or IMDC schedules: by the question's attention\n"
+               "(SnapKV) where one is given, else by what learned gates predict later text will need (SmartKV).\n\n"
                "usage: snapfill <command> [flags]   (snapfill <command> --help for its flags)\n\n"
                "commands:\n");
   for (const Command& c : Commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);

@@ -2,13 +2,15 @@
 # Trains the default model's SmartKV gates (--pruner=gate) on text that no
 # evaluation here reads: SQLite's documentation (Debian package sqlite3-doc,
 # public domain), its HTML reduced to prose. The gates are rebuilt here,
-# never downloaded. Usage: tools/train_gates.sh OUT.gates [snapfill train-gate flags...]
-# (32 sequences of 1,024 tokens, 20 epochs, 8 hidden units: about 4 minutes on 2 cores;
-# flags given here come after these and win).
+# never downloaded. Usage: tools/train_gates.sh [OUT.gates [snapfill train-gate flags...]]
+# OUT defaults to models/SmolLM2-135M-Instruct.Q4_1.gates, beside the default
+# model, where --pruner=auto (the default) finds them for prefill without a
+# question. 32 sequences of 1,024 tokens, 20 epochs, 8 hidden units: about
+# 4 minutes on 2 cores; flags given here come after these and win.
 set -euo pipefail
-OUT="${1:?usage: tools/train_gates.sh OUT.gates [train-gate flags...]}"
-shift
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gates}"
+[ $# -gt 0 ] && shift
 DOCS=/usr/share/doc/sqlite3
 if [ ! -d "$DOCS" ]; then
   echo "train_gates: $DOCS is missing; run tools/install_deps.sh (package sqlite3-doc)" >&2

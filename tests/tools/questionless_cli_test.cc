@@ -1,7 +1,9 @@
 // The question-less pruners through the snapfill command on the tiny model:
 // train-gate writes gates that --pruner=gate runs with, another model's gates
 // and bad gate files are refused with a clear message; --pruner=reconstruct
-// checks its flags (its resume: cli_reliability_test).
+// checks its flags (its resume: cli_reliability_test). --pruner=auto, the
+// default, takes the gates beside the model where there are some and no
+// question guides.
 #include <string>
 
 #include "gtest/gtest.h"
@@ -24,7 +26,7 @@ class QuestionlessCliTest : public testing::CliTest {
 };
 
 TEST_F(QuestionlessCliTest, TrainedGatesRunAndOthersAreRefused) {
-  const std::string gates = dir_ + "/tiny.gates";
+  const std::string gates = dir_ + "/trained.gates";
   Result r = Run("train-gate --model " + tiny_ + " --input " + text_ + "," + text_ + " --out " + gates +
                  " --seq_len 128 --max_sequences 12 --hidden 8 --epochs 3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -54,6 +56,55 @@ TEST_F(QuestionlessCliTest, TrainedGatesRunAndOthersAreRefused) {
   testing::WriteRaw(dir_ + "/short.gates", bytes.substr(0, bytes.size() / 3));
   EXPECT_FAILS_WITH(Run(Prefill("--pruner gate --gates " + dir_ + "/short.gates --out " + dir_ + "/g5.kv")), 1,
                     "truncated");
+}
+
+// The pruner a run reports (the timing line names it).
+std::string PrunerOf(const Result& r) {
+  const size_t at = r.err.find("pruner ");
+  if (at == std::string::npos) return "";
+  return r.err.substr(at + 7, r.err.find_first_of(",| ", at + 7) - at - 7);
+}
+
+TEST_F(QuestionlessCliTest, AutoTakesTheModelsGatesWithoutAQuestion) {
+  const std::string job = "prefill --model " + tiny_ + " --input " + text_ +
+                          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false ";
+  // No gates: SnapKV, saying why.
+  Result r = Run(job + "--out " + dir_ + "/a.kv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrunerOf(r), "snapkv") << r.err;
+  EXPECT_NE(r.err.find("no gates for this model (" + dir_ + "/tiny.gates"), std::string::npos) << r.err;
+  EXPECT_FAILS_WITH(Run(job + "--pruner gate --out " + dir_ + "/b.kv"), 2, dir_ + "/tiny.gates");
+
+  // Gates beside the model (tiny.gguf -> tiny.gates): taken by auto and by
+  // --pruner=gate without --gates, the same cache as naming them.
+  const std::string gates = dir_ + "/tiny.gates";
+  r = Run("train-gate --model " + tiny_ + " --input " + text_ + " --out " + gates +
+          " --seq_len 128 --max_sequences 4 --epochs 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Run(job + "--out " + dir_ + "/c.kv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrunerOf(r), "gate") << r.err;
+  EXPECT_EQ(r.err.find("no gates"), std::string::npos) << r.err;
+  ASSERT_EQ(Run(job + "--pruner gate --out " + dir_ + "/d.kv").exit_code, 0);
+  ASSERT_EQ(Run(job + "--pruner gate --gates " + gates + " --out " + dir_ + "/e.kv").exit_code, 0);
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/c.kv") == testing::ReadAll(dir_ + "/d.kv"));
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/c.kv") == testing::ReadAll(dir_ + "/e.kv"));
+  EXPECT_FALSE(testing::ReadAll(dir_ + "/c.kv") == testing::ReadAll(dir_ + "/a.kv"));
+  // A question that guides the compression keeps SnapKV (its votes); one
+  // that does not (--query_aware=false) gets the gates.
+  const std::string ask = "run --model " + tiny_ + " --input " + text_ +
+                          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false -n 2 --question Who? ";
+  r = Run(ask);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrunerOf(r), "snapkv") << r.err;
+  r = Run(ask + "--query_aware=false");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrunerOf(r), "gate") << r.err;
+  // An explicit pruner is kept.
+  r = Run(job + "--pruner snapkv --out " + dir_ + "/f.kv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(PrunerOf(r), "snapkv") << r.err;
+  EXPECT_TRUE(testing::ReadAll(dir_ + "/f.kv") == testing::ReadAll(dir_ + "/a.kv"));
 }
 
 TEST_F(QuestionlessCliTest, ReconstructRunsAndChecksItsFlags) {

@@ -75,7 +75,7 @@ class BatchRunner {
     config.schedule.memory = d.settings.memory;
     config.schedule.chunk = d.settings.chunk;
     config.recall_budget = 0;
-    SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config));
+    SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config, /*question_guided=*/d.settings.guided));
     GenerateOptions gopts;
     gopts.max_new_tokens = d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(gopts.sampling, SamplingFromFlags());
@@ -206,7 +206,7 @@ absl::Status RunBatch() {
   defaults.top_k = absl::GetFlag(FLAGS_top_k);
   defaults.top_p = absl::GetFlag(FLAGS_top_p);
   SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
-  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
+  SNAPFILL_ASSIGN_OR_RETURN(std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
   const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
   if (!cache_dir.empty()) {
     struct stat st {};
@@ -232,6 +232,10 @@ absl::Status RunBatch() {
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
   const std::string fingerprint = ModelFingerprint(m.model->gguf());
+  // Each answer records the pruner that made its memory, not "auto".
+  for (BatchDocument& d : docs) {
+    if (d.settings.pruner == "auto") d.settings.pruner = PrunerKindName(AutoPruner(m.path, d.settings.guided));
+  }
   AnsweredSet done;
   if (resume) {
     SNAPFILL_ASSIGN_OR_RETURN(done, ReadAnswered(out, fingerprint, docs));

@@ -32,7 +32,7 @@ struct BatchSettings {
   bool guided = false;
   // The job's own (flags, the same for every document).
   int64_t window = 32;
-  std::string pruner = "snapkv";
+  std::string pruner = "auto";
   double temp = 0;
   int64_t top_k = 0;
   double top_p = 1;

@@ -34,8 +34,8 @@ Flags Join(std::initializer_list<Flags> parts) {
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
       {"run",
-       "Read a long input chunk by chunk into a compressed KV cache (SnapKV under an FM, IM or "
-       "IMDC schedule), then answer --question or continue the text.",
+       "Read a long input chunk by chunk into a compressed KV cache (guided by --question where one is "
+       "given, under an FM, IM or IMDC schedule), then answer --question or continue the text.",
        Join({kLongInput, {"question"}, kQuestionGuided, kRecall, kSchedule, kSampling, kPrompt, kMachine,
              {"decode_kv_f16"}, kLongRun, {"force", "report", "ignore_eos", "timing", "profile", "verbosity"}}),
        &RunRun},

@@ -226,7 +226,11 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   c.schedule.first_memory = absl::GetFlag(FLAGS_first_memory);
   c.schedule.window = absl::GetFlag(FLAGS_window);
   c.schedule.sink_tokens = absl::GetFlag(FLAGS_sinks);
-  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.kind, ParsePrunerKind(absl::GetFlag(FLAGS_pruner)));
+  // auto is settled by SetPrunerInputs, which knows the model and whether a
+  // question guides.
+  if (absl::GetFlag(FLAGS_pruner) != "auto") {
+    SNAPFILL_ASSIGN_OR_RETURN(c.pruner.kind, ParsePrunerKind(absl::GetFlag(FLAGS_pruner)));
+  }
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.pooling, ParsePooling(absl::GetFlag(FLAGS_pooling)));
   c.pruner.pool_kernel = absl::GetFlag(FLAGS_pool_kernel);
   c.pruner.query_share = absl::GetFlag(FLAGS_query_share);
@@ -251,15 +255,50 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   return c;
 }
 
-absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c) {
+std::string DefaultGatesPath(const std::string& model_path) {
+  constexpr std::string_view kExt = ".gguf";
+  if (model_path.size() > kExt.size() && model_path.compare(model_path.size() - kExt.size(), kExt.size(),
+                                                            kExt) == 0) {
+    return model_path.substr(0, model_path.size() - kExt.size()) + ".gates";
+  }
+  return model_path + ".gates";
+}
+
+std::string GatesPath(const std::string& model_path) {
+  std::string path = absl::GetFlag(FLAGS_gates);
+  if (path.empty() && !model_path.empty() && access(DefaultGatesPath(model_path).c_str(), F_OK) == 0) {
+    path = DefaultGatesPath(model_path);
+  }
+  return path;
+}
+
+PrunerKind AutoPruner(const std::string& model_path, bool question_guided) {
+  // What keeps most of what a later question needs (docs/RESULTS.md): the
+  // question's own votes where it guides; without it the gates (16 of 30
+  // needles at 32K against SnapKV's 3, at the same loss and speed).
+  return !question_guided && !GatesPath(model_path).empty() ? PrunerKind::kGate : PrunerKind::kSnapKv;
+}
+
+absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c, bool question_guided) {
   c.repeat_prompt.clear();
   c.gate = nullptr;
+  const std::string path = GatesPath(m.path);
+  if (absl::GetFlag(FLAGS_pruner) == "auto") {
+    c.pruner.kind = AutoPruner(m.path, question_guided);
+    static bool said = false;
+    if (!question_guided && path.empty() && !said) {
+      said = true;
+      std::fprintf(stderr,
+                   "snapfill: no gates for this model (%s; tools/train_gates.sh makes the default model's): "
+                   "compressing with SnapKV's window votes, which keep fewer facts for a later question\n",
+                   DefaultGatesPath(m.path).c_str());
+    }
+  }
   if (c.pruner.kind == PrunerKind::kGate) {
-    const std::string path = absl::GetFlag(FLAGS_gates);
     if (path.empty()) {
-      return absl::InvalidArgumentError(
+      return absl::InvalidArgumentError(absl::StrCat(
           "--pruner=gate needs --gates FILE (made by snapfill train-gate, or tools/train_gates.sh for the "
-          "default model)");
+          "default model), or gates at ", DefaultGatesPath(m.path)));
     }
     // The process's gates, loaded at first use (every command runs one model).
     static std::string* loaded_path = new std::string;

@@ -113,9 +113,21 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags();
 // What the pruner reads beside the input: for --pruner=reconstruct its
 // prompt, --repeat_prompt as the model's chat template closes a user turn
 // and opens the assistant's (the chunk is repeated after it); for
-// --pruner=gate the gates of --gates, loaded once per process and checked
-// against the model. Nothing for another pruner.
-absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c);
+// --pruner=gate the gates of --gates (else DefaultGatesPath's file where it
+// exists), loaded once per process and checked against the model. Nothing
+// for another pruner. Settles --pruner=auto first: snapkv where
+// `question_guided` (the question's votes guide every chunk), else gate
+// where gates are found, else snapkv (saying so once on stderr).
+absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c, bool question_guided);
+// Where a model's gates are looked for when --gates is not given: its path
+// with .gates for .gguf (models/X.gguf -> models/X.gates).
+std::string DefaultGatesPath(const std::string& model_path);
+// The gates a gate pruner reads: --gates, else DefaultGatesPath's file where
+// it exists, else "".
+std::string GatesPath(const std::string& model_path);
+// What --pruner=auto means for this model: snapkv where a question guides,
+// else gate where GatesPath finds gates, else snapkv.
+PrunerKind AutoPruner(const std::string& model_path, bool question_guided);
 
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.

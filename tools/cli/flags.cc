@@ -76,11 +76,15 @@ ABSL_FLAG(int64_t, first_memory, 0, "First memory m0 for im/imdc; 0 = max(window
 ABSL_FLAG(int64_t, window, 32, "SnapKV observation window: the last w queries of a chunk vote");
 ABSL_FLAG(int64_t, pool_kernel, 7, "SnapKV pooling kernel over the votes (odd; 1 = none)");
 ABSL_FLAG(std::string, pooling, "avg", "SnapKV pooling: avg | max");
-ABSL_FLAG(std::string, pruner, "snapkv",
-          "What the memory keeps: snapkv | streaming (sinks + most recent) | full (everything) | "
-          "reconstruct (what the model attends to when asked to repeat each chunk: no question needed)");
+ABSL_FLAG(std::string, pruner, "auto",
+          "What the memory keeps: auto | snapkv | gate | reconstruct | streaming (sinks + most recent) | full "
+          "(everything). gate: the entries SmartKV's gates predict to live longest; reconstruct: what the model "
+          "attends to when asked to repeat each chunk (neither needs the question). auto: snapkv where a question "
+          "guides the compression, else gate where the model's gates are found (--gates, or the model's path with "
+          ".gates for .gguf), else snapkv");
 ABSL_FLAG(std::string, gates, "",
-          "--pruner=gate: the gate file (snapfill train-gate; tools/train_gates.sh makes the default model's)");
+          "--pruner=gate: the gate file (snapfill train-gate; tools/train_gates.sh makes the default model's); "
+          "default: the model's path with .gates for .gguf");
 ABSL_FLAG(int64_t, seq_len, 1024, "train-gate: tokens per training sequence (at most the model's context)");
 ABSL_FLAG(int64_t, max_sequences, 48, "train-gate: training sequences taken from the inputs, spread over them");
 ABSL_FLAG(double, tau, 2.0,

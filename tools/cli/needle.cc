@@ -310,7 +310,7 @@ absl::Status RunNeedle() {
   std::string& text = in.text;
   LoadedModel& model = in.model;
   std::unique_ptr<Backend>& backend = in.backend;
-  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config));
+  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/absl::GetFlag(FLAGS_query_aware)));
   std::vector<int32_t> haystack = model.tokenizer->Encode(text, false, false);
   text.clear();
   text.shrink_to_fit();

@@ -103,7 +103,7 @@ absl::Status RunPpl() {
   SNAPFILL_ASSIGN_OR_RETURN(StreamedInput in, OpenStreamedInput(input_path));
   LoadedModel& model = in.model;
   std::unique_ptr<Backend>& backend = in.backend;
-  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config));
+  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/false));
   // Plain text, BOS as the model's tokenizer wants it; the first
   // --max_tokens only where that is given.
   PromptFrame plain;

@@ -176,7 +176,8 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   const std::string question = with_question ? absl::GetFlag(FLAGS_question) : "";
   SNAPFILL_ASSIGN_OR_RETURN(PromptFrame frame, BuildPromptFrame(*p.model.tokenizer, p.model.chat_template, question,
                                                                 absl::GetFlag(FLAGS_system)));
-  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(p.model, p.config));
+  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(p.model, p.config,
+                                           /*question_guided=*/!question.empty() && absl::GetFlag(FLAGS_query_aware)));
   if (with_question && !question.empty() && absl::GetFlag(FLAGS_query_aware) &&
       p.config.pruner.kind == PrunerKind::kSnapKv) {
     // The question as it closes the prompt guides every chunk's compression.
@@ -569,11 +570,11 @@ absl::Status RunRun() {
     const double decode_tps = r.tokens.size() > 1 ? (r.tokens.size() - 1) / r.decode_seconds : 0;
     std::fprintf(stderr,
                  "prefill: %lld tokens in %lld chunks, %.1f s (%.0f tokens/s), schedule %s, "
-                 "memory %lld\nTTFT %.2f s | decode %zu tokens, %.1f tokens/s | peak RSS %s%s\n",
+                 "pruner %s, memory %lld\nTTFT %.2f s | decode %zu tokens, %.1f tokens/s | peak RSS %s%s\n",
                  (long long)p.total, (long long)plan.steps.size(), prefill_seconds,
                  p.total / std::max(prefill_seconds, 1e-9),
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
-                 (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
+                 PrunerKindName(p.config.pruner.kind), (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
                  HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
   }
   // With --profile: the table, then the prefill's work against the peaks
@@ -652,8 +653,8 @@ absl::Status RunPrefill() {
                  p.recall->dir().c_str(), out.c_str(), p.recall->dir().c_str());
   }
   if (absl::GetFlag(FLAGS_timing)) {
-    std::fprintf(stderr, "prefill: %lld tokens, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
-                 (long long)p.total, seconds, p.total / std::max(seconds, 1e-9), out.c_str(),
+    std::fprintf(stderr, "prefill: %lld tokens, pruner %s, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
+                 (long long)p.total, PrunerKindName(p.config.pruner.kind), seconds, p.total / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
                  DevicePeakNote(*p.backend).c_str());
   }
