@@ -32,6 +32,8 @@
 
 ABSL_FLAG(std::string, out, "", "Output GGUF path (required).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the random weights; same seed, same bytes.");
+ABSL_FLAG(std::string, architecture, "llama",
+          "llama | qwen2 (biases on Q, K, V) | qwen3 (RMSNorm of each head of Q and K)");
 ABSL_FLAG(int, layers, 2, "Number of transformer blocks (llama.block_count).");
 ABSL_FLAG(int, dim, 64, "Model dimension (llama.embedding_length).");
 ABSL_FLAG(int, heads, 4, "Query heads; head_dim = dim / heads.");
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
   }
   auto given = [&](const char* name) { return preset.empty() || given_flags.count(name) > 0; };
   opts.seed = absl::GetFlag(FLAGS_seed);
+  opts.architecture = absl::GetFlag(FLAGS_architecture);
   if (given("layers")) opts.num_layers = absl::GetFlag(FLAGS_layers);
   if (given("dim")) opts.model_dim = absl::GetFlag(FLAGS_dim);
   if (given("heads")) opts.num_heads = absl::GetFlag(FLAGS_heads);

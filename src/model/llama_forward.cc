@@ -26,6 +26,17 @@ void AddInPlace(Backend& b, float* x, const float* y, int64_t rows, int64_t dim)
   b.ParallelFor((n + kPiece - 1) / kPiece, add);
 }
 
+// x[r, :] += bias for rows × dim (x rows `stride` floats apart).
+void AddBias(Backend& b, float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) {
+  constexpr int64_t kRowsPerPiece = 64;
+  b.ParallelFor((rows + kRowsPerPiece - 1) / kRowsPerPiece, [&](int64_t p) {
+    for (int64_t r = p * kRowsPerPiece; r < std::min(rows, (p + 1) * kRowsPerPiece); ++r) {
+      float* xr = x + r * stride;
+      for (int64_t i = 0; i < dim; ++i) xr[i] += bias[i];
+    }
+  });
+}
+
 uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; }
 
 }  // namespace
@@ -279,6 +290,20 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
                                        {&w.wv, v_.data(), kv_dim}};
     SNAPFILL_RETURN_IF_ERROR(
         b.NormMatMulShared(x_.data(), n, dim, Backend::Norm{w.attn_norm, c.rms_eps, xn_.data(), dim}, qkv, 3));
+    // Qwen's variations, before RoPE (the attention step's input): biases,
+    // then an RMSNorm over each head of Q and K (in place: each row of
+    // head_dim floats, the heads of a token contiguous).
+    if (c.qkv_bias) {
+      AddBias(b, q_.data(), q_dim, w.bq, n, q_dim);
+      AddBias(b, k_.data(), kv_dim, w.bk, n, kv_dim);
+      AddBias(b, v_.data(), kv_dim, w.bv, n, kv_dim);
+    }
+    if (c.qk_norm) {
+      SNAPFILL_RETURN_IF_ERROR(
+          b.RmsNorm(q_.data(), c.head_dim, w.q_norm, q_.data(), c.head_dim, n * c.num_heads, c.head_dim, c.rms_eps));
+      SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(k_.data(), c.head_dim, w.k_norm, k_.data(), c.head_dim,
+                                         n * c.num_kv_heads, c.head_dim, c.rms_eps));
+    }
     // Every row's K and V (and the queries, which the attention step may
     // read for more than the outputs, e.g. SnapKV's window), but past this
     // point the last layer needs only the rows whose hidden states are kept.

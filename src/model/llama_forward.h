@@ -2,6 +2,7 @@
 // like the math (llama2.c's forward(), gemma's TransformerLayer):
 //   x = embed(tokens)
 //   per layer: x += Wo · attend(rope(Wq·n(x)), kv ∪ rope(Wk·n(x)), Wv·n(x))
+//              (Qwen: + biases on Q, K, V; RMSNorm of each head of Q and K)
 //              x += Wdown · (silu(Wgate·n(x)) ⊙ Wup·n(x))
 //   logits = Wout · norm(x)   (only for the rows asked for)
 // Scratch activations are allocated once for the largest batch (llama2.c's

@@ -10,9 +10,10 @@
 namespace snapfill {
 namespace {
 
-// Architectures whose GGUF layout and math are the Llama ones.
+// Architectures whose GGUF layout and math are the Llama ones, or those
+// with the variations LlamaConfig names.
 const std::set<std::string>& LlamaArchitectures() {
-  static const std::set<std::string> kArchs = {"llama", "mistral"};
+  static const std::set<std::string> kArchs = {"llama", "mistral", "qwen2", "qwen3"};
   return kArchs;
 }
 
@@ -83,8 +84,11 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   c.architecture = *arch;
   if (!LlamaArchitectures().count(c.architecture)) {
     return absl::UnimplementedError(absl::StrCat("architecture \"", c.architecture,
-                                                 "\" is not supported (supported: llama, mistral)"));
+                                                 "\" is not supported (supported: llama, mistral, qwen2, qwen3)"));
   }
+  // llama.cpp's rope type of each (llama_model_rope_type): NeoX for Qwen.
+  c.rope_neox = c.architecture == "qwen2" || c.architecture == "qwen3";
+  c.qk_norm = c.architecture == "qwen3";
   if (auto name = f.GetString("general.name"); name.ok()) c.name = *name;
   const std::string& a = c.architecture;
   SNAPFILL_ASSIGN_OR_RETURN(c.num_layers, GetPositive(f, a + ".block_count"));
@@ -202,14 +206,32 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<Ggu
     SNAPFILL_ASSIGN_OR_RETURN(l.wk, BindMatrix(f, p + "attn_k.weight", kv_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wv, BindMatrix(f, p + "attn_v.weight", kv_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.wo, BindMatrix(f, p + "attn_output.weight", c.model_dim, q_dim));
+    // Biases: required by qwen2 (as llama.cpp requires them), taken where a
+    // llama file has them, and then in every layer.
+    const bool has_bias = f.FindTensor(p + "attn_q.bias") != nullptr;
+    if (i == 0) c.qkv_bias = has_bias || c.architecture == "qwen2";
+    if (c.qkv_bias && !has_bias) return absl::InvalidArgumentError(absl::StrCat("missing tensor ", p, "attn_q.bias"));
+    if (!c.qkv_bias && has_bias) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", p, "attn_q.bias: layer 0 has no attention biases, layer ", i, " has"));
+    }
+    if (c.qkv_bias) {
+      SNAPFILL_ASSIGN_OR_RETURN(l.bq, BindVector(f, p + "attn_q.bias", q_dim, &m->vectors_));
+      SNAPFILL_ASSIGN_OR_RETURN(l.bk, BindVector(f, p + "attn_k.bias", kv_dim, &m->vectors_));
+      SNAPFILL_ASSIGN_OR_RETURN(l.bv, BindVector(f, p + "attn_v.bias", kv_dim, &m->vectors_));
+    }
+    if (c.qk_norm) {
+      SNAPFILL_ASSIGN_OR_RETURN(l.q_norm, BindVector(f, p + "attn_q_norm.weight", c.head_dim, &m->vectors_));
+      SNAPFILL_ASSIGN_OR_RETURN(l.k_norm, BindVector(f, p + "attn_k_norm.weight", c.head_dim, &m->vectors_));
+    }
     SNAPFILL_ASSIGN_OR_RETURN(l.ffn_norm, BindVector(f, p + "ffn_norm.weight", c.model_dim, &m->vectors_));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_gate, BindMatrix(f, p + "ffn_gate.weight", c.ffn_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_up, BindMatrix(f, p + "ffn_up.weight", c.ffn_dim, c.model_dim));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_down, BindMatrix(f, p + "ffn_down.weight", c.model_dim, c.ffn_dim));
-    if (f.FindTensor(p + "attn_q.bias") != nullptr || f.FindTensor(p + "ffn_gate_exps.weight") != nullptr) {
+    if (f.FindTensor(p + "attn_output.bias") != nullptr || f.FindTensor(p + "ffn_gate_exps.weight") != nullptr) {
       return absl::UnimplementedError(absl::StrCat("layer ", i,
-                                                   " has attention biases or experts, which the "
-                                                   "Llama forward pass does not support"));
+                                                   " has an output-projection bias or experts, which the "
+                                                   "forward pass does not support"));
     }
   }
   for (const GgufTensorInfo& t : f.tensors()) m->weight_bytes_ += t.size_bytes;

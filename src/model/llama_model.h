@@ -16,8 +16,12 @@
 
 namespace snapfill {
 
+// The architectures are configurations of one forward pass (llama.cpp's
+// llm_build_llama / _qwen2 / _qwen3): llama and mistral as they are; qwen2
+// adds biases to Q, K and V; qwen3 an RMSNorm over each head of Q and K
+// (before RoPE); both rotate NeoX pairs.
 struct LlamaConfig {
-  std::string architecture;   // general.architecture ("llama")
+  std::string architecture;   // general.architecture ("llama", "mistral", "qwen2", "qwen3")
   std::string name;           // general.name, if any
   int64_t num_layers = 0;     // {arch}.block_count
   int64_t model_dim = 0;      // {arch}.embedding_length
@@ -33,6 +37,8 @@ struct LlamaConfig {
   bool rope_neox = false;        // false: Llama's adjacent-pair rotation
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
+  bool qkv_bias = false;         // attn_{q,k,v}.bias in every layer (qwen2; optional for llama)
+  bool qk_norm = false;          // attn_{q,k}_norm.weight [head_dim] in every layer (qwen3)
 };
 
 // `count` query rows of the model's heads at q, `stride` floats apart,
@@ -47,6 +53,11 @@ struct LlamaLayerWeights {
   WeightView wk;                     // [num_kv_heads * head_dim, model_dim]
   WeightView wv;                     // [num_kv_heads * head_dim, model_dim]
   WeightView wo;                     // [model_dim, num_heads * head_dim]
+  const float* bq = nullptr;         // [num_heads * head_dim] where qkv_bias
+  const float* bk = nullptr;         // [num_kv_heads * head_dim] where qkv_bias
+  const float* bv = nullptr;         // [num_kv_heads * head_dim] where qkv_bias
+  const float* q_norm = nullptr;     // [head_dim] where qk_norm
+  const float* k_norm = nullptr;     // [head_dim] where qk_norm
   const float* ffn_norm = nullptr;   // [model_dim]
   WeightView w_gate;                 // [ffn_dim, model_dim]
   WeightView w_up;                   // [ffn_dim, model_dim]

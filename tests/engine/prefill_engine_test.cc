@@ -23,8 +23,9 @@
 namespace snapfill {
 namespace {
 
-std::unique_ptr<LlamaModel> TinyModel(int layers = 3) {
+std::unique_ptr<LlamaModel> TinyModel(int layers = 3, const std::string& architecture = "llama") {
   TinyLlamaOptions opts;
+  opts.architecture = architecture;
   opts.num_layers = layers;
   opts.context_length = 4096;
   return testing::LoadTinyModel(opts);
@@ -59,6 +60,9 @@ struct NoEvictionCase {
   PrunerKind pruner;
   bool original_positions;
   ScheduleKind kind;
+  // qwen2 (Q/K/V biases) and qwen3 (per-head Q/K norms): the chunk loop
+  // keeps their keys after both, before RoPE, and rotates them as llama's.
+  std::string architecture = "llama";
 };
 
 class NoEvictionTest : public ::testing::TestWithParam<NoEvictionCase> {};
@@ -67,7 +71,7 @@ class NoEvictionTest : public ::testing::TestWithParam<NoEvictionCase> {};
 // the chunked prefill computes the same attention as one shot (re-encoded
 // position j of the j-th kept entry is then its original position too).
 TEST_P(NoEvictionTest, ChunkedEqualsOneShot) {
-  auto model = TinyModel();
+  auto model = TinyModel(3, GetParam().architecture);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
   const int n = 300;
@@ -103,7 +107,11 @@ INSTANTIATE_TEST_SUITE_P(
                       NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kReconstruct, true, ScheduleKind::kFixed},
                       NoEvictionCase{PrunerKind::kReconstruct, false, ScheduleKind::kIncrementalDecremental},
-                      NoEvictionCase{PrunerKind::kGate, false, ScheduleKind::kFixed}));
+                      NoEvictionCase{PrunerKind::kGate, false, ScheduleKind::kFixed},
+                      NoEvictionCase{PrunerKind::kFull, true, ScheduleKind::kFixed, "qwen2"},
+                      NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kIncrementalDecremental, "qwen2"},
+                      NoEvictionCase{PrunerKind::kFull, true, ScheduleKind::kFixed, "qwen3"},
+                      NoEvictionCase{PrunerKind::kSnapKv, false, ScheduleKind::kIncrementalDecremental, "qwen3"}));
 
 // Generating from the decoder cache continues the text like a one-shot
 // prefill followed by decoding (nothing evicted).

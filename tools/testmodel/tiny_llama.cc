@@ -310,6 +310,14 @@ class Builder {
     return writer_.AddTensor(name, GgmlType::kF16, {ne0, ne1}, bytes);
   }
 
+  // A bias vector, N(0, 0.3^2) (always the original generator: it is short).
+  absl::Status Bias(const std::string& name, int64_t n) {
+    WeightRng rng(opts_.seed, stream_++);
+    std::vector<float> w(static_cast<size_t>(n));
+    for (float& x : w) x = static_cast<float>(0.3 * rng.Normal());
+    return writer_.AddTensorF32(name, {n}, w);
+  }
+
   // RMSNorm gains, uniform in [0.9, 1.1).
   absl::Status Norm(const std::string& name, int64_t n) {
     if (fast_) {
@@ -389,7 +397,8 @@ int64_t TinyLlamaWeightCount(const TinyLlamaOptions& o) {
   const int64_t kv = int64_t{o.num_kv_heads} * head_dim;
   const int64_t ffn = o.ffn_dim;
   const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
-  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn;
+  const int64_t extras = o.architecture == "qwen2" ? q + 2 * kv : o.architecture == "qwen3" ? 2 * head_dim : 0;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn + extras;
   return per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
 }
 
@@ -436,6 +445,10 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, "; expected > 0"));
   };
+  if (o.architecture != "llama" && o.architecture != "qwen2" && o.architecture != "qwen3") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("architecture = \"", o.architecture, "\"; expected llama, qwen2 or qwen3"));
+  }
   SNAPFILL_RETURN_IF_ERROR(positive("num_layers", o.num_layers));
   SNAPFILL_RETURN_IF_ERROR(positive("model_dim", o.model_dim));
   SNAPFILL_RETURN_IF_ERROR(positive("num_heads", o.num_heads));
@@ -495,7 +508,8 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
   }
   // With every dimension <= 2^20 and <= 4096 layers, these cannot overflow.
   const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
-  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn;
+  const int64_t extras = o.architecture == "qwen2" ? q + 2 * kv : o.architecture == "qwen3" ? 2 * head_dim : 0;
+  const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn + extras;
   const int64_t total = per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
   if (total > kTinyLlamaMaxWeights) {
     return absl::InvalidArgumentError(
@@ -544,24 +558,25 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
 
   Builder b(opts, w);
   // Keys in the order llama.cpp's convert_hf_to_gguf.py writes them.
-  w.AddString("general.architecture", "llama");
-  w.AddString("general.name", "snapfill-tiny-llama");
+  const std::string& a = opts.architecture;
+  w.AddString("general.architecture", a);
+  w.AddString("general.name", "snapfill-tiny-" + a);
   w.AddUint32("general.file_type", FileType(opts));
-  w.AddUint32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
-  w.AddUint32("llama.context_length", static_cast<uint32_t>(opts.context_length));
-  w.AddUint32("llama.embedding_length", static_cast<uint32_t>(d));
-  w.AddUint32("llama.block_count", static_cast<uint32_t>(opts.num_layers));
-  w.AddUint32("llama.feed_forward_length", static_cast<uint32_t>(ffn));
-  w.AddUint32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.AddUint32("llama.attention.head_count", static_cast<uint32_t>(opts.num_heads));
-  w.AddUint32("llama.attention.head_count_kv", static_cast<uint32_t>(opts.num_kv_heads));
+  w.AddUint32(a + ".vocab_size", static_cast<uint32_t>(n_vocab));
+  w.AddUint32(a + ".context_length", static_cast<uint32_t>(opts.context_length));
+  w.AddUint32(a + ".embedding_length", static_cast<uint32_t>(d));
+  w.AddUint32(a + ".block_count", static_cast<uint32_t>(opts.num_layers));
+  w.AddUint32(a + ".feed_forward_length", static_cast<uint32_t>(ffn));
+  w.AddUint32(a + ".rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.AddUint32(a + ".attention.head_count", static_cast<uint32_t>(opts.num_heads));
+  w.AddUint32(a + ".attention.head_count_kv", static_cast<uint32_t>(opts.num_kv_heads));
   if (head_dim * opts.num_heads != d) {
     // llama.cpp assumes head_dim = embedding_length / head_count unless told.
-    w.AddUint32("llama.attention.key_length", static_cast<uint32_t>(head_dim));
-    w.AddUint32("llama.attention.value_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32(a + ".attention.key_length", static_cast<uint32_t>(head_dim));
+    w.AddUint32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
   }
-  w.AddFloat32("llama.rope.freq_base", opts.rope_freq_base);
-  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", opts.rms_norm_eps);
+  w.AddFloat32(a + ".rope.freq_base", opts.rope_freq_base);
+  w.AddFloat32(a + ".attention.layer_norm_rms_epsilon", opts.rms_norm_eps);
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddString("tokenizer.ggml.pre", "default");
   w.AddStringArray("tokenizer.ggml.tokens", vocab.tokens);
@@ -586,6 +601,15 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_q.weight", d, q_dim, scale(d), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_k.weight", d, kv_dim, scale(d), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_v.weight", d, kv_dim, scale(d), mt));
+    if (opts.architecture == "qwen2") {
+      SNAPFILL_RETURN_IF_ERROR(b.Bias(p + "attn_q.bias", q_dim));
+      SNAPFILL_RETURN_IF_ERROR(b.Bias(p + "attn_k.bias", kv_dim));
+      SNAPFILL_RETURN_IF_ERROR(b.Bias(p + "attn_v.bias", kv_dim));
+    }
+    if (opts.architecture == "qwen3") {
+      SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_q_norm.weight", head_dim));
+      SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_k_norm.weight", head_dim));
+    }
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_output.weight", q_dim, d, scale(q_dim), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "ffn_norm.weight", d));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_gate.weight", d, ffn, scale(d), mt));

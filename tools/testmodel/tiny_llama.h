@@ -54,6 +54,10 @@ namespace snapfill {
 
 struct TinyLlamaOptions {
   uint64_t seed = 1;
+  // general.architecture: llama, or qwen2 (adds attn_{q,k,v}.bias, N(0,
+  // 0.3^2)) or qwen3 (adds attn_{q,k}_norm.weight, gains as the norms'),
+  // with the keys under that name.
+  std::string architecture = "llama";
   int num_layers = 2;
   int model_dim = 64;
   int num_heads = 4;
@@ -128,7 +132,8 @@ int TinyLlamaMaxMerges();
 // InvalidArgument if num_merges is outside -1..TinyLlamaMaxMerges().
 absl::StatusOr<TinyLlamaVocab> MakeTinyLlamaVocab(int num_merges);
 
-// Returns InvalidArgument naming the first bad field (non-positive sizes,
+// Returns InvalidArgument naming the first bad field (an unknown
+// architecture, non-positive sizes,
 // num_heads not a multiple of num_kv_heads, model_dim not divisible by
 // num_heads when head_dim is 0, odd head_dim, a model of more than
 // kTinyLlamaMaxWeights weights, a negative num_threads).

@@ -1,0 +1,116 @@
+// The architectures besides llama against llama.cpp: tiny random-weight
+// GGUF files written by the PyPI gguf package (tests/data/make_arch_ggufs.py:
+// qwen2 with Q/K/V biases and an untied head, qwen3 with per-head Q/K norms
+// and a head size other than dim / heads), run by llama.cpp 84f7129 with F32
+// weights and an F32 KV cache (tests/data/arch_logits.json, README.md).
+// With F32 weights and f32 activations (exact_matmul) both engines compute
+// the same math in another summation order: the top-10 logits at the last
+// position agree to 1e-4 (logits of magnitude ~1-3, where a bias left out,
+// a norm on the wrong axis or the other RoPE pairing moves them by 0.1 and
+// more), and the greedy continuations token for token.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "snapfill/status.h"
+#include "src/engine/generate.h"
+#include "src/engine/sampler.h"
+#include "src/model/llama_forward.h"
+#include "src/model/llama_model.h"
+#include "tests/testing/files.h"
+#include "tests/testing/status_matchers.h"
+
+namespace snapfill {
+namespace {
+
+constexpr double kTol = 1e-4;
+
+nlohmann::json Reference() {
+  std::ifstream in(testing::SourcePath("tests/data/arch_logits.json"));
+  SNAPFILL_CHECK(in.good()) << "missing tests/data/arch_logits.json";
+  return nlohmann::json::parse(in);
+}
+
+TEST(ArchLlamaCppTest, LogitsAndGreedyMatchLlamaCpp) {
+  const nlohmann::json ref = Reference();
+  BackendOptions opts;
+  opts.exact_matmul = true;
+  auto backend = CreateBackend(Device::kCpu, opts);
+  SNAPFILL_ASSERT_OK(backend);
+  int models = 0;
+  for (const auto& m : ref.at("models")) {
+    const std::string file = m.at("file").get<std::string>();
+    auto model = LlamaModel::Open(testing::SourcePath(file));
+    SNAPFILL_ASSERT_OK(model);
+    const LlamaConfig& c = (*model)->config();
+    const int64_t vocab = c.vocab_size;
+    double worst = 0;
+    int prompts = 0;
+    for (const auto& p : m.at("prompts")) {
+      std::vector<int32_t> ids = p.at("ids").get<std::vector<int32_t>>();
+      const int64_t n = ids.size();
+      const auto& top10 = p.at("top10");
+      const auto& greedy = p.at("greedy");
+      auto fwd = LlamaForward::Create(**model, backend->get(), 128);  // batches split in pieces
+      SNAPFILL_ASSERT_OK(fwd);
+      auto kv = (*fwd)->NewKvCache(n + greedy.size());
+      SNAPFILL_ASSERT_OK(kv);
+      std::vector<int32_t> pos(n);
+      std::iota(pos.begin(), pos.end(), 0);
+      std::vector<float> logits(vocab);
+      SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, logits.data()));
+      EXPECT_EQ(Argmax(logits.data(), vocab), top10[0][0].get<int32_t>()) << file << " prompt of " << n;
+      for (const auto& e : top10) {
+        const int32_t id = e[0].get<int32_t>();
+        const double d = std::fabs(logits[id] - e[1].get<double>());
+        worst = std::max(worst, d);
+        EXPECT_LE(d, kTol) << file << " prompt of " << n << " token " << id;
+      }
+      // Greedy: the continuation of the same cache, one token at a time.
+      (*kv)->Clear();
+      GenerateOptions g;
+      g.max_new_tokens = greedy.size();
+      auto r = Generate(**fwd, **kv, 0, ids, g, nullptr);
+      SNAPFILL_ASSERT_OK(r);
+      ASSERT_EQ(r->tokens.size(), greedy.size());
+      for (size_t i = 0; i < greedy.size(); ++i) {
+        EXPECT_EQ(r->tokens[i], greedy[i][0].get<int32_t>()) << file << " prompt of " << n << " step " << i;
+      }
+      ++prompts;
+    }
+    EXPECT_EQ(prompts, 3) << file;
+    std::printf("%s (%s): worst |logit - llama.cpp| over the top-10s %.2e\n", file.c_str(), c.architecture.c_str(),
+                worst);
+    ++models;
+  }
+  EXPECT_EQ(models, 2);
+}
+
+// What sets each file apart is read: the loader sees the biases, the norms
+// and NeoX RoPE, so a test that passes is not llama math by accident.
+TEST(ArchLlamaCppTest, ConfigsNameTheirVariations) {
+  auto q2 = LlamaModel::Open(testing::SourcePath("tests/data/arch/qwen2.gguf"));
+  SNAPFILL_ASSERT_OK(q2);
+  EXPECT_EQ((*q2)->config().architecture, "qwen2");
+  EXPECT_TRUE((*q2)->config().qkv_bias);
+  EXPECT_FALSE((*q2)->config().qk_norm);
+  EXPECT_TRUE((*q2)->config().rope_neox);
+  EXPECT_FALSE((*q2)->config().tied_embeddings);
+  auto q3 = LlamaModel::Open(testing::SourcePath("tests/data/arch/qwen3.gguf"));
+  SNAPFILL_ASSERT_OK(q3);
+  EXPECT_EQ((*q3)->config().architecture, "qwen3");
+  EXPECT_FALSE((*q3)->config().qkv_bias);
+  EXPECT_TRUE((*q3)->config().qk_norm);
+  EXPECT_TRUE((*q3)->config().rope_neox);
+  EXPECT_EQ((*q3)->config().head_dim, 16);
+  EXPECT_EQ((*q3)->config().model_dim, 32);
+}
+
+}  // namespace
+}  // namespace snapfill
