@@ -182,6 +182,19 @@ struct Queries {
   }
 };
 
+// How positions turn into rotations (ggml's rope_ext without YaRN): pair i
+// of a head's first rot_dim dimensions turns by
+// freq_scale * (pos * freq_base^(-2i / rot_dim) / freq_factors[i])
+// (freq_factors: rot_dim / 2 values, Llama 3.1's rope_freqs tensor; null:
+// 1). neox: the pairs are (i, i + rot_dim / 2), else (2i, 2i + 1).
+struct RopeSpec {
+  int64_t rot_dim = 0;
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;
+  bool neox = false;
+  const float* freq_factors = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -232,23 +245,21 @@ class Backend {
   // y = x / rms(x) * weight, row by row.
   virtual absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
                                int64_t y_stride, int64_t rows, int64_t dim, float eps) = 0;
-  // Rotary embedding in place over [num_tokens, num_heads, head_dim].
+  // Rotary embedding in place over [num_tokens, num_heads, head_dim] (the
+  // rotation RopeSpec describes).
   virtual absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
-                            int64_t token_stride, const int32_t* pos, int64_t rot_dim,
-                            float freq_base, float freq_scale, bool neox) = 0;
+                            int64_t token_stride, const int32_t* pos, const RopeSpec& rope) = 0;
   // Rope of num_heads separate runs of num_tokens rows of head_dim floats
   // (one head each, as the chunk loop keeps its candidates: head h's token
   // t at x + h * head_stride + t * head_dim), head h's positions at
   // pos + h * pos_stride (pos_stride 0: the same for every head). The same
   // results as Rope(x + h * head_stride, num_tokens, 1, head_dim, head_dim,
-  // pos + h * pos_stride, ...) for each head, which is what this default
+  // pos + h * pos_stride, rope) for each head, which is what this default
   // does; a backend may do them in one call.
   virtual absl::Status RopeHeads(float* x, int64_t num_heads, int64_t head_stride, int64_t num_tokens,
-                                 int64_t head_dim, const int32_t* pos, int64_t pos_stride, int64_t rot_dim,
-                                 float freq_base, float freq_scale, bool neox) {
+                                 int64_t head_dim, const int32_t* pos, int64_t pos_stride, const RopeSpec& rope) {
     for (int64_t h = 0; h < num_heads; ++h) {
-      absl::Status s = Rope(x + h * head_stride, num_tokens, 1, head_dim, head_dim, pos + h * pos_stride, rot_dim,
-                            freq_base, freq_scale, neox);
+      absl::Status s = Rope(x + h * head_stride, num_tokens, 1, head_dim, head_dim, pos + h * pos_stride, rope);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();

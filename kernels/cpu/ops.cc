@@ -175,9 +175,10 @@ std::string ThreadWaits() {
 }
 
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+          const float* freq_factors) {
   SNAPFILL_CPU_DISPATCH(Rope, x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,
-                        freq_scale, neox);
+                        freq_scale, neox, freq_factors);
 }
 
 void ToFp16(const float* x, uint16_t* y, int64_t n) { SNAPFILL_CPU_DISPATCH(ToFp16, x, y, n); }

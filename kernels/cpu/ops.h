@@ -38,11 +38,13 @@ std::string ThreadWaits();
 // Rotary position embedding in place on x: [num_tokens, num_heads, head_dim],
 // token stride `token_stride` floats, heads contiguous (head_dim apart).
 // The first rot_dim dims of each head are rotated by angle
-// pos[t] * freq_scale * base^(-2i/rot_dim) for pair i.
+// freq_scale * (pos[t] * base^(-2i/rot_dim) / freq_factors[i]) for pair i
+// (freq_factors: rot_dim / 2 of them, Llama 3.1's rope_freqs; null: 1).
 //   neox=false (Llama, GGML_ROPE_TYPE_NORM): pairs are (2i, 2i+1).
-//   neox=true  (GPT-NeoX, Gemma):           pairs are (i, i + rot_dim/2).
+//   neox=true  (GPT-NeoX, Qwen, Gemma):     pairs are (i, i + rot_dim/2).
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox);
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+          const float* freq_factors = nullptr);
 
 // y[i] = x[i] as IEEE fp16, rounded to nearest even (F16C where the level
 // has it; twin: Fp32ToFp16 of kernels/quant_blocks.h, bit for bit).

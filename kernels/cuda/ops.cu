@@ -73,7 +73,7 @@ __global__ void ToBf16Kernel(const float* __restrict__ x, int64_t rows, int64_t 
 // rotation in double as the twin does.
 __global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int64_t token_stride, int64_t head_stride,
                            const int32_t* __restrict__ pos, int64_t pos_stride, int64_t half, float theta_scale,
-                           float freq_scale, bool neox) {
+                           float freq_scale, bool neox, const float* __restrict__ factors) {
   const int64_t n = num_tokens * num_heads * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e % half;
@@ -81,6 +81,7 @@ __global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int6
     const int64_t t = e / (half * num_heads);
     float theta = static_cast<float>(pos[h * pos_stride + t]);
     for (int64_t s = 0; s < i; ++s) theta *= theta_scale;
+    if (factors != nullptr) theta = theta / factors[i];
     double sn, cs;
     sincos(static_cast<double>(freq_scale * theta), &sn, &cs);
     float* xh = x + t * token_stride + h * head_stride;
@@ -324,7 +325,7 @@ cudaError_t ToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
 
 cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
                  int64_t head_stride, const int32_t* pos, int64_t pos_stride, int64_t rot_dim, float freq_base,
-                 float freq_scale, bool neox, cudaStream_t stream) {
+                 float freq_scale, bool neox, const float* freq_factors, cudaStream_t stream) {
   if (rot_dim % 2 != 0 || rot_dim > head_dim) return cudaErrorInvalidValue;
   const int64_t half = rot_dim / 2;
   const int64_t n = num_tokens * num_heads * half;
@@ -332,7 +333,7 @@ cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_d
   // The twin's theta scale, computed the same way on the host.
   const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
   RopeKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, num_tokens, num_heads, token_stride, head_stride, pos,
-                                                   pos_stride, half, theta_scale, freq_scale, neox);
+                                                   pos_stride, half, theta_scale, freq_scale, neox, freq_factors);
   return cudaGetLastError();
 }
 

@@ -35,10 +35,11 @@ cudaError_t ToBf16(const float* x, int64_t rows, int64_t cols, int64_t x_stride,
                    cudaStream_t stream);
 // Rotary embedding in place (cpu::Rope's rule); pos on the device. Head h
 // of token t at x + t * token_stride + h * head_stride, its position at
-// pos[h * pos_stride + t] (Rope: head_stride = head_dim, pos_stride = 0).
+// pos[h * pos_stride + t] (Rope: head_stride = head_dim, pos_stride = 0);
+// freq_factors (rot_dim / 2, on the device) or null.
 cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
                  int64_t head_stride, const int32_t* pos, int64_t pos_stride, int64_t rot_dim, float freq_base,
-                 float freq_scale, bool neox, cudaStream_t stream);
+                 float freq_scale, bool neox, const float* freq_factors, cudaStream_t stream);
 // out[i] = silu(gate[i]) * up[i] over n values.
 cudaError_t SwiGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 // out[r, c] = silu(gate[r, c]) * up[r, c] for rows × cols at row stride

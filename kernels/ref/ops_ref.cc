@@ -24,7 +24,8 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 }
 
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) {
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+          const float* freq_factors) {
   assert(rot_dim % 2 == 0 && rot_dim <= head_dim);
   const int64_t half = rot_dim / 2;
   const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(rot_dim));
@@ -33,7 +34,7 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
     // ggml_rope_cache_init: the f32 angle recurrence defines the angles.
     float theta = static_cast<float>(pos[t]);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(freq_scale * theta);
+      const double angle = static_cast<double>(freq_scale * (freq_factors != nullptr ? theta / freq_factors[i] : theta));
       cos_t[i] = std::cos(angle);
       sin_t[i] = std::sin(angle);
       theta *= theta_scale;

@@ -17,10 +17,12 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 
 // Rotary embedding, in place; see cpu::Rope. The angle of pair i is ggml's
 // schedule, which is part of the definition: theta_0 = (float)pos,
-// theta_{i+1} = theta_i * powf(base, -2/rot_dim) in f32, times freq_scale.
-// The rotation itself is done in double.
+// theta_{i+1} = theta_i * powf(base, -2/rot_dim) in f32, divided by
+// freq_factors[i] where given, times freq_scale. The rotation itself is
+// done in double.
 void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox);
+          const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox,
+          const float* freq_factors = nullptr);
 
 // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], in double.
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);

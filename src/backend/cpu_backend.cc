@@ -328,15 +328,14 @@ class CpuBackend final : public Backend, public BackendProfile {
   std::string thread_waits() const override { return cpu::ThreadWaits(); }
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
-                    int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
-                    float freq_scale, bool neox) override {
+                    int64_t token_stride, const int32_t* pos, const RopeSpec& r) override {
     OpTimer timer(profile_, &seconds_[kRope], &calls_[kRope]);
-    if (rot_dim > head_dim || rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", rot_dim,
+    if (r.rot_dim > head_dim || r.rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", r.rot_dim,
                                                      " head_dim=", head_dim));
     }
-    cpu::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,
-              freq_scale, neox);
+    cpu::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, r.rot_dim, r.freq_base,
+              r.freq_scale, r.neox, r.freq_factors);
     return absl::OkStatus();
   }
 

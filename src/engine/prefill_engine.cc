@@ -287,17 +287,14 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   std::iota(rot_pos_.begin(), rot_pos_.begin() + total, 0);
   SNAPFILL_RETURN_IF_ERROR(backend_->RopeHeads(cand_k_rot_.data(), c.num_kv_heads, head_stride, total, d,
                                                original ? cand_pos_.data() : rot_pos_.data(),
-                                               original ? cand_capacity_ : 0, c.rope_dim, c.rope_freq_base,
-                                               c.rope_freq_scale, c.rope_neox));
+                                               original ? cand_capacity_ : 0, c.rope()));
   // Chunk queries sit after the memory: position m + t (or start + t); the
   // question's after the chunk, at num + i (or start + n + i).
   const int32_t* qpos = original ? cand_pos_.data() : rot_pos_.data();
   float* chunk_q = q + qn * q_stride;
-  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(chunk_q, n, c.num_heads, d, q_stride, qpos + m, c.rope_dim,
-                                          c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(chunk_q, n, c.num_heads, d, q_stride, qpos + m, c.rope()));
   if (qn > 0) {
-    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, qn, c.num_heads, d, q_stride, qpos + num, c.rope_dim,
-                                            c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, qn, c.num_heads, d, q_stride, qpos + num, c.rope()));
   }
 
   // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk),

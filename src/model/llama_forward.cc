@@ -199,10 +199,8 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
   // Plain causal attention over the cache: rotate, append, attend.
   auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
                     int64_t n, int64_t out_rows, float* out) -> absl::Status {
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope_dim,
-                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope_dim,
-                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope()));
     SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k, v, n, kv_stride, pos));
     bool half = false;
     if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow()) {

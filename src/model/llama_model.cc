@@ -155,9 +155,21 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     if (!(factor > 0)) return absl::InvalidArgumentError("rope.scale_linear must be > 0");
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
   }
-  if (f.FindTensor("rope_freqs.weight") != nullptr) {
-    return absl::UnimplementedError(
-        "tensor rope_freqs.weight (Llama 3.1 RoPE frequency factors) is not supported yet");
+  if (const GgufTensorInfo* t = f.FindTensor("rope_freqs.weight"); t != nullptr) {
+    // Llama 3.1's "llama3" scaling as the converter bakes it in: one factor
+    // per rotated pair, dividing its angle (ggml_rope_ext's freq_factors).
+    if (t->type != GgmlType::kF32 || t->num_elements() != c.rope_dim / 2) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor rope_freqs.weight must be F32 with ", c.rope_dim / 2,
+                                                     " elements (rope dimensions / 2), got ", t->num_elements()));
+    }
+    c.rope_freq_factors.resize(c.rope_dim / 2);
+    SNAPFILL_RETURN_IF_ERROR(f.ReadAt(f.OffsetOf(t->data), c.rope_freq_factors.data(),
+                                      c.rope_freq_factors.size() * sizeof(float)));
+    for (float x : c.rope_freq_factors) {
+      if (!(x > 0) || !std::isfinite(x)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor rope_freqs.weight holds ", x, "; factors must be > 0"));
+      }
+    }
   }
   if (f.Has(a + ".attention.layer_norm_rms_epsilon")) {
     SNAPFILL_ASSIGN_OR_RETURN(double eps, f.GetFloat(a + ".attention.layer_norm_rms_epsilon"));

@@ -35,10 +35,19 @@ struct LlamaConfig {
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  // 1 / {arch}.rope.scaling.factor for linear scaling
   bool rope_neox = false;        // false: Llama's adjacent-pair rotation
+  // rope_freqs.weight (Llama 3.1 and later: each pair's wavelength
+  // stretched by its factor), rope_dim / 2 values; empty for none.
+  std::vector<float> rope_freq_factors;
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   bool qkv_bias = false;         // attn_{q,k,v}.bias in every layer (qwen2; optional for llama)
   bool qk_norm = false;          // attn_{q,k}_norm.weight [head_dim] in every layer (qwen3)
+
+  // The rotation of every layer (the factors point into this config).
+  RopeSpec rope() const {
+    return {rope_dim, rope_freq_base, rope_freq_scale, rope_neox,
+            rope_freq_factors.empty() ? nullptr : rope_freq_factors.data()};
+  }
 };
 
 // `count` query rows of the model's heads at q, `stride` floats apart,

@@ -68,12 +68,12 @@ TEST(CpuBackendOps, RopeHeadsRotatesEachHeadsRun) {
     want = x;
     std::vector<int32_t> pos(heads * 30);
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(5 * i + 1);
-    ASSERT_TRUE(b.RopeHeads(x.data(), heads, head_stride, tokens, hd, pos.data(), pos_stride, hd, 10000.0f, 1.0f,
-                            false)
+    ASSERT_TRUE(b.RopeHeads(x.data(), heads, head_stride, tokens, hd, pos.data(), pos_stride,
+                            RopeSpec{hd, 10000.0f, 1.0f, false})
                     .ok());
     for (int64_t h = 0; h < heads; ++h) {
-      ASSERT_TRUE(b.Rope(want.data() + h * head_stride, tokens, 1, hd, hd, pos.data() + h * pos_stride, hd, 10000.0f,
-                         1.0f, false)
+      ASSERT_TRUE(b.Rope(want.data() + h * head_stride, tokens, 1, hd, hd, pos.data() + h * pos_stride,
+                         RopeSpec{hd, 10000.0f, 1.0f, false})
                       .ok());
     }
     EXPECT_EQ(x, want) << pos_stride;

@@ -86,7 +86,7 @@ TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
     const int64_t tokens = 5, heads = 3, hd = 24, rot = 16, stride = 80;
     std::vector<float> r = Normal(tokens * stride, 3), r_ref = r;
     const std::vector<int32_t> pos = {0, 1, 4097, 131071, 1000003};
-    SNAPFILL_ASSERT_OK(b->Rope(r.data(), tokens, heads, hd, stride, pos.data(), rot, 10000.0f, 1.0f, neox));
+    SNAPFILL_ASSERT_OK(b->Rope(r.data(), tokens, heads, hd, stride, pos.data(), RopeSpec{rot, 10000.0f, 1.0f, neox}));
     ref::Rope(r_ref.data(), tokens, heads, hd, stride, pos.data(), rot, 10000.0f, 1.0f, neox);
     for (int64_t i = 0; i < tokens * stride; ++i) ASSERT_NEAR(r[i], r_ref[i], 2e-5 * MaxAbs(r_ref)) << neox << " " << i;
   }
@@ -98,8 +98,8 @@ TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
     std::vector<float> r = Normal(heads * head_stride, 6), r_ref = r;
     std::vector<int32_t> pos(heads * 40);
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(7 * i + 3);
-    SNAPFILL_ASSERT_OK(b->RopeHeads(r.data(), heads, head_stride, tokens, hd, pos.data(), pos_stride, hd, 10000.0f,
-                                    1.0f, false));
+    SNAPFILL_ASSERT_OK(b->RopeHeads(r.data(), heads, head_stride, tokens, hd, pos.data(), pos_stride,
+                                    RopeSpec{hd, 10000.0f, 1.0f, false}));
     for (int64_t h = 0; h < heads; ++h) {
       ref::Rope(r_ref.data() + h * head_stride, tokens, 1, hd, hd, pos.data() + h * pos_stride, hd, 10000.0f, 1.0f,
                 false);

@@ -7,6 +7,9 @@ snapfill loads besides llama, each exercising what sets it apart.
   qwen2.gguf  biases on Q, K and V; NeoX RoPE; an untied output head
   qwen3.gguf  RMSNorm on Q and K per head; head size 16 where dim / heads is 8;
               NeoX RoPE; tied embeddings
+  llama3.gguf llama with rope_freqs.weight (Llama 3.1's RoPE frequency
+              factors, one per rotated pair); one KV head for four query
+              heads; an untied output head
 
 Weights are F32 (exact reference math), drawn from numpy's PCG64 with a fixed
 seed. The vocabulary is GPT-2's 256 byte tokens, a few merges and three
@@ -51,7 +54,8 @@ def vocabulary():
     return tokens, types
 
 
-def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biases, qk_norm, tied, seed):
+def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biases, qk_norm, tied, seed,
+          rope_factors=None, pre="qwen2"):
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary()
     vocab = len(tokens)
@@ -69,7 +73,7 @@ def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biase
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(MERGES)
@@ -89,6 +93,9 @@ def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biase
     # Small next to the layers' outputs, so that a tied head does not
     # mostly echo the input token.
     w.add_tensor("token_embd.weight", (0.1 * rng.standard_normal((vocab, dim))).astype(np.float32))
+    if rope_factors is not None:
+        w.add_rope_dimension_count(head_dim)
+        w.add_tensor("rope_freqs.weight", np.array(rope_factors, dtype=np.float32))
     for i in range(layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", gain(dim))
@@ -124,6 +131,13 @@ def main():
           seed=2, **common)
     write(os.path.join(out, "qwen3.gguf"), "qwen3", head_dim=16, biases=False, qk_norm=True, tied=True,
           seed=3, **common)
+    # Factors over the 8 pairs of a head of 16, from none to 8x, so that they
+    # move the angles of the middle pairs by radians within 300 positions
+    # (base 10000; Llama 3.1's 500000 and 8192-token ramp would need longer
+    # prompts to show).
+    write(os.path.join(out, "llama3.gguf"), "llama", dim=32, heads=4, kv_heads=1, head_dim=16, ffn=64, layers=2,
+          ctx=2048, biases=False, qk_norm=False, tied=False, seed=4, rope_factors=[1, 1, 1.5, 2, 3, 4, 6, 8],
+          pre="llama-bpe")
 
 
 if __name__ == "__main__":

@@ -239,6 +239,60 @@ TEST_P(RopeTest, MatchesClosedForm) {
   EXPECT_TRUE(AllWithin(x, want, tol));
 }
 
+// Llama 3.1's frequency factors (rope_freqs): pair i's angle divided by
+// factors[i]. Against the twin and the closed form, and the table of
+// angles a thread keeps is rebuilt when only the factors change.
+TEST_P(RopeTest, FrequencyFactorsMatchRefAndClosedForm) {
+  const RopeCase c = GetParam();
+  const int64_t stride = c.num_heads * c.head_dim + c.pad;
+  const int64_t half = c.rot_dim / 2;
+  // As the converter makes them: 1 for short wavelengths, 8 for long ones,
+  // a smooth ramp between.
+  std::vector<float> factors(half), other(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const double r = half > 1 ? static_cast<double>(i) / (half - 1) : 0.0;
+    factors[i] = static_cast<float>(r < 0.3 ? 1.0 : r > 0.7 ? 8.0 : 1.0 + 7.0 * (r - 0.3) / 0.4);
+    other[i] = 2.0f * factors[i];
+  }
+  const std::vector<float> x0 = RandomVector(c.num_tokens * stride, -2.0f, 2.0f, 8);
+  const std::vector<int32_t> pos = Positions(c.num_tokens);
+  // Small positions too, so that the table path runs (positions < 2^16).
+  std::vector<int32_t> small(c.num_tokens);
+  for (int64_t t = 0; t < c.num_tokens; ++t) small[t] = static_cast<int32_t>(3 * t);
+  for (const std::vector<int32_t>* p : {&pos, static_cast<const std::vector<int32_t>*>(&small)}) {
+    std::vector<float> x_cpu = x0, x_ref = x0, x_other = x0;
+    cpu::Rope(x_other.data(), c.num_tokens, c.num_heads, c.head_dim, stride, p->data(), c.rot_dim, 10000.0f,
+              c.freq_scale, c.neox, other.data());
+    cpu::Rope(x_cpu.data(), c.num_tokens, c.num_heads, c.head_dim, stride, p->data(), c.rot_dim, 10000.0f,
+              c.freq_scale, c.neox, factors.data());
+    ref::Rope(x_ref.data(), c.num_tokens, c.num_heads, c.head_dim, stride, p->data(), c.rot_dim, 10000.0f,
+              c.freq_scale, c.neox, factors.data());
+    std::vector<float> want = x0;
+    std::vector<double> tol(x0.size(), 0.0), tol_ref(x0.size(), 0.0);
+    for (int64_t t = 0; t < c.num_tokens; ++t) {
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        const int64_t base = t * stride + h * c.head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const double theta = (*p)[t] * static_cast<double>(c.freq_scale) *
+                               std::pow(10000.0, -2.0 * i / c.rot_dim) / factors[i];
+          const int64_t a = base + (c.neox ? i : 2 * i);
+          const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
+          const double xa = x0[a], xb = x0[b];
+          want[a] = static_cast<float>(xa * std::cos(theta) - xb * std::sin(theta));
+          want[b] = static_cast<float>(xa * std::sin(theta) + xb * std::cos(theta));
+          const double mag = std::abs(xa) + std::abs(xb);
+          // One more rounding than the closed-form test's: the division.
+          tol[a] = tol[b] = ((2.0 * i + 3.0) * kEps * theta + 4.0 * kEps) * mag;
+          tol_ref[a] = tol_ref[b] = 3.0 * kEps * mag;
+        }
+      }
+    }
+    EXPECT_TRUE(AllWithin(x_cpu, x_ref, tol_ref));
+    EXPECT_TRUE(AllWithin(x_cpu, want, tol));
+    if (c.num_tokens > 1 && c.rot_dim > 2) EXPECT_NE(x_cpu, x_other) << "the factors must change the angles";
+  }
+}
+
 // Position 0 is the identity; rotations preserve each pair's norm.
 TEST_P(RopeTest, IdentityAtZeroAndNormPreserving) {
   const RopeCase c = GetParam();

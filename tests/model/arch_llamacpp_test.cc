@@ -1,7 +1,8 @@
 // The architectures besides llama against llama.cpp: tiny random-weight
 // GGUF files written by the PyPI gguf package (tests/data/make_arch_ggufs.py:
 // qwen2 with Q/K/V biases and an untied head, qwen3 with per-head Q/K norms
-// and a head size other than dim / heads), run by llama.cpp 84f7129 with F32
+// and a head size other than dim / heads, llama with Llama 3.1's RoPE
+// frequency factors and 4 query heads per KV head), run by llama.cpp 84f7129 with F32
 // weights and an F32 KV cache (tests/data/arch_logits.json, README.md).
 // With F32 weights and f32 activations (exact_matmul) both engines compute
 // the same math in another summation order: the top-10 logits at the last
@@ -21,6 +22,7 @@
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
 #include "src/engine/sampler.h"
+#include "src/gguf/gguf_reader.h"
 #include "src/model/llama_forward.h"
 #include "src/model/llama_model.h"
 #include "tests/testing/files.h"
@@ -89,7 +91,7 @@ TEST(ArchLlamaCppTest, LogitsAndGreedyMatchLlamaCpp) {
                 worst);
     ++models;
   }
-  EXPECT_EQ(models, 2);
+  EXPECT_EQ(models, 3);
 }
 
 // What sets each file apart is read: the loader sees the biases, the norms
@@ -110,6 +112,36 @@ TEST(ArchLlamaCppTest, ConfigsNameTheirVariations) {
   EXPECT_TRUE((*q3)->config().rope_neox);
   EXPECT_EQ((*q3)->config().head_dim, 16);
   EXPECT_EQ((*q3)->config().model_dim, 32);
+  auto l3 = LlamaModel::Open(testing::SourcePath("tests/data/arch/llama3.gguf"));
+  SNAPFILL_ASSERT_OK(l3);
+  EXPECT_EQ((*l3)->config().architecture, "llama");
+  EXPECT_FALSE((*l3)->config().rope_neox);
+  EXPECT_EQ((*l3)->config().rope_freq_factors, (std::vector<float>{1, 1, 1.5, 2, 3, 4, 6, 8}));
+  EXPECT_EQ((*l3)->config().rope().freq_factors, (*l3)->config().rope_freq_factors.data());
+}
+
+// A file of these architectures that lacks what sets it apart is refused,
+// naming the tensor (names changed in place: the file stays well formed).
+absl::Status LoadPatched(const std::string& rel, const std::string& from, const std::string& to) {
+  std::string bytes = testing::ReadAll(testing::SourcePath(rel));
+  const size_t at = bytes.find(from);
+  SNAPFILL_CHECK(at != std::string::npos && from.size() == to.size()) << from;
+  bytes.replace(at, from.size(), to);
+  SNAPFILL_ASSIGN_OR_RETURN(auto file, GgufFile::FromBytes(std::move(bytes)));
+  return LlamaModel::Load(std::move(file)).status();
+}
+
+TEST(ArchLlamaCppTest, MissingPiecesAreNamed) {
+  absl::Status s = LoadPatched("tests/data/arch/qwen2.gguf", "blk.1.attn_k.bias", "blk.1.attn_k.bixs");
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("missing tensor blk.1.attn_k.bias"), std::string::npos) << s;
+  s = LoadPatched("tests/data/arch/qwen3.gguf", "blk.0.attn_k_norm.weight", "blk.0.attn_k_nxrm.weight");
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("missing tensor blk.0.attn_k_norm.weight"), std::string::npos) << s;
+  // Another architecture name is refused as such.
+  s = LoadPatched("tests/data/arch/qwen3.gguf", "qwen3", "qwen9");
+  EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
+  EXPECT_NE(s.message().find("\"qwen9\" is not supported"), std::string::npos) << s;
 }
 
 }  // namespace

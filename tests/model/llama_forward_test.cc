@@ -248,10 +248,8 @@ TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
                                       int64_t kv_stride, int64_t rows, int64_t out_rows,
                                       float* out) -> absl::Status {
     asked.push_back(out_rows);
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope_dim,
-                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope_dim,
-                                    c.rope_freq_base, c.rope_freq_scale, c.rope_neox));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope()));
     KvView view;
     view.k = k;
     view.v = v;

@@ -45,10 +45,9 @@ class RefBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
-                    int64_t token_stride, const int32_t* pos, int64_t rot_dim, float freq_base,
-                    float freq_scale, bool neox) override {
-    ref::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, rot_dim, freq_base,
-              freq_scale, neox);
+                    int64_t token_stride, const int32_t* pos, const RopeSpec& r) override {
+    ref::Rope(x, num_tokens, num_heads, head_dim, token_stride, pos, r.rot_dim, r.freq_base,
+              r.freq_scale, r.neox, r.freq_factors);
     return absl::OkStatus();
   }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {

@@ -1,10 +1,13 @@
 // snapfill info: what a model file holds.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "snapfill/status.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
@@ -30,10 +33,19 @@ absl::Status RunInfo() {
   std::printf("head_dim:        %lld\n", (long long)c.head_dim);
   std::printf("vocab_size:      %lld\n", (long long)c.vocab_size);
   std::printf("context_length:  %lld (training)\n", (long long)c.context_length);
-  std::printf("rope:            %s, base %.1f, dims %lld, freq_scale %g\n",
+  std::string factors;
+  if (!c.rope_freq_factors.empty()) {
+    const auto [lo, hi] = std::minmax_element(c.rope_freq_factors.begin(), c.rope_freq_factors.end());
+    factors = absl::StrFormat(", frequency factors %g..%g (rope_freqs)", *lo, *hi);
+  }
+  std::printf("rope:            %s, base %.1f, dims %lld, freq_scale %g%s\n",
               c.rope_neox ? "neox" : "norm", c.rope_freq_base, (long long)c.rope_dim,
-              c.rope_freq_scale);
+              c.rope_freq_scale, factors.c_str());
   std::printf("rms_eps:         %g\n", c.rms_eps);
+  std::vector<std::string> variations;
+  if (c.qkv_bias) variations.push_back("biases on Q, K, V");
+  if (c.qk_norm) variations.push_back("RMSNorm of each Q and K head");
+  if (!variations.empty()) std::printf("attention:       %s\n", absl::StrJoin(variations, "; ").c_str());
   std::printf("tied embeddings: %s\n", c.tied_embeddings ? "yes" : "no");
   std::map<std::string, std::pair<int, uint64_t>> types;
   uint64_t params = 0;

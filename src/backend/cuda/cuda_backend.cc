@@ -359,20 +359,24 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
-                    const int32_t* pos, int64_t rot_dim, float freq_base, float freq_scale, bool neox) override {
+                    const int32_t* pos, const RopeSpec& r) override {
     if (num_tokens <= 0 || num_heads <= 0) return absl::OkStatus();
     Timer t(this, kRope);
-    if (rot_dim % 2 != 0 || rot_dim > head_dim || token_stride < num_heads * head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", rot_dim, ", head_dim ", head_dim,
+    if (r.rot_dim % 2 != 0 || r.rot_dim > head_dim || token_stride < num_heads * head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", r.rot_dim, ", head_dim ", head_dim,
                                                      ", token stride ", token_stride));
+    }
+    const float* factors = nullptr;
+    if (r.freq_factors != nullptr) {
+      SNAPFILL_ASSIGN_OR_RETURN(factors, Vector(r.freq_factors, r.rot_dim / 2));
     }
     const int64_t width = num_heads * head_dim;
     SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_tokens, width, token_stride));
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_tokens));
     SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                   "rope positions");
-    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, head_dim, pd, 0, rot_dim, freq_base,
-                             freq_scale, neox, stream_),
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, head_dim, pd, 0, r.rot_dim, r.freq_base,
+                             r.freq_scale, r.neox, factors, stream_),
                   "rope");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
     return Sync("rope");
@@ -381,25 +385,27 @@ class CudaBackend final : public Backend, public BackendProfile {
   // The chunk loop's candidates: every KV head in one call (a call per
   // head costs a round trip each).
   absl::Status RopeHeads(float* x, int64_t num_heads, int64_t head_stride, int64_t num_tokens, int64_t head_dim,
-                         const int32_t* pos, int64_t pos_stride, int64_t rot_dim, float freq_base, float freq_scale,
-                         bool neox) override {
+                         const int32_t* pos, int64_t pos_stride, const RopeSpec& r) override {
     if (num_tokens <= 0 || num_heads <= 0) return absl::OkStatus();
     const int64_t span = num_tokens * head_dim;
     if (head_stride < span || pos_stride < 0) {
-      return Backend::RopeHeads(x, num_heads, head_stride, num_tokens, head_dim, pos, pos_stride, rot_dim, freq_base,
-                                freq_scale, neox);
+      return Backend::RopeHeads(x, num_heads, head_stride, num_tokens, head_dim, pos, pos_stride, r);
     }
     Timer t(this, kRope);
-    if (rot_dim % 2 != 0 || rot_dim > head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", rot_dim, ", head_dim ", head_dim));
+    if (r.rot_dim % 2 != 0 || r.rot_dim > head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat("rope: bad shapes: rot_dim ", r.rot_dim, ", head_dim ", head_dim));
+    }
+    const float* factors = nullptr;
+    if (r.freq_factors != nullptr) {
+      SNAPFILL_ASSIGN_OR_RETURN(factors, Vector(r.freq_factors, r.rot_dim / 2));
     }
     SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_heads, span, head_stride));
     const int64_t num_pos = pos_stride == 0 ? num_tokens : (num_heads - 1) * pos_stride + num_tokens;
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_pos));
     SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_pos * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                   "rope positions");
-    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, span, pd, pos_stride, rot_dim, freq_base,
-                             freq_scale, neox, stream_),
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, span, pd, pos_stride, r.rot_dim,
+                             r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_heads, span, x, head_stride));
     return Sync("rope");
