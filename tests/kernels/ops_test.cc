@@ -208,6 +208,36 @@ TEST_P(RopeTest, MatchesRef) {
 // theta_i · theta_scale accumulates i roundings plus i times the rounding
 // of powf (≈1 ulp): |Δθ_i| <= (2i + 2)·eps·θ_i, and a rotation error Δθ moves
 // an output by at most |Δθ|·(|x0| + |x1|).
+// The closed form of x0 rotated (in double), and each element's tolerance:
+// the f32 recurrence's (2i + 2 + extra) roundings of theta_i, plus the
+// rotation's own 4 (extra: 1 where a factor divides the angle).
+struct ClosedForm {
+  std::vector<float> want;
+  std::vector<double> tol;
+};
+ClosedForm RotateClosedForm(const std::vector<float>& x0, const std::vector<int32_t>& pos, const RopeCase& c,
+                            int64_t stride, double base_freq, const float* factors) {
+  ClosedForm r{x0, std::vector<double>(x0.size(), 0.0)};
+  const int64_t half = c.rot_dim / 2;
+  const double extra = factors != nullptr ? 1.0 : 0.0;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const int64_t base = t * stride + h * c.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = pos[t] * static_cast<double>(c.freq_scale) * std::pow(base_freq, -2.0 * i / c.rot_dim) /
+                             (factors != nullptr ? factors[i] : 1.0f);
+        const int64_t a = base + (c.neox ? i : 2 * i);
+        const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
+        const double xa = x0[a], xb = x0[b];
+        r.want[a] = static_cast<float>(xa * std::cos(theta) - xb * std::sin(theta));
+        r.want[b] = static_cast<float>(xa * std::sin(theta) + xb * std::cos(theta));
+        r.tol[a] = r.tol[b] = ((2.0 * i + 2.0 + extra) * kEps * theta + 4.0 * kEps) * (std::abs(xa) + std::abs(xb));
+      }
+    }
+  }
+  return r;
+}
+
 TEST_P(RopeTest, MatchesClosedForm) {
   const RopeCase c = GetParam();
   const int64_t stride = c.num_heads * c.head_dim + c.pad;
@@ -217,26 +247,8 @@ TEST_P(RopeTest, MatchesClosedForm) {
   const float base_freq = 500000.0f;  // Llama-3's rope_theta
   cpu::Rope(x.data(), c.num_tokens, c.num_heads, c.head_dim, stride, pos.data(), c.rot_dim,
             base_freq, c.freq_scale, c.neox);
-  std::vector<float> want = x0;
-  std::vector<double> tol(x0.size(), 0.0);
-  const int64_t half = c.rot_dim / 2;
-  for (int64_t t = 0; t < c.num_tokens; ++t) {
-    for (int64_t h = 0; h < c.num_heads; ++h) {
-      const int64_t base = t * stride + h * c.head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const double theta = pos[t] * static_cast<double>(c.freq_scale) *
-                             std::pow(static_cast<double>(base_freq), -2.0 * i / c.rot_dim);
-        const int64_t a = base + (c.neox ? i : 2 * i);
-        const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
-        const double xa = x0[a], xb = x0[b];
-        want[a] = static_cast<float>(xa * std::cos(theta) - xb * std::sin(theta));
-        want[b] = static_cast<float>(xa * std::sin(theta) + xb * std::cos(theta));
-        const double mag = std::abs(xa) + std::abs(xb);
-        tol[a] = tol[b] = ((2.0 * i + 2.0) * kEps * theta + 4.0 * kEps) * mag;
-      }
-    }
-  }
-  EXPECT_TRUE(AllWithin(x, want, tol));
+  const ClosedForm want = RotateClosedForm(x0, pos, c, stride, base_freq, nullptr);
+  EXPECT_TRUE(AllWithin(x, want.want, want.tol));
 }
 
 // Llama 3.1's frequency factors (rope_freqs): pair i's angle divided by
@@ -267,28 +279,12 @@ TEST_P(RopeTest, FrequencyFactorsMatchRefAndClosedForm) {
               c.freq_scale, c.neox, factors.data());
     ref::Rope(x_ref.data(), c.num_tokens, c.num_heads, c.head_dim, stride, p->data(), c.rot_dim, 10000.0f,
               c.freq_scale, c.neox, factors.data());
-    std::vector<float> want = x0;
-    std::vector<double> tol(x0.size(), 0.0), tol_ref(x0.size(), 0.0);
-    for (int64_t t = 0; t < c.num_tokens; ++t) {
-      for (int64_t h = 0; h < c.num_heads; ++h) {
-        const int64_t base = t * stride + h * c.head_dim;
-        for (int64_t i = 0; i < half; ++i) {
-          const double theta = (*p)[t] * static_cast<double>(c.freq_scale) *
-                               std::pow(10000.0, -2.0 * i / c.rot_dim) / factors[i];
-          const int64_t a = base + (c.neox ? i : 2 * i);
-          const int64_t b = base + (c.neox ? i + half : 2 * i + 1);
-          const double xa = x0[a], xb = x0[b];
-          want[a] = static_cast<float>(xa * std::cos(theta) - xb * std::sin(theta));
-          want[b] = static_cast<float>(xa * std::sin(theta) + xb * std::cos(theta));
-          const double mag = std::abs(xa) + std::abs(xb);
-          // One more rounding than the closed-form test's: the division.
-          tol[a] = tol[b] = ((2.0 * i + 3.0) * kEps * theta + 4.0 * kEps) * mag;
-          tol_ref[a] = tol_ref[b] = 3.0 * kEps * mag;
-        }
-      }
-    }
+    const ClosedForm want = RotateClosedForm(x0, *p, c, stride, 10000.0, factors.data());
+    // The twin computes the same f32 angles: only the rotation differs.
+    std::vector<double> tol_ref(x0.size(), 0.0);
+    for (size_t i = 0; i < x0.size(); ++i) tol_ref[i] = want.tol[i] > 0 ? 3.0 * kEps * 4.0 : 0.0;
     EXPECT_TRUE(AllWithin(x_cpu, x_ref, tol_ref));
-    EXPECT_TRUE(AllWithin(x_cpu, want, tol));
+    EXPECT_TRUE(AllWithin(x_cpu, want.want, want.tol));
     if (c.num_tokens > 1 && c.rot_dim > 2) EXPECT_NE(x_cpu, x_other) << "the factors must change the angles";
   }
 }
