@@ -34,7 +34,8 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
     // ggml_rope_cache_init: the f32 angle recurrence defines the angles.
     float theta = static_cast<float>(pos[t]);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(freq_scale * (freq_factors != nullptr ? theta / freq_factors[i] : theta));
+      const float turned = freq_factors != nullptr ? theta / freq_factors[i] : theta;
+      const double angle = static_cast<double>(freq_scale * turned);
       cos_t[i] = std::cos(angle);
       sin_t[i] = std::sin(angle);
       theta *= theta_scale;

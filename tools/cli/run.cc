@@ -574,7 +574,8 @@ absl::Status RunRun() {
                  (long long)p.total, (long long)plan.steps.size(), prefill_seconds,
                  p.total / std::max(prefill_seconds, 1e-9),
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
-                 PrunerKindName(p.config.pruner.kind), (long long)plan.config.memory, first_token_at, r.tokens.size(), decode_tps,
+                 PrunerKindName(p.config.pruner.kind), (long long)plan.config.memory, first_token_at,
+                 r.tokens.size(), decode_tps,
                  HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
   }
   // With --profile: the table, then the prefill's work against the peaks
@@ -653,8 +654,10 @@ absl::Status RunPrefill() {
                  p.recall->dir().c_str(), out.c_str(), p.recall->dir().c_str());
   }
   if (absl::GetFlag(FLAGS_timing)) {
-    std::fprintf(stderr, "prefill: %lld tokens, pruner %s, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
-                 (long long)p.total, PrunerKindName(p.config.pruner.kind), seconds, p.total / std::max(seconds, 1e-9), out.c_str(),
+    std::fprintf(stderr,
+                 "prefill: %lld tokens, pruner %s, %.1f s (%.0f tokens/s) | cache %s (%s) | peak RSS %s%s\n",
+                 (long long)p.total, PrunerKindName(p.config.pruner.kind), seconds,
+                 p.total / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
                  DevicePeakNote(*p.backend).c_str());
   }
