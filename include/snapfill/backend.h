@@ -266,6 +266,8 @@ class Backend {
   }
   // out = silu(gate) * up, element-wise over n values.
   virtual absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
+  // out = gelu(gate) * up (GELU's tanh form: Gemma's GeGLU), element-wise.
+  virtual absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
   // Whether this backend adds a product into y itself for this weight and a
   // batch of m rows (MatMulAdd, SwiGluMatMul with add): the residual adds
   // after the attention output and the feed-forward block, fused into the

@@ -57,6 +57,12 @@ void FromFp16(const uint16_t* x, float* y, int64_t n);
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu(gate[i]) * up[i] with GELU's tanh form (ggml_gelu, Gemma's
+// GeGLU): gelu(g) = g / 2 · (1 + tanh(√(2/π) · (g + 0.044715 g³))).
+// ref::GeluGlu is the twin (ggml itself reads a table of the gelu of every
+// f16, so llama.cpp's results differ from both by f16 rounding).
+void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
+
 // Attention of a chunk of queries over keys, grouped-query, causal with an
 // offset, tiled with an online softmax (never materializes the score matrix).
 //   q:   [num_q, num_heads, head_dim], token stride q_stride floats

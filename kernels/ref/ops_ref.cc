@@ -53,6 +53,14 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
   }
 }
 
+void GeluGlu(const float* gate, const float* up, float* out, int64_t n) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double g = gate[i];

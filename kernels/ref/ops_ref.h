@@ -27,6 +27,9 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
 // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i], in double.
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu(gate[i]) * up[i], GELU's tanh form, in double (cpu::GeluGlu).
+void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
+
 // Naive attention: for each query and head, s_j = scale · q·k_j over the
 // visible keys j <= num_keys - num_q + i, p = softmax(s), out = Σ_j p_j v_j,
 // all in double. Layouts as cpu::Attention.

@@ -339,6 +339,11 @@ class CpuBackend final : public Backend, public BackendProfile {
     return absl::OkStatus();
   }
 
+  absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    OpTimer timer(profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
+    cpu::GeluGlu(gate, up, out, n);
+    return absl::OkStatus();
+  }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
     OpTimer timer(profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::SwiGlu(gate, up, out, n);

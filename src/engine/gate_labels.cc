@@ -47,8 +47,8 @@ absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const
         gs.keys.insert(gs.keys.end(), k + j * kv_stride + h * d, k + j * kv_stride + (h + 1) * d);
       }
     }
-    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope()));
-    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope(layer)));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope(layer)));
     if (out_rows > 0) {
       KvView view;
       view.k = k;

@@ -47,6 +47,14 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
                                                                      const PrefillConfig& config,
                                                                      int64_t total_tokens) {
   const LlamaConfig& mc = model.config();
+  // Sliding-window layers keep no ring in the chunk loop yet: within one
+  // window every layer attends to all it is given, which is exact.
+  if (mc.sliding_window > 0 && total_tokens + config.decode_reserve > mc.sliding_window) {
+    return absl::UnimplementedError(absl::StrCat(
+        "this model's local layers attend to a sliding window of ", mc.sliding_window,
+        " positions, which the chunk loop does not keep yet: inputs of up to ", mc.sliding_window,
+        " tokens (with the answer) only; this one has ", total_tokens + config.decode_reserve));
+  }
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig resolved, Resolve(mc, config, total_tokens));
   SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, Footprint(mc, config, total_tokens));
   std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, resolved));
@@ -287,14 +295,14 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   std::iota(rot_pos_.begin(), rot_pos_.begin() + total, 0);
   SNAPFILL_RETURN_IF_ERROR(backend_->RopeHeads(cand_k_rot_.data(), c.num_kv_heads, head_stride, total, d,
                                                original ? cand_pos_.data() : rot_pos_.data(),
-                                               original ? cand_capacity_ : 0, c.rope()));
+                                               original ? cand_capacity_ : 0, c.rope(layer)));
   // Chunk queries sit after the memory: position m + t (or start + t); the
   // question's after the chunk, at num + i (or start + n + i).
   const int32_t* qpos = original ? cand_pos_.data() : rot_pos_.data();
   float* chunk_q = q + qn * q_stride;
-  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(chunk_q, n, c.num_heads, d, q_stride, qpos + m, c.rope()));
+  SNAPFILL_RETURN_IF_ERROR(backend_->Rope(chunk_q, n, c.num_heads, d, q_stride, qpos + m, c.rope(layer)));
   if (qn > 0) {
-    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, qn, c.num_heads, d, q_stride, qpos + num, c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(backend_->Rope(q, qn, c.num_heads, d, q_stride, qpos + num, c.rope(layer)));
   }
 
   // 3. Attention of the chunk over memory ∪ chunk (causal inside the chunk),

@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(memory_->k(l, h), m, 1, c.head_dim, c.head_dim, pos,
-                                              c.rope()));
+                                              c.rope(l)));
     }
   }
   taken_max_size_ = memory_->max_size();
@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
       std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
       if (memory_->has_scores()) std::memcpy(cache->score(l, h), memory_->score(l, h), m * sizeof(float));
       const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
-      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope()));
+      SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope(l)));
     }
     cache->set_size(l, m);
   }

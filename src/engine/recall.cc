@@ -85,7 +85,7 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
         rot_[i] = original ? p : static_cast<int32_t>(std::lower_bound(mem_pos, mem_pos + kept, p) - mem_pos);
       }
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(k_.data() + h * d, nb, 1, d, heads * d, rot_.data(),
-                                              c.rope()));
+                                              c.rope(layer)));
     }
     KvView keys;
     keys.k = k_.data();
@@ -217,7 +217,7 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
       // Entries [0, i] did not move (rotation 0 leaves them as they are).
       const int64_t first = i + 1;
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(mk + first * d, kept + want - first, 1, d, d, rot_.data() + first,
-                                              c.rope()));
+                                              c.rope(layer)));
     }
   }
   cache.set_size(layer, kept + want);
@@ -249,8 +249,8 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
                     int64_t out_rows, float* out) -> absl::Status {
     const int64_t m = cache.size(layer);
     const int64_t total = m + rows;
-    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, qpos.data(), c.rope()));
-    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, heads, d, kv_stride, qpos.data(), c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, qpos.data(), c.rope(layer)));
+    SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, heads, d, kv_stride, qpos.data(), c.rope(layer)));
     tk.resize(heads * total * d);
     tv.resize(heads * total * d);
     for (int64_t h = 0; h < heads; ++h) {

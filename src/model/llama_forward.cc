@@ -37,6 +37,24 @@ void AddBias(Backend& b, float* x, int64_t stride, const float* bias, int64_t ro
   });
 }
 
+// x[i] *= s for n values (Gemma's embedding scale).
+void ScaleInPlace(Backend& b, float* x, int64_t n, float s) {
+  constexpr int64_t kPiece = 65536;
+  b.ParallelFor((n + kPiece - 1) / kPiece, [&](int64_t p) {
+    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] *= s;
+  });
+}
+
+// The entries [first, kv.num_keys) of a view.
+KvView Tail(KvView kv, int64_t first) {
+  kv.k += first * kv.key_stride;
+  kv.v += first * kv.key_stride;
+  if (kv.k16 != nullptr) kv.k16 += first * kv.key_stride;
+  if (kv.v16 != nullptr) kv.v16 += first * kv.key_stride;
+  kv.num_keys -= first;
+  return kv;
+}
+
 uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; }
 
 }  // namespace
@@ -76,6 +94,8 @@ uint64_t LlamaForward::ScratchBytes(const LlamaConfig& c, int64_t max_tokens, bo
 }
 
 bool LlamaForward::FusesLayers(const LlamaModel& model, const Backend& backend, int64_t m) {
+  // Gemma's blocks run step by step (post-norms, GELU): they use the scratch.
+  if (model.config().post_norms || model.config().gelu) return false;
   for (int64_t l = 0; l < model.config().num_layers; ++l) {
     const LlamaLayerWeights& w = model.layer(l);
     const Backend::LayerProducts p{&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down};
@@ -199,8 +219,8 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
   // Plain causal attention over the cache: rotate, append, attend.
   auto attend = [&](int64_t l, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride,
                     int64_t n, int64_t out_rows, float* out) -> absl::Status {
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope()));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope(l)));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope(l)));
     SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k, v, n, kv_stride, pos));
     bool half = false;
     if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow()) {
@@ -214,9 +234,36 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     }
     // The last out_rows queries (the cache's last positions, as the batch's).
     if (out_rows == 0) return absl::OkStatus();
-    const int64_t skip = n - out_rows;
-    return b.Attention(LlamaQueries(c, q, q_stride, n).From(skip),
-                       half ? kv.HalfView(l, kv.size(l)) : kv.View(l, kv.size(l)), out + skip * q_stride, q_stride);
+    const int64_t skip = n - out_rows, size = kv.size(l);
+    const KvView all = half ? kv.HalfView(l, size) : kv.View(l, size);
+    const Queries queries = LlamaQueries(c, q, q_stride, n);
+    const int64_t w = c.IsLocal(l) ? c.sliding_window : 0;
+    if (w == 0 || size <= w) return b.Attention(queries.From(skip), all, out + skip * q_stride, q_stride);
+    // A local layer over more entries than its window: the query of entry
+    // a sees [a - w + 1, a] (the cache holds consecutive positions here, as
+    // llama.cpp's full-size SWA cache does; its mask counts positions). The
+    // rows whose window starts at entry 0 are plain causal attention over
+    // the first entries; each later row attends to its own window.
+    const int64_t first_entry = size - n;  // entry of batch row 0
+    int64_t t = skip;
+    const int64_t causal_end = std::max(skip, std::min(n, w - first_entry));  // rows with a < w
+    if (causal_end > skip) {
+      KvView head = all;
+      head.num_keys = first_entry + causal_end;
+      Queries rows = queries.From(skip);
+      rows.count = causal_end - skip;
+      SNAPFILL_RETURN_IF_ERROR(b.Attention(rows, head, out + skip * q_stride, q_stride));
+      t = causal_end;
+    }
+    for (; t < n; ++t) {
+      const int64_t a = first_entry + t;
+      KvView window = all;
+      window.num_keys = a + 1;
+      Queries row = queries.From(t);
+      row.count = 1;
+      SNAPFILL_RETURN_IF_ERROR(b.Attention(row, Tail(window, a + 1 - w), out + t * q_stride, q_stride));
+    }
+    return absl::OkStatus();
   };
   // Final hidden states only for the rows whose logits are asked for.
   // (llama.cpp 84f7129's last layer drops the other rows after its
@@ -277,6 +324,7 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
   ReleaseRowsFrom(n);
 
   SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));
+  if (c.embedding_scale > 0) ScaleInPlace(b, x_.data(), n * dim, c.embedding_scale);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = model_.layer(l);
@@ -310,14 +358,35 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     if (rows == 0) continue;
     float* x = x_.data() + r0 * dim;
     float* xn = xn_.data() + r0 * dim;
-    // x += attn · Woᵀ: in the product's store where the backend fuses it.
-    if (b.FusesResidualAdd(w.wo, rows)) {
+    // x += attn · Woᵀ: in the product's store where the backend fuses it;
+    // Gemma normalizes the block's output first.
+    if (c.post_norms) {
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
+      SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(xn, dim, w.attn_post_norm, xn, dim, rows, dim, c.rms_eps));
+      AddInPlace(b, x, xn, rows, dim);
+    } else if (b.FusesResidualAdd(w.wo, rows)) {
       SNAPFILL_RETURN_IF_ERROR(b.MatMulAdd(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, x, dim));
     } else {
       SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
       AddInPlace(b, x, xn, rows, dim);
     }
 
+    if (c.gelu || c.post_norms) {
+      // Gemma's feed-forward block step by step: GeGLU, and the output
+      // normalized before it joins the residual stream.
+      SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
+      const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
+      SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
+      const int64_t values = rows * c.ffn_dim;
+      SNAPFILL_RETURN_IF_ERROR(c.gelu ? b.GeluGlu(gate_.data(), up_.data(), gate_.data(), values)
+                                      : b.SwiGlu(gate_.data(), up_.data(), gate_.data(), values));
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
+      if (c.post_norms) {
+        SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(xn, dim, w.ffn_post_norm, xn, dim, rows, dim, c.rms_eps));
+      }
+      AddInPlace(b, x, xn, rows, dim);
+      continue;
+    }
     // Feed-forward block (SwiGLU).
     // x += the block's output: in the down projection's store where the
     // backend fuses it, else through xn (which the block has read by then).

@@ -13,7 +13,7 @@ namespace {
 // Architectures whose GGUF layout and math are the Llama ones, or those
 // with the variations LlamaConfig names.
 const std::set<std::string>& LlamaArchitectures() {
-  static const std::set<std::string> kArchs = {"llama", "mistral", "qwen2", "qwen3"};
+  static const std::set<std::string> kArchs = {"llama", "mistral", "qwen2", "qwen3", "gemma3"};
   return kArchs;
 }
 
@@ -84,11 +84,15 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
   c.architecture = *arch;
   if (!LlamaArchitectures().count(c.architecture)) {
     return absl::UnimplementedError(absl::StrCat("architecture \"", c.architecture,
-                                                 "\" is not supported (supported: llama, mistral, qwen2, qwen3)"));
+                                                 "\" is not supported (supported: llama, mistral, qwen2, qwen3, gemma3)"));
   }
-  // llama.cpp's rope type of each (llama_model_rope_type): NeoX for Qwen.
-  c.rope_neox = c.architecture == "qwen2" || c.architecture == "qwen3";
-  c.qk_norm = c.architecture == "qwen3";
+  const bool gemma3 = c.architecture == "gemma3";
+  // llama.cpp's rope type of each (llama_model_rope_type): NeoX for Qwen
+  // and Gemma.
+  c.rope_neox = c.architecture == "qwen2" || c.architecture == "qwen3" || gemma3;
+  c.qk_norm = c.architecture == "qwen3" || gemma3;
+  c.post_norms = gemma3;
+  c.gelu = gemma3;
   if (auto name = f.GetString("general.name"); name.ok()) c.name = *name;
   const std::string& a = c.architecture;
   SNAPFILL_ASSIGN_OR_RETURN(c.num_layers, GetPositive(f, a + ".block_count"));
@@ -171,6 +175,27 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
       }
     }
   }
+  if (gemma3) {
+    // llama.cpp's defaults where the file is silent (llama-model.cpp,
+    // LLM_ARCH_GEMMA3): every sixth layer global, the local ones at RoPE
+    // base 10000; a 512-token window unless the file says otherwise.
+    c.embedding_scale = std::sqrt(static_cast<float>(c.model_dim));
+    c.swa_pattern = 6;
+    c.sliding_window = 512;
+    if (f.Has(a + ".attention.sliding_window_pattern")) {
+      SNAPFILL_ASSIGN_OR_RETURN(c.swa_pattern, GetPositive(f, a + ".attention.sliding_window_pattern"));
+    }
+    if (f.Has(a + ".attention.sliding_window")) {
+      SNAPFILL_ASSIGN_OR_RETURN(c.sliding_window, GetPositive(f, a + ".attention.sliding_window"));
+    }
+    if (f.Has(a + ".rope.freq_base_swa")) {
+      SNAPFILL_ASSIGN_OR_RETURN(double base, f.GetFloat(a + ".rope.freq_base_swa"));
+      if (!(base > 1.0) || !std::isfinite(base)) {
+        return absl::InvalidArgumentError(absl::StrCat("rope.freq_base_swa ", base, " must be > 1"));
+      }
+      c.rope_freq_base_local = static_cast<float>(base);
+    }
+  }
   if (f.Has(a + ".attention.layer_norm_rms_epsilon")) {
     SNAPFILL_ASSIGN_OR_RETURN(double eps, f.GetFloat(a + ".attention.layer_norm_rms_epsilon"));
     if (!(eps > 0) || eps > 1) {
@@ -235,6 +260,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(std::unique_ptr<Ggu
     if (c.qk_norm) {
       SNAPFILL_ASSIGN_OR_RETURN(l.q_norm, BindVector(f, p + "attn_q_norm.weight", c.head_dim, &m->vectors_));
       SNAPFILL_ASSIGN_OR_RETURN(l.k_norm, BindVector(f, p + "attn_k_norm.weight", c.head_dim, &m->vectors_));
+    }
+    if (c.post_norms) {
+      SNAPFILL_ASSIGN_OR_RETURN(l.attn_post_norm,
+                                BindVector(f, p + "post_attention_norm.weight", c.model_dim, &m->vectors_));
+      SNAPFILL_ASSIGN_OR_RETURN(l.ffn_post_norm, BindVector(f, p + "post_ffw_norm.weight", c.model_dim, &m->vectors_));
     }
     SNAPFILL_ASSIGN_OR_RETURN(l.ffn_norm, BindVector(f, p + "ffn_norm.weight", c.model_dim, &m->vectors_));
     SNAPFILL_ASSIGN_OR_RETURN(l.w_gate, BindMatrix(f, p + "ffn_gate.weight", c.ffn_dim, c.model_dim));

@@ -19,9 +19,14 @@ namespace snapfill {
 // The architectures are configurations of one forward pass (llama.cpp's
 // llm_build_llama / _qwen2 / _qwen3): llama and mistral as they are; qwen2
 // adds biases to Q, K and V; qwen3 an RMSNorm over each head of Q and K
-// (before RoPE); both rotate NeoX pairs.
+// (before RoPE); both rotate NeoX pairs; gemma3 (llama.cpp's
+// llm_build_gemma3_iswa) scales the embeddings by √model_dim, normalizes
+// each block's output as well as its input, gates the feed-forward block
+// with GELU, norms Q and K per head, and makes all but every
+// swa_pattern-th layer local: a sliding window over the last
+// sliding_window positions, with its own RoPE base.
 struct LlamaConfig {
-  std::string architecture;   // general.architecture ("llama", "mistral", "qwen2", "qwen3")
+  std::string architecture;   // general.architecture ("llama", "mistral", "qwen2", "qwen3", "gemma3")
   std::string name;           // general.name, if any
   int64_t num_layers = 0;     // {arch}.block_count
   int64_t model_dim = 0;      // {arch}.embedding_length
@@ -41,10 +46,23 @@ struct LlamaConfig {
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   bool qkv_bias = false;         // attn_{q,k,v}.bias in every layer (qwen2; optional for llama)
-  bool qk_norm = false;          // attn_{q,k}_norm.weight [head_dim] in every layer (qwen3)
+  bool qk_norm = false;          // attn_{q,k}_norm.weight [head_dim] in every layer (qwen3, gemma3)
+  float embedding_scale = 0.0f;  // token embeddings times this (gemma3: √model_dim); 0: none
+  bool post_norms = false;       // post_attention_norm / post_ffw_norm after each block (gemma3)
+  bool gelu = false;             // the feed-forward gate is GELU (tanh form), not SiLU (gemma3)
+  // Local layers (gemma3): a query at position p sees keys at p' with
+  // p - p' < sliding_window; layer l is local where l % swa_pattern <
+  // swa_pattern - 1. 0: every layer global.
+  int64_t sliding_window = 0;
+  int64_t swa_pattern = 0;
+  float rope_freq_base_local = 10000.0f;  // the local layers' RoPE base (scale 1, no factors)
 
-  // The rotation of every layer (the factors point into this config).
-  RopeSpec rope() const {
+  bool IsLocal(int64_t layer) const {
+    return sliding_window > 0 && swa_pattern > 0 && layer % swa_pattern < swa_pattern - 1;
+  }
+  // The rotation of `layer` (the factors point into this config).
+  RopeSpec rope(int64_t layer) const {
+    if (IsLocal(layer)) return {rope_dim, rope_freq_base_local, 1.0f, rope_neox, nullptr};
     return {rope_dim, rope_freq_base, rope_freq_scale, rope_neox,
             rope_freq_factors.empty() ? nullptr : rope_freq_factors.data()};
   }
@@ -67,6 +85,8 @@ struct LlamaLayerWeights {
   const float* bv = nullptr;         // [num_kv_heads * head_dim] where qkv_bias
   const float* q_norm = nullptr;     // [head_dim] where qk_norm
   const float* k_norm = nullptr;     // [head_dim] where qk_norm
+  const float* attn_post_norm = nullptr;  // [model_dim] where post_norms
+  const float* ffn_post_norm = nullptr;   // [model_dim] where post_norms
   const float* ffn_norm = nullptr;   // [model_dim]
   WeightView w_gate;                 // [ffn_dim, model_dim]
   WeightView w_up;                   // [ffn_dim, model_dim]

@@ -258,7 +258,7 @@ TEST_F(RecallTest, AQuestionOverASavedCacheBringsBackStoredEntries) {
       }
       std::vector<int32_t> index(pos.size());
       std::iota(index.begin(), index.end(), 0);
-      SNAPFILL_ASSERT_OK(backend_->Rope(want.data(), pos.size(), 1, d, d, index.data(), mc.rope()));
+      SNAPFILL_ASSERT_OK(backend_->Rope(want.data(), pos.size(), 1, d, d, index.data(), mc.rope(0)));
       const float* got = (*cache)->k(0, h);
       for (size_t t = 0; t < want.size(); ++t) {
         ASSERT_NEAR(got[t], want[t], 3e-3 * std::abs(want[t]) + 2e-3) << "entry " << t / d << " position "

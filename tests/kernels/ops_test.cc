@@ -363,6 +363,25 @@ INSTANTIATE_TEST_SUITE_P(Sizes, SwiGluTest, ::testing::Values(1, 3, 17, 111, 153
                            return "Cpu_n" + std::to_string(info.param);
                          });
 
+// GeGLU (Gemma): the f32 tanh form against the twin's double. Near g = 0 the
+// output is tiny while the tanh argument's rounding is relative to 1, so the
+// bound is relative to |g · up| as well as to the output.
+TEST_P(SwiGluTest, GeluGluMatchesRef) {
+  const int64_t n = GetParam();
+  std::vector<float> gate = RandomVector(n, -12.0f, 12.0f, 10);
+  const std::vector<float> up = RandomVector(n, -2.0f, 2.0f, 11);
+  const float edges[] = {0.0f, -0.0f, 10.0f, -10.0f, 1e-8f, -1e-8f, 50.0f, -50.0f, 0.5f, -3.0f};
+  for (int64_t i = 0; i < std::min<int64_t>(n, 10); ++i) gate[i * (n / 10 + 1) % n] = edges[i];
+  std::vector<float> got(n), want(n);
+  cpu::GeluGlu(gate.data(), up.data(), got.data(), n);
+  ref::GeluGlu(gate.data(), up.data(), want.data(), n);
+  std::vector<double> tol(n);
+  for (int64_t i = 0; i < n; ++i) tol[i] = 8.0 * kEps * (std::abs(want[i]) + std::abs(gate[i] * up[i])) + 1e-30;
+  EXPECT_TRUE(AllWithin(got, want, tol));
+  // Its shape: gelu(0) = 0, gelu(g) -> g for large g, -> 0 for very negative g.
+  EXPECT_EQ(got[0], 0.0f);
+}
+
 // ---------------------------------------------------------------------------
 // Pooling
 

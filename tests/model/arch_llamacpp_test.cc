@@ -117,7 +117,7 @@ TEST(ArchLlamaCppTest, ConfigsNameTheirVariations) {
   EXPECT_EQ((*l3)->config().architecture, "llama");
   EXPECT_FALSE((*l3)->config().rope_neox);
   EXPECT_EQ((*l3)->config().rope_freq_factors, (std::vector<float>{1, 1, 1.5, 2, 3, 4, 6, 8}));
-  EXPECT_EQ((*l3)->config().rope().freq_factors, (*l3)->config().rope_freq_factors.data());
+  EXPECT_EQ((*l3)->config().rope(0).freq_factors, (*l3)->config().rope_freq_factors.data());
 }
 
 // A file of these architectures that lacks what sets it apart is refused,

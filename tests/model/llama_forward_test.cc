@@ -244,12 +244,12 @@ TEST_P(ForwardInvariantTest, LastLayerRunsOnlyTheRowsWhoseHiddenStatesAreKept) {
   std::vector<int64_t> asked;  // out_rows per layer call
   // Plain causal attention over the batch itself, for the last out_rows
   // rows; the rows before them get NaN, which must not reach the result.
-  LlamaForward::AttendFn attend = [&](int64_t, float* q, int64_t q_stride, float* k, float* v,
+  LlamaForward::AttendFn attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                       int64_t kv_stride, int64_t rows, int64_t out_rows,
                                       float* out) -> absl::Status {
     asked.push_back(out_rows);
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope()));
-    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope()));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope(layer)));
+    SNAPFILL_RETURN_IF_ERROR(b.Rope(k, rows, c.num_kv_heads, d, kv_stride, pos.data(), c.rope(layer)));
     KvView view;
     view.k = k;
     view.v = v;

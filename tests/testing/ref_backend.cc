@@ -50,6 +50,10 @@ class RefBackend final : public Backend {
               r.freq_scale, r.neox, r.freq_factors);
     return absl::OkStatus();
   }
+  absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    ref::GeluGlu(gate, up, out, n);
+    return absl::OkStatus();
+  }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
     ref::SwiGlu(gate, up, out, n);
     return absl::OkStatus();

@@ -411,6 +411,9 @@ class CudaBackend final : public Backend, public BackendProfile {
     return Sync("rope");
   }
 
+  absl::Status GeluGlu(const float*, const float*, float*, int64_t) override {
+    return absl::UnimplementedError("the GELU-gated feed-forward (Gemma) is not on the CUDA backend yet: use --device cpu");
+  }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
     Timer t(this, kSwiGlu);
