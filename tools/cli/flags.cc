@@ -5,8 +5,9 @@
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, model, "",
-          "Path of a Llama-family GGUF model. Default: $SNAPFILL_MODEL, else "
-          "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+          "Path of a GGUF model (llama, mistral, qwen2, qwen3, gemma3). Default: $SNAPFILL_MODEL, else "
+          "models/SmolLM2-135M-Instruct.Q4_1.gguf. A model without a chat template (Gemma 3 270M, "
+          "tools/fetch_model.sh gemma3-270m, is a pretrained one) continues the text plainly");
 ABSL_FLAG(std::string, device, "auto",
           "cpu | cuda | auto: where the model runs (auto: the GPU where one can be used, else the CPU)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
