@@ -30,6 +30,7 @@
 #include "src/model/llama_model.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/files.h"
+#include "tests/testing/real_model.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -40,38 +41,18 @@ constexpr double kTieGap = 0.75;
 
 std::string GemmaPath() { return testing::SourcePath("models/gemma-3-270m-q4_k_m.gguf"); }
 
-class ModelGemma3Test : public ::testing::Test {
+class ModelGemma3Test : public testing::RealModelTest<ModelGemma3Test> {
+ public:
+  static std::string Path() { return GemmaPath(); }
+  static const char* Fetch() { return "run tools/fetch_model.sh gemma3-270m"; }
+
  protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(GemmaPath())) return;
-    auto m = LlamaModel::Open(GemmaPath());
-    SNAPFILL_CHECK(m.ok()) << m.status();
-    model_ = m->release();
-    auto b = CreateBackend(Device::kCpu, {});
-    SNAPFILL_CHECK(b.ok());
-    backend_ = b->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-    model_ = nullptr;
-    backend_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) {
-      GTEST_SKIP() << "Gemma 3 270M not found at " << GemmaPath() << " (run tools/fetch_model.sh gemma3-270m)";
-    }
-  }
   static nlohmann::json Reference() {
     std::ifstream in(testing::SourcePath("tests/data/gemma3/logits.json"));
     SNAPFILL_CHECK(in.good());
     return nlohmann::json::parse(in);
   }
-  static LlamaModel* model_;
-  static Backend* backend_;
 };
-LlamaModel* ModelGemma3Test::model_ = nullptr;
-Backend* ModelGemma3Test::backend_ = nullptr;
 
 TEST_F(ModelGemma3Test, ConfigIsLlamaCpps) {
   const LlamaConfig& c = model_->config();

@@ -36,6 +36,7 @@
 #include "src/engine/generate.h"
 #include "src/model/llama_forward.h"
 #include "snapfill/status.h"
+#include "tests/testing/real_model.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/cli/environment.h"
 
@@ -55,32 +56,11 @@ nlohmann::json LoadJson(const std::string& rel) {
   return nlohmann::json::parse(in);
 }
 
-class ModelLlamaTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!std::filesystem::exists(ModelPath())) return;
-    auto m = LlamaModel::Open(ModelPath());
-    SNAPFILL_CHECK(m.ok()) << m.status();
-    model_ = m->release();
-    auto b = CreateBackend(Device::kCpu, {});
-    SNAPFILL_CHECK(b.ok());
-    backend_ = b->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-    model_ = nullptr;
-    backend_ = nullptr;
-  }
-  void SetUp() override {
-    if (model_ == nullptr) GTEST_SKIP() << "default model not found at " << ModelPath()
-                                        << " (run tools/fetch_model.sh)";
-  }
-  static LlamaModel* model_;
-  static Backend* backend_;
+class ModelLlamaTest : public testing::RealModelTest<ModelLlamaTest> {
+ public:
+  static std::string Path() { return ModelPath(); }
+  static const char* Fetch() { return "run tools/fetch_model.sh"; }
 };
-LlamaModel* ModelLlamaTest::model_ = nullptr;
-Backend* ModelLlamaTest::backend_ = nullptr;
 
 TEST_F(ModelLlamaTest, ConfigMatchesTheFile) {
   const LlamaConfig& c = model_->config();
