@@ -189,15 +189,7 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
 }
 
 void GeluGlu(const float* gate, const float* up, float* out, int64_t n) {
-  // tanh dominates: pieces of 16 Ki values on the kernels' team.
-  constexpr int64_t kPiece = 16384;
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-  ParallelFor((n + kPiece - 1) / kPiece, [&](int64_t p) {
-    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) {
-      const float g = gate[i];
-      out[i] = 0.5f * g * (1.0f + std::tanh(kC * g * (1.0f + 0.044715f * g * g))) * up[i];
-    }
-  });
+  SNAPFILL_CPU_DISPATCH(GeluGlu, gate, up, out, n);
 }
 
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
