@@ -336,9 +336,9 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
                                        {&w.wv, v_.data(), kv_dim}};
     SNAPFILL_RETURN_IF_ERROR(
         b.NormMatMulShared(x_.data(), n, dim, Backend::Norm{w.attn_norm, c.rms_eps, xn_.data(), dim}, qkv, 3));
-    // Qwen's variations, before RoPE (the attention step's input): biases,
-    // then an RMSNorm over each head of Q and K (in place: each row of
-    // head_dim floats, the heads of a token contiguous).
+    // Qwen's and Gemma's variations, before RoPE (the attention step's
+    // input): biases, then an RMSNorm over each head of Q and K (in place:
+    // each row of head_dim floats, the heads of a token contiguous).
     if (c.qkv_bias) {
       AddBias(b, q_.data(), q_dim, w.bq, n, q_dim);
       AddBias(b, k_.data(), kv_dim, w.bk, n, kv_dim);
