@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
+#include "src/engine/prefill_engine.h"
 #include "src/engine/sampler.h"
 #include "src/gguf/gguf_reader.h"
 #include "src/model/llama_forward.h"
@@ -134,6 +135,55 @@ TEST_F(ModelGemma3Test, LogitsAndGreedyMatchLlamaCpp) {
   EXPECT_EQ(prompts, 5);
   EXPECT_GE(identical, 3);
   std::printf("worst |logit - llama.cpp| over the top-10s: %.3f\n", worst);
+}
+
+// The chunk loop within the window (every layer then sees all it is given):
+// chunks of 96 with nothing evicted give one-shot prefill's logits (each
+// layer's RoPE base, Gemma's norms and scale on the chunk path too); past
+// the window it refuses, naming it.
+TEST_F(ModelGemma3Test, ChunkLoopWithinTheWindowEqualsOneShot) {
+  const nlohmann::json ref = Reference();
+  std::vector<int32_t> ids;
+  for (const auto& p : ref.at("prompts")) {
+    if (p.at("name") == "kjv_1000") ids = p.at("ids").get<std::vector<int32_t>>();
+  }
+  ASSERT_GE(ids.size(), 500u);
+  ids.resize(500);
+  const int64_t n = ids.size(), vocab = model_->config().vocab_size;
+  auto fwd = LlamaForward::Create(*model_, backend_, 512);
+  SNAPFILL_ASSERT_OK(fwd);
+  auto kv = (*fwd)->NewKvCache(n);
+  SNAPFILL_ASSERT_OK(kv);
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> want(vocab);
+  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, want.data()));
+  for (const bool original : {true, false}) {
+    PrefillConfig config;
+    config.pruner.kind = PrunerKind::kFull;
+    config.keep_original_positions = original;
+    config.schedule.kind = ScheduleKind::kFixed;
+    config.schedule.chunk = 96;
+    auto engine = PrefillEngine::Create(*model_, backend_, config, n);
+    SNAPFILL_ASSERT_OK(engine);
+    ASSERT_GE((*engine)->plan().steps.size(), 5u);
+    SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
+    const std::vector<float>& got = (*engine)->last_logits();
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (int64_t v = 0; v < vocab; ++v) worst = std::max(worst, std::fabs(double(got[v]) - want[v]));
+    std::printf("chunks of 96 (%s positions): worst |logit - one-shot| %.4f\n", original ? "original" : "re-encoded",
+                worst);
+    // The same arithmetic in other batch shapes: 8-bit activations are
+    // quantized per row, so only the attention's summation order differs.
+    EXPECT_LT(worst, 0.05);
+    EXPECT_EQ(Argmax(got.data(), vocab), Argmax(want.data(), vocab));
+  }
+  PrefillConfig config;
+  config.schedule.chunk = 256;
+  const absl::Status s = PrefillEngine::Create(*model_, backend_, config, 600).status();
+  EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
+  EXPECT_NE(s.message().find("sliding window of 512"), std::string::npos) << s;
 }
 
 // llama-perplexity's statistic on the same 512 tokens (perplexity.txt: one
