@@ -233,8 +233,9 @@ absl::Status RunBatch() {
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
   const std::string fingerprint = ModelFingerprint(m.model->gguf());
   // Each answer records the pruner that made its memory, not "auto".
+  const std::string gates = GatesPath(m.path);
   for (BatchDocument& d : docs) {
-    if (d.settings.pruner == "auto") d.settings.pruner = PrunerKindName(AutoPruner(m.path, d.settings.guided));
+    if (d.settings.pruner == "auto") d.settings.pruner = PrunerKindName(AutoPruner(gates, d.settings.guided));
   }
   AnsweredSet done;
   if (resume) {

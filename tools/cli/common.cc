@@ -272,11 +272,11 @@ std::string GatesPath(const std::string& model_path) {
   return path;
 }
 
-PrunerKind AutoPruner(const std::string& model_path, bool question_guided) {
+PrunerKind AutoPruner(const std::string& gates_path, bool question_guided) {
   // What keeps most of what a later question needs (docs/RESULTS.md): the
   // question's own votes where it guides; without it the gates (16 of 30
   // needles at 32K against SnapKV's 3, at the same loss and speed).
-  return !question_guided && !GatesPath(model_path).empty() ? PrunerKind::kGate : PrunerKind::kSnapKv;
+  return !question_guided && !gates_path.empty() ? PrunerKind::kGate : PrunerKind::kSnapKv;
 }
 
 absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c, bool question_guided) {
@@ -284,7 +284,7 @@ absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c, bool questi
   c.gate = nullptr;
   const std::string path = GatesPath(m.path);
   if (absl::GetFlag(FLAGS_pruner) == "auto") {
-    c.pruner.kind = AutoPruner(m.path, question_guided);
+    c.pruner.kind = AutoPruner(path, question_guided);
     static bool said = false;
     if (!question_guided && path.empty() && !said) {
       said = true;

@@ -125,9 +125,10 @@ std::string DefaultGatesPath(const std::string& model_path);
 // The gates a gate pruner reads: --gates, else DefaultGatesPath's file where
 // it exists, else "".
 std::string GatesPath(const std::string& model_path);
-// What --pruner=auto means for this model: snapkv where a question guides,
-// else gate where GatesPath finds gates, else snapkv.
-PrunerKind AutoPruner(const std::string& model_path, bool question_guided);
+// What --pruner=auto means given the gates GatesPath found ("" for none):
+// snapkv where a question guides, else gate where there are gates, else
+// snapkv.
+PrunerKind AutoPruner(const std::string& gates_path, bool question_guided);
 
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.
