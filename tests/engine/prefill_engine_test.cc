@@ -33,20 +33,6 @@ std::unique_ptr<LlamaModel> TinyModel(int layers = 3, const std::string& archite
 
 std::vector<int32_t> Tokens(int n, int vocab) { return testing::TestTokens(n, vocab); }
 
-// Logits of one-shot prefill of all tokens.
-std::vector<float> OneShot(const LlamaModel& model, Backend* backend,
-                           const std::vector<int32_t>& ids) {
-  auto fwd = LlamaForward::Create(model, backend, 256);
-  SNAPFILL_CHECK(fwd.ok());
-  auto kv = (*fwd)->NewKvCache(ids.size());
-  SNAPFILL_CHECK(kv.ok());
-  std::vector<int32_t> pos(ids.size());
-  std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> logits(model.config().vocab_size);
-  SNAPFILL_CHECK((*fwd)->Forward(ids.data(), ids.size(), pos.data(), **kv, 1, logits.data()).ok());
-  return logits;
-}
-
 void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rel) {
   ASSERT_EQ(a.size(), b.size());
   double scale = 0;
@@ -95,7 +81,7 @@ TEST_P(NoEvictionTest, ChunkedEqualsOneShot) {
   for (int64_t l = 0; l < model->config().num_layers; ++l) {
     EXPECT_EQ((*engine)->memory().size(l), n);
   }
-  ExpectClose((*engine)->last_logits(), OneShot(*model, backend->get(), ids), 2e-4);
+  ExpectClose((*engine)->last_logits(), testing::OneShotLogits(*model, backend->get(), ids, 256), 2e-4);
   EXPECT_EQ((*engine)->next_position(), n);
 }
 
@@ -137,7 +123,7 @@ TEST(PrefillEngineTest, DecoderCacheContinuesLikeOneShot) {
   SNAPFILL_ASSERT_OK((*fwd)->Forward(&next, 1, &pos, **kv, 1, got.data()));
   std::vector<int32_t> all = ids;
   all.push_back(next);
-  ExpectClose(got, OneShot(*model, backend->get(), all), 2e-4);
+  ExpectClose(got, testing::OneShotLogits(*model, backend->get(), all, 256), 2e-4);
 }
 
 // With eviction: every layer holds the plan's budget after each step, the

@@ -33,6 +33,7 @@
 #include "tests/testing/files.h"
 #include "tests/testing/real_model.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
 
 namespace snapfill {
 namespace {
@@ -150,14 +151,7 @@ TEST_F(ModelGemma3Test, ChunkLoopWithinTheWindowEqualsOneShot) {
   ASSERT_GE(ids.size(), 500u);
   ids.resize(500);
   const int64_t n = ids.size(), vocab = model_->config().vocab_size;
-  auto fwd = LlamaForward::Create(*model_, backend_, 512);
-  SNAPFILL_ASSERT_OK(fwd);
-  auto kv = (*fwd)->NewKvCache(n);
-  SNAPFILL_ASSERT_OK(kv);
-  std::vector<int32_t> pos(n);
-  std::iota(pos.begin(), pos.end(), 0);
-  std::vector<float> want(vocab);
-  SNAPFILL_ASSERT_OK((*fwd)->Forward(ids.data(), n, pos.data(), **kv, 1, want.data()));
+  const std::vector<float> want = testing::OneShotLogits(*model_, backend_, ids);
   for (const bool original : {true, false}) {
     PrefillConfig config;
     config.pruner.kind = PrunerKind::kFull;

@@ -1,9 +1,11 @@
 #include "tests/testing/tiny_model.h"
 
+#include <numeric>
 #include <utility>
 
 #include "snapfill/status.h"
 #include "src/gguf/gguf_reader.h"
+#include "src/model/llama_forward.h"
 
 namespace snapfill::testing {
 
@@ -15,6 +17,20 @@ std::unique_ptr<LlamaModel> LoadTinyModel(const TinyLlamaOptions& options) {
   auto model = LlamaModel::Load(std::move(*file));
   SNAPFILL_CHECK(model.ok()) << model.status();
   return std::move(*model);
+}
+
+std::vector<float> OneShotLogits(const LlamaModel& model, Backend* backend, const std::vector<int32_t>& ids,
+                                 int64_t batch) {
+  auto fwd = LlamaForward::Create(model, backend, batch);
+  SNAPFILL_CHECK(fwd.ok()) << fwd.status();
+  auto kv = (*fwd)->NewKvCache(ids.size());
+  SNAPFILL_CHECK(kv.ok()) << kv.status();
+  std::vector<int32_t> pos(ids.size());
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits(model.config().vocab_size);
+  const absl::Status s = (*fwd)->Forward(ids.data(), ids.size(), pos.data(), **kv, 1, logits.data());
+  SNAPFILL_CHECK(s.ok()) << s;
+  return logits;
 }
 
 std::vector<int32_t> TestTokens(int n, int vocab) {

@@ -1,5 +1,6 @@
-// The tiny random Llama of tools/testmodel/tiny_llama.h loaded in memory, and a
-// fixed token sequence over its vocabulary, for engine tests.
+// The tiny random Llama of tools/testmodel/tiny_llama.h loaded in memory, a
+// fixed token sequence over its vocabulary, and one-shot prefill's logits
+// (what the chunk loop is compared with), for engine tests.
 #ifndef SNAPFILL_TESTS_TESTING_TINY_MODEL_H_
 #define SNAPFILL_TESTS_TESTING_TINY_MODEL_H_
 
@@ -17,6 +18,11 @@ std::unique_ptr<LlamaModel> LoadTinyModel(const TinyLlamaOptions& options);
 
 // n ids spread over [0, vocab) without short cycles.
 std::vector<int32_t> TestTokens(int n, int vocab);
+
+// The last position's logits of `ids` prefilled at positions 0.. into a
+// fresh cache, in batches of up to `batch` tokens. Dies if a step fails.
+std::vector<float> OneShotLogits(const LlamaModel& model, Backend* backend, const std::vector<int32_t>& ids,
+                                 int64_t batch = 512);
 
 }  // namespace snapfill::testing
 
