@@ -33,7 +33,10 @@
 ABSL_FLAG(std::string, out, "", "Output GGUF path (required).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for the random weights; same seed, same bytes.");
 ABSL_FLAG(std::string, architecture, "llama",
-          "llama | qwen2 (biases on Q, K, V) | qwen3 (RMSNorm of each head of Q and K)");
+          "llama | qwen2 (biases on Q, K, V) | qwen3 (RMSNorm of each head of Q and K) | gemma3 (Q/K norms, "
+          "post-norms, GeGLU, sliding-window layers)");
+ABSL_FLAG(int, sliding_window, 0, "gemma3: the local layers' window (0: llama.cpp's default, 512).");
+ABSL_FLAG(int, swa_pattern, 0, "gemma3: every N-th layer global, the others local (0: llama.cpp's default, 6).");
 ABSL_FLAG(int, layers, 2, "Number of transformer blocks (llama.block_count).");
 ABSL_FLAG(int, dim, 64, "Model dimension (llama.embedding_length).");
 ABSL_FLAG(int, heads, 4, "Query heads; head_dim = dim / heads.");
@@ -139,6 +142,8 @@ int main(int argc, char** argv) {
   auto given = [&](const char* name) { return preset.empty() || given_flags.count(name) > 0; };
   opts.seed = absl::GetFlag(FLAGS_seed);
   opts.architecture = absl::GetFlag(FLAGS_architecture);
+  opts.sliding_window = absl::GetFlag(FLAGS_sliding_window);
+  opts.swa_pattern = absl::GetFlag(FLAGS_swa_pattern);
   if (given("layers")) opts.num_layers = absl::GetFlag(FLAGS_layers);
   if (given("dim")) opts.model_dim = absl::GetFlag(FLAGS_dim);
   if (given("heads")) opts.num_heads = absl::GetFlag(FLAGS_heads);

@@ -173,6 +173,10 @@ struct Queries {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;
+  // > 0: a sliding window (a local layer's): Attention's query i sees only
+  // the last `window` of the keys it would see, num_keys - count + i and
+  // the window - 1 before it. Read by Attention only.
+  int64_t window = 0;
   // The same queries from row `first` on.
   Queries From(int64_t first) const {
     Queries rest = *this;

@@ -80,10 +80,15 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // them (AttentionHasAmx()), else with AVX512-BF16 vdpbf16ps where it has that
 // (AttentionHasAvx512Bf16()): ref::AttentionBf16's arithmetic, within about
 // 2^-8 of the f32 result. Otherwise, and for one query (decode), f32.
+//
+// window > 0: a sliding window besides (Gemma's local layers): query i
+// sees only keys j > (num_keys - num_q) + i - window, the last `window`
+// positions up to its own. Such chunks run in f32 (AttentionF32), which
+// skips the tiles before a block's windows and masks both ends.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale);
+               int64_t head_dim, float scale, int64_t window = 0);
 
 // One query (decode) over K and V stored as IEEE fp16 (the decode copy of
 // the KV cache: half the bytes each step streams), same layout and
@@ -99,7 +104,7 @@ void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, in
 void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
                   int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                   int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-                  int64_t head_dim, float scale);
+                  int64_t head_dim, float scale, int64_t window = 0);
 
 // Which Attention implementation runs a chunk. kAuto: by the CPU's flags,
 // AMX-BF16 where available, else AVX512-BF16 where available, else f32;

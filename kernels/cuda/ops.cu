@@ -140,6 +140,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t offset = s.num_keys - s.num_q;
   const int64_t block_keys = offset + min(i0 + kWarps, s.num_q);
   const int64_t my_keys = active ? offset + i + 1 : 0;
+  // A sliding window: each query's first visible key, and the block's
+  // tiles from its first query's.
+  const int64_t my_first = s.window > 0 && my_keys > s.window ? my_keys - s.window : 0;
+  const int64_t block_first = s.window > 0 && offset + i0 + 1 > s.window ? offset + i0 + 1 - s.window : 0;
   if (active) {
     for (int d = lane; d < hd; d += 32) qs[warp * hd + d] = q[i * s.q_stride + h * hd + d];
   }
@@ -149,7 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[kDimsPerLane];
 #pragma unroll
   for (int r = 0; r < kDimsPerLane; ++r) acc[r] = 0.0f;
-  for (int64_t t = 0; t < block_keys; t += kTile) {
+  for (int64_t t = block_first; t < block_keys; t += kTile) {
     __syncthreads();  // the last tile is consumed (and the queries written)
     const int n = static_cast<int>(block_keys - t < kTile ? block_keys - t : kTile);
     for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
@@ -158,16 +162,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       if constexpr (kWithV) vs[r * pad + d] = vh[(t + r) * s.key_stride + d];
     }
     __syncthreads();
-    if (!active || t >= my_keys) continue;
+    if (!active || t >= my_keys || t + n <= my_first) continue;
     float score = -INFINITY;
-    if (lane < n && t + lane < my_keys) {
+    if (lane < n && t + lane < my_keys && t + lane >= my_first) {
       float dot = 0.0f;
       const float* kr = ks + lane * pad;
       const float* qr = qs + warp * hd;
       for (int d = 0; d < hd; ++d) dot = fmaf(qr[d], kr[d], dot);
       score = dot * s.scale;
     }
-    // Key t is visible (t < my_keys), so the tile's maximum is finite.
+    // The tile holds a visible key (t < my_keys, t + n > my_first), so its
+    // maximum is finite.
     const float m_new = fmaxf(m, WarpMax(score));
     const float corr = expf(m - m_new);
     const float p = score == -INFINITY ? 0.0f : expf(score - m_new);

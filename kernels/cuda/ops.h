@@ -62,6 +62,7 @@ struct AttentionShape {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 0.0f;
+  int64_t window = 0;  // > 0: query i sees only its last `window` keys (cpu::Attention's window)
 };
 // The largest head_dim the attention family takes.
 constexpr int64_t kMaxHeadDim = 256;

@@ -99,17 +99,19 @@ void SoftmaxDouble(std::vector<double>& s) {
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale) {
-  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+               int64_t head_dim, float scale, int64_t window) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q && window >= 0);
   const int64_t group = num_heads / num_kv_heads;
   std::vector<double> p;
   std::vector<double> acc(head_dim);
   for (int64_t i = 0; i < num_q; ++i) {
-    const int64_t num_visible = num_keys - num_q + i + 1;
+    const int64_t end = num_keys - num_q + i + 1;  // past the last visible key
+    const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+    const int64_t num_visible = end - first;
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t kvh = h / group;
-      const float* kh = k + kvh * kv_head_stride;
-      const float* vh = v + kvh * kv_head_stride;
+      const float* kh = k + kvh * kv_head_stride + first * kv_key_stride;
+      const float* vh = v + kvh * kv_head_stride + first * kv_key_stride;
       Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_visible, head_dim, scale, p);
       SoftmaxDouble(p);
       std::fill(acc.begin(), acc.end(), 0.0);

@@ -31,12 +31,13 @@ void SwiGlu(const float* gate, const float* up, float* out, int64_t n);
 void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 
 // Naive attention: for each query and head, s_j = scale · q·k_j over the
-// visible keys j <= num_keys - num_q + i, p = softmax(s), out = Σ_j p_j v_j,
-// all in double. Layouts as cpu::Attention.
+// visible keys j <= num_keys - num_q + i (and, with window > 0, j >
+// num_keys - num_q + i - window: a sliding window), p = softmax(s), out =
+// Σ_j p_j v_j, all in double. Layouts as cpu::Attention.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale);
+               int64_t head_dim, float scale, int64_t window = 0);
 
 // The AMX-BF16 attention's arithmetic (cpu::Attention of a chunk where
 // cpu::AttentionHasAmx()): q·scale, k and v rounded to bf16 (Fp32ToBf16Rne),

@@ -172,7 +172,13 @@ class CpuBackend final : public Backend, public BackendProfile {
   // (query, key) pairs of an attention of num_q queries over num_keys keys,
   // the last num_q of them the queries' own (causal): the keys before the
   // chunk are visible to every query, and query i sees i + 1 of the chunk's.
-  static double VisiblePairs(int64_t num_q, int64_t num_keys) {
+  // With a window, query i sees min(window, num_keys - num_q + i + 1).
+  static double VisiblePairs(int64_t num_q, int64_t num_keys, int64_t window = 0) {
+    if (window > 0) {
+      double pairs = 0;
+      for (int64_t i = 0; i < num_q; ++i) pairs += static_cast<double>(std::min(window, num_keys - num_q + i + 1));
+      return pairs;
+    }
     return static_cast<double>(num_q) * static_cast<double>(num_keys - num_q) +
            static_cast<double>(num_q) * static_cast<double>(num_q + 1) / 2;
   }
@@ -455,16 +461,19 @@ class CpuBackend final : public Backend, public BackendProfile {
     OpTimer timer(profile_, &seconds_[kAttention], &calls_[kAttention]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: stride smaller than a row");
-    if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
+    if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys, q.window);
     if (q.count == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
-      cpu::AttentionDecodeF16(q.q, kv.k16, kv.v16, kv.head_stride, kv.key_stride, out, kv.num_keys, q.num_heads,
-                              q.num_kv_heads, q.head_dim, q.scale);
+      // One query's window: the last q.window keys.
+      const int64_t first = q.window > 0 ? std::max<int64_t>(0, kv.num_keys - q.window) : 0;
+      cpu::AttentionDecodeF16(q.q, kv.k16 + first * kv.key_stride, kv.v16 + first * kv.key_stride, kv.head_stride,
+                              kv.key_stride, out, kv.num_keys - first, q.num_heads, q.num_kv_heads, q.head_dim,
+                              q.scale);
       return absl::OkStatus();
     }
     // The exact backend keeps attention in f32 too (no bf16 tiles).
     (exact_ ? cpu::AttentionF32 : cpu::Attention)(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
                                                   out_stride, q.count, kv.num_keys, q.num_heads, q.num_kv_heads,
-                                                  q.head_dim, q.scale);
+                                                  q.head_dim, q.scale, q.window);
     return absl::OkStatus();
   }
 

@@ -53,11 +53,11 @@ absl::StatusOr<GenerateResult> Generate(LlamaForward& forward, KvCache& kv, int6
     return absl::InvalidArgumentError(absl::StrCat("-n=", options.max_new_tokens, " must be >= 0"));
   }
   const int64_t used = kv.max_size();
-  const int64_t need = used + static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
-  if (need > kv.capacity()) {
+  const int64_t need = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
+  if (need > kv.room()) {
     return absl::OutOfRangeError(absl::StrCat("prompt (", prompt.size(), " tokens) + ",
                                               options.max_new_tokens, " new tokens + ", used,
-                                              " cached exceed the KV capacity of ", kv.capacity()));
+                                              " cached exceed the KV capacity of ", used + kv.room()));
   }
   const int64_t vocab = forward.model().config().vocab_size;
   std::vector<float> logits(vocab);
@@ -86,10 +86,9 @@ absl::StatusOr<GenerateResult> GenerateFromLogits(LlamaForward& forward, KvCache
     return absl::InvalidArgumentError("logits do not match the vocabulary");
   }
   const int64_t used = kv.max_size();
-  if (used + options.max_new_tokens > kv.capacity()) {
+  if (options.max_new_tokens > kv.room()) {
     return absl::OutOfRangeError(absl::StrCat(options.max_new_tokens, " new tokens + ", used,
-                                              " cached exceed the KV capacity of ",
-                                              kv.capacity()));
+                                              " cached exceed the KV capacity of ", used + kv.room()));
   }
   GenerateResult result;
   Stopwatch total;

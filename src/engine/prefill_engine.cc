@@ -17,6 +17,7 @@
 
 namespace snapfill {
 
+using prefill_internal::GlobalLayers;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::RunItems;
@@ -47,14 +48,6 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
                                                                      const PrefillConfig& config,
                                                                      int64_t total_tokens) {
   const LlamaConfig& mc = model.config();
-  // Sliding-window layers keep no ring in the chunk loop yet: within one
-  // window every layer attends to all it is given, which is exact.
-  if (mc.sliding_window > 0 && total_tokens + config.decode_reserve > mc.sliding_window) {
-    return absl::UnimplementedError(absl::StrCat(
-        "this model's local layers attend to a sliding window of ", mc.sliding_window,
-        " positions, which the chunk loop does not keep yet: inputs of up to ", mc.sliding_window,
-        " tokens (with the answer) only; this one has ", total_tokens + config.decode_reserve));
-  }
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig resolved, Resolve(mc, config, total_tokens));
   SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, Footprint(mc, config, total_tokens));
   std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, resolved));
@@ -70,9 +63,20 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
         capacity, fp.memory_bytes / double(1 << 30), phys / double(1 << 30),
         full ? "; the full pruner keeps every token: use --pruner=snapkv" : ""));
   }
-  SNAPFILL_ASSIGN_OR_RETURN(
-      e->memory_, KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                   capacity + e->config_.recall_budget + e->config_.decode_reserve}));
+  // Global layers: the schedule's memory, the recalled entries and the
+  // decoder's; sliding-window layers: their window and the decoder's.
+  const std::vector<int64_t> global = GlobalLayers(mc);
+  e->global_index_.assign(mc.num_layers, -1);
+  for (size_t g = 0; g < global.size(); ++g) e->global_index_[global[g]] = static_cast<int64_t>(g);
+  e->window_capacity_ = fp.window_entries;
+  KvCacheShape shape{mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                     capacity + e->config_.recall_budget + e->config_.decode_reserve};
+  if (static_cast<int64_t>(global.size()) < mc.num_layers) {
+    const int64_t window = std::max<int64_t>(1, fp.window_entries + e->config_.decode_reserve);
+    for (int64_t l = 0; l < mc.num_layers; ++l) shape.layer_capacity.push_back(mc.IsLocal(l) ? window : shape.capacity);
+    shape.capacity = std::max(shape.capacity, window);
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create(shape));
   const bool reconstruct = e->config_.pruner.kind == PrunerKind::kReconstruct;
   e->query_rows_ = QueryRows(e->config_, e->plan_.max_chunk_tokens);
   if (KeepsEntryScores(e->config_.pruner.kind)) SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());
@@ -84,7 +88,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   e->batch_.resize(e->query_rows_ + e->plan_.max_chunk_tokens + 1);
   if (!reconstruct) std::copy(e->config_.query_tokens.begin(), e->config_.query_tokens.end(), e->batch_.begin());
   e->prefill_capacity_ = capacity;
-  e->cand_capacity_ = capacity + e->plan_.max_chunk_tokens + e->query_rows_;
+  e->cand_capacity_ = std::max(capacity, fp.window_entries) + e->plan_.max_chunk_tokens + e->query_rows_;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
   if (!e->cand_k_raw_.Allocate(cand * mc.head_dim) || !e->cand_k_rot_.Allocate(cand * mc.head_dim) ||
       !e->cand_v_.Allocate(cand * mc.head_dim) || !e->cand_pos_.Allocate(cand) ||
@@ -164,12 +168,17 @@ absl::Status PrefillEngine::Run(const TokenSource& tokens,
   for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
     Stopwatch watch;
+    // The plan's budgets are the global layers' (GlobalLayers' order).
     budgets_ = step.budget;
     if (full) {
       std::fill(budgets_.begin(), budgets_.end(), prefill_capacity_);
     } else if (plan_.adaptive && step_ > 0) {
+      std::vector<double> retention;
+      for (int64_t l = 0; l < mc.num_layers; ++l) {
+        if (global_index_[l] >= 0) retention.push_back(retention_[l]);
+      }
       SNAPFILL_ASSIGN_OR_RETURN(budgets_,
-                                AdaptiveBudgets(step.budget[0], retention_, plan_.config.window,
+                                AdaptiveBudgets(step.budget[0], retention, plan_.config.window,
                                                 prefill_capacity_ - plan_.config.sink_tokens));
     }
     telemetry_ = StepTelemetry();
@@ -230,10 +239,13 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   // The batch: the question's (or the repetition's) qn rows, then the
   // chunk's n (see batch_).
   const int64_t qn = step_query_rows_;
-  const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
-  const bool gate = config_.pruner.kind == PrunerKind::kGate;
+  // A sliding-window layer (DESIGN.md §10) attends within its window and
+  // keeps its last W entries, a ring: no votes, no pruner, no recall.
+  const bool local = global_index_[layer] < 0;
+  const bool reconstruct = !local && config_.pruner.kind == PrunerKind::kReconstruct;
+  const bool gate = !local && config_.pruner.kind == PrunerKind::kGate;
   const bool stored_scores = KeepsEntryScores(config_.pruner.kind);
-  const bool question = qn > 0 && !reconstruct;
+  const bool question = !local && qn > 0 && config_.pruner.kind != PrunerKind::kReconstruct;
   const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
   // The question's keys follow the candidates, at rows [num, num + qn).
@@ -322,26 +334,28 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   with_question.num_keys = total;
   const int64_t chunk_out = std::min(out_rows, n);
   const int64_t question_out = out_rows - chunk_out;
+  // (Entries are consecutive positions in a local layer, so its window is
+  // the last W entries up to each query's own.)
+  auto attending = [&](int64_t count) {
+    Queries queries = LlamaQueries(c, q, q_stride, count);
+    if (local) queries.window = c.sliding_window;
+    return queries;
+  };
   if (chunk_out > 0) {
     const int64_t skip = rows - chunk_out;
-    SNAPFILL_RETURN_IF_ERROR(
-        backend_->Attention(LlamaQueries(c, q, q_stride, rows).From(skip), view, out + skip * q_stride, q_stride));
+    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(attending(rows).From(skip), view, out + skip * q_stride, q_stride));
   }
   if (question_out > 0) {
     const int64_t skip = qn - question_out;
-    SNAPFILL_RETURN_IF_ERROR(backend_->Attention(LlamaQueries(c, q, q_stride, qn).From(skip), with_question,
-                                                 out + skip * q_stride, q_stride));
+    SNAPFILL_RETURN_IF_ERROR(
+        backend_->Attention(attending(qn).From(skip), with_question, out + skip * q_stride, q_stride));
   }
 
   // 4. Compress right away: this layer's chunk KV is not needed any more.
-  SelectionInput in;
-  in.num_kv_heads = c.num_kv_heads;
-  in.num_candidates = num;
-  in.num_memory = m;
-  in.budget = budgets_[layer];
-  in.final_step = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
-  in.positions = cand_pos_.data();
-  in.positions_stride = cand_capacity_;
+  //    A sliding-window layer keeps its last W entries (the window of the
+  //    next chunk's first token and on); a global layer what the pruner
+  //    selects.
+  const bool final_step = step_ + 1 == static_cast<int64_t>(plan_.steps.size());
   // The question's queries that vote (and recall): its rows after the
   // chunk, over memory ∪ chunk ∪ question; at the input's last step the
   // chunk's own last rows instead, which are the same tokens in place (the
@@ -350,59 +364,80 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   const float* voter_q = q;
   int64_t voters = qn;
   KvView voter_seen = with_question;
-  if (question && in.final_step) {
+  if (question && final_step) {
     voters = std::min(qn, n);
     voter_q = chunk_q + (n - voters) * q_stride;
     voter_seen = view;
   }
-  if (question) {
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, voter_q, q_stride, voters), voter_seen,
-                                                    query_votes_.data(), cand_capacity_));
-    in.query_votes = query_votes_.data();
-    in.query_votes_stride = cand_capacity_;
-  }
-  if (reconstruct) {
-    // Context reconstruction (DESIGN.md §9): each chunk entry's largest
-    // weight from the repeated tokens' queries (not the prompt's), over
-    // every key they see (the real denominators), beside the memory's
-    // stored scores. They are the batch's last rows of with_question.
-    Stopwatch watch;
-    const Queries repeat =
-        LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
-    SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, repeat_lse_.data()));
-    KvView chunk_keys = view;
-    chunk_keys.k += m * d;
-    chunk_keys.v += m * d;
-    chunk_keys.num_keys = n;
-    SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, repeat_lse_.data(), chunk_keys, votes_.data() + m,
-                                                    cand_capacity_, /*max_weight=*/true));
-    in.votes = votes_.data();
-    in.votes_stride = cand_capacity_;
-    telemetry_.score_seconds += watch.Seconds();
-  } else if (gate) {
-    // SmartKV: each chunk entry's predicted lifespan from its key before
-    // RoPE, beside the memory's stored predictions.
-    Stopwatch watch;
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      config_.gate->Predict(layer, h, cand_k_raw_.data() + h * head_stride + m * d, d, n,
-                            votes_.data() + h * cand_capacity_ + m);
+  auto select = [&]() -> absl::Status {
+    SelectionInput in;
+    in.num_kv_heads = c.num_kv_heads;
+    in.num_candidates = num;
+    in.num_memory = m;
+    in.budget = budgets_[global_index_[layer]];
+    in.final_step = final_step;
+    in.positions = cand_pos_.data();
+    in.positions_stride = cand_capacity_;
+    if (question) {
+      SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, voter_q, q_stride, voters), voter_seen,
+                                                      query_votes_.data(), cand_capacity_));
+      in.query_votes = query_votes_.data();
+      in.query_votes_stride = cand_capacity_;
     }
-    in.votes = votes_.data();
-    in.votes_stride = cand_capacity_;
-    telemetry_.score_seconds += watch.Seconds();
-  } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
-    // Votes from a separate small pass over the last w queries only.
-    const int64_t w = std::min<int64_t>(plan_.config.window, n);
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
-                                                    votes_.data(), cand_capacity_));
-    in.votes = votes_.data();
-    in.votes_stride = cand_capacity_;
+    if (reconstruct) {
+      // Context reconstruction (DESIGN.md §9): each chunk entry's largest
+      // weight from the repeated tokens' queries (not the prompt's), over
+      // every key they see (the real denominators), beside the memory's
+      // stored scores. They are the batch's last rows of with_question.
+      Stopwatch watch;
+      const Queries repeat =
+          LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
+      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, repeat_lse_.data()));
+      KvView chunk_keys = view;
+      chunk_keys.k += m * d;
+      chunk_keys.v += m * d;
+      chunk_keys.num_keys = n;
+      SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, repeat_lse_.data(), chunk_keys, votes_.data() + m,
+                                                      cand_capacity_, /*max_weight=*/true));
+      in.votes = votes_.data();
+      in.votes_stride = cand_capacity_;
+      telemetry_.score_seconds += watch.Seconds();
+    } else if (gate) {
+      // SmartKV: each chunk entry's predicted lifespan from its key before
+      // RoPE, beside the memory's stored predictions.
+      Stopwatch watch;
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        config_.gate->Predict(layer, h, cand_k_raw_.data() + h * head_stride + m * d, d, n,
+                              votes_.data() + h * cand_capacity_ + m);
+      }
+      in.votes = votes_.data();
+      in.votes_stride = cand_capacity_;
+      telemetry_.score_seconds += watch.Seconds();
+    } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
+      // Votes from a separate small pass over the last w queries only.
+      const int64_t w = std::min<int64_t>(plan_.config.window, n);
+      SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
+                                                      votes_.data(), cand_capacity_));
+      in.votes = votes_.data();
+      in.votes_stride = cand_capacity_;
+    }
+    SNAPFILL_RETURN_IF_ERROR(pruner_->Select(in, &keep_));
+    return absl::OkStatus();
+  };
+  if (local) {
+    const int64_t keep = std::min(window_capacity_, num);
+    keep_.resize(c.num_kv_heads);
+    for (std::vector<int32_t>& k : keep_) {
+      k.resize(keep);
+      std::iota(k.begin(), k.end(), static_cast<int32_t>(num - keep));
+    }
+  } else {
+    SNAPFILL_RETURN_IF_ERROR(select());
   }
-  SNAPFILL_RETURN_IF_ERROR(pruner_->Select(in, &keep_));
   const int64_t kept = keep_[0].size();
-  if (kept > prefill_capacity_) {
-    return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept,
-                                            " entries, memory holds ", prefill_capacity_));
+  if (kept > (local ? window_capacity_ : prefill_capacity_)) {
+    return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept, " entries, memory holds ",
+                                            local ? window_capacity_ : prefill_capacity_));
   }
   for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
   // The kept entries into the memory, both threads as in step 1 (the
@@ -415,14 +450,15 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     float* mk = mem_k_[h];  // (looked up in step 1, before any thread started)
     float* mv = mem_v_[h];
     int32_t* mp = mem_pos_[h];
+    // (A local layer's entries have no scores: nothing ranks them.)
     float* ms = mem_score_[h];
-    const float* cs = votes_.data() + h * cand_capacity_;
+    const float* cs = local ? nullptr : votes_.data() + h * cand_capacity_;
     for (int64_t j = kept * part / kCopyParts; j < kept * (part + 1) / kCopyParts; ++j) {
       const int32_t idx = keep_[h][j];
       std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));
       std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
       mp[j] = pp[idx];
-      if (ms != nullptr) ms[j] = cs[idx];
+      if (ms != nullptr) ms[j] = cs != nullptr ? cs[idx] : 0.0f;
     }
   };
   RunItems(*backend_, items, items > 1 && kept * d >= kParallelCopyFloats, copy_back);
@@ -441,11 +477,12 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   memory_->set_size(layer, kept);
   telemetry_.memory[layer] = kept;
   telemetry_.retention[layer] = retained / c.num_kv_heads;
-  telemetry_.attention_length = std::max(telemetry_.attention_length, num);
+  int64_t& length = local ? telemetry_.window_attention_length : telemetry_.attention_length;
+  length = std::max(length, num);
 
   // 5. The recall tier: what this step evicted goes to the store, and at
   //    the last step the question brings back what it attends to most.
-  if (RecallStore* store = recall_store_; store != nullptr && kept < num) {
+  if (RecallStore* store = recall_store_; store != nullptr && kept < num && !local) {
     evict_.resize(c.num_kv_heads);
     std::vector<const int32_t*> lists(c.num_kv_heads);
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
@@ -464,7 +501,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     SNAPFILL_RETURN_IF_ERROR(store->Append(layer, num - kept, lists.data(), cand_k_raw_.data(), cand_v_.data(),
                                            head_stride, cand_pos_.data(), cand_capacity_));
   }
-  if (in.final_step && config_.recall_budget > 0 && question) {
+  if (final_step && config_.recall_budget > 0 && question) {
     SNAPFILL_RETURN_IF_ERROR(Recall(layer, voter_q, q_stride, voters, voter_seen));
   }
   return absl::OkStatus();

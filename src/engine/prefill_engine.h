@@ -93,12 +93,17 @@ struct StepTelemetry {
   int64_t step = 0;
   int64_t start_token = 0;
   int64_t chunk_tokens = 0;
-  int64_t attention_length = 0;        // keys the chunk attended over (max over layers)
+  int64_t attention_length = 0;        // keys the chunk attended over (max over global layers)
+  // The same over the sliding-window layers (their window and the chunk;
+  // 0 for a model without such layers).
+  int64_t window_attention_length = 0;
   int64_t query_rows = 0;              // the question's or the repetition's rows run after the chunk
   double score_seconds = 0;           // scoring the chunk's entries (reconstruct's repetition, the gates)
   int64_t recalled = 0;                // entries per layer and KV head brought back (the last step)
   double recall_seconds = 0;           // scoring the store and bringing entries back
-  std::vector<int64_t> memory;         // [num_layers] entries per KV head after compression
+  // [num_layers] entries per KV head after compression (a sliding-window
+  // layer's: its window's).
+  std::vector<int64_t> memory;
   std::vector<double> retention;       // [num_layers] |M_{i-1} ∩ M_i| / |M_i|, mean over heads
   // [num_layers][step + 1]: memory entries (summed over KV heads) that came
   // from each chunk 0..step (the data behind the IMDC paper's Figure 6).
@@ -125,8 +130,11 @@ struct StepTelemetry {
 // What a prefill allocates, known before it starts (--dry_run, --max_memory).
 struct PrefillFootprint {
   SchedulePlan plan;
-  int64_t memory_capacity = 0;     // entries per layer and KV head
-  int64_t final_entries = 0;       // at most this many per layer and head at the end
+  int64_t memory_capacity = 0;     // entries per global layer and KV head
+  // Entries per sliding-window layer and KV head: its window (or the whole
+  // input where shorter); 0 for a model without such layers.
+  int64_t window_entries = 0;
+  int64_t final_entries = 0;       // at most this many per layer and head at the end (any layer)
   uint64_t memory_bytes = 0;       // the compressed memory
   uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
   uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
@@ -253,7 +261,11 @@ class PrefillEngine {
   int64_t step_ = 0;
   int64_t steps_done_ = 0;
   std::vector<double> retention_;
-  std::vector<int64_t> budgets_;      // [num_layers] for this step
+  std::vector<int64_t> budgets_;      // [global layers] for this step
+  // Per layer: its index among the global layers (the plan's budgets), -1
+  // for a sliding-window layer; and the entries such a layer keeps.
+  std::vector<int64_t> global_index_;
+  int64_t window_capacity_ = 0;
   StepTelemetry telemetry_;
 
   // Candidates of one layer (memory then chunk), reused across layers:

@@ -7,6 +7,7 @@
 #define SNAPFILL_ENGINE_PREFILL_INTERNAL_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
@@ -19,6 +20,12 @@ namespace snapfill::prefill_internal {
 // planner and the pruner; the full pruner planned as one fixed memory;
 // InvalidArgument for a question or recall budget it cannot run.
 absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config, int64_t total_tokens);
+
+// The layers the schedule plans and the pruner compresses: every layer but
+// the sliding-window ones (a local layer keeps its last W entries, a ring,
+// DESIGN.md §10). The plan's budgets are indexed as this list is: step
+// budget g is layer GlobalLayers()[g]'s.
+std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 
 // The extra rows a batch runs before the chunk's: the question's (SnapKV
 // alone reads its votes), or context reconstruction's prompt and

@@ -20,12 +20,26 @@ constexpr int64_t kMaxQueryTokens = 4096;
 
 }  // namespace
 
+std::vector<int64_t> GlobalLayers(const LlamaConfig& mc) {
+  std::vector<int64_t> global;
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    if (!mc.IsLocal(l)) global.push_back(l);
+  }
+  return global;
+}
+
 absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig& config,
                                       int64_t total_tokens) {
   PrefillConfig c = config;
   ScheduleConfig& sc = c.schedule;
   sc.total_tokens = total_tokens;
-  sc.num_layers = mc.num_layers;
+  // The schedule's memory is the global layers' (IMDC's mean memory counts
+  // them only); the sliding-window layers keep their windows.
+  sc.num_layers = static_cast<int64_t>(GlobalLayers(mc).size());
+  if (sc.num_layers == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("every one of the model's ", mc.num_layers,
+                                                   " layers has a sliding window: nothing for the schedule to compress"));
+  }
   sc.max_position = mc.context_length;
   c.pruner.window = sc.window;
   c.pruner.sink_tokens = sc.sink_tokens;
@@ -108,6 +122,7 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
 
 }  // namespace prefill_internal
 
+using prefill_internal::GlobalLayers;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
@@ -133,21 +148,28 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     for (int64_t b : f.plan.steps.back().budget) last = std::max(last, b);
     f.final_entries = std::min(f.memory_capacity, last + c.schedule.sink_tokens);
   }
-  // Keys, values and positions; and a score per entry for reconstruct.
-  const uint64_t entry_bytes =
-      static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
-      (2 * mc.head_dim * sizeof(float) + sizeof(int32_t) +
-       (KeepsEntryScores(c.pruner.kind) ? sizeof(float) : 0));
+  // Keys, values and positions of one entry in one layer (all its KV
+  // heads); and a score per entry for reconstruct and the gate.
+  const uint64_t layer_entry_bytes = static_cast<uint64_t>(mc.num_kv_heads) *
+                                     (2 * mc.head_dim * sizeof(float) + sizeof(int32_t) +
+                                      (KeepsEntryScores(c.pruner.kind) ? sizeof(float) : 0));
+  const std::vector<int64_t> global = GlobalLayers(mc);
+  const int64_t num_global = static_cast<int64_t>(global.size());
+  const int64_t num_local = mc.num_layers - num_global;
   if (c.decode_reserve < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("decode_reserve=", c.decode_reserve, " must be >= 0"));
   }
-  // Recalled entries join the memory at the last step, beyond the budget.
-  f.final_entries += c.recall_budget;
-  f.memory_bytes = entry_bytes * (f.memory_capacity + c.recall_budget + c.decode_reserve);
+  // A sliding-window layer keeps its window (a ring), whatever the schedule.
+  f.window_entries = num_local > 0 ? std::min<int64_t>(mc.sliding_window, total_tokens) : 0;
+  // Recalled entries join the memory at the last step, beyond the budget;
+  // a sliding-window layer ends with its window.
+  f.final_entries = std::max(f.final_entries + c.recall_budget, f.window_entries);
+  f.memory_bytes = layer_entry_bytes * (num_global * (f.memory_capacity + c.recall_budget + c.decode_reserve) +
+                                        num_local * (f.window_entries + c.decode_reserve));
   // The question's rows follow the chunk in the candidates and the batch.
   const int64_t query_rows = QueryRows(c, f.plan.max_chunk_tokens);
-  const uint64_t cand = f.memory_capacity + f.plan.max_chunk_tokens + query_rows;
+  const uint64_t cand = std::max(f.memory_capacity, f.window_entries) + f.plan.max_chunk_tokens + query_rows;
   // Raw and rotated keys, values, votes (and the question's votes, or the
   // entries' reconstruction scores) as floats; positions per head and
   // rotation positions (int32).
@@ -174,23 +196,24 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   }
 
   // Resident peak, step by step (see PrefillFootprint::resident_peak). Per
-  // layer the memory holds s + min(budget, tokens read so far) entries after
-  // a step (everything read so far for the full pruner); adaptive growth
-  // moves budget between layers with the same total, counted here as the
-  // linear budget of every layer.
-  const uint64_t layer_entry_bytes = entry_bytes / mc.num_layers;
+  // global layer the memory holds s + min(budget, tokens read so far)
+  // entries after a step (everything read so far for the full pruner), per
+  // sliding-window layer min(W, tokens read so far); adaptive growth moves
+  // budget between layers with the same total, counted here as the linear
+  // budget of every layer.
   const int64_t sinks = c.schedule.sink_tokens;
-  std::vector<int64_t> written(mc.num_layers, 0);  // memory entries written per layer so far
+  std::vector<int64_t> written(num_global, 0);  // memory entries written per global layer so far
   int64_t cand_written = 0;
   for (const ScheduleStep& s : f.plan.steps) {
-    cand_written = std::max(cand_written, s.attention_length + query_rows);
     const int64_t read = s.start_token + s.chunk_tokens;
-    uint64_t memory = 0;
-    for (int64_t l = 0; l < mc.num_layers; ++l) {
-      const int64_t b = static_cast<size_t>(l) < s.budget.size() ? s.budget[l] : s.budget.back();
+    const int64_t window_length = num_local > 0 ? std::min(f.window_entries, s.start_token) + s.chunk_tokens : 0;
+    cand_written = std::max({cand_written, s.attention_length + query_rows, window_length + query_rows});
+    uint64_t memory = num_local * std::min(f.window_entries, read) * layer_entry_bytes;
+    for (int64_t g = 0; g < num_global; ++g) {
+      const int64_t b = static_cast<size_t>(g) < s.budget.size() ? s.budget[g] : s.budget.back();
       const int64_t held = c.pruner.kind == PrunerKind::kFull ? read : std::min(sinks + b, read);
-      written[l] = std::min(f.memory_capacity, std::max(written[l], held));
-      memory += written[l] * layer_entry_bytes;
+      written[g] = std::min(f.memory_capacity, std::max(written[g], held));
+      memory += written[g] * layer_entry_bytes;
     }
     const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
                           LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers,
@@ -198,8 +221,9 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                           score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
   }
-  // The last step's recall: its scratch and the entries it adds.
-  f.resident_peak += f.recall_bytes + c.recall_budget * entry_bytes;
+  // The last step's recall: its scratch and the entries it adds (global
+  // layers only).
+  f.resident_peak += f.recall_bytes + c.recall_budget * num_global * layer_entry_bytes;
   // The plan as the engine keeps it: the steps, and each step's budgets in
   // an allocation of their own (glibc: 8 bytes of header, 16-byte granules,
   // 32 at least).

@@ -36,10 +36,12 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
     }
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (memory.size(l) < 0 || memory.size(l) > prefill_capacity_) {
-      return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ",
-                                                     memory.size(l), " entries; this plan's "
-                                                     "memory holds ", prefill_capacity_));
+    const int64_t holds = global_index_[l] >= 0 ? prefill_capacity_ : window_capacity_;
+    if (memory.size(l) < 0 || memory.size(l) > holds) {
+      return absl::InvalidArgumentError(absl::StrCat("the saved memory of layer ", l, " holds ", memory.size(l),
+                                                     " entries; this plan's ",
+                                                     global_index_[l] >= 0 ? "memory" : "sliding window",
+                                                     " holds ", holds));
     }
   }
   // A pruner that ranks by the entries' own scores resumes only with them.
@@ -64,15 +66,29 @@ absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double
   return absl::OkStatus();
 }
 
+namespace {
+
+// Re-encoded positions for the decoder: every layer's entries end right
+// before next_position (its own frame, as in the chunk loop, where a
+// layer's m entries sit at 0..m-1 and the next token at m): entry j of a
+// layer holding m at next - m + j, so the distances from the next token
+// are the loop's whatever each layer holds (a sliding-window layer its
+// window, the others their memories).
+const int32_t* DecoderPositions(const std::vector<int32_t>& rot, int64_t m) {
+  return rot.data() + (static_cast<int64_t>(rot.size()) - m);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
   if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
   const LlamaConfig& c = model_.config();
-  std::vector<int32_t> rot(std::max<int64_t>(1, memory_->max_size()));
+  std::vector<int32_t> rot(memory_->max_size());
   std::iota(rot.begin(), rot.end(), 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const int64_t m = memory_->size(l);
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : DecoderPositions(rot, m);
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(memory_->k(l, h), m, 1, c.head_dim, c.head_dim, pos,
                                               c.rope(l)));
     }
@@ -103,7 +119,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
       std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
       std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
       if (memory_->has_scores()) std::memcpy(cache->score(l, h), memory_->score(l, h), m * sizeof(float));
-      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : rot.data();
+      const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : DecoderPositions(rot, m);
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope(l)));
     }
     cache->set_size(l, m);

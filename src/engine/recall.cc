@@ -46,9 +46,9 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
   const int64_t want = std::min(options.budget, slots);
   const int64_t kept = cache.size(layer);
   if (want <= 0 || num_q <= 0) return 0;
-  if (kept + want > cache.capacity()) {
+  if (kept + want > cache.capacity(layer)) {
     return absl::InternalError(absl::StrCat("recall: layer ", layer, " holds ", kept, " entries, ", want,
-                                            " more pass its capacity of ", cache.capacity()));
+                                            " more pass its capacity of ", cache.capacity(layer)));
   }
   const bool original = options.original_positions;
   const Queries queries = LlamaQueries(c, q, q_stride, num_q);

@@ -181,15 +181,15 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", cache.capacities.size(), " layer capacities for ",
                                                    shape.num_layers, " layers"));
   }
-  auto capacity = [&](int64_t l) { return cache.capacities.empty() ? kv.capacity() : cache.capacities[l]; };
+  auto capacity = [&](int64_t l) { return cache.capacities.empty() ? kv.capacity(l) : cache.capacities[l]; };
   // Refuse here what LoadCacheFile would refuse, so a saved file always loads.
   uint64_t max_size = 0;
   unsigned __int128 total_entries = 0;
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     const int64_t n = kv.size(l);
-    if (n < 0 || n > kv.capacity()) {
+    if (n < 0 || n > kv.capacity(l)) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": layer ", l, " size ", n,
-                                                     " is outside [0, ", kv.capacity(), "]"));
+                                                     " is outside [0, ", kv.capacity(l), "]"));
     }
     if (capacity(l) < n || static_cast<uint64_t>(capacity(l)) > kMaxLayerCapacity) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": layer ", l, " capacity ", capacity(l),

@@ -13,9 +13,14 @@ namespace snapfill {
 
 KvCache::KvCache(const KvCacheShape& shape)
     : shape_(shape),
+      layer_start_(shape.num_layers, 0),
       sizes_(shape.num_layers, 0),
       half_sizes_(shape.num_layers, 0),
-      released_(shape.num_layers, 0) {}
+      released_(shape.num_layers, 0) {
+  for (int64_t l = 1; l < shape.num_layers; ++l) {
+    layer_start_[l] = layer_start_[l - 1] + shape.num_kv_heads * shape.CapacityOf(l - 1);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
@@ -24,8 +29,24 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
         "KV cache shape must be positive: layers=", shape.num_layers, " kv_heads=",
         shape.num_kv_heads, " head_dim=", shape.head_dim, " capacity=", shape.capacity));
   }
-  const double elems = static_cast<double>(shape.num_layers) * shape.num_kv_heads *
-                       shape.capacity * shape.head_dim;
+  double entries = 0;  // per KV head, over the layers
+  if (!shape.layer_capacity.empty()) {
+    if (static_cast<int64_t>(shape.layer_capacity.size()) != shape.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache shape: ", shape.layer_capacity.size(),
+                                                     " layer capacities for ", shape.num_layers, " layers"));
+    }
+    for (int64_t l = 0; l < shape.num_layers; ++l) {
+      const int64_t c = shape.layer_capacity[l];
+      if (c <= 0 || c > shape.capacity) {
+        return absl::InvalidArgumentError(absl::StrCat("KV cache shape: layer ", l, " capacity ", c,
+                                                       " is outside [1, ", shape.capacity, "]"));
+      }
+      entries += static_cast<double>(c);
+    }
+  } else {
+    entries = static_cast<double>(shape.num_layers) * shape.capacity;
+  }
+  const double elems = entries * shape.num_kv_heads * shape.head_dim;
   if (elems * 2 * sizeof(float) > static_cast<double>(uint64_t{1} << 40)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", elems * 8 / (1 << 30),
                                                      " GiB is too large"));
@@ -58,7 +79,7 @@ KvView KvCache::ViewNoRestore(int64_t layer, int64_t num_keys) const {
   KvView view;
   view.k = k_.data() + Offset(layer, 0);
   view.v = v_.data() + Offset(layer, 0);
-  view.head_stride = head_stride();
+  view.head_stride = head_stride(layer);
   view.key_stride = key_stride();
   view.num_keys = num_keys;
   return view;
@@ -154,9 +175,9 @@ KvView KvCache::HalfView(int64_t layer, int64_t num_keys) const {
 absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
                              int64_t stride, const int32_t* positions) {
   const int64_t start = sizes_[layer];
-  if (start + n > shape_.capacity) {
+  if (start + n > capacity(layer)) {
     return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, ": ", start, " + ", n,
-                                              " entries exceed capacity ", shape_.capacity));
+                                              " entries exceed capacity ", capacity(layer)));
   }
   const int64_t d = shape_.head_dim;
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
@@ -200,6 +221,12 @@ int64_t KvCache::max_size() const {
   int64_t m = 0;
   for (int64_t n : sizes_) m = std::max(m, n);
   return m;
+}
+
+int64_t KvCache::room() const {
+  int64_t r = shape_.capacity;
+  for (int64_t l = 0; l < shape_.num_layers; ++l) r = std::min(r, capacity(l) - sizes_[l]);
+  return r;
 }
 
 void KvCache::Clear() {

@@ -31,7 +31,11 @@ struct KvCacheShape {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t capacity = 0;  // entries per layer and head
+  int64_t capacity = 0;  // entries per layer and head (the largest layer's)
+  // Per layer, where layers differ (a sliding-window layer holds only its
+  // window): each in [1, capacity]. Empty: `capacity` for every layer.
+  std::vector<int64_t> layer_capacity = {};
+  int64_t CapacityOf(int64_t layer) const { return layer_capacity.empty() ? capacity : layer_capacity[layer]; }
 };
 
 class KvCache {
@@ -40,7 +44,9 @@ class KvCache {
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape);
 
   const KvCacheShape& shape() const { return shape_; }
+  // The largest layer's capacity, and one layer's.
   int64_t capacity() const { return shape_.capacity; }
+  int64_t capacity(int64_t layer) const { return shape_.CapacityOf(layer); }
   int64_t size(int64_t layer) const { return sizes_[layer]; }
   void set_size(int64_t layer, int64_t n) {
     sizes_[layer] = n;
@@ -49,6 +55,9 @@ class KvCache {
   }
   // The largest size over layers (layers may hold different counts).
   int64_t max_size() const;
+  // The entries every layer can still take: min over layers of capacity -
+  // size (what a decoder appending to every layer may add).
+  int64_t room() const;
   // Bytes allocated for keys, values, positions and scores (resident only once written).
   uint64_t bytes() const {
     return static_cast<uint64_t>(k_.size() + v_.size() + score_.size()) * sizeof(float) +
@@ -91,7 +100,7 @@ class KvCache {
     RestoreF32(layer);
     return v_.data() + Offset(layer, head);
   }
-  int64_t head_stride() const { return shape_.capacity * shape_.head_dim; }
+  int64_t head_stride(int64_t layer) const { return capacity(layer) * shape_.head_dim; }
   int64_t key_stride() const { return shape_.head_dim; }
 
   // A view of layer `layer`'s first `num_keys` entries (f32: restores
@@ -147,9 +156,12 @@ class KvCache {
   void WidenReleased(int64_t layer) const;
   KvView ViewNoRestore(int64_t layer, int64_t num_keys) const;
   int64_t Offset(int64_t layer, int64_t head) const {
-    return (layer * shape_.num_kv_heads + head) * shape_.capacity * shape_.head_dim;
+    return (layer_start_[layer] + head * capacity(layer)) * shape_.head_dim;
   }
   KvCacheShape shape_;
+  // Per layer: its first entry slot, Σ over the layers before of
+  // num_kv_heads × their capacity.
+  std::vector<int64_t> layer_start_;
   // Paged: an entry costs resident memory once written, so a memory that
   // grows step by step (IM, IMDC) holds only what it has used so far.
   // (mutable: RestoreF32 refills released pages with the same values.)

@@ -45,16 +45,6 @@ void ScaleInPlace(Backend& b, float* x, int64_t n, float s) {
   });
 }
 
-// The entries [first, kv.num_keys) of a view.
-KvView Tail(KvView kv, int64_t first) {
-  kv.k += first * kv.key_stride;
-  kv.v += first * kv.key_stride;
-  if (kv.k16 != nullptr) kv.k16 += first * kv.key_stride;
-  if (kv.v16 != nullptr) kv.v16 += first * kv.key_stride;
-  kv.num_keys -= first;
-  return kv;
-}
-
 uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; }
 
 }  // namespace
@@ -236,34 +226,12 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     if (out_rows == 0) return absl::OkStatus();
     const int64_t skip = n - out_rows, size = kv.size(l);
     const KvView all = half ? kv.HalfView(l, size) : kv.View(l, size);
-    const Queries queries = LlamaQueries(c, q, q_stride, n);
-    const int64_t w = c.IsLocal(l) ? c.sliding_window : 0;
-    if (w == 0 || size <= w) return b.Attention(queries.From(skip), all, out + skip * q_stride, q_stride);
-    // A local layer over more entries than its window: the query of entry
-    // a sees [a - w + 1, a] (the cache holds consecutive positions here, as
-    // llama.cpp's full-size SWA cache does; its mask counts positions). The
-    // rows whose window starts at entry 0 are plain causal attention over
-    // the first entries; each later row attends to its own window.
-    const int64_t first_entry = size - n;  // entry of batch row 0
-    int64_t t = skip;
-    const int64_t causal_end = std::max(skip, std::min(n, w - first_entry));  // rows with a < w
-    if (causal_end > skip) {
-      KvView head = all;
-      head.num_keys = first_entry + causal_end;
-      Queries rows = queries.From(skip);
-      rows.count = causal_end - skip;
-      SNAPFILL_RETURN_IF_ERROR(b.Attention(rows, head, out + skip * q_stride, q_stride));
-      t = causal_end;
-    }
-    for (; t < n; ++t) {
-      const int64_t a = first_entry + t;
-      KvView window = all;
-      window.num_keys = a + 1;
-      Queries row = queries.From(t);
-      row.count = 1;
-      SNAPFILL_RETURN_IF_ERROR(b.Attention(row, Tail(window, a + 1 - w), out + t * q_stride, q_stride));
-    }
-    return absl::OkStatus();
+    // A local layer's query of entry a sees [a - w + 1, a] (the cache holds
+    // consecutive positions in a local layer, as llama.cpp's SWA cache
+    // does; its mask counts positions).
+    Queries queries = LlamaQueries(c, q, q_stride, n);
+    if (c.IsLocal(l)) queries.window = c.sliding_window;
+    return b.Attention(queries.From(skip), all, out + skip * q_stride, q_stride);
   };
   // Final hidden states only for the rows whose logits are asked for.
   // (llama.cpp 84f7129's last layer drops the other rows after its

@@ -176,17 +176,18 @@ absl::StatusOr<LlamaConfig> ReadConfig(const GgufFile& f) {
     }
   }
   if (gemma3) {
-    // llama.cpp's defaults where the file is silent (llama-model.cpp,
-    // LLM_ARCH_GEMMA3): every sixth layer global, the local ones at RoPE
-    // base 10000; a 512-token window unless the file says otherwise.
+    // As llama.cpp 84f7129 reads the file (src/models/gemma3.cpp): local
+    // layers only where it gives attention.sliding_window; then every
+    // sixth layer global unless attention.sliding_window_pattern says
+    // otherwise, the local ones at RoPE base 10000 unless
+    // rope.freq_base_swa does.
     c.embedding_scale = std::sqrt(static_cast<float>(c.model_dim));
-    c.swa_pattern = 6;
-    c.sliding_window = 512;
-    if (f.Has(a + ".attention.sliding_window_pattern")) {
-      SNAPFILL_ASSIGN_OR_RETURN(c.swa_pattern, GetPositive(f, a + ".attention.sliding_window_pattern"));
-    }
     if (f.Has(a + ".attention.sliding_window")) {
       SNAPFILL_ASSIGN_OR_RETURN(c.sliding_window, GetPositive(f, a + ".attention.sliding_window"));
+      c.swa_pattern = 6;
+      if (f.Has(a + ".attention.sliding_window_pattern")) {
+        SNAPFILL_ASSIGN_OR_RETURN(c.swa_pattern, GetPositive(f, a + ".attention.sliding_window_pattern"));
+      }
     }
     if (f.Has(a + ".rope.freq_base_swa")) {
       SNAPFILL_ASSIGN_OR_RETURN(double base, f.GetFloat(a + ".rope.freq_base_swa"));

@@ -10,6 +10,12 @@ snapfill loads besides llama, each exercising what sets it apart.
   llama3.gguf llama with rope_freqs.weight (Llama 3.1's RoPE frequency
               factors, one per rotated pair); one KV head for four query
               heads; an untied output head
+  gemma3.gguf Gemma 3: embeddings scaled by sqrt(dim), Q/K norms, norms
+              after attention and after the FFN, GELU-tanh gate, NeoX RoPE,
+              one KV head for four query heads, tied embeddings, and
+              sliding-window layers: a window of 8 positions in every layer
+              but each second one, at RoPE base 10000 (the global layers at
+              1e6), so that the 17- and 300-token prompts pass the window
 
 Weights are F32 (exact reference math), drawn from numpy's PCG64 with a fixed
 seed. The vocabulary is GPT-2's 256 byte tokens, a few merges and three
@@ -55,7 +61,7 @@ def vocabulary():
 
 
 def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biases, qk_norm, tied, seed,
-          rope_factors=None, pre="qwen2"):
+          rope_factors=None, pre="qwen2", rope_base=10000.0, window=0, window_pattern=0, post_norms=False):
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary()
     vocab = len(tokens)
@@ -69,7 +75,10 @@ def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biase
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_context_length(ctx)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(rope_base)
+    if window:
+        w.add_sliding_window(window)
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", window_pattern)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("gpt2")
@@ -110,10 +119,14 @@ def write(path, arch, *, dim, heads, kv_heads, head_dim, ffn, layers, ctx, biase
             w.add_tensor(p + "attn_q_norm.weight", gain(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", gain(head_dim))
         w.add_tensor(p + "attn_output.weight", mat(dim, q_dim))
+        if post_norms:
+            w.add_tensor(p + "post_attention_norm.weight", gain(dim))
         w.add_tensor(p + "ffn_norm.weight", gain(dim))
         w.add_tensor(p + "ffn_gate.weight", mat(ffn, dim))
         w.add_tensor(p + "ffn_up.weight", mat(ffn, dim))
         w.add_tensor(p + "ffn_down.weight", mat(dim, ffn))
+        if post_norms:
+            w.add_tensor(p + "post_ffw_norm.weight", gain(dim))
     w.add_tensor("output_norm.weight", gain(dim))
     if not tied:
         w.add_tensor("output.weight", mat(vocab, dim))
@@ -138,6 +151,9 @@ def main():
     write(os.path.join(out, "llama3.gguf"), "llama", dim=32, heads=4, kv_heads=1, head_dim=16, ffn=64, layers=2,
           ctx=2048, biases=False, qk_norm=False, tied=False, seed=4, rope_factors=[1, 1, 1.5, 2, 3, 4, 6, 8],
           pre="llama-bpe")
+    write(os.path.join(out, "gemma3.gguf"), "gemma3", dim=32, heads=4, kv_heads=1, head_dim=16, ffn=64, layers=4,
+          ctx=2048, biases=False, qk_norm=True, tied=True, seed=5, rope_base=1e6, window=8, window_pattern=2,
+          post_norms=True)
 
 
 if __name__ == "__main__":

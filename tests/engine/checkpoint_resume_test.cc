@@ -24,6 +24,9 @@ struct Case {
   PrunerKind pruner;
   int64_t memory, chunk;
   int64_t repeat_stride = 1;
+  // A hybrid model (testing::TinyHybridOptions: sliding-window layers, whose
+  // rings the checkpoint carries beside the global layers' memories).
+  bool hybrid = false;
 };
 
 class ResumeTest : public ::testing::TestWithParam<Case> {};
@@ -52,6 +55,7 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
   TinyLlamaOptions opts;
   opts.num_layers = 3;
   opts.context_length = 4096;
+  if (c.hybrid) opts = testing::TinyHybridOptions(40);
   auto model = testing::LoadTinyModel(opts);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
@@ -146,7 +150,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"reconstruct_fm_stride2", ScheduleKind::kFixed, Growth::kLinear,
                            PrunerKind::kReconstruct, 64, 64, 2},
                       Case{"gate_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear, PrunerKind::kGate,
-                           96, 96}),
+                           96, 96},
+                      Case{"hybrid_fm", ScheduleKind::kFixed, Growth::kLinear, PrunerKind::kSnapKv, 32, 64, 1, true},
+                      Case{"hybrid_im_adaptive", ScheduleKind::kIncremental, Growth::kAdaptive, PrunerKind::kSnapKv,
+                           96, 64, 1, true},
+                      Case{"hybrid_reconstruct_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear,
+                           PrunerKind::kReconstruct, 96, 96, 1, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {
@@ -179,12 +188,41 @@ TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {
   EXPECT_EQ((*engine)->steps_done(), 1);
 }
 
+// A hybrid model's sliding-window layer resumes with at most its window.
+TEST(RestoreTest, RefusesASlidingLayerPastItsWindow) {
+  auto model = testing::LoadTinyModel(testing::TinyHybridOptions(24));
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  PrefillConfig config;
+  config.schedule.memory = 64;
+  config.schedule.chunk = 64;
+  config.schedule.window = 8;
+  auto engine = PrefillEngine::Create(*model, backend->get(), config, 400);
+  SNAPFILL_ASSERT_OK(engine);
+  const LlamaConfig& mc = model->config();
+  const std::vector<double> retention(mc.num_layers, 0.5);
+  auto memory = KvCache::Create({mc.num_layers, mc.num_kv_heads, mc.head_dim, 64});
+  SNAPFILL_ASSERT_OK(memory);
+  for (int64_t l = 0; l < mc.num_layers; ++l) (*memory)->set_size(l, 24);
+  SNAPFILL_EXPECT_OK((*engine)->Restore(1, retention, **memory));
+  (*memory)->set_size(1, 60);  // a global layer: within its memory
+  SNAPFILL_EXPECT_OK((*engine)->Restore(1, retention, **memory));
+  (*memory)->set_size(0, 25);  // a local layer: one past its window
+  const absl::Status s = (*engine)->Restore(1, retention, **memory);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("sliding window holds 24"), std::string::npos) << s;
+}
+
 // Footprint() is what --dry_run and --max_memory predict from: it must be
 // the engine's allocation to the byte.
 TEST(FootprintTest, MatchesWhatCreateAllocates) {
   TinyLlamaOptions opts;
   opts.context_length = 4096;
-  auto model = testing::LoadTinyModel(opts);
+  for (bool hybrid : {false, true}) {
+  SCOPED_TRACE(hybrid ? "hybrid" : "llama");
+  // (The hybrid model's sliding-window layers hold 200 entries, more than
+  // the global layers' 128.)
+  auto model = testing::LoadTinyModel(hybrid ? testing::TinyHybridOptions(200) : opts);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
   for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental, ScheduleKind::kIncrementalDecremental}) {
@@ -204,7 +242,9 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
         SCOPED_TRACE(std::string(ScheduleKindName(kind)) + " " + PrunerKindName(pruner));
         EXPECT_EQ(fp->memory_bytes, (*engine)->memory_bytes());
         EXPECT_EQ(fp->candidate_bytes + fp->activation_bytes, (*engine)->scratch_bytes());
-        EXPECT_EQ(fp->memory_capacity, (*engine)->memory().capacity());
+        EXPECT_EQ(fp->memory_capacity, (*engine)->memory().capacity(1));
+        EXPECT_EQ(hybrid ? 200 : fp->memory_capacity, (*engine)->memory().capacity(0));
+        EXPECT_EQ(fp->window_entries, hybrid ? 200 : 0);
         // The memory at the end never holds more than final_entries.
         SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(1000, model->config().vocab_size),
                                           nullptr));
@@ -215,6 +255,7 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
       }
     }
   }
+  }
 }
 
 // TakeDecoderCache() rotates in place what MakeDecoderCache() copies; with
@@ -222,10 +263,12 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
 TEST(TakeDecoderCacheTest, EqualsTheCopyAndHasTheReserve) {
   TinyLlamaOptions opts;
   opts.context_length = 4096;
-  auto model = testing::LoadTinyModel(opts);
+  for (bool hybrid : {false, true}) {
+  auto model = testing::LoadTinyModel(hybrid ? testing::TinyHybridOptions(24) : opts);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
   for (bool original : {false, true}) {
+    SCOPED_TRACE(std::string(hybrid ? "hybrid" : "llama") + (original ? ", original" : ", re-encoded"));
     PrefillConfig config;
     config.schedule.memory = 96;
     config.schedule.chunk = 96;
@@ -242,9 +285,10 @@ TEST(TakeDecoderCacheTest, EqualsTheCopyAndHasTheReserve) {
     auto taken = (*engine)->TakeDecoderCache();
     SNAPFILL_ASSERT_OK(taken);
     ExpectSameMemory(**copy, **taken);
-    EXPECT_GE((*taken)->capacity(), (*taken)->max_size() + 10);
+    EXPECT_GE((*taken)->room(), 10);
     EXPECT_EQ((*engine)->next_position(), next);
     EXPECT_FALSE((*engine)->TakeDecoderCache().ok()) << "the memory can be taken once";
+  }
   }
 }
 

@@ -49,7 +49,14 @@ struct AttnCase {
   int64_t num_kv_heads;
   int64_t head_dim;
   float scale_mult = 1.0f;  // scale = scale_mult / sqrt(head_dim)
+  int64_t window = 0;       // > 0: a sliding window (query i sees its last `window` keys)
 };
+
+// The first key query i of num_q sees (0 without a window).
+int64_t FirstVisible(const AttnCase& c, int64_t i) {
+  const int64_t end = c.num_keys - c.num_q + i + 1;
+  return c.window > 0 ? std::max<int64_t>(0, end - c.window) : 0;
+}
 
 struct AttnData {
   AttnCase c;
@@ -117,11 +124,12 @@ std::vector<double> AttentionBound(const AttnData& a) {
   std::vector<double> bound(c.num_q * c.num_heads * c.head_dim);
   std::vector<double> s, abs_dot;
   for (int64_t i = 0; i < c.num_q; ++i) {
-    const int64_t visible = c.num_keys - c.num_q + i + 1;
+    const int64_t first = FirstVisible(c, i);
+    const int64_t visible = c.num_keys - c.num_q + i + 1 - first;
     for (int64_t h = 0; h < c.num_heads; ++h) {
       const float* qh = a.Q() + i * a.q_stride + h * c.head_dim;
-      const float* kh = a.K() + (h / group) * a.kv_head_stride;
-      const float* vh = a.Vv() + (h / group) * a.kv_head_stride;
+      const float* kh = a.K() + (h / group) * a.kv_head_stride + first * a.kv_key_stride;
+      const float* vh = a.Vv() + (h / group) * a.kv_head_stride + first * a.kv_key_stride;
       s.assign(visible, 0.0);
       double amax = 0.0, smax = -1e300;
       for (int64_t j = 0; j < visible; ++j) {
@@ -158,7 +166,7 @@ std::vector<float> RunCpuAttention(const AttnData& a, int64_t q_offset_rows = 0,
   std::vector<float> out(1 + num_q * a.out_stride, kSentinel);
   cpu::Attention(a.Q() + q_offset_rows * a.q_stride, a.q_stride, a.K(), a.Vv(), a.kv_head_stride,
                  a.kv_key_stride, out.data() + 1, a.out_stride, num_q, c.num_keys, c.num_heads,
-                 c.num_kv_heads, c.head_dim, a.scale);
+                 c.num_kv_heads, c.head_dim, a.scale, c.window);
   std::vector<float> dense;
   dense.reserve(num_q * c.num_heads * c.head_dim);
   EXPECT_EQ(out[0], kSentinel) << "wrote before the output";
@@ -180,7 +188,7 @@ std::vector<double> RunRefAttention(const AttnData& a) {
   std::vector<float> out(c.num_q * a.out_stride);
   ref::Attention(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(),
                  a.out_stride, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim,
-                 a.scale);
+                 a.scale, c.window);
   std::vector<double> dense;
   for (int64_t i = 0; i < c.num_q; ++i) {
     for (int64_t t = 0; t < c.num_heads * c.head_dim; ++t)
@@ -192,7 +200,8 @@ std::vector<double> RunRefAttention(const AttnData& a) {
 std::string CaseName(const AttnCase& c) {
   return "Cpu_q" + std::to_string(c.num_q) + "_keys" + std::to_string(c.num_keys) + "_heads" +
          std::to_string(c.num_heads) + "_kv" + std::to_string(c.num_kv_heads) + "_hd" +
-         std::to_string(c.head_dim) + (c.scale_mult != 1.0f ? "_peaky" : "");
+         std::to_string(c.head_dim) + (c.scale_mult != 1.0f ? "_peaky" : "") +
+         (c.window > 0 ? "_window" + std::to_string(c.window) : "");
 }
 
 // The sweep of the brief: num_q × memory before the chunk × GQA ratio, with
@@ -241,6 +250,17 @@ std::vector<AttnCase> SweepCases() {
   // An odd count of KV heads over 512-1,023 keys: two ranges per head (a
   // range each left one thread of two a range more); SmolLM2's 1,000 above.
   cases.push_back({1, 640, 6, 1, 64});
+  // Sliding windows (Gemma 3's local layers: 4 heads on 1 KV head, head_dim
+  // 256): windows shorter and longer than a query block and a key tile,
+  // starting inside the memory or the chunk, one the width of the keys (no
+  // key masked below), and one query alone (decode).
+  cases.push_back({130, 430, 4, 1, 256, 1.0f, 100});
+  cases.push_back({64, 64, 4, 1, 64, 1.0f, 7});
+  cases.push_back({77, 300, 9, 3, 64, 1.0f, 64});
+  cases.push_back({33, 200, 6, 2, 17, 6.0f, 65});
+  cases.push_back({130, 130, 2, 2, 33, 1.0f, 1});
+  cases.push_back({20, 50, 4, 1, 64, 1.0f, 50});
+  cases.push_back({1, 900, 4, 1, 256, 1.0f, 512});
   return cases;
 }
 
@@ -324,6 +344,8 @@ HalfDecode MakeHalfDecode(const AttnCase& c0, uint32_t seed) {
   std::copy(a.q.begin() + 1 + (c.num_q - 1) * a.q_stride, a.q.begin() + 1 + c.num_q * a.q_stride, q.begin() + 1);
   a.q = q;
   c.num_q = 1;
+  // The fp16 kernel takes no window: the backend hands it the window's keys.
+  c.window = 0;
   a.c = c;
   HalfDecode h;
   h.k16.resize(a.k.size());

@@ -10,6 +10,12 @@
 // biases moved them by 1.9, Qwen 3's norms by 0.54, the Llama 3.1 factors
 // by 0.063, Llama's RoPE pairing for NeoX by 0.1-0.4), and the greedy
 // continuations token for token.
+// Gemma 3 (sliding-window layers: a window of 8 in every second layer, so
+// that the 17- and 300-token prompts pass it) within 2e-3: ggml computes
+// GELU from a table of the GELU of every fp16 input, rounded to fp16 (a
+// relative 2^-11 on each gate value, in and out), where snapfill computes
+// it in f32; measured 4.3e-4 with the windows, where attending to every
+// key instead moved the logits by up to 0.65.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,6 +39,7 @@ namespace snapfill {
 namespace {
 
 constexpr double kTol = 1e-4;
+constexpr double kGeluTableTol = 2e-3;  // the architectures with a GELU gate (Gemma's)
 
 nlohmann::json Reference() {
   std::ifstream in(testing::SourcePath("tests/data/arch_logits.json"));
@@ -53,6 +60,7 @@ TEST(ArchLlamaCppTest, LogitsAndGreedyMatchLlamaCpp) {
     SNAPFILL_ASSERT_OK(model);
     const LlamaConfig& c = (*model)->config();
     const int64_t vocab = c.vocab_size;
+    const double tol = c.gelu ? kGeluTableTol : kTol;
     double worst = 0;
     int prompts = 0;
     for (const auto& p : m.at("prompts")) {
@@ -73,7 +81,7 @@ TEST(ArchLlamaCppTest, LogitsAndGreedyMatchLlamaCpp) {
         const int32_t id = e[0].get<int32_t>();
         const double d = std::fabs(logits[id] - e[1].get<double>());
         worst = std::max(worst, d);
-        EXPECT_LE(d, kTol) << file << " prompt of " << n << " token " << id;
+        EXPECT_LE(d, tol) << file << " prompt of " << n << " token " << id;
       }
       // Greedy: the continuation of the same cache, one token at a time.
       (*kv)->Clear();
@@ -92,7 +100,7 @@ TEST(ArchLlamaCppTest, LogitsAndGreedyMatchLlamaCpp) {
                 worst);
     ++models;
   }
-  EXPECT_EQ(models, 3);
+  EXPECT_EQ(models, 4);
 }
 
 // What sets each file apart is read: the loader sees the biases, the norms
@@ -119,6 +127,17 @@ TEST(ArchLlamaCppTest, ConfigsNameTheirVariations) {
   EXPECT_FALSE((*l3)->config().rope_neox);
   EXPECT_EQ((*l3)->config().rope_freq_factors, (std::vector<float>{1, 1, 1.5, 2, 3, 4, 6, 8}));
   EXPECT_EQ((*l3)->config().rope(0).freq_factors, (*l3)->config().rope_freq_factors.data());
+  auto g3 = LlamaModel::Open(testing::SourcePath("tests/data/arch/gemma3.gguf"));
+  SNAPFILL_ASSERT_OK(g3);
+  const LlamaConfig& g = (*g3)->config();
+  EXPECT_EQ(g.architecture, "gemma3");
+  EXPECT_TRUE(g.qk_norm && g.post_norms && g.gelu && g.rope_neox && g.tied_embeddings);
+  EXPECT_EQ(g.sliding_window, 8);
+  EXPECT_EQ(g.swa_pattern, 2);
+  EXPECT_TRUE(g.IsLocal(0) && g.IsLocal(2));
+  EXPECT_FALSE(g.IsLocal(1) || g.IsLocal(3));
+  EXPECT_EQ(g.rope(0).freq_base, 10000.0f);
+  EXPECT_EQ(g.rope(1).freq_base, 1e6f);
 }
 
 // A file of these architectures that lacks what sets it apart is refused,

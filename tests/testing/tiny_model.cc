@@ -33,6 +33,16 @@ std::vector<float> OneShotLogits(const LlamaModel& model, Backend* backend, cons
   return logits;
 }
 
+TinyLlamaOptions TinyHybridOptions(int window) {
+  TinyLlamaOptions opts;
+  opts.architecture = "gemma3";
+  opts.num_layers = 4;
+  opts.sliding_window = window;
+  opts.swa_pattern = 2;
+  opts.context_length = 4096;
+  return opts;
+}
+
 std::vector<int32_t> TestTokens(int n, int vocab) {
   std::vector<int32_t> ids(n);
   for (int i = 0; i < n; ++i) ids[i] = (i * 37 + (i * i) % 11 + 5) % vocab;

@@ -16,6 +16,11 @@ namespace snapfill::testing {
 // Dies (SNAPFILL_CHECK) if the builder or the loader fails: a test fixture.
 std::unique_ptr<LlamaModel> LoadTinyModel(const TinyLlamaOptions& options);
 
+// A tiny hybrid model (Gemma 3's blocks): 4 layers, of which 0 and 2
+// attend within a sliding window of `window` positions and 1 and 3 are
+// global; context 4096.
+TinyLlamaOptions TinyHybridOptions(int window = 24);
+
 // n ids spread over [0, vocab) without short cycles.
 std::vector<int32_t> TestTokens(int n, int vocab);
 

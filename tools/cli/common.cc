@@ -373,6 +373,11 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
     absl::StrAppendFormat(&s, "%s%.4f", i ? "," : "", t.retention[i]);
   }
   s += "]";
+  // A hybrid model's sliding-window layers (their entries are in `memory`
+  // too, each layer's window).
+  if (t.window_attention_length > 0) {
+    absl::StrAppendFormat(&s, ",\"window_attention_length\":%d", t.window_attention_length);
+  }
   if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
   if (t.score_seconds > 0) absl::StrAppendFormat(&s, ",\"score_seconds\":%.6f", t.score_seconds);
   if (t.recalled > 0) {

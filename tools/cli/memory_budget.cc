@@ -79,7 +79,8 @@ PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_
   if (half_decode_kv) {
     // The fp16 entries replace the f32 ones layer by layer (KvCache::
     // SyncHalf with release_f32): at most one layer holds both.
-    // (final_entries counts what the recall tier adds.)
+    // (final_entries counts what the recall tier adds, and a sliding-window
+    // layer's window.)
     const uint64_t entries = static_cast<uint64_t>(std::max(fp.memory_capacity, fp.final_entries));
     p.after += entries * c.num_kv_heads * c.head_dim * 2 * sizeof(uint16_t);
   }

@@ -249,6 +249,14 @@ void PrintPlan(const Prepared& p) {
               HumanBytes(p.engine->scratch_bytes()).c_str(), HumanBytes(p.weight_bytes).c_str(),
               HumanBytes(p.model.model->weight_bytes()).c_str());
   if (!p.sizes_note.empty()) std::printf("%s\n", p.sizes_note.c_str());
+  if (const LlamaConfig& mc = p.model.model->config(); mc.sliding_window > 0) {
+    int64_t local = 0;
+    for (int64_t l = 0; l < mc.num_layers; ++l) local += mc.IsLocal(l);
+    std::printf("sliding-window layers: %lld of %lld keep their last %lld entries (the window, exact); the "
+                "schedule's memory is the other %lld layers'\n",
+                (long long)local, (long long)mc.num_layers,
+                (long long)std::min<int64_t>(mc.sliding_window, p.total), (long long)(mc.num_layers - local));
+  }
   const PrefillConfig& c = p.engine->config();
   if (!c.query_tokens.empty() && c.pruner.kind == PrunerKind::kSnapKv) {
     // What question-guided compression adds: its rows in every batch.

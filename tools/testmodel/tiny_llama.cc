@@ -389,6 +389,18 @@ absl::Status ApplyTinyLlamaPreset(const std::string& name, TinyLlamaOptions* opt
       absl::StrCat("unknown preset '", name, "'; known presets: ", absl::StrJoin(TinyLlamaPresetNames(), ", ")));
 }
 
+namespace {
+
+// Weights a layer of `o.architecture` holds beyond llama's.
+int64_t ExtraLayerWeights(const TinyLlamaOptions& o, int64_t d, int64_t q, int64_t kv, int64_t head_dim) {
+  if (o.architecture == "qwen2") return q + 2 * kv;
+  if (o.architecture == "qwen3") return 2 * head_dim;
+  if (o.architecture == "gemma3") return 2 * head_dim + 2 * d;
+  return 0;
+}
+
+}  // namespace
+
 int64_t TinyLlamaWeightCount(const TinyLlamaOptions& o) {
   if (!ValidateTinyLlamaOptions(o).ok()) return -1;
   const int64_t head_dim = o.head_dim != 0 ? o.head_dim : o.model_dim / o.num_heads;
@@ -397,7 +409,7 @@ int64_t TinyLlamaWeightCount(const TinyLlamaOptions& o) {
   const int64_t kv = int64_t{o.num_kv_heads} * head_dim;
   const int64_t ffn = o.ffn_dim;
   const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
-  const int64_t extras = o.architecture == "qwen2" ? q + 2 * kv : o.architecture == "qwen3" ? 2 * head_dim : 0;
+  const int64_t extras = ExtraLayerWeights(o, d, q, kv, head_dim);
   const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn + extras;
   return per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
 }
@@ -445,9 +457,15 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(field, " = ", v, "; expected > 0"));
   };
-  if (o.architecture != "llama" && o.architecture != "qwen2" && o.architecture != "qwen3") {
+  if (o.architecture != "llama" && o.architecture != "qwen2" && o.architecture != "qwen3" &&
+      o.architecture != "gemma3") {
     return absl::InvalidArgumentError(
-        absl::StrCat("architecture = \"", o.architecture, "\"; expected llama, qwen2 or qwen3"));
+        absl::StrCat("architecture = \"", o.architecture, "\"; expected llama, qwen2, qwen3 or gemma3"));
+  }
+  if (o.sliding_window < 0 || o.swa_pattern < 0 || ((o.sliding_window > 0 || o.swa_pattern > 0) &&
+                                                    o.architecture != "gemma3")) {
+    return absl::InvalidArgumentError(absl::StrCat("sliding_window = ", o.sliding_window, ", swa_pattern = ",
+                                                   o.swa_pattern, "; expected >= 0, and set for gemma3 only"));
   }
   SNAPFILL_RETURN_IF_ERROR(positive("num_layers", o.num_layers));
   SNAPFILL_RETURN_IF_ERROR(positive("model_dim", o.model_dim));
@@ -508,7 +526,7 @@ absl::Status ValidateTinyLlamaOptions(const TinyLlamaOptions& o) {
   }
   // With every dimension <= 2^20 and <= 4096 layers, these cannot overflow.
   const int64_t vocab = 256 + (o.num_merges < 0 ? kNumMerges : o.num_merges) + 3;
-  const int64_t extras = o.architecture == "qwen2" ? q + 2 * kv : o.architecture == "qwen3" ? 2 * head_dim : 0;
+  const int64_t extras = ExtraLayerWeights(o, d, q, kv, head_dim);
   const int64_t per_layer = 2 * d + 2 * d * q + 2 * d * kv + 3 * d * ffn + extras;
   const int64_t total = per_layer * o.num_layers + (o.tie_embeddings ? 1 : 2) * d * vocab + d;
   if (total > kTinyLlamaMaxWeights) {
@@ -576,6 +594,10 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
     w.AddUint32(a + ".attention.value_length", static_cast<uint32_t>(head_dim));
   }
   w.AddFloat32(a + ".rope.freq_base", opts.rope_freq_base);
+  if (opts.sliding_window > 0) w.AddUint32(a + ".attention.sliding_window", static_cast<uint32_t>(opts.sliding_window));
+  if (opts.swa_pattern > 0) {
+    w.AddUint32(a + ".attention.sliding_window_pattern", static_cast<uint32_t>(opts.swa_pattern));
+  }
   w.AddFloat32(a + ".attention.layer_norm_rms_epsilon", opts.rms_norm_eps);
   w.AddString("tokenizer.ggml.model", "gpt2");
   w.AddString("tokenizer.ggml.pre", "default");
@@ -606,15 +628,18 @@ absl::Status BuildTinyLlama(const TinyLlamaOptions& opts, GgufWriter& w) {
       SNAPFILL_RETURN_IF_ERROR(b.Bias(p + "attn_k.bias", kv_dim));
       SNAPFILL_RETURN_IF_ERROR(b.Bias(p + "attn_v.bias", kv_dim));
     }
-    if (opts.architecture == "qwen3") {
+    const bool gemma3 = opts.architecture == "gemma3";
+    if (opts.architecture == "qwen3" || gemma3) {
       SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_q_norm.weight", head_dim));
       SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "attn_k_norm.weight", head_dim));
     }
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "attn_output.weight", q_dim, d, scale(q_dim), mt));
+    if (gemma3) SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "post_attention_norm.weight", d));
     SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "ffn_norm.weight", d));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_gate.weight", d, ffn, scale(d), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_up.weight", d, ffn, scale(d), mt));
     SNAPFILL_RETURN_IF_ERROR(b.Matrix(p + "ffn_down.weight", ffn, d, scale(ffn), dt));
+    if (gemma3) SNAPFILL_RETURN_IF_ERROR(b.Norm(p + "post_ffw_norm.weight", d));
   }
   SNAPFILL_RETURN_IF_ERROR(b.Norm("output_norm.weight", d));
   if (!opts.tie_embeddings) {

@@ -56,8 +56,15 @@ struct TinyLlamaOptions {
   uint64_t seed = 1;
   // general.architecture: llama, or qwen2 (adds attn_{q,k,v}.bias, N(0,
   // 0.3^2)) or qwen3 (adds attn_{q,k}_norm.weight, gains as the norms'),
-  // with the keys under that name.
+  // or gemma3 (Q/K norms, post_attention_norm and post_ffw_norm, and the
+  // sliding window below), with the keys under that name.
   std::string architecture = "llama";
+  // gemma3 only, written where > 0: attention.sliding_window (without it
+  // every layer is global, as llama.cpp reads the file) and
+  // attention.sliding_window_pattern (every pattern-th layer global; 6
+  // where not written).
+  int sliding_window = 0;
+  int swa_pattern = 0;
   int num_layers = 2;
   int model_dim = 64;
   int num_heads = 4;

@@ -437,7 +437,8 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_CUDA(cuda::Attention(o.q, o.k, o.v, o.shape, od, width, stream_), "attention");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
     if (profile_) {
-      // Visible (query, key) pairs: the causal triangle's.
+      // Visible (query, key) pairs: the causal triangle's (a window's band
+      // counted as the triangle: profile figures only).
       const double pairs = q.count * (kv.num_keys - q.count) + q.count * (q.count + 1) / 2.0;
       ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * pairs;
     }
@@ -713,8 +714,8 @@ class CudaBackend final : public Backend, public BackendProfile {
         o.v = vd;
       }
     }
-    o.shape = cuda::AttentionShape{width, head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
-                                   q.num_kv_heads, q.head_dim, q.scale};
+    o.shape = cuda::AttentionShape{width,   head_stride, kv.key_stride, q.count, kv.num_keys,
+                                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window};
     return o;
   }
 
