@@ -71,6 +71,9 @@ bool MatMulSupports(GgmlType type) { return IsSupportedWeightType(type); }
 bool MatMulQuantizesActivations(GgmlType type) {
   return MatMulSupports(type) && generic::MatMulQuantizesActivations(type);  // (RowsToF32: one list for all levels)
 }
+bool MatMulQuantizesActivations(GgmlType type, int64_t m) {
+  return MatMulSupports(type) && generic::MatMulQuantizesActivations(type, m);
+}
 
 void SetMatMulImplForTesting(MatMulImpl impl) {
   internal::g_matmul_impl.store(static_cast<int>(impl), std::memory_order_relaxed);

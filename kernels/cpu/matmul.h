@@ -27,10 +27,13 @@ namespace snapfill::cpu {
 bool MatMulSupports(GgmlType type);
 
 // Returns true if the products of `type` quantize their activations to
-// int8 and run on integer dots (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: ggml's
-// arithmetic); false for the types whose rows are widened to f32 (F32, F16,
-// BF16 and the Q5 types: f32 FMA, or bf16 on AMX). The same at every level.
+// int8 and run on integer dots (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, and Q5_0 in
+// batches of 4 tokens and more, as Q8_0 blocks: ggml's arithmetic); false
+// for the types whose rows are widened to f32 (F32, F16, BF16, Q5_1, Q5_K,
+// and Q5_0 below 4 tokens: f32 FMA, or bf16 on AMX). The same at every
+// level. Without m: for batches (a prefill's products).
 bool MatMulQuantizesActivations(GgmlType type);
+bool MatMulQuantizesActivations(GgmlType type, int64_t m);
 
 // Y[i, j] = Σ_t X[i, t] · W[j, t].
 //   x: [m, k] f32, row stride x_stride floats

@@ -515,9 +515,10 @@ void QuantizeRowQ6_K(const float* x, BlockQ6_K* y, int64_t k) {
 // ---------------------------------------------------------------------------
 // Matrix products.
 
-GgmlType ActivationType(GgmlType w_type) {  // (Q5_0 / Q5_1 / Q5_K: kF32, as the float types)
+GgmlType ActivationType(GgmlType w_type) {  // (Q5_1 / Q5_K: kF32, as the float types)
   switch (w_type) {
     case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
     case GgmlType::kQ8_0: return GgmlType::kQ8_0;
     case GgmlType::kQ4_1: return GgmlType::kQ8_1;
     case GgmlType::kQ4_K:
@@ -624,6 +625,30 @@ double DotQ8_0(const BlockQ8_0* w, const BlockQ8_0* a, int64_t nb, double* abs) 
   return acc;
 }
 
+// ggml's Q5_0 · Q8_0: the weights' 5-bit q − 16 against the activations'
+// int8, an int32 sum per block scaled by both d.
+double DotQ5_0(const BlockQ5_0* w, const BlockQ8_0* a, int64_t nb, double* abs) {
+  double acc = 0.0;
+  *abs = 0.0;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint32_t h;
+    std::memcpy(&h, w[b].qh, 4);
+    int64_t sumi = 0, sum_abs = 0, sum_w = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = ((w[b].qs[j] & 0xF) | static_cast<int>(((h >> j) & 1) << 4)) - 16;
+      const int hi = ((w[b].qs[j] >> 4) | static_cast<int>(((h >> (j + 16)) & 1) << 4)) - 16;
+      sumi += lo * a[b].qs[j] + hi * a[b].qs[j + 16];
+      sum_abs += std::abs(lo * a[b].qs[j]) + std::abs(hi * a[b].qs[j + 16]);
+      sum_w += lo + hi;
+    }
+    const double s = static_cast<double>(Fp16ToFp32(w[b].d)) * Fp16ToFp32(a[b].d);
+    acc += s * static_cast<double>(sumi);
+    // A kernel may offset the activations by 128 (u8 × s8 products), as for Q8_0.
+    *abs += std::fabs(s) * static_cast<double>(sum_abs + 128 * std::abs(sum_w));
+  }
+  return acc;
+}
+
 double DotQ4_K(const BlockQ4_K* w, const BlockQ8_K* a, int64_t nb, double* abs) {
   double acc = 0.0;
   *abs = 0.0;
@@ -722,6 +747,10 @@ bool MatMulQuantizedActivations(const float* x, int64_t m, int64_t k, int64_t x_
       QuantizedProduct<BlockQ8_0, BlockQ8_0>(x, m, k, x_stride, w, n, w_row_bytes, y, y_stride,
                                              abs_terms, kQK8_0, QuantizeRowQ8_0, DotQ8_0);
       return true;
+    case GgmlType::kQ5_0:
+      QuantizedProduct<BlockQ5_0, BlockQ8_0>(x, m, k, x_stride, w, n, w_row_bytes, y, y_stride,
+                                             abs_terms, kQK8_0, QuantizeRowQ8_0, DotQ5_0);
+      return true;
     case GgmlType::kQ4_K:
       QuantizedProduct<BlockQ4_K, BlockQ8_K>(x, m, k, x_stride, w, n, w_row_bytes, y, y_stride,
                                              abs_terms, kQK_K, QuantizeRowQ8_K, DotQ4_K);
@@ -733,7 +762,6 @@ bool MatMulQuantizedActivations(const float* x, int64_t m, int64_t k, int64_t x_
     case GgmlType::kF32:
     case GgmlType::kF16:
     case GgmlType::kBF16:
-    case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
     case GgmlType::kQ5_K: {
       if (!MatMul(x, m, k, x_stride, w, w_type, n, w_row_bytes, y, y_stride)) return false;

@@ -97,8 +97,10 @@ bool MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* 
 //   Q4_K: Σ_B d·dx·Σ_j sc_j·Σ q·qx − dmin·dx·Σ_j m_j·(bsum_2j + bsum_2j+1)
 //   Q6_K: Σ_B d·dx·Σ_g sc_g·Σ (q-32)·qx
 // Float types (F32/F16/BF16) are not quantized: as MatMul; nor are
-// Q5_0/Q5_1/Q5_K, whose rows the CPU kernels dequantize to f32 and multiply
-// with f32 FMA (cpu::MatMul's token blocks on AMX-BF16 aside).
+// Q5_1/Q5_K, whose rows the CPU kernels dequantize to f32 and multiply
+// with f32 FMA (cpu::MatMul's token blocks on AMX-BF16 aside). Q5_0 takes
+// Q8_0 activations, as ggml's (cpu::MatMul's batches of 4 tokens and more;
+// fewer take the f32 rows: ref::MatMul's arithmetic).
 // If abs_terms is not null it receives (same layout as y) the sum of the
 // magnitudes of the terms, with every integer dot split as a fast kernel may
 // split it (|dw·dx|·(Σ|q·qx| + offset·|Σqx|) plus |correction|), the scale for

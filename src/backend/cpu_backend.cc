@@ -167,7 +167,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     if (!profile_) return;
     const double ops = 2.0 * static_cast<double>(m) * static_cast<double>(w.rows) * static_cast<double>(w.cols);
     ops_[kMatMul] += ops;
-    if (!exact_ && cpu::MatMulQuantizesActivations(w.type)) int8_matmul_ops_ += ops;
+    if (!exact_ && cpu::MatMulQuantizesActivations(w.type, m)) int8_matmul_ops_ += ops;
   }
   // (query, key) pairs of an attention of num_q queries over num_keys keys,
   // the last num_q of them the queries' own (causal): the keys before the
