@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "bench/bench_weights.h"
@@ -66,6 +67,13 @@ void Shapes(benchmark::internal::Benchmark* b) {
   // 2048; llama.cpp's Q4_K_M has Q4_K gate/up and Q6_K down), prefill.
   b->Args({static_cast<int64_t>(GgmlType::kQ4_K), 512, 2048, 5632});
   b->Args({static_cast<int64_t>(GgmlType::kQ6_K), 512, 5632, 2048});
+  // Gemma 3 270M's prefill (Q4_K_M: Q5_0 q / k / gate / up from 640, Q8_0
+  // or Q5_0 v, Q4_K attn_output from 1024, Q6_K or Q4_K ffn_down from 2048).
+  for (const auto& [t, k, n] : {std::tuple{GgmlType::kQ5_0, 640, 2048}, std::tuple{GgmlType::kQ5_0, 640, 1024},
+                                std::tuple{GgmlType::kQ8_0, 640, 256}, std::tuple{GgmlType::kQ4_K, 1024, 640},
+                                std::tuple{GgmlType::kQ6_K, 2048, 640}, std::tuple{GgmlType::kQ4_K, 2048, 640}}) {
+    b->Args({static_cast<int64_t>(t), 512, k, n});
+  }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_MatMul_Cpu)->Apply(Shapes);

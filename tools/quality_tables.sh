@@ -9,7 +9,9 @@
 #   e.g. tools/quality_tables.sh out/kjv.txt 8192 out/quality --threads 2
 #
 # Environment: SNAPFILL_BIN (default build/bin/snapfill), MEMORY (1024),
-# CHUNK (1024), PRUNERS ("snapkv streaming"), SCHEDULES (the list below).
+# CHUNK (1024), PRUNERS ("snapkv streaming"), SCHEDULES (the list below),
+# CONTEXT (the model's context, 8192 for SmolLM2: full attention runs up to
+# it; 32768 for Gemma 3 270M, given with --model).
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: $0 TEXT TOKENS [OUT_DIR] [extra snapfill ppl flags]" >&2
@@ -22,6 +24,7 @@ shift $(( $# >= 3 ? 3 : 2 ))
 BIN=${SNAPFILL_BIN:-build/bin/snapfill}
 MEMORY=${MEMORY:-1024}
 CHUNK=${CHUNK:-1024}
+CONTEXT=${CONTEXT:-8192}
 PRUNERS=${PRUNERS:-snapkv streaming}
 SCHEDULES=${SCHEDULES:-fm im:linear im:sqrt im:square im:square_sqrt im:adaptive imdc}
 mkdir -p "$OUT/$N"
@@ -46,8 +49,8 @@ run() {  # name, flags...
 
 echo "| tokens | configuration | loss (nats/token) | ppl | peak RSS |"
 echo "|---:|---|---:|---:|---:|"
-# Full attention where the input fits the model's context (8192 for SmolLM2).
-if [ "$N" -le 8192 ]; then run full --pruner full --chunk "$CHUNK" "$@"; fi
+# Full attention where the input fits the model's context.
+if [ "$N" -le "$CONTEXT" ]; then run full --pruner full --chunk "$CHUNK" "$@"; fi
 for pruner in $PRUNERS; do
   for s in $SCHEDULES; do
     kind=${s%%:*}

@@ -39,8 +39,11 @@ absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
                     int64_t out_rows, float* out) -> absl::Status {
+    // A sliding-window layer keeps its window in the chunk loop, whatever
+    // the gates say: it attends within it here and gives no samples.
+    const bool local = c.IsLocal(layer);
     // The samples' features: the keys before RoPE.
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    for (int64_t h = 0; h < c.num_kv_heads && !local; ++h) {
       GateSamples& gs = (*samples)[layer * c.num_kv_heads + h];
       gs.head_dim = d;
       for (int64_t j = options.skip_first; j < rows; ++j) {
@@ -56,9 +59,12 @@ absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const
       view.head_stride = d;
       view.key_stride = kv_stride;
       view.num_keys = rows;
-      SNAPFILL_RETURN_IF_ERROR(backend->Attention(LlamaQueries(c, q, q_stride, rows).From(rows - out_rows), view,
-                                                  out + (rows - out_rows) * q_stride, q_stride));
+      Queries queries = LlamaQueries(c, q, q_stride, rows);
+      if (local) queries.window = c.sliding_window;
+      SNAPFILL_RETURN_IF_ERROR(
+          backend->Attention(queries.From(rows - out_rows), view, out + (rows - out_rows) * q_stride, q_stride));
     }
+    if (local) return absl::OkStatus();
     // Every weight of the causal softmax, a query head at a time.
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       std::iota(last.begin(), last.end(), 0);

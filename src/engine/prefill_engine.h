@@ -12,6 +12,10 @@
 // (re-encoded), so the largest position is m + c, never the input length;
 // `keep_original_positions` rotates every entry at its position in the input
 // instead, for comparison.
+//
+// Sliding-window layers (DESIGN.md §10): a local layer's memory is a ring of
+// its last W entries, attended within the window and never compressed; the
+// schedule, its budgets and the pruner are the global layers'.
 #ifndef SNAPFILL_ENGINE_PREFILL_ENGINE_H_
 #define SNAPFILL_ENGINE_PREFILL_ENGINE_H_
 

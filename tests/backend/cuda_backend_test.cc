@@ -147,6 +147,20 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
     ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out_ref.data(), out_stride,
                    c.num_q, c.num_keys, c.heads, c.kv_heads, c.head_dim, scale);
     for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "attention " << i;
+    // A sliding window (a local layer's): shorter than a tile, longer, the
+    // width of the keys.
+    for (int64_t window : {int64_t{7}, int64_t{40}, c.num_keys}) {
+      Queries windowed = queries;
+      windowed.window = window;
+      std::fill(out.begin(), out.end(), 9.0f);
+      std::fill(out_ref.begin(), out_ref.end(), 9.0f);
+      SNAPFILL_ASSERT_OK(b->Attention(windowed, kv, out.data(), out_stride));
+      ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out_ref.data(), out_stride,
+                     c.num_q, c.num_keys, c.heads, c.kv_heads, c.head_dim, scale, window);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "window " << window << ", attention " << i;
+      }
+    }
 
     const int64_t votes_stride = c.num_keys + 7;
     std::vector<float> votes(c.kv_heads * votes_stride, -1.0f), votes_ref(c.kv_heads * votes_stride, -1.0f);

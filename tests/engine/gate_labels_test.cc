@@ -109,6 +109,29 @@ TEST(GateLabelsTest, MatchTheirDefinition) {
   EXPECT_TRUE(absl::IsInvalidArgument(CollectGateSamples(*model, backend.get(), ids.data(), 1, options, &samples)));
 }
 
+// A hybrid model's sliding-window layers keep their windows in the chunk
+// loop, whatever a gate says: they give no samples; the global layers give
+// one per key as before, from a forward pass whose local layers attend
+// within their windows (the chunk loop's and llama.cpp's).
+TEST(GateLabelsTest, SlidingWindowLayersGiveNoSamples) {
+  auto model = testing::LoadTinyModel(testing::TinyHybridOptions(16));
+  const LlamaConfig& c = model->config();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const int64_t n = 80;
+  const auto ids = testing::TestTokens(n, c.vocab_size);
+  GateLabelOptions options;
+  options.skip_first = 3;
+  std::vector<GateSamples> samples;
+  SNAPFILL_ASSERT_OK(CollectGateSamples(*model, backend->get(), ids.data(), n, options, &samples));
+  ASSERT_EQ(samples.size(), static_cast<size_t>(c.num_layers * c.num_kv_heads));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      EXPECT_EQ(samples[l * c.num_kv_heads + h].size(), c.IsLocal(l) ? 0 : n - 3) << "layer " << l;
+    }
+  }
+}
+
 // In the chunk loop every kept entry carries its gate's prediction on its
 // key before RoPE (the score the selection ranked it by); gates of another
 // shape, or none, are refused.

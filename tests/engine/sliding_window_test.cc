@@ -98,6 +98,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"full_original", PrunerKind::kFull, true, ScheduleKind::kFixed, 64, 24},
                       Case{"full_reencoded_small_chunks", PrunerKind::kFull, false, ScheduleKind::kFixed, 16, 24},
                       Case{"full_original_wide_window", PrunerKind::kFull, true, ScheduleKind::kFixed, 48, 100},
+                      Case{"full_reencoded_wide_window", PrunerKind::kFull, false, ScheduleKind::kFixed, 48, 100},
                       Case{"snapkv_original", PrunerKind::kSnapKv, true, ScheduleKind::kFixed, 64, 24},
                       Case{"snapkv_imdc", PrunerKind::kSnapKv, false, ScheduleKind::kIncrementalDecremental, 64, 24},
                       Case{"snapkv_question", PrunerKind::kSnapKv, false, ScheduleKind::kFixed, 64, 24, true},

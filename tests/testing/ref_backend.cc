@@ -60,7 +60,7 @@ class RefBackend final : public Backend {
   }
   absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
     ref::Attention(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, q.count, kv.num_keys,
-                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale);
+                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window);
     return absl::OkStatus();
   }
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {

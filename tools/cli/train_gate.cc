@@ -100,7 +100,15 @@ absl::Status RunTrainGate() {
               (long long)seq_len, label_options.tau, (long long)hidden, (long long)fit.epochs);
   std::printf("%5s %12s %12s %12s %10s\n", "layer", "held-out MAE", "constant MAE", "rank corr.", "censored");
   double all_mae = 0, all_base = 0, all_rank = 0;
+  int64_t fitted = 0;
   for (int64_t l = 0; l < mc.num_layers; ++l) {
+    // A sliding-window layer keeps its window, whatever a gate would say:
+    // no samples, and its gates stay untrained.
+    if (mc.IsLocal(l)) {
+      std::printf("%5lld %12s\n", (long long)l, "(window)");
+      continue;
+    }
+    ++fitted;
     double mae = 0, base = 0, rank = 0, censored = 0;
     for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
       const GateSamples& t = train[l * mc.num_kv_heads + h];
@@ -123,7 +131,7 @@ absl::Status RunTrainGate() {
     all_rank += rank / k;
   }
   std::fputc('\n', stderr);
-  const double layers = static_cast<double>(mc.num_layers);
+  const double layers = static_cast<double>(std::max<int64_t>(1, fitted));
   std::printf("all layers: held-out MAE %.3f (log4 lifespan), constant %.3f, rank correlation %.3f\n",
               all_mae / layers, all_base / layers, all_rank / layers);
   // Other sizes on the same samples, for choosing --hidden.
@@ -135,12 +143,13 @@ absl::Status RunTrainGate() {
     SNAPFILL_ASSIGN_OR_RETURN(GateModel other, GateModel::Create(mc.num_layers, mc.num_kv_heads, mc.head_dim, size));
     double mae = 0, rank = 0;
     for (int64_t g = 0; g < mc.num_layers * mc.num_kv_heads; ++g) {
+      if (mc.IsLocal(g / mc.num_kv_heads)) continue;
       SNAPFILL_ASSIGN_OR_RETURN(const GateFitReport r, FitGate(train[g], held[g], fit,
                                                                other.params(g / mc.num_kv_heads, g % mc.num_kv_heads)));
       mae += r.mae;
       rank += r.rank_correlation;
     }
-    const double gates_count = static_cast<double>(mc.num_layers * mc.num_kv_heads);
+    const double gates_count = static_cast<double>(std::max<int64_t>(1, fitted) * mc.num_kv_heads);
     std::printf("hidden %lld: held-out MAE %.3f, rank correlation %.3f, %lld parameters (%s)\n", (long long)size,
                 mae / gates_count, rank / gates_count, (long long)other.num_parameters(),
                 HumanBytes(other.file_bytes()).c_str());
