@@ -109,6 +109,17 @@ __global__ void SwiGluKernel(const float* __restrict__ gate, const float* __rest
   }
 }
 
+__global__ void GeluGluKernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
+                              float* __restrict__ out) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const float g = gate[e];
+    // g / 2 · (1 + tanh(u)) = g · sigmoid(2u), u = √(2/π) · (g + 0.044715 g³)
+    // (the form cpu::GeluGlu vectorizes; no tanh of a large u to overflow).
+    const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    out[e] = g / (1.0f + expf(-2.0f * u)) * up[e];
+  }
+}
+
 // The attention family's tiles: kTile keys of one KV head in shared memory
 // (rows padded to head_dim + 1 floats, so that 32 lanes reading 32 keys hit
 // 32 banks), shared by the kWarps queries of a block, one warp per (query,
@@ -344,6 +355,12 @@ cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_d
 
 cudaError_t SwiGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
   return SwiGluRows(gate, up, 1, n, n, out, stream);
+}
+
+cudaError_t GeluGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  GeluGluKernel<<<StrideBlocks(n), 256, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
 }
 
 cudaError_t SwiGluRows(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride, float* out,

@@ -42,6 +42,9 @@ cudaError_t Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_d
                  float freq_scale, bool neox, const float* freq_factors, cudaStream_t stream);
 // out[i] = silu(gate[i]) * up[i] over n values.
 cudaError_t SwiGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
+// out[i] = gelu(gate[i]) * up[i] over n values, GELU's tanh form
+// (cpu::GeluGlu: g / 2 · (1 + tanh(√(2/π) · (g + 0.044715 g³)))).
+cudaError_t GeluGlu(const float* gate, const float* up, float* out, int64_t n, cudaStream_t stream);
 // out[r, c] = silu(gate[r, c]) * up[r, c] for rows × cols at row stride
 // `stride` (gate and up), out [rows, cols] dense, in f32 or as bf16.
 cudaError_t SwiGluRows(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride,

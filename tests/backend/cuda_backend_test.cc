@@ -112,6 +112,9 @@ TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
   SNAPFILL_ASSERT_OK(b->SwiGlu(g.data(), u.data(), out.data(), n));
   ref::SwiGlu(g.data(), u.data(), out_ref.data(), n);
   for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "swiglu " << i;
+  SNAPFILL_ASSERT_OK(b->GeluGlu(g.data(), u.data(), out.data(), n));
+  ref::GeluGlu(g.data(), u.data(), out_ref.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "geluglu " << i;
 }
 
 struct AttentionCase {

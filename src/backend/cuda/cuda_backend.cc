@@ -411,8 +411,14 @@ class CudaBackend final : public Backend, public BackendProfile {
     return Sync("rope");
   }
 
-  absl::Status GeluGlu(const float*, const float*, float*, int64_t) override {
-    return absl::UnimplementedError("the GELU-gated feed-forward (Gemma) is not on the CUDA backend yet: use --device cpu");
+  absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    Timer t(this, kSwiGlu);  // (the gated activation's row in the profile)
+    SNAPFILL_ASSIGN_OR_RETURN(float* gd, UploadRows(kGate, gate, 1, n, n));
+    SNAPFILL_ASSIGN_OR_RETURN(float* ud, UploadRows(kUp, up, 1, n, n));
+    SNAPFILL_CUDA(cuda::GeluGlu(gd, ud, gd, n, stream_), "geluglu");
+    SNAPFILL_RETURN_IF_ERROR(DownloadRows(gd, 1, n, out, n));
+    return Sync("geluglu");
   }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
