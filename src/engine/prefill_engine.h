@@ -221,7 +221,8 @@ class PrefillEngine {
   const KvCache& memory() const { return *memory_; }
 
   // Returns the memory as a decoder cache: keys rotated at the positions the
-  // decoder will continue from, capacity for `extra_capacity` more tokens.
+  // decoder will continue from, each layer with room for `extra_capacity`
+  // more tokens.
   // next_position() is where the first appended token goes.
   absl::StatusOr<std::unique_ptr<KvCache>> MakeDecoderCache(int64_t extra_capacity) const;
   // The same without a copy: rotates the memory's keys in place and hands

@@ -106,8 +106,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
     int64_t extra_capacity) const {
   const LlamaConfig& c = model_.config();
   const int64_t max_size = memory_->max_size();
-  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create({c.num_layers, c.num_kv_heads, c.head_dim,
-                                                         max_size + extra_capacity}));
+  // Each layer holds its entries and room for extra_capacity more (a
+  // sliding-window layer its window's).
+  KvCacheShape shape{c.num_layers, c.num_kv_heads, c.head_dim, std::max<int64_t>(1, max_size + extra_capacity)};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    shape.layer_capacity.push_back(std::max<int64_t>(1, memory_->size(l) + extra_capacity));
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create(shape));
   if (memory_->has_scores()) SNAPFILL_RETURN_IF_ERROR(cache->EnableScores());
   std::vector<int32_t> rot(max_size);
   std::iota(rot.begin(), rot.end(), 0);

@@ -356,54 +356,67 @@ namespace snapfill {
 namespace {
 
 // prefill → save → load → generate gives the tokens of prefill → generate
-// in one process (DESIGN.md §6 hand-off through a cache file).
+// in one process (DESIGN.md §6 hand-off through a cache file). Also for a
+// hybrid model, whose sliding-window layers hold their window (the file
+// records each layer's capacity) and keep attending within it while
+// decoding past it.
 TEST(PrefillEngineTest, SavedCacheGeneratesTheSameTokens) {
-  auto model = TinyModel();
-  auto backend = CreateBackend(Device::kCpu, {});
-  const int n = 700;
-  auto ids = Tokens(n, model->config().vocab_size);
-  PrefillConfig config;
-  config.schedule.kind = ScheduleKind::kIncrementalDecremental;
-  config.schedule.chunk = 128;
-  config.schedule.memory = 64;
-  config.schedule.window = 8;
-  auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
-  SNAPFILL_ASSERT_OK(engine);
-  SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
-  const std::vector<int32_t> prompt = {5, 77, 140, 3};
-  const int64_t new_tokens = 12;
-  auto fwd = LlamaForward::Create(*model, backend->get(), 16);
-  SNAPFILL_ASSERT_OK(fwd);
-  GenerateOptions opts;
-  opts.max_new_tokens = new_tokens;
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "llama");
+    auto model = hybrid ? testing::LoadTinyModel(testing::TinyHybridOptions(24)) : TinyModel();
+    auto backend = CreateBackend(Device::kCpu, {});
+    const int n = 700;
+    auto ids = Tokens(n, model->config().vocab_size);
+    PrefillConfig config;
+    config.schedule.kind = ScheduleKind::kIncrementalDecremental;
+    config.schedule.chunk = 128;
+    config.schedule.memory = 64;
+    config.schedule.window = 8;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+    SNAPFILL_ASSERT_OK(engine);
+    SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
+    const std::vector<int32_t> prompt = {5, 77, 140, 3};
+    const int64_t new_tokens = 30;
+    auto fwd = LlamaForward::Create(*model, backend->get(), 16);
+    SNAPFILL_ASSERT_OK(fwd);
+    GenerateOptions opts;
+    opts.max_new_tokens = new_tokens;
 
-  auto direct_kv = (*engine)->MakeDecoderCache(prompt.size() + new_tokens);
-  SNAPFILL_ASSERT_OK(direct_kv);
-  auto direct = Generate(**fwd, **direct_kv, (*engine)->next_position(), prompt, opts, nullptr);
-  SNAPFILL_ASSERT_OK(direct);
+    auto direct_kv = (*engine)->MakeDecoderCache(prompt.size() + new_tokens);
+    SNAPFILL_ASSERT_OK(direct_kv);
+    EXPECT_EQ((*direct_kv)->room(), static_cast<int64_t>(prompt.size()) + new_tokens);
+    auto direct = Generate(**fwd, **direct_kv, (*engine)->next_position(), prompt, opts, nullptr);
+    SNAPFILL_ASSERT_OK(direct);
 
-  PromptCache cache;
-  cache.model_fingerprint = ModelFingerprint(model->gguf());
-  cache.config = "{\"test\":true}";
-  cache.next_position = (*engine)->next_position();
-  cache.input_tokens = n;
-  auto saved_kv = (*engine)->MakeDecoderCache(0);
-  SNAPFILL_ASSERT_OK(saved_kv);
-  cache.kv = std::move(*saved_kv);
-  const std::string path = ::testing::TempDir() + "/snapfill_engine_cache.kv";
-  std::remove(path.c_str());
-  SNAPFILL_ASSERT_OK(SaveCacheFile(path, cache, /*overwrite=*/false));
-  auto loaded = LoadCacheFile(path, ModelFingerprint(model->gguf()), prompt.size() + new_tokens);
-  SNAPFILL_ASSERT_OK(loaded);
-  EXPECT_EQ(loaded->next_position, 64);
-  auto from_file = Generate(**fwd, *loaded->kv, loaded->next_position, prompt, opts, nullptr);
-  SNAPFILL_ASSERT_OK(from_file);
-  EXPECT_EQ(from_file->tokens, direct->tokens);
-  EXPECT_EQ(from_file->tokens.size(), static_cast<size_t>(new_tokens));
-  // A cache made for another model is refused.
-  auto other = LoadCacheFile(path, "xxh3:0000000000000000", 16);
-  EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
-  std::remove(path.c_str());
+    PromptCache cache;
+    cache.model_fingerprint = ModelFingerprint(model->gguf());
+    cache.config = "{\"test\":true}";
+    cache.next_position = (*engine)->next_position();
+    cache.input_tokens = n;
+    auto saved_kv = (*engine)->MakeDecoderCache(0);
+    SNAPFILL_ASSERT_OK(saved_kv);
+    cache.kv = std::move(*saved_kv);
+    const std::string path = ::testing::TempDir() + "/snapfill_engine_cache.kv";
+    std::remove(path.c_str());
+    SNAPFILL_ASSERT_OK(SaveCacheFile(path, cache, /*overwrite=*/false));
+    auto loaded = LoadCacheFile(path, ModelFingerprint(model->gguf()), prompt.size() + new_tokens);
+    SNAPFILL_ASSERT_OK(loaded);
+    EXPECT_EQ(loaded->next_position, 64);
+    ASSERT_EQ(loaded->capacities.size(), static_cast<size_t>(model->config().num_layers));
+    if (hybrid) {
+      EXPECT_EQ(loaded->kv->size(0), 24);
+      EXPECT_EQ(loaded->capacities[0], 24) << "a sliding-window layer holds its window";
+      EXPECT_EQ(loaded->capacities[1], 64);
+    }
+    auto from_file = Generate(**fwd, *loaded->kv, loaded->next_position, prompt, opts, nullptr);
+    SNAPFILL_ASSERT_OK(from_file);
+    EXPECT_EQ(from_file->tokens, direct->tokens);
+    EXPECT_EQ(from_file->tokens.size(), static_cast<size_t>(new_tokens));
+    // A cache made for another model is refused.
+    auto other = LoadCacheFile(path, "xxh3:0000000000000000", 16);
+    EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+    std::remove(path.c_str());
+  }
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 // compute one-shot prefill's logits.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -15,8 +14,6 @@
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
 #include "src/engine/prefill_engine.h"
-#include "src/gguf/fingerprint.h"
-#include "src/kv/cache_file.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 
@@ -191,57 +188,6 @@ TEST(HybridEvictionTest, LocalLayersKeepTheirWindow) {
   EXPECT_EQ((*engine)->memory().size(1), plan.steps.back().budget[0]);
   // The decoder continues every layer from the same next position.
   EXPECT_EQ((*engine)->next_position(), 24);
-}
-
-// A hybrid model's decoder cache through the prompt-cache file: the same
-// tokens as from the engine's own copy; the file records each layer's
-// capacity (a local layer's smaller).
-TEST(HybridCacheTest, SavedCacheGeneratesTheSameTokens) {
-  auto model = testing::LoadTinyModel(testing::TinyHybridOptions(24));
-  auto backend = CreateBackend(Device::kCpu, {});
-  SNAPFILL_ASSERT_OK(backend);
-  const int n = 500;
-  const auto ids = testing::TestTokens(n, model->config().vocab_size);
-  PrefillConfig config;
-  config.schedule.kind = ScheduleKind::kIncrementalDecremental;
-  config.schedule.chunk = 96;
-  config.schedule.memory = 64;
-  config.schedule.window = 8;
-  auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
-  SNAPFILL_ASSERT_OK(engine);
-  SNAPFILL_ASSERT_OK((*engine)->Run(ids, nullptr));
-  const std::vector<int32_t> prompt = {5, 77, 140, 3};
-  const int64_t new_tokens = 30;  // past the window: the local layers keep attending within it
-  auto fwd = LlamaForward::Create(*model, backend->get(), 16);
-  SNAPFILL_ASSERT_OK(fwd);
-  GenerateOptions opts;
-  opts.max_new_tokens = new_tokens;
-  auto direct_kv = (*engine)->MakeDecoderCache(prompt.size() + new_tokens);
-  SNAPFILL_ASSERT_OK(direct_kv);
-  auto direct = Generate(**fwd, **direct_kv, (*engine)->next_position(), prompt, opts, nullptr);
-  SNAPFILL_ASSERT_OK(direct);
-
-  PromptCache cache;
-  cache.model_fingerprint = ModelFingerprint(model->gguf());
-  cache.config = "{\"test\":true}";
-  cache.next_position = (*engine)->next_position();
-  cache.input_tokens = n;
-  auto taken = (*engine)->TakeDecoderCache();
-  SNAPFILL_ASSERT_OK(taken);
-  EXPECT_LT((*taken)->capacity(0), (*taken)->capacity(1));
-  cache.kv = std::move(*taken);
-  const std::string path = ::testing::TempDir() + "/snapfill_hybrid_cache.kv";
-  std::remove(path.c_str());
-  SNAPFILL_ASSERT_OK(SaveCacheFile(path, cache, /*overwrite=*/false));
-  auto loaded = LoadCacheFile(path, ModelFingerprint(model->gguf()), prompt.size() + new_tokens);
-  SNAPFILL_ASSERT_OK(loaded);
-  EXPECT_EQ(loaded->capacities.size(), 4u);
-  if (loaded->capacities.size() == 4) EXPECT_LT(loaded->capacities[0], loaded->capacities[1]);
-  EXPECT_EQ(loaded->kv->size(0), 24);
-  auto from_file = Generate(**fwd, *loaded->kv, loaded->next_position, prompt, opts, nullptr);
-  SNAPFILL_ASSERT_OK(from_file);
-  EXPECT_EQ(from_file->tokens, direct->tokens);
-  std::remove(path.c_str());
 }
 
 }  // namespace
