@@ -90,6 +90,23 @@ TEST_F(CliTest, UnknownTensorType) {
   EXPECT_NE(r.err.find("UNIMPLEMENTED"), std::string::npos) << r.err;
 }
 
+// `info` names a hybrid model's sliding-window layers and counts the KV a
+// full context takes with them holding their window only.
+TEST_F(CliTest, InfoNamesTheSlidingWindowLayers) {
+  Result r = Run("info --model " + testing::SourcePath("tests/data/arch/gemma3.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("sliding window:  8 positions in 2 of 4 layers (global: 1, 3), RoPE base 10000.0"),
+            std::string::npos)
+      << r.out;
+  // 2 global layers × 1 KV head × 16 dims × K and V × 4 bytes = 256 bytes a
+  // token over the 2,048-token context (512 KiB), and 2 windows of 8 (2 KiB).
+  EXPECT_NE(r.out.find("KV per token:    256 B (f32, global layers), full 2048-token context: 514.0 KiB"),
+            std::string::npos)
+      << r.out;
+  r = Run("info --model " + tiny_);
+  EXPECT_EQ(r.out.find("sliding window:"), std::string::npos) << r.out;
+}
+
 // The kernels' team spins a while, then sleeps (kernels/cpu/spin_team.h);
 // OMP_WAIT_POLICY=passive, read by the command alone and passed down in
 // the backend's options, makes it sleep at once; a value OpenMP does not

@@ -46,6 +46,18 @@ absl::Status RunInfo() {
   if (c.qkv_bias) variations.push_back("biases on Q, K, V");
   if (c.qk_norm) variations.push_back("RMSNorm of each Q and K head");
   if (!variations.empty()) std::printf("attention:       %s\n", absl::StrJoin(variations, "; ").c_str());
+  int64_t local = 0;
+  std::vector<int64_t> global;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    local += c.IsLocal(l);
+    if (!c.IsLocal(l)) global.push_back(l);
+  }
+  if (local > 0) {
+    std::printf("sliding window:  %lld positions in %lld of %lld layers (global: %s), RoPE base %.1f; the chunk "
+                "loop keeps exactly that window in them\n",
+                (long long)c.sliding_window, (long long)local, (long long)c.num_layers,
+                absl::StrJoin(global, ", ").c_str(), c.rope_freq_base_local);
+  }
   std::printf("tied embeddings: %s\n", c.tied_embeddings ? "yes" : "no");
   std::map<std::string, std::pair<int, uint64_t>> types;
   uint64_t params = 0;
@@ -62,11 +74,14 @@ absl::Status RunInfo() {
   for (const auto& [name, e] : types) {
     std::printf("  %-6s %4d tensors, %s\n", name.c_str(), e.first, HumanBytes(e.second).c_str());
   }
-  // KV bytes per token, the figure that decides how much a full cache costs.
-  const uint64_t kv_per_token = 2ull * c.num_layers * c.num_kv_heads * c.head_dim * sizeof(float);
-  std::printf("KV per token:    %s (f32), full %lld-token context: %s\n",
-              HumanBytes(kv_per_token).c_str(), (long long)c.context_length,
-              HumanBytes(kv_per_token * c.context_length).c_str());
+  // KV bytes per token, the figure that decides how much a full cache costs
+  // (a sliding-window layer holds its window whatever the length).
+  const uint64_t layer_entry = 2ull * c.num_kv_heads * c.head_dim * sizeof(float);
+  const uint64_t kv_per_token = (c.num_layers - local) * layer_entry;
+  const uint64_t full = kv_per_token * c.context_length +
+                        local * layer_entry * std::min<int64_t>(c.sliding_window, c.context_length);
+  std::printf("KV per token:    %s (f32%s), full %lld-token context: %s\n", HumanBytes(kv_per_token).c_str(),
+              local > 0 ? ", global layers" : "", (long long)c.context_length, HumanBytes(full).c_str());
   const absl::StatusOr<std::string> gpu = DescribeCudaDevice();
   std::printf("GPU:             %s\n", gpu.ok() ? gpu->c_str() : std::string(gpu.status().message()).c_str());
   SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
