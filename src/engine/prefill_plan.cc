@@ -37,8 +37,8 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
   // them only); the sliding-window layers keep their windows.
   sc.num_layers = static_cast<int64_t>(GlobalLayers(mc).size());
   if (sc.num_layers == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("every one of the model's ", mc.num_layers,
-                                                   " layers has a sliding window: nothing for the schedule to compress"));
+    return absl::InvalidArgumentError(absl::StrCat("every one of the model's ", mc.num_layers, " layers has a sliding ",
+                                                   "window: nothing for the schedule to compress"));
   }
   sc.max_position = mc.context_length;
   c.pruner.window = sc.window;

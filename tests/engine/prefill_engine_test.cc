@@ -33,15 +33,6 @@ std::unique_ptr<LlamaModel> TinyModel(int layers = 3, const std::string& archite
 
 std::vector<int32_t> Tokens(int n, int vocab) { return testing::TestTokens(n, vocab); }
 
-void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rel) {
-  ASSERT_EQ(a.size(), b.size());
-  double scale = 0;
-  for (float x : b) scale = std::max(scale, std::fabs(double(x)));
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_NEAR(a[i], b[i], rel * scale) << "logit " << i;
-  }
-}
-
 struct NoEvictionCase {
   PrunerKind pruner;
   bool original_positions;
@@ -81,7 +72,7 @@ TEST_P(NoEvictionTest, ChunkedEqualsOneShot) {
   for (int64_t l = 0; l < model->config().num_layers; ++l) {
     EXPECT_EQ((*engine)->memory().size(l), n);
   }
-  ExpectClose((*engine)->last_logits(), testing::OneShotLogits(*model, backend->get(), ids, 256), 2e-4);
+  testing::ExpectLogitsClose((*engine)->last_logits(), testing::OneShotLogits(*model, backend->get(), ids, 256), 2e-4);
   EXPECT_EQ((*engine)->next_position(), n);
 }
 
@@ -123,7 +114,7 @@ TEST(PrefillEngineTest, DecoderCacheContinuesLikeOneShot) {
   SNAPFILL_ASSERT_OK((*fwd)->Forward(&next, 1, &pos, **kv, 1, got.data()));
   std::vector<int32_t> all = ids;
   all.push_back(next);
-  ExpectClose(got, testing::OneShotLogits(*model, backend->get(), all, 256), 2e-4);
+  testing::ExpectLogitsClose(got, testing::OneShotLogits(*model, backend->get(), all, 256), 2e-4);
 }
 
 // With eviction: every layer holds the plan's budget after each step, the

@@ -20,13 +20,6 @@
 namespace snapfill {
 namespace {
 
-void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rel) {
-  ASSERT_EQ(a.size(), b.size());
-  double scale = 0;
-  for (float x : b) scale = std::max(scale, std::fabs(double(x)));
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], rel * scale) << "logit " << i;
-}
-
 // Every KV head of local layer `l` holds the last min(W, read) positions, in order.
 void ExpectRing(const KvCache& memory, const LlamaConfig& c, int64_t l, int64_t read) {
   const int64_t w = std::min<int64_t>(c.sliding_window, read);
@@ -87,7 +80,7 @@ TEST_P(HybridNoEvictionTest, ChunkedEqualsOneShot) {
       EXPECT_EQ((*engine)->memory().size(l), n) << "layer " << l;
     }
   }
-  ExpectClose((*engine)->last_logits(), testing::OneShotLogits(*model, backend->get(), ids, 128), 2e-4);
+  testing::ExpectLogitsClose((*engine)->last_logits(), testing::OneShotLogits(*model, backend->get(), ids, 128), 2e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -141,7 +134,7 @@ TEST(HybridDecodeTest, DecoderContinuesLikeOneShot) {
         int32_t pos = static_cast<int32_t>(n + i);
         SNAPFILL_ASSERT_OK((*fwd)->Forward(&next[i], 1, &pos, **kv, 1, got.data()));
         all.push_back(next[i]);
-        ExpectClose(got, testing::OneShotLogits(*model, backend->get(), all, 128), 2e-4);
+        testing::ExpectLogitsClose(got, testing::OneShotLogits(*model, backend->get(), all, 128), 2e-4);
       }
     }
   }

@@ -1,8 +1,11 @@
 #include "tests/testing/tiny_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
+#include "gtest/gtest.h"
 #include "snapfill/status.h"
 #include "src/gguf/gguf_reader.h"
 #include "src/model/llama_forward.h"
@@ -41,6 +44,13 @@ TinyLlamaOptions TinyHybridOptions(int window) {
   opts.swa_pattern = 2;
   opts.context_length = 4096;
   return opts;
+}
+
+void ExpectLogitsClose(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+  ASSERT_EQ(a.size(), b.size());
+  double scale = 0;
+  for (float x : b) scale = std::max(scale, std::fabs(double(x)));
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], rel * scale) << "logit " << i;
 }
 
 std::vector<int32_t> TestTokens(int n, int vocab) {

@@ -29,6 +29,10 @@ std::vector<int32_t> TestTokens(int n, int vocab);
 std::vector<float> OneShotLogits(const LlamaModel& model, Backend* backend, const std::vector<int32_t>& ids,
                                  int64_t batch = 512);
 
+// Asserts (gtest) that logits a equal b to within rel times b's largest
+// magnitude, naming the first logit that does not.
+void ExpectLogitsClose(const std::vector<float>& a, const std::vector<float>& b, double rel);
+
 }  // namespace snapfill::testing
 
 #endif  // SNAPFILL_TESTS_TESTING_TINY_MODEL_H_
