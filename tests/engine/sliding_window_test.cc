@@ -125,7 +125,9 @@ TEST(HybridDecodeTest, DecoderContinuesLikeOneShot) {
       auto kv = take ? (*engine)->TakeDecoderCache() : (*engine)->MakeDecoderCache(next.size());
       SNAPFILL_ASSERT_OK(kv);
       EXPECT_GE((*kv)->room(), static_cast<int64_t>(next.size()));
-      if (take) EXPECT_EQ((*kv)->capacity(0), 24 + static_cast<int64_t>(next.size())) << "a ring and the reserve";
+      if (take) {
+        EXPECT_EQ((*kv)->capacity(0), 24 + static_cast<int64_t>(next.size())) << "a ring and the reserve";
+      }
       auto fwd = LlamaForward::Create(*model, backend->get(), 1);
       SNAPFILL_ASSERT_OK(fwd);
       std::vector<int32_t> all = ids;

@@ -366,7 +366,7 @@ std::vector<Config> Configs(const std::vector<std::string>& common) {
     const int64_t chunk = chunk_of(s);
     if (s.kind != "fm" && !fm_chunks.empty() &&
         std::find(fm_chunks.begin(), fm_chunks.end(), chunk) == fm_chunks.end()) {
-      out.push_back(MakeConfig(common, absl::StrCat("fm@", chunk), Spec{"fm", "", chunk}, chunk));
+      out.push_back(MakeConfig(common, absl::StrCat("fm@", chunk), Spec{"fm", "", chunk, ""}, chunk));
       fm_chunks.push_back(chunk);
     }
     out.push_back(MakeConfig(common, text, s, chunk));
@@ -456,7 +456,7 @@ absl::Status RunBench() {
   {
     SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
     const LlamaConfig& mc = model.model->config();
-    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags(model.model.get()));
     half_kv = backend->HalfDecodeKv();
     entry_bytes =
         2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (half_kv ? sizeof(uint16_t) : sizeof(float));
