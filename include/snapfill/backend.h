@@ -44,6 +44,17 @@ struct WeightView {
   uint64_t file_offset = 0;
 };
 
+// One implementation's measured rate, and an op's (the CPU backend's ops
+// with more than one implementation: "prefill attention", "products").
+struct KernelRate {
+  std::string name;  // as Backend::kernels() names it
+  double gops = 0;
+};
+struct KernelRates {
+  std::string op;
+  std::vector<KernelRate> rates;  // the reference (or the CPU flags' choice) first
+};
+
 struct BackendOptions {
   int num_threads = 0;  // 0: all cores
   // Multiply with weights dequantized to f32 and f32 activations, instead
@@ -106,6 +117,27 @@ struct BackendOptions {
   // backend's kernels() names it, so a checkpoint records it and a resume
   // can ask for it again.
   std::string attention_kernel;
+  // The token blocks' products, as the attention: "" leaves them (at first,
+  // by the CPU's flags: AMX-BF16, else AMX-INT8, else AVX-512 VNNI, else
+  // AVX2); "measure": the fastest of the paths this CPU runs, timed on
+  // product_shape (the flags' choice unless another is more than 10%
+  // faster); or a path by name, "amx-bf16", "amx-int8", "avx512-vnni",
+  // "avx-vnni" or "avx2" (InvalidArgument where this CPU does not run it).
+  // The paths round alike only up to the f32 order of sums (AMX-BF16 rounds
+  // to bf16), so kernels() names the one taken.
+  std::string products_kernel;
+  // The product "measure" times: the model's feed-forward gate (most of a
+  // prefill's work); by default SmolLM2-135M's.
+  struct ProductShape {
+    GgmlType type = GgmlType::kQ4_1;
+    int64_t k = 576;   // columns
+    int64_t n = 1536;  // rows
+  };
+  ProductShape product_shape;
+  // Rates timed before (a file that keeps them, tools/cli/kernel_cache.h):
+  // "measure" takes an op's rates from here where they name one this CPU
+  // runs, instead of timing them again.
+  std::vector<KernelRates> kernel_rates;
 };
 
 // A read-only view of one layer's KV: K/V element (h, j, d) at
@@ -209,7 +241,8 @@ class Backend {
   // products and the attention), for `snapfill info` and the benchmarks.
   virtual std::string kernels() const { return ""; }
   // What the backend timed to choose its kernels (the CPU backend: each
-  // prefill attention's rate, where it measured them), in words; "" where
+  // prefill attention's and product path's rate, where it measured them or
+  // was given them), in words; "" where
   // it timed nothing. Apart from kernels(), which checkpoints and caches
   // record: a record must not change with timing noise.
   virtual std::string kernel_timings() const { return ""; }
@@ -478,6 +511,22 @@ absl::StatusOr<int> KernelLevelIndex(std::string_view name);
 // this CPU cannot run, FailedPrecondition once the kernels run with others.
 // For a harness that runs the kernels without a backend.
 absl::Status ConfigureCpuKernels(const BackendOptions& options);
+
+// The implementation to take of `rates`: the first (the reference) unless
+// another is more than 10% faster, so that timing noise between near-equals
+// does not flip the choice; then the fastest. "" for no rates.
+std::string FastestKernel(const std::vector<KernelRate>& rates);
+
+// Times, with the options' level, AMX mode and thread count, the
+// implementations this CPU runs of each op that has several: the prefill
+// attention (on a chunk of the default model's shape) and the products (on
+// options.product_shape), about 0.2 s in all. Each op's list starts with
+// its reference. Errors as ConfigureCpuKernels.
+absl::StatusOr<std::vector<KernelRates>> MeasureCpuKernels(const BackendOptions& options);
+
+// This CPU, for a file of timings: vendor, brand string, family, model and
+// stepping, and the highest kernel level it runs.
+std::string CpuIdentity();
 
 // Returns a backend for `device`; Unimplemented("built without CUDA") for
 // kCuda in a CPU-only build, FailedPrecondition where no GPU can be used.

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -75,8 +77,79 @@ bool MatMulQuantizesActivations(GgmlType type, int64_t m) {
   return MatMulSupports(type) && generic::MatMulQuantizesActivations(type, m);
 }
 
-void SetMatMulImplForTesting(MatMulImpl impl) {
+void SetMatMulImpl(MatMulImpl impl) {
   internal::g_matmul_impl.store(static_cast<int>(impl), std::memory_order_relaxed);
+}
+
+MatMulImpl ActiveMatMulImpl() {
+  return static_cast<MatMulImpl>(internal::g_matmul_impl.load(std::memory_order_relaxed));
+}
+
+const char* ProductPathName(MatMulImpl impl) {
+  // Each implementation falls to the next path where the CPU lacks its own
+  // (the order of UseAmxBf16, UseAmx and PickPackedIsa).
+  switch (impl) {
+    case MatMulImpl::kGeneric: return "portable";
+    case MatMulImpl::kAuto:
+      if (MatMulHasAmxBf16()) return "amx-bf16";
+      [[fallthrough]];
+    case MatMulImpl::kAmxInt8:
+      if (MatMulHasAmx()) return "amx-int8";
+      [[fallthrough]];
+    case MatMulImpl::kNoAmx:
+      if (MatMulHasSimd()) return "avx512-vnni";
+      [[fallthrough]];
+    case MatMulImpl::kAvx2:
+      if (MatMulHasAvx2()) return MatMulHasAvxVnni() ? "avx-vnni" : "avx2";
+      return "portable";
+  }
+  return "portable";
+}
+
+std::vector<MatMulImpl> AvailableProductImpls() {
+  std::vector<MatMulImpl> out = {MatMulImpl::kAuto};
+  std::vector<std::string_view> names = {ProductPathName(MatMulImpl::kAuto)};
+  for (MatMulImpl impl : {MatMulImpl::kAmxInt8, MatMulImpl::kNoAmx, MatMulImpl::kAvx2}) {
+    const std::string_view name = ProductPathName(impl);
+    if (name == "portable" || std::find(names.begin(), names.end(), name) != names.end()) continue;
+    out.push_back(impl);
+    names.push_back(name);
+  }
+  return out;
+}
+
+std::vector<ProductRate> MeasureProductImpls(GgmlType type, int64_t m, int64_t k, int64_t n) {
+  const int64_t row_bytes = RowBytes(type, k);
+  std::vector<ProductRate> rates;
+  if (!MatMulSupports(type) || row_bytes <= 0 || m <= 0 || n <= 0) return rates;
+  // Bytes of at most 0x3B: every f16 / bf16 / f32 field they form is finite
+  // (its exponent below the maximum), whatever the block layout.
+  uint32_t state = 2463534242u;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    return state;
+  };
+  std::vector<uint8_t> w(static_cast<size_t>(row_bytes * n));
+  for (uint8_t& b : w) b = static_cast<uint8_t>(next() & 0x3B);
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (float& f : x) f = static_cast<float>(next() >> 8) / 16777216.0f - 0.5f;
+  const double ops = 2.0 * m * n * k;
+  const MatMulImpl was = ActiveMatMulImpl();
+  for (MatMulImpl impl : AvailableProductImpls()) {
+    SetMatMulImpl(impl);
+    double best = 0;
+    for (int run = 0; run < 4; ++run) {  // the first warms up
+      const auto t0 = std::chrono::steady_clock::now();
+      MatMul(x.data(), m, k, k, w.data(), type, n, static_cast<size_t>(row_bytes), y.data(), n);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (run > 0 && s > 0) best = std::max(best, ops / s * 1e-9);
+    }
+    rates.push_back({impl, best});
+  }
+  SetMatMulImpl(was);
+  return rates;
 }
 
 bool MatMulHasSimd() { SNAPFILL_CPU_DISPATCH(MatMulHasSimd); }

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "snapfill/dtype.h"
 
@@ -143,9 +144,32 @@ void QuantizeActivationsForTesting(GgmlType w_type, const float* x, int64_t k, u
 // forces the portable path; kAmxInt8 as kAuto with AMX-INT8 where AMX-BF16
 // would be used; kAvx2: token blocks (and float weights) on the AVX2 kernels
 // even where AVX-512 is compiled in (falls back to the portable path where
-// AVX2 is not). Process-wide; for tests and benchmarks only.
+// AVX2 is not). Process-wide: the CPU backend sets it where its options
+// name one (BackendOptions::products_kernel); tests and benchmarks too.
 enum class MatMulImpl { kAuto, kGeneric, kNoAmx, kAmxInt8, kAvx2 };
-void SetMatMulImplForTesting(MatMulImpl impl);
+void SetMatMulImpl(MatMulImpl impl);
+inline void SetMatMulImplForTesting(MatMulImpl impl) { SetMatMulImpl(impl); }
+MatMulImpl ActiveMatMulImpl();
+
+// The path token blocks take under `impl` here, as Backend::kernels() names
+// it: "amx-bf16", "amx-int8", "avx512-vnni", "avx-vnni", "avx2" or
+// "portable".
+const char* ProductPathName(MatMulImpl impl);
+// The implementations worth timing here, each taking another path: kAuto
+// (the path the CPU's flags choose) first, then AMX-INT8 where kAuto takes
+// AMX-BF16, AVX-512 VNNI where it takes AMX, AVX2 where it takes AVX-512;
+// never the portable path where a SIMD one runs.
+std::vector<MatMulImpl> AvailableProductImpls();
+// Each available implementation's rate on a token block of m tokens times a
+// `type` matrix of n rows of k elements (synthetic finite values: the
+// kernels' speed does not depend on them; k a multiple of the type's block):
+// the best of three runs after a warm-up, in GOP/s (2·m·n·k a product).
+// Leaves the implementation in force as it was.
+struct ProductRate {
+  MatMulImpl impl;
+  double gops = 0;
+};
+std::vector<ProductRate> MeasureProductImpls(GgmlType type, int64_t m, int64_t k, int64_t n);
 
 // Returns true if SIMD kernels were compiled in (kAuto then uses them).
 bool MatMulHasSimd();

@@ -1,4 +1,5 @@
 // CPU backend: checks shapes, then calls kernels/cpu.
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -50,8 +51,8 @@ enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores
 constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
                                            "swiglu",   "attention", "window_scores"};
 
-std::vector<cpu::AttentionRate>& MeasuredAttention();
-absl::Status ChooseAttention(const std::string& name);
+std::vector<KernelRates>& ChosenRates();
+std::mutex& ChoiceMutex();
 
 class CpuBackend final : public Backend, public BackendProfile {
  public:
@@ -68,12 +69,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   std::string kernels() const override {
     if (exact_) return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), ", exact (f32 activations)");
-    const char* products = cpu::MatMulHasAmxBf16() ? "amx-bf16"
-                           : cpu::MatMulHasAmx()   ? "amx-int8"
-                           : cpu::MatMulHasSimd()  ? "avx512-vnni"
-                           : cpu::MatMulHasAvxVnni() ? "avx-vnni"
-                           : cpu::MatMulHasAvx2()  ? "avx2"
-                                                   : "portable";
+    const char* products = cpu::ProductPathName(cpu::ActiveMatMulImpl());
     const char* attention = cpu::AttentionHasAmx()        ? "amx-bf16"
                             : cpu::AttentionHasAvx512Bf16() ? "avx512-bf16"
                                                             : "f32";
@@ -85,10 +81,13 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   std::string kernel_timings() const override {
+    std::lock_guard<std::mutex> lock(ChoiceMutex());
     std::string out;
-    for (const cpu::AttentionRate& r : MeasuredAttention()) {
-      absl::StrAppendFormat(&out, "%s%s %.0f", out.empty() ? "prefill attention, GOP/s: " : ", ",
-                            cpu::AttentionImplName(r.impl), r.gops);
+    for (const KernelRates& op : ChosenRates()) {
+      absl::StrAppend(&out, out.empty() ? "" : "; ", op.op, ", GOP/s:");
+      for (size_t i = 0; i < op.rates.size(); ++i) {
+        absl::StrAppendFormat(&out, "%s %s %.0f", i > 0 ? "," : "", op.rates[i].name, op.rates[i].gops);
+      }
     }
     return out;
   }
@@ -655,59 +654,120 @@ void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
 
 namespace {
 
-// The attention rates measured in this process (BackendOptions::
-// attention_kernel "measure"), for kernels(); empty until then.
-std::vector<cpu::AttentionRate>& MeasuredAttention() {
-  static std::vector<cpu::AttentionRate> rates;
+// The rates the kernels were chosen by in this process (timed, or given in
+// BackendOptions::kernel_rates), by op, for kernel_timings(); empty until a
+// choice by measurement.
+std::vector<KernelRates>& ChosenRates() {
+  static std::vector<KernelRates> rates;
+  return rates;
+}
+std::mutex& ChoiceMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+constexpr char kAttentionOp[] = "prefill attention";
+constexpr char kProductsOp[] = "products";
+// The token block the products are timed on: a chunk's worth of work per
+// call, as a prefill's (its speed changes little above a few hundred).
+constexpr int64_t kProductTokens = 512;
+
+std::vector<KernelRate> AttentionRatesNow() {
+  // Timed once per process: the shape is fixed.
+  static const std::vector<KernelRate> rates = [] {
+    std::vector<KernelRate> out;
+    for (const cpu::AttentionRate& r : cpu::MeasureAttentionImpls()) {
+      out.push_back({cpu::AttentionImplName(r.impl), r.gops});
+    }
+    return out;
+  }();
   return rates;
 }
 
-absl::Status ChooseAttention(const std::string& name) {
-  if (name.empty()) return absl::OkStatus();
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  if (name == "measure") {
-    std::vector<cpu::AttentionRate>& rates = MeasuredAttention();
-    if (rates.empty()) rates = cpu::MeasureAttentionImpls();
-    // The fastest; f32 (the first) unless another is clearly faster, so
-    // that timing noise between near-equals does not flip the choice.
-    cpu::AttentionRate best = rates.front();
-    for (const cpu::AttentionRate& r : rates) {
-      if (r.gops > 1.1 * best.gops) best = r;
-    }
-    cpu::SetAttentionImpl(best.impl);
-    return absl::OkStatus();
+std::vector<KernelRate> ProductRatesNow(const BackendOptions::ProductShape& shape) {
+  std::vector<KernelRate> out;
+  for (const cpu::ProductRate& r : cpu::MeasureProductImpls(shape.type, kProductTokens, shape.k, shape.n)) {
+    out.push_back({cpu::ProductPathName(r.impl), r.gops});
   }
+  return out;
+}
+
+// An op's rates for "measure": those the options give, of the
+// implementations this CPU runs (`here`), else timed now.
+std::vector<KernelRate> RatesFor(const char* op, const BackendOptions& options, const std::vector<std::string>& here,
+                                 const std::function<std::vector<KernelRate>()>& time_now) {
+  std::vector<KernelRate> rates;
+  for (const KernelRates& given : options.kernel_rates) {
+    if (given.op != op) continue;
+    for (const KernelRate& r : given.rates) {
+      if (std::find(here.begin(), here.end(), r.name) != here.end()) rates.push_back(r);
+    }
+  }
+  if (rates.empty()) rates = time_now();
+  std::vector<KernelRates>& chosen = ChosenRates();
+  auto it = std::find_if(chosen.begin(), chosen.end(), [&](const KernelRates& r) { return r.op == op; });
+  if (it == chosen.end()) it = chosen.insert(chosen.end(), KernelRates{op, {}});
+  it->rates = rates;
+  return rates;
+}
+
+absl::Status NotRunHere(const char* what, const std::string& name, const std::vector<std::string>& here) {
+  std::string names;
+  for (const std::string& n : here) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " ", name, " is not one this CPU runs here (it runs: ", names, ")"));
+}
+
+absl::Status ChooseAttention(const BackendOptions& options) {
+  std::string name = options.attention_kernel;
+  if (name.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(ChoiceMutex());
+  std::vector<std::string> here;
+  for (cpu::AttentionImpl a : cpu::AvailableAttentionImpls()) here.push_back(cpu::AttentionImplName(a));
+  if (name == "measure") name = FastestKernel(RatesFor(kAttentionOp, options, here, AttentionRatesNow));
   const std::optional<cpu::AttentionImpl> impl = cpu::AttentionImplFromName(name);
   if (!impl) {
     return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", name,
                                                    "\": expected measure, auto, f32, avx512-bf16 or amx-bf16"));
   }
-  if (*impl != cpu::AttentionImpl::kAuto) {
-    const std::vector<cpu::AttentionImpl> here = cpu::AvailableAttentionImpls();
-    if (std::find(here.begin(), here.end(), *impl) == here.end()) {
-      std::string names;
-      for (cpu::AttentionImpl a : here) absl::StrAppend(&names, names.empty() ? "" : ", ", cpu::AttentionImplName(a));
-      return absl::InvalidArgumentError(
-          absl::StrCat("attention kernel ", name, " is not one this CPU runs here (it runs: ", names, ")"));
-    }
+  if (*impl != cpu::AttentionImpl::kAuto && std::find(here.begin(), here.end(), name) == here.end()) {
+    return NotRunHere("attention kernel", name, here);
   }
   cpu::SetAttentionImpl(*impl);
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<int> KernelLevelIndex(std::string_view name) {
-  static constexpr cpu::CpuLevel kLevels[] = {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2,
-                                              cpu::CpuLevel::kAvxVnni, cpu::CpuLevel::kAvx512};
-  for (cpu::CpuLevel l : kLevels) {
-    if (name == cpu::CpuLevelName(l)) return static_cast<int>(l);
+absl::Status ChooseProducts(const BackendOptions& options) {
+  std::string name = options.products_kernel;
+  if (name.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(ChoiceMutex());
+  if (name == "auto") {
+    cpu::SetMatMulImpl(cpu::MatMulImpl::kAuto);
+    return absl::OkStatus();
   }
-  return absl::InvalidArgumentError("expected generic, avx2, avxvnni or avx512");
+  const std::vector<cpu::MatMulImpl> impls = cpu::AvailableProductImpls();
+  std::vector<std::string> here;
+  for (cpu::MatMulImpl m : impls) here.push_back(cpu::ProductPathName(m));
+  if (name == "measure") {
+    name = FastestKernel(
+        RatesFor(kProductsOp, options, here, [&] { return ProductRatesNow(options.product_shape); }));
+  }
+  for (size_t i = 0; i < impls.size(); ++i) {
+    if (here[i] == name) {
+      cpu::SetMatMulImpl(impls[i]);
+      return absl::OkStatus();
+    }
+  }
+  static constexpr const char* kKnown[] = {"amx-bf16", "amx-int8", "avx512-vnni", "avx-vnni", "avx2"};
+  if (std::find(std::begin(kKnown), std::end(kKnown), name) == std::end(kKnown)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "products kernel \"", name, "\": expected measure, auto, amx-bf16, amx-int8, avx512-vnni, avx-vnni or avx2"));
+  }
+  return NotRunHere("products kernel", name, here);
 }
 
-absl::Status ConfigureCpuKernels(const BackendOptions& options) {
+// The level, AMX and wait choices of the options (not the implementations).
+absl::Status ConfigureLevel(const BackendOptions& options) {
   cpu::KernelChoices choices;
   if (!options.kernel_level.empty()) {
     const absl::StatusOr<int> level = KernelLevelIndex(options.kernel_level);
@@ -731,7 +791,71 @@ absl::Status ConfigureCpuKernels(const BackendOptions& options) {
     if (choices.level && !cpu::CpuSupports(*choices.level)) return absl::InvalidArgumentError(why);
     return absl::FailedPreconditionError(why);
   }
-  return ChooseAttention(options.attention_kernel);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int> KernelLevelIndex(std::string_view name) {
+  static constexpr cpu::CpuLevel kLevels[] = {cpu::CpuLevel::kGeneric, cpu::CpuLevel::kAvx2,
+                                              cpu::CpuLevel::kAvxVnni, cpu::CpuLevel::kAvx512};
+  for (cpu::CpuLevel l : kLevels) {
+    if (name == cpu::CpuLevelName(l)) return static_cast<int>(l);
+  }
+  return absl::InvalidArgumentError("expected generic, avx2, avxvnni or avx512");
+}
+
+absl::Status ConfigureCpuKernels(const BackendOptions& options) {
+  SNAPFILL_RETURN_IF_ERROR(ConfigureLevel(options));
+  SNAPFILL_RETURN_IF_ERROR(ChooseAttention(options));
+  return ChooseProducts(options);
+}
+
+std::string FastestKernel(const std::vector<KernelRate>& rates) {
+  if (rates.empty()) return "";
+  KernelRate best = rates.front();
+  for (const KernelRate& r : rates) {
+    if (r.gops > 1.1 * best.gops) best = r;
+  }
+  return best.name;
+}
+
+absl::StatusOr<std::vector<KernelRates>> MeasureCpuKernels(const BackendOptions& options) {
+  SNAPFILL_RETURN_IF_ERROR(ConfigureLevel(options));
+  // The rates are the backend's: with its thread count.
+  omp_set_num_threads(options.num_threads > 0 ? options.num_threads : omp_get_num_procs());
+  return std::vector<KernelRates>{{kAttentionOp, AttentionRatesNow()},
+                                  {kProductsOp, ProductRatesNow(options.product_shape)}};
+}
+
+std::string CpuIdentity() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  std::string vendor = "unknown", brand;
+  if (__get_cpuid(0, &a, &b, &c, &d) != 0) {
+    char v[13] = {};
+    std::memcpy(v, &b, 4);
+    std::memcpy(v + 4, &d, 4);
+    std::memcpy(v + 8, &c, 4);
+    vendor = v;
+  }
+  unsigned family = 0, model = 0, stepping = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) != 0) {
+    family = (a >> 8) & 0xF;
+    model = (a >> 4) & 0xF;
+    stepping = a & 0xF;
+    if (family == 0xF) family += (a >> 20) & 0xFF;
+    if (family >= 6) model |= ((a >> 16) & 0xF) << 4;
+  }
+  for (unsigned leaf = 0x80000002; leaf <= 0x80000004; ++leaf) {
+    unsigned r[4] = {};
+    if (__get_cpuid(leaf, &r[0], &r[1], &r[2], &r[3]) == 0) break;
+    brand.append(reinterpret_cast<const char*>(r), sizeof(r));
+  }
+  brand = brand.c_str();  // up to its NUL
+  while (!brand.empty() && brand.back() == ' ') brand.pop_back();
+  while (!brand.empty() && brand.front() == ' ') brand.erase(0, 1);
+  return absl::StrCat(vendor, " ", brand.empty() ? "?" : brand, " (family ", family, " model ", model,
+                      " stepping ", stepping, "), ", cpu::CpuLevelName(cpu::MaxCpuLevel()));
 }
 
 #ifndef SNAPFILL_WITH_CUDA
@@ -759,10 +883,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
   }
-  SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
-  // OpenMP's thread count is process-wide; the CPU backend owns it.
+  // OpenMP's thread count is process-wide; the CPU backend owns it (and
+  // times the kernels it chooses by with it).
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
+  SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
   return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile,
                                                  options.pack_decode_weights, options.half_decode_kv));
 }

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_variants.h"
 #include "kernels/cpu/kernel_config.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
@@ -128,6 +129,125 @@ TEST(CpuBackendOps, AttentionIsChosenByMeasurementOrByName) {
     }
   }
   cpu::SetAttentionImpl(cpu::AttentionImpl::kAuto);  // as the other tests assume
+}
+
+// The chooser: the reference unless another is more than 10% faster.
+TEST(CpuBackendOps, TheFastestIsTakenUnlessWithinTenPercentOfTheReference) {
+  EXPECT_EQ(FastestKernel({}), "");
+  EXPECT_EQ(FastestKernel({{"f32", 100}}), "f32");
+  EXPECT_EQ(FastestKernel({{"f32", 100}, {"bf16", 109}}), "f32");
+  EXPECT_EQ(FastestKernel({{"f32", 100}, {"bf16", 111}}), "bf16");
+  EXPECT_EQ(FastestKernel({{"f32", 100}, {"bf16", 150}, {"amx", 200}}), "amx");
+  EXPECT_EQ(FastestKernel({{"f32", 100}, {"bf16", 150}, {"amx", 160}}), "bf16");
+  EXPECT_EQ(FastestKernel({{"ref", 300}, {"a", 100}, {"b", 200}}), "ref");
+}
+
+// The products' paths: the flags' choice first, each path once, each timed.
+TEST(CpuBackendOps, ProductPathsAreNamedAndTimed) {
+  const std::vector<cpu::MatMulImpl> impls = cpu::AvailableProductImpls();
+  ASSERT_FALSE(impls.empty());
+  EXPECT_EQ(impls.front(), cpu::MatMulImpl::kAuto);
+  std::vector<std::string> names;
+  for (cpu::MatMulImpl m : impls) {
+    const std::string name = cpu::ProductPathName(m);
+    EXPECT_EQ(std::count(names.begin(), names.end(), name), 0) << name;
+    if (impls.size() > 1) {
+      EXPECT_NE(name, "portable");
+    }
+    names.push_back(name);
+  }
+  if (cpu::ActiveCpuLevel() != cpu::CpuLevel::kGeneric) {
+    EXPECT_NE(names.front(), "portable");
+  }
+  cpu::SetMatMulImpl(cpu::MatMulImpl::kAvx2);
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ4_K, GgmlType::kF16}) {
+    const std::vector<cpu::ProductRate> rates = cpu::MeasureProductImpls(type, 32, 256, 48);
+    ASSERT_EQ(rates.size(), impls.size());
+    for (size_t i = 0; i < rates.size(); ++i) {
+      EXPECT_EQ(rates[i].impl, impls[i]);
+      EXPECT_GT(rates[i].gops, 0.0) << names[i];
+    }
+  }
+  EXPECT_EQ(cpu::ActiveMatMulImpl(), cpu::MatMulImpl::kAvx2);  // left as it was
+  EXPECT_TRUE(cpu::MeasureProductImpls(GgmlType::kQ4_1, 32, 250, 48).empty());  // not whole blocks
+  cpu::SetMatMulImpl(cpu::MatMulImpl::kAuto);
+}
+
+// Rates given to the backend (a file of them) decide where they name
+// implementations this CPU runs; a name is honoured; others are refused.
+TEST(CpuBackendOps, PlantedRatesDecideAndANamedPathIsHonoured) {
+  std::vector<std::string> here;
+  for (cpu::MatMulImpl m : cpu::AvailableProductImpls()) here.push_back(cpu::ProductPathName(m));
+  BackendOptions o;
+  o.products_kernel = "measure";
+  // The last path planted far faster; a path this CPU lacks, faster still.
+  o.kernel_rates = {{"products", {{here.front(), 1.0}, {here.back(), 100.0}, {"no-such-path", 1000.0}}}};
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_EQ(cpu::ProductPathName(cpu::ActiveMatMulImpl()), here.back());
+  {
+    auto backend = CreateBackend(Device::kCpu, o);
+    ASSERT_TRUE(backend.ok());
+    EXPECT_NE((*backend)->kernels().find("products " + here.back()), std::string::npos) << (*backend)->kernels();
+    EXPECT_NE((*backend)->kernel_timings().find("products, GOP/s: " + here.front() + " 1"), std::string::npos)
+        << (*backend)->kernel_timings();
+    EXPECT_EQ((*backend)->kernel_timings().find("no-such-path"), std::string::npos);
+  }
+  // The reference planted within 10% of the fastest: the reference.
+  o.kernel_rates = {{"products", {{here.front(), 95.0}, {here.back(), 100.0}}}};
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_EQ(cpu::ActiveMatMulImpl(), cpu::MatMulImpl::kAuto);
+  // No rate of a path here: timed now.
+  o.kernel_rates = {{"products", {{"no-such-path", 1000.0}}}};
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_NE(std::find(here.begin(), here.end(), cpu::ProductPathName(cpu::ActiveMatMulImpl())), here.end());
+  // By name.
+  o.kernel_rates.clear();
+  for (const std::string& name : here) {
+    o.products_kernel = name;
+    ASSERT_TRUE(ConfigureCpuKernels(o).ok()) << name;
+    EXPECT_EQ(cpu::ProductPathName(cpu::ActiveMatMulImpl()), name);
+  }
+  for (const char* name : {"amx-bf16", "amx-int8", "avx512-vnni", "avx-vnni", "avx2"}) {
+    if (std::find(here.begin(), here.end(), name) != here.end()) continue;
+    o.products_kernel = name;
+    const absl::Status s = ConfigureCpuKernels(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(s.message().find("it runs: " + here.front()), absl::string_view::npos) << s;
+  }
+  o.products_kernel = "sse9";
+  EXPECT_EQ(ConfigureCpuKernels(o).code(), absl::StatusCode::kInvalidArgument);
+  // The attention likewise.
+  std::vector<std::string> attention;
+  for (cpu::AttentionImpl a : cpu::AvailableAttentionImpls()) attention.push_back(cpu::AttentionImplName(a));
+  o = BackendOptions();
+  o.attention_kernel = "measure";
+  o.kernel_rates = {{"prefill attention", {{"f32", 1.0}, {attention.back(), 100.0}}}};
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_EQ(cpu::AttentionImplName(cpu::ActiveAttentionImpl()), attention.back());
+  o.kernel_rates = {{"prefill attention", {{"f32", 100.0}, {attention.back(), 105.0}}}};
+  ASSERT_TRUE(ConfigureCpuKernels(o).ok());
+  EXPECT_EQ(cpu::ActiveAttentionImpl(), cpu::AttentionImpl::kF32);
+  cpu::SetMatMulImpl(cpu::MatMulImpl::kAuto);  // as the other tests assume
+  cpu::SetAttentionImpl(cpu::AttentionImpl::kAuto);
+}
+
+// Timing both ops: each list starts with its reference.
+TEST(CpuBackendOps, MeasureCpuKernelsTimesBothOps) {
+  BackendOptions o;
+  o.product_shape = {GgmlType::kQ4_0, 256, 64};
+  const absl::StatusOr<std::vector<KernelRates>> rates = MeasureCpuKernels(o);
+  ASSERT_TRUE(rates.ok()) << rates.status();
+  ASSERT_EQ(rates->size(), 2u);
+  EXPECT_EQ((*rates)[0].op, "prefill attention");
+  ASSERT_FALSE((*rates)[0].rates.empty());
+  EXPECT_EQ((*rates)[0].rates[0].name, "f32");
+  EXPECT_EQ((*rates)[1].op, "products");
+  ASSERT_FALSE((*rates)[1].rates.empty());
+  EXPECT_EQ((*rates)[1].rates[0].name, cpu::ProductPathName(cpu::MatMulImpl::kAuto));
+  for (const KernelRates& op : *rates) {
+    for (const KernelRate& r : op.rates) EXPECT_GT(r.gops, 0.0) << op.op << " " << r.name;
+  }
+  EXPECT_NE(CpuIdentity().find(cpu::CpuLevelName(cpu::MaxCpuLevel())), std::string::npos) << CpuIdentity();
 }
 
 TEST(CpuBackendOps, BadArgumentsAreRefused) {

@@ -18,6 +18,9 @@ void CliTest::SetUp() {
          ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
          std::to_string(getpid());
   std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str());
+  // The kernels' timings that --kernels auto keeps go to the folder too,
+  // not to the user's cache.
+  ::setenv("XDG_CACHE_HOME", (dir_ + "/cache").c_str(), 1);
   TinyLlamaOptions opts;
   opts.context_length = 2048;
   auto bytes = MakeTinyLlamaGguf(opts);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tools/testmodel/tiny_llama.h"
@@ -58,6 +59,18 @@ class ReliabilityTest : public testing::CliTest {
     Result r = Run(job_ + " --out " + ref);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return testing::ReadAll(ref);
+  }
+
+  // A run as a user's: without the suite's SNAPFILL_KERNELS=flags, so
+  // --kernels auto times the kernels (and keeps the timings in this test's
+  // folder, cache/snapfill: the fixture's XDG_CACHE_HOME).
+  Result RunWithoutSuiteKernels(const std::string& args) {
+    const char* suite = std::getenv("SNAPFILL_KERNELS");
+    const std::string saved = suite != nullptr ? suite : "";
+    ::unsetenv("SNAPFILL_KERNELS");
+    Result r = Run(args);
+    if (suite != nullptr) ::setenv("SNAPFILL_KERNELS", saved.c_str(), 1);
+    return r;
   }
 
   // Waits (up to 60 s) for the first checkpoint of a spawned run.
@@ -188,11 +201,48 @@ TEST_F(ReliabilityTest, ResumeComputesWithTheRecordedAttention) {
   // No --kernels, and not the suite's SNAPFILL_KERNELS=flags either (which
   // would pick the bf16 kernel here by itself): the default, auto, would
   // time the kernels and take f32.
-  const char* suite = std::getenv("SNAPFILL_KERNELS");
-  const std::string saved_env = suite != nullptr ? suite : "";
-  ::unsetenv("SNAPFILL_KERNELS");
-  r = Run(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
-  if (suite != nullptr) ::setenv("SNAPFILL_KERNELS", saved_env.c_str(), 1);
+  // (The timings it keeps go to this test's folder.)
+  r = RunWithoutSuiteKernels(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testing::ReadAll(out) == testing::ReadAll(ref)) << "the resumed cache differs";
+}
+
+// The products likewise: a run on one product path, stopped, resumes on it
+// although the kept timings make auto pick another. Where the CPU runs one
+// path, or two that compute alike, there is nothing to tell apart.
+TEST_F(ReliabilityTest, ResumeComputesWithTheRecordedProducts) {
+  std::vector<std::string> paths;
+  for (const char* name : {"amx-bf16", "amx-int8", "avx512-vnni", "avx-vnni", "avx2"}) {
+    if (Run("info --model " + model_ + " --kernels products=" + std::string(name)).exit_code == 0) {
+      paths.push_back(name);
+    }
+  }
+  if (paths.size() < 2) GTEST_SKIP() << "one product path on this CPU";
+  const std::string first = job_ + " --kernels attention=f32,products=" + paths[0];
+  const std::string ref = dir_ + "/reference.kv", other = dir_ + "/other.kv";
+  ASSERT_EQ(Run(first + " --out " + ref).exit_code, 0);
+  ASSERT_EQ(Run(job_ + " --kernels attention=f32,products=" + paths.back() + " --out " + other).exit_code, 0);
+  if (testing::ReadAll(ref) == testing::ReadAll(other)) GTEST_SKIP() << paths[0] << " and " << paths.back() << " compute alike";
+
+  const std::string out = dir_ + "/resumed.kv";
+  KillAfterFirstCheckpoint(first + " --out " + out + " --checkpoint " + checkpoint_ + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  // Timings kept by an earlier run (this one's, rewritten) that favour the
+  // other path by far.
+  Result info = RunWithoutSuiteKernels("info --model " + model_);
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const std::vector<std::string> kept = testing::ListDir(dir_ + "/cache/snapfill");
+  ASSERT_EQ(kept.size(), 1u);
+  const std::string file = dir_ + "/cache/snapfill/" + kept[0];
+  std::string text = testing::ReadAll(file);
+  const size_t at = text.find("rates products: ");
+  ASSERT_NE(at, std::string::npos) << text;
+  text = text.substr(0, at) + "rates products: " + paths[0] + " 1.0, " + paths.back() + " 1000.0\nend\n";
+  testing::WriteRaw(file, text);
+  info = RunWithoutSuiteKernels("info --model " + model_);
+  EXPECT_NE(info.out.find("products " + paths.back()), std::string::npos) << info.out;
+
+  Result r = RunWithoutSuiteKernels(job_ + " --out " + out + " --checkpoint " + checkpoint_ + " --resume");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(testing::ReadAll(out) == testing::ReadAll(ref)) << "the resumed cache differs";
 }

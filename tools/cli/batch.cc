@@ -230,7 +230,7 @@ absl::Status RunBatch() {
   SNAPFILL_ASSIGN_OR_RETURN(InputOptions input, InputOptionsFromFlags(/*with_suffix=*/false));
   input.progress = false;
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags(m.model.get()));
   const std::string fingerprint = ModelFingerprint(m.model->gguf());
   // Each answer records the pruner that made its memory, not "auto".
   const std::string gates = GatesPath(m.path);

@@ -10,11 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"
+#include "tools/cli/kernel_cache.h"
 
 namespace snapfill::cli {
 
@@ -78,7 +80,7 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags() {
   return m;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags(const LlamaModel* model, std::string* timings) {
   BackendOptions opts;
   opts.num_threads = absl::GetFlag(FLAGS_threads);
   opts.profile = absl::GetFlag(FLAGS_profile);
@@ -95,35 +97,77 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags() {
   // --kernels, else SNAPFILL_KERNELS, else auto.
   const char* env = std::getenv("SNAPFILL_KERNELS");
   const bool from_env = env != nullptr && !FlagGiven("kernels");
-  absl::StatusOr<std::string> attention = AttentionKernelFromFlag(from_env ? env : absl::GetFlag(FLAGS_kernels));
-  if (!attention.ok() && from_env) {
-    return absl::InvalidArgumentError(absl::StrCat("SNAPFILL_KERNELS: ", attention.status().message()));
+  absl::StatusOr<KernelsChoice> kernels = KernelsFromFlag(from_env ? env : absl::GetFlag(FLAGS_kernels));
+  if (!kernels.ok() && from_env) {
+    return absl::InvalidArgumentError(absl::StrCat("SNAPFILL_KERNELS: ", kernels.status().message()));
   }
-  SNAPFILL_ASSIGN_OR_RETURN(opts.attention_kernel, std::move(attention));
+  if (!kernels.ok()) return kernels.status();
+  opts.attention_kernel = kernels->attention;
+  opts.products_kernel = kernels->products;
+  if (model != nullptr && model->config().num_layers > 0) {
+    const WeightView& gate = model->layer(0).w_gate;
+    opts.product_shape = {gate.type, gate.cols, gate.rows};
+  }
   const absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  if (*device == Device::kCpu && (opts.attention_kernel == "measure" || opts.products_kernel == "measure")) {
+    std::string source;
+    SNAPFILL_RETURN_IF_ERROR(LoadOrMeasureKernelRates(&opts, &source));
+    if (timings != nullptr) *timings = source;
+  }
   return CreateBackend(*device, opts);
 }
 
-std::string AttentionFromKernelsRecord(const std::string& kernels) {
-  constexpr std::string_view kKey = "prefill attention ";
-  const size_t at = kernels.find(kKey);
+namespace {
+
+// The word after `key` in a kernels() record, or "".
+std::string RecordedKernel(const std::string& kernels, std::string_view key) {
+  const size_t at = kernels.find(key);
   if (at == std::string::npos) return "";
-  const size_t from = at + kKey.size();
+  const size_t from = at + key.size();
   const size_t end = kernels.find_first_of(" ,(", from);
   return kernels.substr(from, end == std::string::npos ? std::string::npos : end - from);
 }
 
-absl::StatusOr<std::string> AttentionKernelFromFlag(const std::string& value) {
-  if (value == "auto") return std::string("measure");
-  if (value == "flags") return std::string("");
-  constexpr std::string_view kKey = "attention=";
-  if (value.rfind(kKey, 0) == 0) {
-    const std::string name = value.substr(kKey.size());
-    if (name == "auto" || name == "f32" || name == "avx512-bf16" || name == "amx-bf16") return name;
+}  // namespace
+
+std::string AttentionFromKernelsRecord(const std::string& kernels) {
+  return RecordedKernel(kernels, "prefill attention ");
+}
+
+std::string ProductsFromKernelsRecord(const std::string& kernels) {
+  return RecordedKernel(kernels, "products ");
+}
+
+absl::StatusOr<KernelsChoice> KernelsFromFlag(const std::string& value) {
+  if (value == "auto") return KernelsChoice{"measure", "measure"};
+  if (value == "flags") return KernelsChoice{"", ""};
+  const auto bad = [&value] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kernels=", value,
+                     ": expected auto, flags, or attention=f32|avx512-bf16|amx-bf16|auto and/or "
+                     "products=amx-bf16|amx-int8|avx512-vnni|avx-vnni|avx2|auto, separated by a comma"));
+  };
+  KernelsChoice c{"measure", "measure"};
+  bool attention_named = false, products_named = false;
+  for (absl::string_view item : absl::StrSplit(value, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos || eq + 1 == item.size()) return bad();
+    const std::string key(item.substr(0, eq)), name(item.substr(eq + 1));
+    if (key == "attention" && !attention_named &&
+        (name == "auto" || name == "f32" || name == "avx512-bf16" || name == "amx-bf16")) {
+      c.attention = name;
+      attention_named = true;
+    } else if (key == "products" && !products_named &&
+               (name == "auto" || name == "amx-bf16" || name == "amx-int8" || name == "avx512-vnni" ||
+                name == "avx-vnni" || name == "avx2")) {
+      c.products = name;
+      products_named = true;
+    } else {
+      return bad();
+    }
   }
-  return absl::InvalidArgumentError(absl::StrCat("--kernels=", value,
-                                                 ": expected auto, flags or attention=f32|avx512-bf16|amx-bf16|auto"));
+  return c;
 }
 
 std::string DevicePeakNote(const Backend& backend) {
@@ -144,7 +188,7 @@ absl::StatusOr<LongInput> OpenLongInput(const std::string& path) {
                  path.c_str(), bad.size(), bad[0]);
   }
   SNAPFILL_ASSIGN_OR_RETURN(in.model, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags(in.model.model.get()));
   return in;
 }
 
@@ -152,7 +196,7 @@ absl::StatusOr<StreamedInput> OpenStreamedInput(const std::string& path) {
   StreamedInput in;
   SNAPFILL_ASSIGN_OR_RETURN(in.file, InputFile::Open(path, "--input"));
   SNAPFILL_ASSIGN_OR_RETURN(in.model, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(in.backend, BackendFromFlags(in.model.model.get()));
   return in;
 }
 

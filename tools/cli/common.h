@@ -38,14 +38,28 @@ struct LoadedModel {
 // Loads --model (or its default), its tokenizer and chat template.
 absl::StatusOr<LoadedModel> LoadModelFromFlags();
 
-// The CPU backend with --threads and --pack_decode.
-absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags();
-// The prefill attention a Backend::kernels() record names ("f32",
-// "avx512-bf16", "amx-bf16"), or "" where it names none.
+// The backend of --device, --threads, --pack_decode and --kernels. With
+// --kernels auto, the kernels are chosen by their rates on this machine,
+// kept in the user's cache folder (kernel_cache.h); `model`, where given,
+// is what the products are timed on (its feed-forward gate); *timings, where
+// given, says where the rates came from ("" where none were used).
+absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags(const LlamaModel* model = nullptr,
+                                                          std::string* timings = nullptr);
+// The prefill attention ("f32", "avx512-bf16", "amx-bf16") and the products'
+// path ("amx-bf16", "amx-int8", "avx512-vnni", "avx-vnni", "avx2",
+// "portable") that a Backend::kernels() record names, or "" where it names
+// none.
 std::string AttentionFromKernelsRecord(const std::string& kernels);
-// BackendOptions::attention_kernel for a --kernels value: "auto" measures,
-// "flags" leaves the CPU's flags to decide, "attention=NAME" names one.
-absl::StatusOr<std::string> AttentionKernelFromFlag(const std::string& value);
+std::string ProductsFromKernelsRecord(const std::string& kernels);
+// BackendOptions::attention_kernel and products_kernel for a --kernels
+// value: "auto" measures both, "flags" leaves the CPU's flags to decide,
+// and a comma-separated list of attention=NAME and products=NAME names
+// those (an op it does not name is measured).
+struct KernelsChoice {
+  std::string attention;
+  std::string products;
+};
+absl::StatusOr<KernelsChoice> KernelsFromFlag(const std::string& value);
 
 // " | peak device memory X" where the backend holds device memory; "" on
 // the CPU.

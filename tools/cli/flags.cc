@@ -12,9 +12,11 @@ ABSL_FLAG(std::string, device, "auto",
           "cpu | cuda | auto: where the model runs (auto: the GPU where one can be used, else the CPU)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads; 0 = all cores");
 ABSL_FLAG(std::string, kernels, "auto",
-          "CPU kernels: auto (the prefill attention's implementation timed here, the fastest taken), flags "
-          "(chosen by the CPU's flags alone), or attention=f32|avx512-bf16|amx-bf16|auto. --resume takes the "
-          "checkpoint's unless this is given");
+          "CPU kernels: auto (the prefill attention's and the products' implementations timed here, the "
+          "fastest taken; the rates are kept in $XDG_CACHE_HOME/snapfill or ~/.cache/snapfill), flags "
+          "(chosen by the CPU's flags alone), or attention=f32|avx512-bf16|amx-bf16|auto and/or "
+          "products=amx-bf16|amx-int8|avx512-vnni|avx-vnni|avx2|auto, comma-separated (an op not named is "
+          "timed). --resume takes the checkpoint's unless this is given");
 ABSL_FLAG(bool, pack_decode, true,
           "Rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token products "
           "stream at memory speed, when decoding starts (faster decode; the copy takes the place "

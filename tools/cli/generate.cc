@@ -115,7 +115,7 @@ absl::Status RunGenerate() {
   if (batch <= 0) return absl::InvalidArgumentError(absl::StrCat("--batch=", batch, " must be > 0"));
   SNAPFILL_ASSIGN_OR_RETURN(SamplingParams sampling, SamplingFromFlags());
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags(m.model.get()));
   GenerateOptions gopts;
   gopts.max_new_tokens = n;
   gopts.sampling = sampling;

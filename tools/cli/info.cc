@@ -84,11 +84,13 @@ absl::Status RunInfo() {
               local > 0 ? ", global layers" : "", (long long)c.context_length, HumanBytes(full).c_str());
   const absl::StatusOr<std::string> gpu = DescribeCudaDevice();
   std::printf("GPU:             %s\n", gpu.ok() ? gpu->c_str() : std::string(gpu.status().message()).c_str());
-  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags());
+  std::string timings_source;
+  SNAPFILL_ASSIGN_OR_RETURN(auto backend, BackendFromFlags(model.get(), &timings_source));
   std::printf("kernels:         %s, %d threads (SNAPFILL_CPU=generic|avx2|avxvnni|avx512 picks a lower level)\n",
               backend->kernels().c_str(), backend->num_threads());
   if (const std::string timed = backend->kernel_timings(); !timed.empty()) {
-    std::printf("kernels timed:   %s (the fastest is taken; --kernels)\n", timed.c_str());
+    std::printf("kernels timed:   %s (the fastest is taken; --kernels; %s)\n", timed.c_str(),
+                timings_source.empty() ? "timed now" : timings_source.c_str());
   }
   std::printf("thread waits:    %s\n", backend->thread_waits().c_str());
   // The instructions' peaks here, and what they allow the products of a

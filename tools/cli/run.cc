@@ -390,15 +390,19 @@ absl::StatusOr<int64_t> ResumeFromCheckpoint(Prepared& p, const std::string& pat
   // bit), with the prefill attention its record names, whatever a new
   // timing would pick; only --kernels given here overrides it.
   if (!FlagGiven("kernels") && p.backend->device() == Device::kCpu) {
-    if (const std::string recorded = AttentionFromKernelsRecord(ck.state.kernels); !recorded.empty()) {
+    const std::string attention = AttentionFromKernelsRecord(ck.state.kernels);
+    const std::string products = ProductsFromKernelsRecord(ck.state.kernels);
+    for (const bool is_attention : {true, false}) {
+      const std::string& recorded = is_attention ? attention : products;
+      if (recorded.empty() || recorded == "portable") continue;
       BackendOptions o;
-      o.attention_kernel = recorded;
+      (is_attention ? o.attention_kernel : o.products_kernel) = recorded;
       if (const absl::Status s = ConfigureCpuKernels(o); !s.ok()) {
-        std::fprintf(stderr, "snapfill: warning: the checkpoint's prefill attention cannot run here (%s)\n",
-                     std::string(s.message()).c_str());
+        std::fprintf(stderr, "snapfill: warning: the checkpoint's %s cannot run here (%s)\n",
+                     is_attention ? "prefill attention" : "products", std::string(s.message()).c_str());
       }
-      run.kernels = p.backend->kernels();  // and the next checkpoints record it
     }
+    if (!attention.empty() || !products.empty()) run.kernels = p.backend->kernels();  // the next checkpoints record it
   }
   std::string warning;
   SNAPFILL_RETURN_IF_ERROR(CheckpointMismatch(ck.state, run, path, &warning));

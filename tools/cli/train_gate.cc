@@ -56,7 +56,7 @@ absl::Status RunTrainGate() {
     SNAPFILL_ASSIGN_OR_RETURN(texts.emplace_back(), ReadInput(std::string(path), "--input"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(LoadedModel m, LoadModelFromFlags());
-  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags());
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags(m.model.get()));
   const LlamaConfig& mc = m.model->config();
   if (seq_len > mc.context_length) {
     return absl::InvalidArgumentError(
