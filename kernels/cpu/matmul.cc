@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <deque>
 #include <cmath>
 #include <cstdlib>
@@ -139,14 +138,9 @@ std::vector<ProductRate> MeasureProductImpls(GgmlType type, int64_t m, int64_t k
   const MatMulImpl was = ActiveMatMulImpl();
   for (MatMulImpl impl : AvailableProductImpls()) {
     SetMatMulImpl(impl);
-    double best = 0;
-    for (int run = 0; run < 4; ++run) {  // the first warms up
-      const auto t0 = std::chrono::steady_clock::now();
-      MatMul(x.data(), m, k, k, w.data(), type, n, static_cast<size_t>(row_bytes), y.data(), n);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (run > 0 && s > 0) best = std::max(best, ops / s * 1e-9);
-    }
-    rates.push_back({impl, best});
+    rates.push_back({impl, BestRateGops(ops, [&] {
+                       MatMul(x.data(), m, k, k, w.data(), type, n, static_cast<size_t>(row_bytes), y.data(), n);
+                     })});
   }
   SetMatMulImpl(was);
   return rates;

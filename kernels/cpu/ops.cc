@@ -134,18 +134,25 @@ std::vector<AttentionRate> MeasureAttentionImpls() {
   std::vector<AttentionRate> rates;
   for (AttentionImpl impl : AvailableAttentionImpls()) {
     SetAttentionImpl(impl);
-    double best = 0;
-    for (int run = 0; run < 4; ++run) {  // the first warms up
-      const auto t0 = std::chrono::steady_clock::now();
-      Attention(q.data(), kHeads * kDim, k.data(), v.data(), kKeys * kDim, kDim, out.data(), kHeads * kDim, kQ, kKeys,
-                kHeads, kKvHeads, kDim, 0.125f);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (run > 0 && s > 0) best = std::max(best, ops / s * 1e-9);
-    }
-    rates.push_back({impl, best});
+    rates.push_back({impl, BestRateGops(ops, [&] {
+                       Attention(q.data(), kHeads * kDim, k.data(), v.data(), kKeys * kDim, kDim, out.data(),
+                                 kHeads * kDim, kQ, kKeys, kHeads, kKvHeads, kDim, 0.125f);
+                     })});
   }
   SetAttentionImpl(was);
   return rates;
+}
+
+double BestRateGops(double ops, const std::function<void()>& fn, int runs) {
+  fn();  // warm-up
+  double best = 0;
+  for (int run = 0; run < runs; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, ops / s * 1e-9);
+  }
+  return best;
 }
 
 int64_t WindowScoresKeptFloats() { return internal::g_window_scores_kept.load(std::memory_order_relaxed); }

@@ -132,6 +132,10 @@ struct AttentionRate {
   double gops = 0;
 };
 std::vector<AttentionRate> MeasureAttentionImpls();
+// The best rate of `runs` timed calls of fn after one untimed warm-up, in
+// GOP/s for `ops` operations a call (MeasureAttentionImpls and
+// MeasureProductImpls time their candidates so).
+double BestRateGops(double ops, const std::function<void()>& fn, int runs = 3);
 
 // The most scores WindowScores keeps between its passes (by default
 // kDefaultWindowScoresKeptFloats: 4 Mi floats, 16 MiB, 14,000 keys at

@@ -285,7 +285,9 @@ TEST_P(RopeTest, FrequencyFactorsMatchRefAndClosedForm) {
     for (size_t i = 0; i < x0.size(); ++i) tol_ref[i] = want.tol[i] > 0 ? 3.0 * kEps * 4.0 : 0.0;
     EXPECT_TRUE(AllWithin(x_cpu, x_ref, tol_ref));
     EXPECT_TRUE(AllWithin(x_cpu, want.want, want.tol));
-    if (c.num_tokens > 1 && c.rot_dim > 2) EXPECT_NE(x_cpu, x_other) << "the factors must change the angles";
+    if (c.num_tokens > 1 && c.rot_dim > 2) {
+      EXPECT_NE(x_cpu, x_other) << "the factors must change the angles";
+    }
   }
 }
 
