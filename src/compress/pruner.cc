@@ -118,6 +118,13 @@ absl::StatusOr<Selection> ParseSelection(std::string_view name) {
       absl::StrCat("--select=", std::string(name), ": expected token or span"));
 }
 
+absl::StatusOr<QueryVotes> ParseQueryVotes(std::string_view name) {
+  if (name == "sum") return QueryVotes::kSum;
+  if (name == "max") return QueryVotes::kMax;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--query_votes=", std::string(name), ": expected sum or max"));
+}
+
 const char* PrunerKindName(PrunerKind kind) {
   switch (kind) {
     case PrunerKind::kSnapKv:
@@ -150,6 +157,16 @@ const char* SelectionName(Selection selection) {
       return "token";
     case Selection::kSpan:
       return "span";
+  }
+  return "unknown";
+}
+
+const char* QueryVotesName(QueryVotes votes) {
+  switch (votes) {
+    case QueryVotes::kSum:
+      return "sum";
+    case QueryVotes::kMax:
+      return "max";
   }
   return "unknown";
 }

@@ -66,6 +66,13 @@ enum class Pooling { kAvg, kMax };
 // (every token within span/2 of a picked peak), so that a kept fact keeps
 // all its tokens (a number is one token per digit in SmolLM2's vocabulary).
 enum class Selection { kToken, kSpan };
+// How the question's tokens' weights on an entry combine into its vote
+// (DESIGN.md §7): summed over the tokens and averaged over the KV group's
+// query heads (SnapKV's rule), or the largest weight any token gives it in
+// any of the group's heads, so that an entry one token attends to strongly
+// (a name the question asks about) ranks with one that every token attends
+// to a little. docs/RESULTS.md measures both on RULER's multi-key task.
+enum class QueryVotes { kSum, kMax };
 
 struct PrunerConfig {
   PrunerKind kind = PrunerKind::kSnapKv;
@@ -97,6 +104,9 @@ struct PrunerConfig {
   // keeps what any of them found (the heads that answer need not be those
   // that voted), or each head's own. --query_heads shared|each
   bool shared_query_votes = false;
+  // --query_votes sum|max (see QueryVotes). The engine computes the votes;
+  // the recall tier scores the stored entries by the same rule.
+  QueryVotes query_votes = QueryVotes::kSum;
   // Context reconstruction: the repetition takes every repeat_stride-th
   // token of the chunk (1: the whole chunk; 2 halves the extra rows, the
   // cheaper variant). --repeat_stride
@@ -148,9 +158,12 @@ absl::StatusOr<PrunerKind> ParsePrunerKind(std::string_view name);
 absl::StatusOr<Pooling> ParsePooling(std::string_view name);
 // "token" | "span"; InvalidArgument otherwise.
 absl::StatusOr<Selection> ParseSelection(std::string_view name);
+// "sum" | "max"; InvalidArgument otherwise.
+absl::StatusOr<QueryVotes> ParseQueryVotes(std::string_view name);
 const char* PrunerKindName(PrunerKind kind);
 const char* PoolingName(Pooling pooling);
 const char* SelectionName(Selection selection);
+const char* QueryVotesName(QueryVotes votes);
 
 // One layer's candidates at one step. Non-owning.
 struct SelectionInput {

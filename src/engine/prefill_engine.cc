@@ -80,7 +80,9 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   const bool reconstruct = e->config_.pruner.kind == PrunerKind::kReconstruct;
   e->query_rows_ = QueryRows(e->config_, e->plan_.max_chunk_tokens);
   if (KeepsEntryScores(e->config_.pruner.kind)) SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());
-  if (reconstruct) e->repeat_lse_.resize(mc.num_heads * e->query_rows_);
+  if (reconstruct || (e->query_rows_ > 0 && e->config_.pruner.query_votes == QueryVotes::kMax)) {
+    e->query_lse_.resize(mc.num_heads * e->query_rows_);
+  }
   SNAPFILL_ASSIGN_OR_RETURN(e->forward_, LlamaForward::Create(model, backend,
                                                               e->plan_.max_chunk_tokens + e->query_rows_));
   // The question's rows, the chunk's, and the token past the chunk (what
@@ -127,7 +129,8 @@ absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
 
 uint64_t PrefillEngine::scratch_bytes() const {
   return forward_->scratch_bytes() +
-         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size()) *
+         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size() +
+          query_lse_.size()) *
              sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -379,8 +382,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
     in.positions = cand_pos_.data();
     in.positions_stride = cand_capacity_;
     if (question) {
-      SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, voter_q, q_stride, voters), voter_seen,
-                                                      query_votes_.data(), cand_capacity_));
+      SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step));
       in.query_votes = query_votes_.data();
       in.query_votes_stride = cand_capacity_;
     }
@@ -392,12 +394,12 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
       Stopwatch watch;
       const Queries repeat =
           LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
-      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, repeat_lse_.data()));
+      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, query_lse_.data()));
       KvView chunk_keys = view;
       chunk_keys.k += m * d;
       chunk_keys.v += m * d;
       chunk_keys.num_keys = n;
-      SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, repeat_lse_.data(), chunk_keys, votes_.data() + m,
+      SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, query_lse_.data(), chunk_keys, votes_.data() + m,
                                                       cand_capacity_, /*max_weight=*/true));
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;
@@ -507,6 +509,31 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   return absl::OkStatus();
 }
 
+absl::Status PrefillEngine::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
+                                          const KvView& seen, const KvView& view, bool final_step) {
+  const Queries queries = LlamaQueries(c, q, q_stride, num_q);
+  if (config_.pruner.query_votes == QueryVotes::kSum) {
+    return backend_->WindowScores(queries, seen, query_votes_.data(), cand_capacity_);
+  }
+  // The largest softmax weight: each query's denominator over what it saw,
+  // then every candidate all the queries see. After the chunk that is every
+  // candidate; at the last step the queries' own keys (the candidates' last
+  // num_q) are not seen by the queries before them, and get the largest
+  // vote there is, 1, so the question the decoder goes on from stays whole.
+  SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(queries, seen, query_lse_.data()));
+  KvView keys = view;
+  if (final_step) keys.num_keys -= num_q;
+  SNAPFILL_RETURN_IF_ERROR(
+      backend_->RecallScores(queries, query_lse_.data(), keys, query_votes_.data(), cand_capacity_, /*max_weight=*/true));
+  if (final_step) {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      float* row = query_votes_.data() + h * cand_capacity_;
+      std::fill(row + keys.num_keys, row + view.num_keys, 1.0f);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
                                    const KvView& seen) {
   Stopwatch watch;
@@ -515,6 +542,7 @@ absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stri
   options.budget = config_.recall_budget;
   options.span = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span : 0;
   options.original_positions = config_.keep_original_positions;
+  options.max_weight = config_.pruner.query_votes == QueryVotes::kMax;
   SNAPFILL_ASSIGN_OR_RETURN(const int64_t added, recaller_->RecallLayer(*recall_store_, layer, q, q_stride,
                                                                         num_q, seen, options, *memory_,
                                                                         /*rotated=*/false));

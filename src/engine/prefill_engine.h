@@ -244,6 +244,12 @@ class PrefillEngine {
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                  int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
+  // The question's votes on a layer's num = view.num_keys candidates into
+  // query_votes_ (PrunerConfig::query_votes): its num_q queries q (rotated),
+  // which saw `seen`. At the last step the queries are the chunk's own last
+  // rows, whose keys are the candidates' last num_q.
+  absl::Status QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
+                             const KvView& seen, const KvView& view, bool final_step);
   // The recall tier at the last step, for `layer` (whose memory holds the
   // step's kept entries): scores the store with the question's num_q
   // queries q (rotated), which saw `seen`, and merges the best into the
@@ -300,7 +306,9 @@ class PrefillEngine {
   int64_t query_rows_ = 0;       // the most (the batch's room)
   int64_t step_query_rows_ = 0;  // this step's
   std::vector<int32_t> batch_;
-  std::vector<float> repeat_lse_;  // [num_heads, query_rows_] the repetition's log-denominators
+  // [num_heads, query_rows_] the log-denominators of the repetition's
+  // queries (reconstruct) or the question's (--query_votes max).
+  std::vector<float> query_lse_;
   // A layer's memory rows per KV head, for AttendAndCompress's threads.
   std::vector<float*> mem_k_, mem_v_;
   std::vector<int32_t*> mem_pos_;

@@ -178,8 +178,10 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
                                     (mc.num_kv_heads + 1) * sizeof(int32_t);
   f.candidate_bytes = cand * cand_entry_bytes;
-  // The repetition's log-denominators.
-  if (reconstruct) f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
+  // The repetition's log-denominators, or the question's for its largest weights.
+  if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {
+    f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
+  }
   // (Scored chunks take logits of whole batches, through xn.)
   f.activation_bytes = LlamaForward::ScratchBytes(mc, f.plan.max_chunk_tokens + query_rows, fused_layers,
                                                   c.score_tokens);

@@ -93,7 +93,7 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     keys.key_stride = heads * d;
     keys.num_keys = nb;
     SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(queries, lse_.data(), keys, scores_.data(), nb,
-                                                    /*max_weight=*/false));
+                                                    options.max_weight));
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<Peak>& b = best[h];
       for (int64_t i = 0; i < nb; ++i) {

@@ -21,6 +21,7 @@ struct RecallOptions {
   int64_t budget = 0;      // entries per layer and KV head brought back
   int64_t span = 0;        // each peak brings its stored neighbours within span/2 (0: single entries)
   bool original_positions = false;  // keys rotate at their input positions, not re-encoded
+  bool max_weight = false;  // a key's score: the queries' largest weight, not their sum (--query_votes)
 };
 
 // A store's shape and format for `config` (whose store it is, the caller

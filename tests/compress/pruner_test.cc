@@ -555,6 +555,12 @@ TEST(GuidedSnapKvTest, ConfigurationIsCheckedAndNamed) {
     EXPECT_EQ(*parsed, select);
   }
   EXPECT_THAT(std::string(ParseSelection("sentence").status().message()), HasSubstr("--select=sentence"));
+  for (QueryVotes votes : {QueryVotes::kSum, QueryVotes::kMax}) {
+    auto parsed = ParseQueryVotes(QueryVotesName(votes));
+    SNAPFILL_ASSERT_OK(parsed);
+    EXPECT_EQ(*parsed, votes);
+  }
+  EXPECT_THAT(std::string(ParseQueryVotes("mean").status().message()), HasSubstr("--query_votes=mean"));
   // The question's votes must cover the candidates.
   std::vector<float> votes(8, 0.1f), query(8, 0.2f);
   SelectionInput in = OneHead(votes, 0, 4);

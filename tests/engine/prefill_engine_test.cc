@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
@@ -232,13 +233,18 @@ TEST(PrefillEngineTest, TheQuestionPicksAndIsNeverKept) {
   const int n = 1100;
   const auto ids = Tokens(n, model->config().vocab_size);
   const LlamaConfig& mc = model->config();
+  // The positions the question's summed votes kept, per selection.
+  std::vector<int32_t> summed[2];
+  for (QueryVotes votes : {QueryVotes::kSum, QueryVotes::kMax})
   for (Selection select : {Selection::kToken, Selection::kSpan}) {
+    SCOPED_TRACE(absl::StrCat(QueryVotesName(votes), " votes, ", SelectionName(select)));
     PrefillConfig config;
     config.schedule.kind = ScheduleKind::kFixed;
     config.schedule.chunk = 128;
     config.schedule.memory = 96;
     config.schedule.window = 16;
     config.pruner.query_select = select;
+    config.pruner.query_votes = votes;
     auto plain = PrefillEngine::Create(*model, backend->get(), config, n);
     SNAPFILL_ASSERT_OK(plain);
     SNAPFILL_ASSERT_OK((*plain)->Run(ids, nullptr));
@@ -247,7 +253,8 @@ TEST(PrefillEngineTest, TheQuestionPicksAndIsNeverKept) {
     auto guided = PrefillEngine::Create(*model, backend->get(), config, n);
     SNAPFILL_ASSERT_OK(guided);
     SNAPFILL_ASSERT_OK((*guided)->Run(ids, nullptr));
-    int64_t differ = 0;
+    int64_t differ = 0, differ_from_sum = 0;
+    std::vector<int32_t>& sum_memory = summed[select == Selection::kSpan];
     for (int64_t l = 0; l < mc.num_layers; ++l) {
       ASSERT_EQ((*guided)->memory().size(l), 96);
       for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
@@ -257,9 +264,18 @@ TEST(PrefillEngineTest, TheQuestionPicksAndIsNeverKept) {
         EXPECT_LT(pos[95], n);
         EXPECT_EQ(pos[95], n - 1);  // the window is kept
         differ += !std::equal(pos, pos + 96, base);
+        if (votes == QueryVotes::kSum) {
+          sum_memory.insert(sum_memory.end(), pos, pos + 96);
+        } else {
+          differ_from_sum += !std::equal(pos, pos + 96, sum_memory.begin() + (l * mc.num_kv_heads + h) * 96);
+        }
       }
     }
-    EXPECT_GT(differ, 0) << SelectionName(select);
+    EXPECT_GT(differ, 0);
+    // The largest weights rank otherwise than the sums.
+    if (votes == QueryVotes::kMax) {
+      EXPECT_GT(differ_from_sum, 0);
+    }
   }
 }
 
@@ -282,6 +298,18 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   auto engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(engine);
   EXPECT_GE((*engine)->scratch_bytes(), guided->candidate_bytes + guided->activation_bytes);
+  // The largest weights need each question query's log-denominator.
+  config.pruner.query_votes = QueryVotes::kMax;
+  auto largest = PrefillEngine::Footprint(model->config(), config, 2000);
+  SNAPFILL_ASSERT_OK(largest);
+  EXPECT_EQ(largest->candidate_bytes,
+            guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
+  auto largest_engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
+  SNAPFILL_ASSERT_OK(largest_engine);
+  EXPECT_GE((*largest_engine)->scratch_bytes(), largest->candidate_bytes + largest->activation_bytes);
+  EXPECT_EQ((*largest_engine)->scratch_bytes(),
+            (*engine)->scratch_bytes() + model->config().num_heads * 40 * sizeof(float));
+  config.pruner.query_votes = QueryVotes::kSum;
   // Pruners that read no votes run no question.
   config.pruner.kind = PrunerKind::kStreaming;
   auto streaming = PrefillEngine::Footprint(model->config(), config, 2000);

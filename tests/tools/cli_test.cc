@@ -269,6 +269,10 @@ TEST_F(CliTest, AQuestionGuidesTheCompression) {
   EXPECT_FAILS_WITH(Run(base + "--question why --select sentence"), 2, "--select=sentence");
   EXPECT_FAILS_WITH(Run(base + "--question why --span 0"), 2, "--span=0");
   EXPECT_FAILS_WITH(Run(base + "--question why --query_heads both"), 2, "--query_heads=both");
+  EXPECT_FAILS_WITH(Run(base + "--question why --query_votes mean"), 2, "--query_votes=mean");
+  r = Run(base + "--question 'what is it' --query_votes max --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("votes max"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -288,6 +288,7 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
         absl::StrCat("--query_heads=", heads, ": expected shared or each"));
   }
   c.pruner.shared_query_votes = heads == "shared";
+  SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_votes, ParseQueryVotes(absl::GetFlag(FLAGS_query_votes)));
   c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
   if (!absl::GetFlag(FLAGS_recall_dir).empty()) {
     c.recall_budget = absl::GetFlag(FLAGS_recall);
@@ -365,7 +366,8 @@ absl::Status SetPrunerInputs(const LoadedModel& m, PrefillConfig& c, bool questi
 
 std::string QuestionSelectionLabel(const PrunerConfig& p) {
   return absl::StrCat("share ", p.query_share, ", ", SelectionName(p.query_select),
-                      p.query_select == Selection::kSpan ? absl::StrCat(" ", p.span) : "");
+                      p.query_select == Selection::kSpan ? absl::StrCat(" ", p.span) : "", ", votes ",
+                      QueryVotesName(p.query_votes));
 }
 
 const char* QueryHeadsName(const PrunerConfig& p) { return p.shared_query_votes ? "shared" : "each"; }
@@ -377,9 +379,10 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
   std::string query;
   if (!c.query_tokens.empty()) {
     query = absl::StrFormat(
-        ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
+        ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\","
+        "\"query_votes\":\"%s\"",
         c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
-        QueryHeadsName(c.pruner));
+        QueryHeadsName(c.pruner), QueryVotesName(c.pruner.query_votes));
   }
   if (c.pruner.kind == PrunerKind::kReconstruct) {
     absl::StrAppendFormat(&query, ",\"repeat_stride\":%d,\"repeat_prompt_tokens\":%d", c.pruner.repeat_stride,

@@ -60,6 +60,10 @@ ABSL_FLAG(int64_t, span, 32, "--select=span: tokens per span around each picked 
 ABSL_FLAG(std::string, query_heads, "each",
           "Question-guided compression: the question's votes summed over each layer's KV heads, "
           "so every head keeps what any found (shared), or each head by its own (each)");
+ABSL_FLAG(std::string, query_votes, "sum",
+          "Question-guided compression and recall: an entry's vote is the question's tokens' "
+          "attention to it summed (sum), or the largest any one of them gives it (max), so that "
+          "what one token (a name) attends to strongly ranks with what all attend to a little");
 ABSL_FLAG(std::string, recall_dir, "",
           "The recall tier: keep every evicted entry in a store in this directory (absent or "
           "empty; removed at the end), and bring back what the question attends to most");

@@ -56,6 +56,7 @@ ABSL_DECLARE_FLAG(std::string, recall_format);
 ABSL_DECLARE_FLAG(std::string, select);
 ABSL_DECLARE_FLAG(int64_t, span);
 ABSL_DECLARE_FLAG(std::string, query_heads);
+ABSL_DECLARE_FLAG(std::string, query_votes);
 ABSL_DECLARE_FLAG(std::string, pruner);
 ABSL_DECLARE_FLAG(int64_t, sinks);
 ABSL_DECLARE_FLAG(bool, original_positions);

@@ -86,6 +86,8 @@ absl::Status RecallFromStore(const LoadedModel& m, Backend* backend, const Promp
   SNAPFILL_ASSIGN_OR_RETURN(const Selection select, ParseSelection(absl::GetFlag(FLAGS_select)));
   options.span = select == Selection::kSpan ? absl::GetFlag(FLAGS_span) : 0;
   options.original_positions = config.value("positions", "") == "original";
+  SNAPFILL_ASSIGN_OR_RETURN(const QueryVotes votes, ParseQueryVotes(absl::GetFlag(FLAGS_query_votes)));
+  options.max_weight = votes == QueryVotes::kMax;
   Stopwatch watch;
   SNAPFILL_ASSIGN_OR_RETURN(const int64_t added,
                             RecallForQuestion(*m.model, backend, kv, start_pos, *store, question, options));

@@ -469,6 +469,7 @@ absl::Status RunNeedle() {
     cfg["select"] = SelectionName(config.pruner.query_select);
     cfg["span"] = config.pruner.span;
     cfg["query_heads"] = QueryHeadsName(config.pruner);
+    cfg["query_votes"] = QueryVotesName(config.pruner.query_votes);
   }
   j["config"] = cfg.is_discarded() ? Json::object() : cfg;
   j["context_length"] = context;
