@@ -128,7 +128,7 @@ absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
 }
 
 uint64_t PrefillEngine::scratch_bytes() const {
-  return forward_->scratch_bytes() +
+  return (forward_ != nullptr ? forward_->scratch_bytes() : 0) +
          (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size() +
           query_lse_.size()) *
              sizeof(float) +
@@ -152,6 +152,9 @@ absl::Status PrefillEngine::Run(const TokenSource& tokens,
   if (tokens.size() != plan_.config.total_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan_.config.total_tokens,
                                                    " tokens, got ", tokens.size()));
+  }
+  if (memory_ == nullptr) {
+    return absl::FailedPreconditionError("the memory was taken (TakeDecoderCache): the engine cannot run again");
   }
   const LlamaConfig& mc = model_.config();
   const bool full = config_.pruner.kind == PrunerKind::kFull;

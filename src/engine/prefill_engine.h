@@ -157,6 +157,10 @@ struct PrefillFootprint {
   // the largest memory ∪ chunk so far, and its own chunk's activations;
   // and the plan.
   uint64_t resident_peak = 0;
+  // What stays resident once the prefill is over and the engine has given
+  // its buffers back (TakeDecoderCache): the memory as the last step left
+  // it, the recalled entries, and the plan.
+  uint64_t kept_bytes = 0;
 };
 
 class PrefillEngine {
@@ -227,7 +231,9 @@ class PrefillEngine {
   absl::StatusOr<std::unique_ptr<KvCache>> MakeDecoderCache(int64_t extra_capacity) const;
   // The same without a copy: rotates the memory's keys in place and hands
   // the memory over (room for config().decode_reserve more tokens). The
-  // engine has no memory afterwards: call it last.
+  // engine has no memory afterwards, and gives its scratch (candidates,
+  // activations) back: call it last; last_logits(), next_position() and
+  // plan() still answer.
   absl::StatusOr<std::unique_ptr<KvCache>> TakeDecoderCache();
   int64_t next_position() const;
 
@@ -244,6 +250,8 @@ class PrefillEngine {
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                  int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
+  // Frees every buffer the chunk loop writes (TakeDecoderCache).
+  void ReleaseScratch();
   // The question's votes on a layer's num = view.num_keys candidates into
   // query_votes_ (PrunerConfig::query_votes): its num_q queries q (rotated),
   // which saw `seen`. At the last step the queries are the chunk's own last

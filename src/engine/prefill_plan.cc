@@ -206,6 +206,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   const int64_t sinks = c.schedule.sink_tokens;
   std::vector<int64_t> written(num_global, 0);  // memory entries written per global layer so far
   int64_t cand_written = 0;
+  uint64_t last_memory = 0;
   for (const ScheduleStep& s : f.plan.steps) {
     const int64_t read = s.start_token + s.chunk_tokens;
     const int64_t window_length = num_local > 0 ? std::min(f.window_entries, s.start_token) + s.chunk_tokens : 0;
@@ -222,6 +223,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                                      c.score_tokens) +
                           score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
+    last_memory = memory;
   }
   // The last step's recall: its scratch and the entries it adds (global
   // layers only).
@@ -234,6 +236,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                  (query_rows + f.plan.max_chunk_tokens + 1) * sizeof(int32_t);
   for (const ScheduleStep& s : f.plan.steps) f.plan_bytes += heap_bytes(s.budget.size() * sizeof(int64_t));
   f.resident_peak += f.plan_bytes;
+  f.kept_bytes = last_memory + c.recall_budget * num_global * layer_entry_bytes + f.plan_bytes;
   return f;
 }
 

@@ -94,7 +94,22 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
     }
   }
   taken_max_size_ = memory_->max_size();
+  ReleaseScratch();
   return std::move(memory_);
+}
+
+void PrefillEngine::ReleaseScratch() {
+  // Unmapped, so the pages leave the resident set before decoding adds its
+  // own (the decode copy of the weights, the fp16 cache): the run's peak is
+  // then the larger of the two phases, not their sum.
+  forward_.reset();
+  recaller_.reset();
+  for (PagedArray<float>* a : {&cand_k_raw_, &cand_k_rot_, &cand_v_, &votes_, &query_votes_}) *a = {};
+  cand_pos_ = {};
+  rot_pos_ = {};
+  query_lse_ = {};
+  score_logits_ = {};
+  batch_ = {};
 }
 
 int64_t PrefillEngine::next_position() const {

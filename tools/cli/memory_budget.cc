@@ -44,11 +44,15 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
 }
 
 std::string PeakPrediction::Format() const {
+  const uint64_t decoding = kept + after;
   std::string s = absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = ",
-                               tokenizing > process + weights + prefill + backend + after ? "tokenizing, else " : "",
-                               "process ", HumanBytes(process), " + weights ", HumanBytes(weights), " + prefill ",
-                               HumanBytes(prefill), " + backend ", HumanBytes(backend), " + decoding ",
-                               HumanBytes(after));
+                               tokenizing > process + weights + backend + std::max(prefill, decoding)
+                                   ? "tokenizing, else "
+                                   : "",
+                               "process ", HumanBytes(process), " + weights ", HumanBytes(weights), " + backend ",
+                               HumanBytes(backend), " + the larger of prefill ", HumanBytes(prefill),
+                               " and decoding ", HumanBytes(decoding), " (the cache ", HumanBytes(kept), " + ",
+                               HumanBytes(after), ")");
   if (tokenizing > 0) absl::StrAppend(&s, " (tokenizing peaked at ", HumanBytes(tokenizing), ")");
   return s;
 }
@@ -60,6 +64,7 @@ PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_
   p.process = process_bytes;
   p.weights = weight_bytes;
   p.prefill = fp.resident_peak;
+  p.kept = fp.kept_bytes;
   // The products quantize each chunk's activations (int8 with block scales
   // and sums) and pack weight tiles per thread; both scale with the FFN
   // width. A fit to measured peaks (SmolLM2-135M, chunks 256-2048, and a

@@ -45,15 +45,23 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text);
 struct PeakPrediction {
   uint64_t process = 0;   // measured when the plan was made
   uint64_t weights = 0;
-  uint64_t prefill = 0;   // PrefillFootprint::total()
+  uint64_t prefill = 0;   // PrefillFootprint::resident_peak
   uint64_t backend = 0;   // per-chunk work buffers (fit)
-  uint64_t after = 0;     // decoding's activations, logits and decode copy's growth
+  // Decoding: the cache the prefill leaves (PrefillFootprint::kept_bytes;
+  // the engine gives its other buffers back first, TakeDecoderCache), and
+  // what decoding adds to it: one-token activations, logits, the decode
+  // copy's growth and the fp16 cache.
+  uint64_t kept = 0;
+  uint64_t after = 0;
   // The peak while the input was read and tokenized (measured: it is past
   // when the plan is made). Tokenizing streams, so this is the process
   // then, a block of text, its words and the ids kept in memory.
   uint64_t tokenizing = 0;
-  uint64_t total() const { return std::max(tokenizing, process + weights + prefill + backend + after); }
-  // "predicted peak 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
+  // The two phases do not overlap: the larger one counts.
+  uint64_t total() const {
+    return std::max(tokenizing, process + weights + backend + std::max(prefill, kept + after));
+  }
+  // "predicted peak RSS 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;
 };
 
