@@ -379,10 +379,14 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
   std::string query;
   if (!c.query_tokens.empty()) {
     query = absl::StrFormat(
-        ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\","
-        "\"query_votes\":\"%s\"",
+        ",\"query_tokens\":%d,\"query_share\":%g,\"select\":\"%s\",\"span\":%d,\"query_heads\":\"%s\"",
         c.query_tokens.size(), c.pruner.query_share, SelectionName(c.pruner.query_select), c.pruner.span,
-        QueryHeadsName(c.pruner), QueryVotesName(c.pruner.query_votes));
+        QueryHeadsName(c.pruner));
+    // Only where it is not the default, so that checkpoints written before
+    // the setting existed still resume.
+    if (c.pruner.query_votes != QueryVotes::kSum) {
+      absl::StrAppendFormat(&query, ",\"query_votes\":\"%s\"", QueryVotesName(c.pruner.query_votes));
+    }
   }
   if (c.pruner.kind == PrunerKind::kReconstruct) {
     absl::StrAppendFormat(&query, ",\"repeat_stride\":%d,\"repeat_prompt_tokens\":%d", c.pruner.repeat_stride,

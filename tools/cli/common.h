@@ -147,7 +147,7 @@ PrunerKind AutoPruner(const std::string& gates_path, bool question_guided);
 // The configuration as one JSON object, stored in cache files and printed
 // with --verbosity=1.
 // How the question picks under question-guided compression, for labels:
-// "share 1, span 32" or "share 0.5, token".
+// "share 1, span 32, votes sum" or "share 0.5, token, votes max".
 std::string QuestionSelectionLabel(const PrunerConfig& p);
 // "shared" | "each" (--query_heads).
 const char* QueryHeadsName(const PrunerConfig& p);
