@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -235,8 +236,10 @@ TEST(PrefillEngineTest, TheQuestionPicksAndIsNeverKept) {
   const LlamaConfig& mc = model->config();
   // The positions the question's summed votes kept, per selection.
   std::vector<int32_t> summed[2];
-  for (QueryVotes votes : {QueryVotes::kSum, QueryVotes::kMax})
-  for (Selection select : {Selection::kToken, Selection::kSpan}) {
+  // (The summed votes first: the largest weights are compared with them.)
+  for (const auto& [votes, select] :
+       {std::pair{QueryVotes::kSum, Selection::kToken}, std::pair{QueryVotes::kSum, Selection::kSpan},
+        std::pair{QueryVotes::kMax, Selection::kToken}, std::pair{QueryVotes::kMax, Selection::kSpan}}) {
     SCOPED_TRACE(absl::StrCat(QueryVotesName(votes), " votes, ", SelectionName(select)));
     PrefillConfig config;
     config.schedule.kind = ScheduleKind::kFixed;
