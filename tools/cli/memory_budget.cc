@@ -46,9 +46,7 @@ absl::StatusOr<uint64_t> ParseByteSize(std::string_view text) {
 std::string PeakPrediction::Format() const {
   const uint64_t decoding = kept + after;
   std::string s = absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = ",
-                               tokenizing > process + weights + backend + std::max(prefill, decoding)
-                                   ? "tokenizing, else "
-                                   : "",
+                               tokenizing > running() ? "tokenizing, else " : "",
                                "process ", HumanBytes(process), " + weights ", HumanBytes(weights), " + backend ",
                                HumanBytes(backend), " + the larger of prefill ", HumanBytes(prefill),
                                " and decoding ", HumanBytes(decoding), " (the cache ", HumanBytes(kept), " + ",

@@ -57,10 +57,9 @@ struct PeakPrediction {
   // when the plan is made). Tokenizing streams, so this is the process
   // then, a block of text, its words and the ids kept in memory.
   uint64_t tokenizing = 0;
-  // The two phases do not overlap: the larger one counts.
-  uint64_t total() const {
-    return std::max(tokenizing, process + weights + backend + std::max(prefill, kept + after));
-  }
+  // After tokenizing: the two phases do not overlap, so the larger one counts.
+  uint64_t running() const { return process + weights + backend + std::max(prefill, kept + after); }
+  uint64_t total() const { return std::max(tokenizing, running()); }
   // "predicted peak RSS 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;
 };
