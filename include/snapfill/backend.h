@@ -44,6 +44,18 @@ struct WeightView {
   uint64_t file_offset = 0;
 };
 
+// The products a weight matrix takes part in: batches (prefill, more than
+// one token) or one-token steps (decode).
+enum class WeightUse { kBatch, kDecode };
+
+// Whether a backend reads a weight matrix through a copy of its own for one
+// use, and what that copy holds (Backend::CopyOf).
+struct WeightCopy {
+  bool copied = false;  // false: the products read the matrix's own bytes
+  uint64_t bytes = 0;   // the copy's size
+  bool on_device = false;  // held in the device's memory, not the host's
+};
+
 // One implementation's measured rate, and an op's (the CPU backend's ops
 // with more than one implementation: "prefill attention", "products").
 struct KernelRate {
@@ -71,9 +83,9 @@ struct BackendOptions {
   // token by it (a single product, such as a prefill's last logits, does not
   // pay for a copy), into a layout that keeps up with that stream
   // (kernels/quant_blocks.h), and keeps the copy (same arithmetic).
-  // LlamaForward asks for every copy when decoding starts
-  // (PrepareDecodeCopy) and gives the model file's pages back as they are
-  // copied, so the copy takes their place in memory.
+  // LlamaForward asks for every copy when decoding starts (PrepareWeights)
+  // and gives the model file's pages back as they are copied, so the copy
+  // takes their place in memory.
   bool pack_decode_weights = true;
   // Decode attention reads an IEEE fp16 copy of the KV cache (the layout
   // llama.cpp's default f16 cache has) instead of the f32 entries: half the
@@ -457,26 +469,29 @@ class Backend {
   // y[i] = x[i] widened from IEEE fp16 (exact). The base class converts
   // element by element.
   virtual void FromHalf(const uint16_t* x, float* y, int64_t n);
-  // Bytes the backend keeps for `w` once a single token has been multiplied
-  // by it (BackendOptions::pack_decode_weights); 0 if none.
-  virtual uint64_t DecodeCopyBytes(const WeightView& w) const { return 0; }
-  // Makes that copy of `w` now, if the backend keeps one, and calls
-  // `copied(data, bytes)` for each range of w's bytes that it has copied and
-  // will not read again for one-token products (so the caller may give
-  // those pages back while the copy grows). Returns whether a copy exists.
-  virtual bool PrepareDecodeCopy(const WeightView& w,
-                                 const std::function<void(const void*, size_t)>& copied) {
-    return false;
+  // How the backend reads weight matrix `w` in the products of `use`: in
+  // place (its mapped bytes; the default) or through a copy of its own (the
+  // CPU's decode layout with BackendOptions::pack_decode_weights, which
+  // AVX-512's Q4_0 / Q4_1 batch products read as well; a GPU's device
+  // copy). Known before any copy is made (memory predictions, LlamaForward's
+  // placement of the weights).
+  virtual WeightCopy CopyOf(const WeightView& w, WeightUse use) const { return {}; }
+  // The one preparation before the products of `use` start: makes the copy
+  // CopyOf(w, use) names for each of `weights` that has one (the others are
+  // left alone), and calls `copied(i, data, bytes)` for each range of
+  // weights[i]'s bytes that it has copied and will not read again, so that
+  // the caller may give those pages back while the copies grow. Returns,
+  // for each weight, whether it is read through a copy now (false where
+  // CopyOf says none, or the copy could not be allocated: its products then
+  // read w's bytes). Products that read a copy do so without reading w's
+  // bytes again, so the caller vouches for them until it prepares again
+  // (another model at the same address would otherwise be multiplied with
+  // the old copy).
+  virtual std::vector<bool> PrepareWeights(
+      const std::vector<const WeightView*>& weights, WeightUse use,
+      const std::function<void(size_t, const void*, size_t)>& copied) {
+    return std::vector<bool>(weights.size(), false);
   }
-  // Whether batch products (more than one token) of `w` read the copy that
-  // PrepareDecodeCopy made or found, instead of w's own bytes (the CPU's
-  // AVX-512 Q4_0 / Q4_1 kernels, which then skip repacking the rows on every
-  // call). They do so without reading w's bytes again, so the caller of
-  // PrepareDecodeCopy vouches for them until it calls PrepareDecodeCopy
-  // again (another model at the same address would otherwise be multiplied
-  // with the old copy). LlamaForward asks for those copies before its first
-  // batch, so w's pages go back then.
-  virtual bool BatchReadsDecodeCopy(const WeightView& w) const { return false; }
   // The most device memory the backend has held at once, in bytes (its own
   // allocations: weights, scratch); 0 where the backend computes in host
   // memory (the CPU).

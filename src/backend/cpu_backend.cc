@@ -92,17 +92,26 @@ class CpuBackend final : public Backend, public BackendProfile {
     return out;
   }
 
-  uint64_t DecodeCopyBytes(const WeightView& w) const override {
-    return pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;
+  // The decode layout (pack_decode_): one-token products of every type it
+  // covers read it; batch products only where the kernels read that layout
+  // (AVX-512's Q4_0 / Q4_1).
+  WeightCopy CopyOf(const WeightView& w, WeightUse use) const override {
+    const uint64_t bytes = pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;
+    if (bytes == 0 || (use == WeightUse::kBatch && !cpu::MatMulReadsDecodeLayout(w.type))) return {};
+    return {.copied = true, .bytes = bytes};
   }
 
-  bool PrepareDecodeCopy(const WeightView& w,
-                         const std::function<void(const void*, size_t)>& copied) override {
-    return pack_decode_ && DecodePacked(w, /*now=*/true, copied) != nullptr;
-  }
-
-  bool BatchReadsDecodeCopy(const WeightView& w) const override {
-    return pack_decode_ && cpu::MatMulReadsDecodeLayout(w.type) && cpu::DecodePackedBytes(w.type, w.rows, w.cols) > 0;
+  std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
+                                   const std::function<void(size_t, const void*, size_t)>& copied) override {
+    std::vector<bool> made(weights.size(), false);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const WeightView& w = *weights[i];
+      if (!CopyOf(w, use).copied) continue;
+      made[i] = DecodePacked(w, /*now=*/true, [&](const void* data, size_t n) {
+                  if (copied) copied(i, data, n);
+                }) != nullptr;
+    }
+    return made;
   }
 
   BackendProfile* profile() override { return this; }
@@ -512,13 +521,13 @@ class CpuBackend final : public Backend, public BackendProfile {
   // A matrix in the decode layout, with its shape and samples of the bytes
   // it was made from: a view at the same address with other contents
   // (another model mapped where this one was) starts over, not served stale.
-  // The samples are compared by PrepareDecodeCopy and by the first
+  // The samples are compared by PrepareWeights and by the first
   // one-token product after each batch (m > 1), not by every product: the
   // caller may have given w's pages back, and reading them maps them in.
   struct Packed {
     std::unique_ptr<uint8_t, void (*)(void*)> data{nullptr, std::free};
     bool seen = false;
-    // Made or matched by PrepareDecodeCopy (its caller vouches for w's
+    // Made or matched by PrepareWeights (its caller vouches for w's
     // bytes until it asks again): batch products may read it.
     bool confirmed = false;
     int64_t checked_epoch = -1;  // epoch_ when the samples last matched
@@ -544,12 +553,12 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   // For a batch product of w: its decode-layout copy where the batch kernels
-  // read one (BatchReadsDecodeCopy) and the last PrepareDecodeCopy of w made
+  // read one (CopyOf(w, kBatch)) and the last PrepareWeights of w made
   // or confirmed it; nullptr otherwise. Never makes a copy, and never reads
   // w's bytes: their pages may have been given back, and a sample would map
   // its neighbours again with it (the kernel's fault-around).
   const uint8_t* BatchCopy(const WeightView& w) const {
-    if (!BatchReadsDecodeCopy(w)) return nullptr;
+    if (!CopyOf(w, WeightUse::kBatch).copied) return nullptr;
     const auto it = packed_.find(w.data);
     if (it == packed_.end() || it->second.data == nullptr || !it->second.confirmed) return nullptr;
     const Packed& p = it->second;
@@ -561,7 +570,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   // single one, such as the prefill's last logits, is not worth a copy);
   // nullptr before that, when the layout does not cover w, or when the copy
   // cannot be allocated (the product then reads the GGUF rows).
-  // now: make the copy at this call (PrepareDecodeCopy), in slices of
+  // now: make the copy at this call (PrepareWeights), in slices of
   // kPackSliceRows rows, calling `copied` with each slice's source bytes as
   // soon as it is packed (and with all of w's bytes if the copy exists).
   static constexpr int64_t kPackSliceRows = 1024;

@@ -136,11 +136,11 @@ void LlamaForward::PrepareBatch() {
 std::vector<LlamaForward::Placement> LlamaForward::Placements(const LlamaModel& model,
                                                               const Backend& backend, bool decode) {
   const WeightView& embd = model.token_embd();
+  const WeightUse use = decode ? WeightUse::kDecode : WeightUse::kBatch;
   // token_embd first: the lookups always read its rows in place.
-  std::vector<Placement> out = {{&embd, /*copy=*/false, /*shares_embd=*/false}};
+  std::vector<Placement> out = {{&embd, WeightCopy{}, /*shares_embd=*/false}};
   for (const WeightView* w : model.DecodeMatrices()) {
-    const bool copy = decode ? backend.DecodeCopyBytes(*w) > 0 : backend.BatchReadsDecodeCopy(*w);
-    out.push_back({w, copy, w->data == embd.data});
+    out.push_back({w, backend.CopyOf(*w, use), w->data == embd.data});
   }
   return out;
 }
@@ -151,17 +151,24 @@ void LlamaForward::SettleWeights(bool decode) {
   // What is read in place is mapped whole first; the copies are then read
   // with pread and their ranges given back last, which also drops any page
   // of theirs that a neighbour's populate mapped.
+  std::vector<const Placement*> copies;
+  std::vector<const WeightView*> weights;
   for (const Placement& p : placements) {
-    if (!p.copy) file.Populate(p.w->data, Bytes(*p.w));
+    if (!p.copy.copied) {
+      file.Populate(p.w->data, Bytes(*p.w));
+    } else {
+      copies.push_back(&p);
+      weights.push_back(p.w);
+    }
   }
-  for (const Placement& p : placements) {
-    if (!p.copy) continue;
-    // A tied output head's bytes are token_embd's, whose rows the lookups
-    // keep reading in place.
-    const bool made = backend_->PrepareDecodeCopy(*p.w, [&](const void* data, size_t n) {
-      if (!p.shares_embd) file.ReleasePages(data, n);
-    });
-    if (!made) file.Populate(p.w->data, Bytes(*p.w));
+  const std::vector<bool> made = backend_->PrepareWeights(
+      weights, decode ? WeightUse::kDecode : WeightUse::kBatch, [&](size_t i, const void* data, size_t n) {
+        // A tied output head's bytes are token_embd's, whose rows the
+        // lookups keep reading in place.
+        if (!copies[i]->shares_embd) file.ReleasePages(data, n);
+      });
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!made[i]) file.Populate(weights[i]->data, Bytes(*weights[i]));
   }
 }
 
@@ -169,9 +176,9 @@ uint64_t LlamaForward::ResidentWeightBytes(const LlamaModel& model, const Backen
                                            bool decode) {
   uint64_t total = model.copied_vector_bytes();
   for (const Placement& p : Placements(model, backend, decode)) {
-    if (p.copy) {
+    if (p.copy.copied) {
       // A GPU's copies are in its own memory, not the host's.
-      if (backend.device() == Device::kCpu) total += backend.DecodeCopyBytes(*p.w);
+      if (!p.copy.on_device) total += p.copy.bytes;
     } else if (!p.shares_embd) {
       total += Bytes(*p.w);
     }

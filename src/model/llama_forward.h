@@ -113,9 +113,9 @@ class LlamaForward {
   void PrepareDecode();
   bool decode_prepared_ = false;
   // Before the first batch: the copies that batch products read as well
-  // (Backend::BatchReadsDecodeCopy), made the same way, so prefill reads
-  // them instead of the file's pages, which go back then. Once per forward
-  // object (Backend::BatchReadsDecodeCopy: the backend reads those copies
+  // (Backend::CopyOf with WeightUse::kBatch), made the same way, so prefill
+  // reads them instead of the file's pages, which go back then. Once per
+  // forward object (Backend::PrepareWeights: the backend reads those copies
   // without checking the matrices' bytes again).
   void PrepareBatch();
   bool batch_prepared_ = false;
@@ -130,7 +130,7 @@ class LlamaForward {
   // output head. SettleWeights acts on it, ResidentWeightBytes counts it.
   struct Placement {
     const WeightView* w;
-    bool copy;
+    WeightCopy copy;
     bool shares_embd;
   };
   static std::vector<Placement> Placements(const LlamaModel& model, const Backend& backend, bool decode);

@@ -38,6 +38,18 @@ WeightView View(const std::vector<uint8_t>& w, GgmlType type, int64_t n, int64_t
   return v;
 }
 
+// Backend::PrepareWeights for one matrix: whether it is read through a copy
+// now; `copied` sees the ranges of its bytes the copy took.
+bool Prepare(Backend& b, const WeightView& v, WeightUse use,
+             const std::function<void(const void*, size_t)>& copied = nullptr) {
+  const std::vector<bool> made = b.PrepareWeights({&v}, use, [&](size_t i, const void* data, size_t bytes) {
+    EXPECT_EQ(i, 0u);
+    if (copied) copied(data, bytes);
+  });
+  EXPECT_EQ(made.size(), 1u);
+  return made.at(0);
+}
+
 // |y - ggml| within the f32 summation bound of matmul_test.cc, every row.
 void ExpectGgml(const std::vector<float>& x, const std::vector<uint8_t>& w, GgmlType type, int64_t n,
                 int64_t k, const std::vector<float>& y) {
@@ -108,7 +120,7 @@ TEST(CpuBackendDecodeCopy, PrepareCopiesInSlicesAndReportsEachOnce) {
   const auto x = testing::HiddenStates(1, k, k, 6);
   auto b = MakeBackend(true);
   std::vector<std::pair<const uint8_t*, size_t>> ranges;
-  const bool made = b->PrepareDecodeCopy(View(w, t, n, k), [&](const void* data, size_t bytes) {
+  const bool made = Prepare(*b, View(w, t, n, k), WeightUse::kDecode, [&](const void* data, size_t bytes) {
     ranges.emplace_back(static_cast<const uint8_t*>(data), bytes);
   });
   ASSERT_EQ(made, cpu::DecodePackedBytes(t, n, k) > 0);
@@ -123,20 +135,63 @@ TEST(CpuBackendDecodeCopy, PrepareCopiesInSlicesAndReportsEachOnce) {
   std::vector<float> y(n);
   ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
   ExpectGgml(x, w, t, n, k, y);  // the first one-token product already reads the copy
-  EXPECT_FALSE(MakeBackend(false)->PrepareDecodeCopy(View(w, t, n, k), nullptr));
+  EXPECT_FALSE(Prepare(*MakeBackend(false), View(w, t, n, k), WeightUse::kDecode));
 }
 
 TEST(CpuBackendDecodeCopy, ReportsTheCopyItKeeps) {
   const std::vector<uint8_t> w(RowBytes(GgmlType::kQ4_1, 576) * 40);
   const WeightView v = View(w, GgmlType::kQ4_1, 40, 576);
-  EXPECT_EQ(MakeBackend(true)->DecodeCopyBytes(v), cpu::DecodePackedBytes(GgmlType::kQ4_1, 40, 576));
+  const uint64_t packed = cpu::DecodePackedBytes(GgmlType::kQ4_1, 40, 576);
+  const WeightCopy decode = MakeBackend(true)->CopyOf(v, WeightUse::kDecode);
+  EXPECT_EQ(decode.copied, packed > 0);
+  EXPECT_EQ(decode.bytes, packed);
+  EXPECT_FALSE(decode.on_device);
   if (cpu::MatMulHasDecodeLayout()) {
-    EXPECT_GT(MakeBackend(true)->DecodeCopyBytes(v), 0u);
+    EXPECT_TRUE(decode.copied);
+    EXPECT_GT(decode.bytes, 0u);
   }
-  EXPECT_EQ(MakeBackend(false)->DecodeCopyBytes(v), 0u);
-  EXPECT_EQ(MakeBackend(true, /*exact=*/true)->DecodeCopyBytes(v), 0u);
+  // Batches read the copy only where their kernels read that layout.
+  const WeightCopy batch = MakeBackend(true)->CopyOf(v, WeightUse::kBatch);
+  EXPECT_EQ(batch.copied, packed > 0 && cpu::MatMulReadsDecodeLayout(GgmlType::kQ4_1));
+  EXPECT_EQ(batch.bytes, batch.copied ? packed : 0u);
+  for (WeightUse use : {WeightUse::kDecode, WeightUse::kBatch}) {
+    EXPECT_FALSE(MakeBackend(false)->CopyOf(v, use).copied);
+    EXPECT_FALSE(MakeBackend(true, /*exact=*/true)->CopyOf(v, use).copied);
+  }
   const std::vector<uint8_t> k_quant(RowBytes(GgmlType::kQ4_K, 256) * 16);
-  EXPECT_EQ(MakeBackend(true)->DecodeCopyBytes(View(k_quant, GgmlType::kQ4_K, 16, 256)), 0u);
+  EXPECT_FALSE(MakeBackend(true)->CopyOf(View(k_quant, GgmlType::kQ4_K, 16, 256), WeightUse::kDecode).copied);
+}
+
+// One call prepares many matrices: each gets its own answer, and the
+// ranges it reports name their matrix by index.
+TEST(CpuBackendDecodeCopy, PrepareWeightsAnswersForEachMatrix) {
+  const int64_t n = 40, k = 576;
+  const auto q41 = testing::QuantizedWeights(GgmlType::kQ4_1, n, k, RowBytes(GgmlType::kQ4_1, k), 3, 0.02f);
+  const auto q4k = testing::QuantizedWeights(GgmlType::kQ4_K, n, 256, RowBytes(GgmlType::kQ4_K, 256), 4, 0.02f);
+  const auto q80 = testing::QuantizedWeights(GgmlType::kQ8_0, n, k, RowBytes(GgmlType::kQ8_0, k), 5, 0.02f);
+  const WeightView views[3] = {View(q41, GgmlType::kQ4_1, n, k), View(q4k, GgmlType::kQ4_K, n, 256),
+                               View(q80, GgmlType::kQ8_0, n, k)};
+  const std::vector<const WeightView*> weights = {&views[0], &views[1], &views[2]};
+  for (WeightUse use : {WeightUse::kDecode, WeightUse::kBatch}) {
+    auto b = MakeBackend(true);
+    std::vector<size_t> reported(3, 0);
+    const std::vector<bool> made = b->PrepareWeights(weights, use, [&](size_t i, const void* data, size_t bytes) {
+      ASSERT_LT(i, 3u);
+      const auto* p = static_cast<const uint8_t*>(data);
+      const auto* base = static_cast<const uint8_t*>(views[i].data);
+      EXPECT_GE(p, base);
+      EXPECT_LE(p + bytes, base + views[i].rows * views[i].row_bytes);
+      reported[i] += bytes;
+    });
+    ASSERT_EQ(made.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(made[i], b->CopyOf(views[i], use).copied) << i;
+      EXPECT_EQ(reported[i], made[i] ? views[i].rows * views[i].row_bytes : 0u) << i;
+    }
+    EXPECT_FALSE(made[1]) << "Q4_K has no decode layout";
+    const std::vector<bool> none = MakeBackend(false)->PrepareWeights(weights, use, nullptr);
+    EXPECT_EQ(none, std::vector<bool>(3, false));
+  }
 }
 
 TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
@@ -152,7 +207,7 @@ TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
   }
   // Other weights written into the same buffer: the same view, other bytes.
   // A new model's decode starts after a batch (its prefill) or with
-  // PrepareDecodeCopy; either checks the copy again.
+  // PrepareWeights; either checks the copy again.
   const auto other = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 99, 0.05f);
   const uint8_t* before = w.data();
   std::copy(other.begin(), other.end(), w.begin());
@@ -164,30 +219,30 @@ TEST(CpuBackendDecodeCopy, NewBytesAtTheSameAddressArePackedAgain) {
     ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
     ExpectGgml(x, w, t, n, k, y);
   }
-  // And through PrepareDecodeCopy, with no batch in between.
+  // And through PrepareWeights, with no batch in between.
   const auto third = testing::QuantizedWeights(t, n, k, RowBytes(t, k), 7, 0.03f);
   std::copy(third.begin(), third.end(), w.begin());
   // (Where the CPU has no decode layout, e.g. AVX2 only, there is no copy to
   // prepare and nothing is reported; the products must still be right.)
-  const bool copies = b->DecodeCopyBytes(View(w, t, n, k)) > 0;
+  const bool copies = b->CopyOf(View(w, t, n, k), WeightUse::kDecode).copied;
   size_t reported = 0;
-  ASSERT_EQ(b->PrepareDecodeCopy(View(w, t, n, k),
-                                 [&](const void* data, size_t bytes) {
-                                   EXPECT_GE(static_cast<const uint8_t*>(data), w.data());
-                                   EXPECT_LE(static_cast<const uint8_t*>(data) + bytes, w.data() + w.size());
-                                   reported += bytes;
-                                 }),
+  ASSERT_EQ(Prepare(*b, View(w, t, n, k), WeightUse::kDecode,
+                    [&](const void* data, size_t bytes) {
+                      EXPECT_GE(static_cast<const uint8_t*>(data), w.data());
+                      EXPECT_LE(static_cast<const uint8_t*>(data) + bytes, w.data() + w.size());
+                      reported += bytes;
+                    }),
             copies);
   EXPECT_EQ(reported, copies ? w.size() : 0u) << "every copied byte is reported once";
   ASSERT_TRUE(b->MatMul(x.data(), 1, k, View(w, t, n, k), y.data(), n).ok());
   ExpectGgml(x, w, t, n, k, y);
 }
 
-// Batch products (m > 3) over the copies PrepareDecodeCopy made
-// (BatchReadsDecodeCopy: AVX-512 with Q4_0 / Q4_1): the same results as over
+// Batch products (m > 3) over the copies PrepareWeights made for them
+// (CopyOf(w, kBatch): AVX-512 with Q4_0 / Q4_1): the same results as over
 // the rows, bit for bit, alone and shared; the copy stands for the bytes
-// until PrepareDecodeCopy is asked again, which then packs the new bytes.
-TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
+// until PrepareWeights is asked again, which then packs the new bytes.
+TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareWeightsMade) {
   const GgmlType t = GgmlType::kQ4_1;
   const int64_t n = 80, k = 576, m = 200;
   const size_t row_bytes = RowBytes(t, k);
@@ -201,10 +256,10 @@ TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
     return y;
   };
   auto b = MakeBackend(true);
-  const bool reads = b->BatchReadsDecodeCopy(View(w, t, n, k));
+  const bool reads = b->CopyOf(View(w, t, n, k), WeightUse::kBatch).copied;
   EXPECT_EQ(reads, cpu::MatMulReadsDecodeLayout(t) && cpu::DecodePackedBytes(t, n, k) > 0);
-  EXPECT_FALSE(b->BatchReadsDecodeCopy(View(w, GgmlType::kQ8_0, n, k)));
-  EXPECT_FALSE(MakeBackend(false)->BatchReadsDecodeCopy(View(w, t, n, k)));
+  EXPECT_FALSE(b->CopyOf(View(w, GgmlType::kQ8_0, n, k), WeightUse::kBatch).copied);
+  EXPECT_FALSE(MakeBackend(false)->CopyOf(View(w, t, n, k), WeightUse::kBatch).copied);
   // Y = X·Wᵀ alone and X·W2ᵀ shared with it, through the backend.
   auto backend_product = [&] {
     std::vector<float> y(2 * m * n);
@@ -221,7 +276,7 @@ TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
   ASSERT_EQ(backend_product(), expected);  // no copies yet: the rows
   const std::vector<uint8_t>* both[] = {&w, &w2};
   for (const std::vector<uint8_t>* bytes : both) {
-    ASSERT_EQ(b->PrepareDecodeCopy(View(*bytes, t, n, k), nullptr), cpu::DecodePackedBytes(t, n, k) > 0);
+    ASSERT_EQ(Prepare(*b, View(*bytes, t, n, k), WeightUse::kBatch), reads);
   }
   ASSERT_EQ(backend_product(), expected);  // the copies where they are read
   // Other bytes at w's address, not prepared again: the copy still stands
@@ -230,7 +285,7 @@ TEST(CpuBackendDecodeCopy, BatchProductsReadTheCopyPrepareDecodeCopyMade) {
   const auto w3 = testing::QuantizedWeights(t, n, k, row_bytes, 34, 0.05f);
   std::copy(w3.begin(), w3.end(), w.begin());
   ASSERT_EQ(backend_product(), reads ? rows_product(old, w2) : rows_product(w, w2));
-  ASSERT_EQ(b->PrepareDecodeCopy(View(w, t, n, k), nullptr), cpu::DecodePackedBytes(t, n, k) > 0);
+  ASSERT_EQ(Prepare(*b, View(w, t, n, k), WeightUse::kBatch), reads);
   ASSERT_EQ(backend_product(), rows_product(w, w2));  // packed again
 }
 

@@ -250,7 +250,7 @@ TEST(CudaBackend, ProductsMatchTheTwins) {
   for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
     // One backend per matrix: its copies are known by the matrix's address,
     // which the next type's bytes may take (and a backend per model is the
-    // contract; see Backend::BatchReadsDecodeCopy).
+    // contract; see Backend::PrepareWeights).
     CUDA_BACKEND_OR_SKIP(exact, true);
     CUDA_BACKEND_OR_SKIP(bf16, false);
     const size_t row_bytes = RowBytes(type, k) + 16;

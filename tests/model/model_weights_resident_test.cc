@@ -55,7 +55,7 @@ class WeightsResidentTest : public ::testing::Test {
         << "token_embd is read in place by the lookups: all of it mapped";
     int copies = 0;
     for (const WeightView* w : model_->DecodeMatrices()) {
-      const bool copy = decode ? backend_->DecodeCopyBytes(*w) > 0 : backend_->BatchReadsDecodeCopy(*w);
+      const bool copy = backend_->CopyOf(*w, decode ? WeightUse::kDecode : WeightUse::kBatch).copied;
       const uint64_t mapped = testing::MappedResidentBytes(w->data, Bytes(*w));
       if (w->data == embd.data) continue;
       if (copy) {

@@ -461,8 +461,8 @@ absl::Status RunBench() {
     entry_bytes =
         2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (half_kv ? sizeof(uint16_t) : sizeof(float));
     for (const WeightView* w : model.model->DecodeMatrices()) {
-      const uint64_t copy = backend->DecodeCopyBytes(*w);
-      weights += copy > 0 ? copy : static_cast<double>(w->rows) * w->row_bytes;
+      const WeightCopy copy = backend->CopyOf(*w, WeightUse::kDecode);
+      weights += copy.copied ? static_cast<double>(copy.bytes) : static_cast<double>(w->rows) * w->row_bytes;
     }
   }
   auto step_bytes = [&](int64_t entries) { return weights + entries * entry_bytes; };

@@ -15,7 +15,7 @@
 //     pack_decode_weights: the copy replaces the file's pages, so only its
 //     layout's padding; 0 when off or for a command that does not decode;
 //     the copies made before the prefill of the matrices its batch products
-//     read (Backend::BatchReadsDecodeCopy) replace the pages the same way),
+//     read (Backend::CopyOf) replace the pages the same way),
 //     and the cache's fp16 entries that decode attention reads (BackendOptions::
 //     half_decode_kv: they replace the f32 entries layer by layer, so one
 //     layer's fp16 bytes of the memory's capacity; only for a command that

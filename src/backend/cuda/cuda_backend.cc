@@ -2,7 +2,7 @@
 // one GPU.
 //
 // Where the data lives: the weight matrices are uploaded once, on their
-// first product (or when LlamaForward prepares its batches: BatchReadsDecodeCopy),
+// first product (or when LlamaForward prepares its batches: PrepareWeights),
 // read with pread so that the model file's pages never enter the host's
 // resident set, dequantized on the host's cores and kept on the device as
 // bf16 (the default: cuBLAS's bf16 products with f32 sums) or f32
@@ -541,14 +541,24 @@ class CudaBackend final : public Backend, public BackendProfile {
 
   // ---- Weights on the device.
 
-  uint64_t DecodeCopyBytes(const WeightView& w) const override { return DeviceWeightBytes(w); }
-  bool PrepareDecodeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
-    if (!cpu::MatMulSupports(w.type)) return false;
-    if (!Weight(w).ok()) return false;  // the product that needs it reports the error
-    if (copied) copied(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
-    return true;
+  // Every matrix the products support is read from its device copy, in
+  // batches as in one-token steps.
+  WeightCopy CopyOf(const WeightView& w, WeightUse use) const override {
+    if (!cpu::MatMulSupports(w.type)) return {};
+    return {.copied = true, .bytes = DeviceWeightBytes(w), .on_device = true};
   }
-  bool BatchReadsDecodeCopy(const WeightView& w) const override { return cpu::MatMulSupports(w.type); }
+  std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
+                                   const std::function<void(size_t, const void*, size_t)>& copied) override {
+    std::vector<bool> made(weights.size(), false);
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const WeightView& w = *weights[i];
+      if (!CopyOf(w, use).copied) continue;
+      if (!Weight(w).ok()) continue;  // the product that needs it reports the error
+      if (copied) copied(i, w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+      made[i] = true;
+    }
+    return made;
+  }
 
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(host_threads_)
