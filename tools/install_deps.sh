@@ -5,7 +5,8 @@
 # OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx,
 # and oneDNN (libdnnl-dev, with ocl-icd-opencl-dev that its CMake config looks
 # for), a well-kept library's bf16 matmul that bench/bm_onednn times at the
-# shapes of bm_matmul_amx.
+# shapes of bm_matmul_amx, and OpenMPI (libopenmpi-dev, openmpi-bin), with
+# which `snapfill batch` runs as MPI ranks.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
@@ -18,6 +19,7 @@ PACKAGES=(
   gnuplot-nox
   libopenblas-dev
   libdnnl-dev ocl-icd-opencl-dev
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

@@ -1,12 +1,14 @@
 // snapfill batch: the manifest (every bad line named, nothing written), the
 // shards (every document exactly once, balanced by size), the answers file
 // (round trip, a torn last line cut, another model or settings refused),
-// and the command end to end on the tiny model: a resumed job and a
-// sharded one give the answers of one uninterrupted run.
+// and the command end to end on the tiny model: a resumed job, a sharded
+// one and one over three MPI ranks give the answers of one uninterrupted
+// run.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -20,6 +22,7 @@
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/cli/batch_manifest.h"
+#include "tools/cli/batch_mpi.h"
 
 namespace snapfill::cli {
 namespace {
@@ -283,6 +286,97 @@ TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
   testing::WriteRaw(manifest_, R"({"id": "a/b", "input": "d0.txt", "questions": ["Q?"]})" "\n");
   EXPECT_FAILS_WITH(Run(job_ + " --cache_dir " + caches + " --out " + dir_ + "/b.jsonl"), 2, "cannot name a cache file");
   EXPECT_FAILS_WITH(Run(job_ + " --cache_dir " + dir_ + "/none --out " + dir_ + "/b.jsonl"), 2, "is not a folder");
+}
+
+
+// The launchers' variables, and a build without MPI refusing to be one of
+// several ranks.
+const char* OpenMpiThree(const char* name) { return std::string(name) == "OMPI_COMM_WORLD_SIZE" ? "3" : nullptr; }
+const char* PmiTwo(const char* name) { return std::string(name) == "PMI_SIZE" ? "2" : nullptr; }
+const char* PmiBad(const char* name) { return std::string(name) == "PMI_SIZE" ? "two" : nullptr; }
+
+TEST(BatchMpiTest, RanksFromTheLauncherAndRefusedWithoutMpi) {
+  EXPECT_EQ(*LaunchedRanks(NoEnv), 1);
+  EXPECT_EQ(*LaunchedRanks(OpenMpiThree), 3);
+  EXPECT_EQ(*LaunchedRanks(PmiTwo), 2);
+  const auto bad = LaunchedRanks(PmiBad);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("PMI_SIZE=two"), std::string::npos) << bad.status();
+  SNAPFILL_EXPECT_OK(RanksSupported(1, /*with_mpi=*/false));
+  SNAPFILL_EXPECT_OK(RanksSupported(3, /*with_mpi=*/true));
+  const absl::Status refused = RanksSupported(3, /*with_mpi=*/false);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("one of 3 MPI ranks"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("built without MPI"), std::string::npos) << refused;
+}
+
+TEST(BatchMpiTest, RankFilesAreFoundByName) {
+  const std::string dir = testing::MakeTempDir("rankfiles");
+  const std::string out = dir + "/answers.jsonl";
+  EXPECT_EQ(RankOutPath(out, 2), out + ".rank2");
+  for (const char* name : {"answers.jsonl.rank0", "answers.jsonl.rank12", "answers.jsonl.rankx", "answers.jsonl.rank",
+                           "other.jsonl.rank1", "answers.jsonl"}) {
+    testing::WriteRaw(dir + "/" + name, "");
+  }
+  EXPECT_EQ(ExistingRankOuts(out), (std::vector<std::string>{out + ".rank0", out + ".rank12"}));
+}
+
+// mpirun's ranks on this machine, as root where the tests run as root.
+std::string Mpirun(int ranks) {
+  return "--help >/dev/null; OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 "
+         "OMPI_MCA_btl_vader_single_copy_mechanism=none mpirun -np " +
+         std::to_string(ranks) + " " + std::string(SNAPFILL_BINARY_DIR) + "/bin/snapfill ";
+}
+
+// Three ranks take the documents as they become free; rank 0 merges their
+// files into --out. The answers are one process's, bit for bit (the same
+// settings and one thread each), each once; the rank files are gone. A job
+// whose ranks stopped (their files left, one ending in a torn line) is
+// refused without --resume, and resumed answers exactly what they lack.
+TEST_F(BatchCliTest, MpiRanksGiveTheAnswersOfOneProcess) {
+  if (!BuiltWithMpi()) GTEST_SKIP() << "built without MPI (tools/install_deps.sh installs OpenMPI)";
+  const std::string job = job_ + " --threads 1";
+  testing::Result r = Run(job + " --out " + dir_ + "/one.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto one = Answers(dir_ + "/one.jsonl");
+  ASSERT_EQ(one.size(), 10u);
+  r = Run(Mpirun(3) + job + " --out " + dir_ + "/three.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("over 3 MPI ranks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("merged from 3 rank files"), std::string::npos) << r.err;
+  EXPECT_EQ(Answers(dir_ + "/three.jsonl"), one);
+  EXPECT_TRUE(ExistingRankOuts(dir_ + "/three.jsonl").empty());
+  // The merged file is in the manifest's order.
+  {
+    std::istringstream in(testing::ReadAll(dir_ + "/three.jsonl"));
+    std::vector<std::string> ids;
+    for (std::string line; std::getline(in, line);) ids.push_back(Json::parse(line)["id"]);
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end())) << "doc0 .. doc4, each document's questions together";
+  }
+  // Stopped ranks: rank 1 wrote two answers and died inside a third; rank 0
+  // wrote one.
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(testing::ReadAll(dir_ + "/one.jsonl"));
+    for (std::string line; std::getline(in, line);) lines.push_back(line + "\n");
+  }
+  const std::string out = dir_ + "/stopped.jsonl";
+  testing::WriteRaw(RankOutPath(out, 1), lines[4] + lines[9] + lines[2].substr(0, 40));
+  testing::WriteRaw(RankOutPath(out, 0), lines[0]);
+  EXPECT_FAILS_WITH(Run(Mpirun(3) + job + " --out " + out), 1, "rank that stopped");
+  r = Run(Mpirun(3) + job + " --out " + out + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("7 answers to give (3 already"), std::string::npos) << r.err;
+  EXPECT_EQ(Answers(out), one) << "every answer once, none lost";
+  EXPECT_TRUE(ExistingRankOuts(out).empty());
+  // One process resuming what ranks left merges their files as well.
+  const std::string solo = dir_ + "/solo.jsonl";
+  testing::WriteRaw(solo, lines[1]);
+  testing::WriteRaw(RankOutPath(solo, 2), lines[3] + lines[5]);
+  r = Run(job + " --out " + solo + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Answers(solo), one);
+  EXPECT_TRUE(ExistingRankOuts(solo).empty());
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "src/kv/cache_file.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/batch_manifest.h"
+#include "tools/cli/batch_mpi.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/common.h"
 #include "tools/cli/flags.h"
@@ -181,7 +182,10 @@ class BatchRunner {
 
 }  // namespace
 
-absl::Status RunBatch() {
+namespace {
+
+// The job in one world of ranks (one process without MPI).
+absl::Status RunBatchIn(BatchWorld& world) {
   const std::string manifest_path = absl::GetFlag(FLAGS_manifest);
   const std::string out = absl::GetFlag(FLAGS_out);
   if (manifest_path.empty()) return absl::InvalidArgumentError("--manifest FILE (JSONL, a document a line) is required");
@@ -189,9 +193,20 @@ absl::Status RunBatch() {
   const bool resume = absl::GetFlag(FLAGS_resume);
   const bool force = absl::GetFlag(FLAGS_force);
   if (resume && force) return absl::InvalidArgumentError("--resume goes on with --out, --force replaces it: give one");
-  if (!resume && !force && access(out.c_str(), F_OK) == 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "--out ", out, " exists: add --resume to answer what it lacks, or --force to start over"));
+  const bool ranks = world.size() > 1;
+  const bool lead = world.rank() == 0;  // prints the job's lines, merges the ranks' files
+  // The ranks' files of a job that stopped count as its output too.
+  const std::vector<std::string> stopped_ranks = ExistingRankOuts(out);
+  if (!resume && !force) {
+    if (access(out.c_str(), F_OK) == 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "--out ", out, " exists: add --resume to answer what it lacks, or --force to start over"));
+    }
+    if (!stopped_ranks.empty()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          stopped_ranks.front(), " exists (the answers of a job's MPI rank that stopped): add --resume to answer what "
+          "it lacks, or --force to start over"));
+    }
   }
   BatchSettings defaults;
   defaults.schedule = absl::GetFlag(FLAGS_schedule);
@@ -237,20 +252,35 @@ absl::Status RunBatch() {
   for (BatchDocument& d : docs) {
     if (d.settings.pruner == "auto") d.settings.pruner = PrunerKindName(AutoPruner(gates, d.settings.guided));
   }
+  // What is answered already: --out and the stopped ranks' files. Rank 0
+  // reads them first (cutting a torn last line); the others read them once
+  // nothing changes them any more, and only then does any rank write.
+  std::vector<std::string> answered_files = {out};
+  answered_files.insert(answered_files.end(), stopped_ranks.begin(), stopped_ranks.end());
   AnsweredSet done;
-  if (resume) {
-    SNAPFILL_ASSIGN_OR_RETURN(done, ReadAnswered(out, fingerprint, docs));
+  if (force && lead) {
+    for (const std::string& path : stopped_ranks) {
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return FileErrnoStatus(errno, "cannot remove", path);
+    }
   }
-  if (done.torn_bytes > 0) {
+  for (int pass = 0; pass < 2; ++pass) {
+    if (resume && (pass == 0) == lead) {
+      SNAPFILL_ASSIGN_OR_RETURN(done, ReadAnswered(answered_files, fingerprint, docs));
+    }
+    SNAPFILL_RETURN_IF_ERROR(world.Barrier());
+  }
+  if (done.torn_bytes > 0 && lead) {
     std::fprintf(stderr, "snapfill: %s ended in a torn line (%lld bytes): cut off, its answer is done again\n",
                  out.c_str(), (long long)done.torn_bytes);
   }
-  FILE* f = std::fopen(out.c_str(), resume ? "a" : "w");
-  if (f == nullptr) return FileErrnoStatus(errno, "cannot open", out);
+  const std::string write_to = ranks ? RankOutPath(out, world.rank()) : out;
+  FILE* f = std::fopen(write_to.c_str(), resume || ranks ? "a" : "w");
+  if (f == nullptr) return FileErrnoStatus(errno, "cannot open", write_to);
   std::unique_ptr<FILE, int (*)(FILE*)> closer(f, &std::fclose);
 
-  // This shard's documents and their questions not yet answered.
+  // This shard's documents with questions not yet answered, largest first.
   int64_t todo_docs = 0, todo_answers = 0, skipped = 0;
+  std::vector<int> order;
   for (size_t i = 0; i < docs.size(); ++i) {
     if (assigned[i] != shard.first) continue;
     int64_t left = 0;
@@ -263,20 +293,26 @@ absl::Status RunBatch() {
     }
     todo_answers += left;
     todo_docs += left > 0;
+    if (left > 0) order.push_back(static_cast<int>(i));
   }
-  std::fprintf(stderr, "[batch] shard %d/%d: %lld documents, %lld answers to give (%lld already in %s)\n", shard.first,
-               shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped, out.c_str());
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return docs[a].bytes > docs[b].bytes; });
+  if (lead) {
+    std::fprintf(stderr, "[batch] shard %d/%d: %lld documents, %lld answers to give (%lld already in %s)%s\n",
+                 shard.first, shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped,
+                 out.c_str(), ranks ? absl::StrCat(", over ", world.size(), " MPI ranks").c_str() : "");
+  }
   BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir);
   Stopwatch job;
   int64_t answers = 0, docs_done = 0, tokens = 0;
-  for (size_t i = 0; i < docs.size(); ++i) {
+  world.Start(order);
+  for (;;) {
+    SNAPFILL_ASSIGN_OR_RETURN(const int i, world.Next());
+    if (i < 0) break;
     const BatchDocument& d = docs[i];
-    if (assigned[i] != shard.first) continue;
     std::vector<std::string> questions;
     for (const std::string& q : d.questions) {
       if (!done.pairs.count({d.id, q})) questions.push_back(q);
     }
-    if (questions.empty()) continue;
     const absl::Status s = runner.Document(d, questions, [&](const std::string& q, const Answer& a) {
       Json j;
       j["id"] = d.id;
@@ -297,23 +333,65 @@ absl::Status RunBatch() {
       // A piece may end inside a UTF-8 sequence: JSON takes U+FFFD for such bytes.
       const std::string line = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
       if (std::fwrite(line.data(), 1, line.size(), f) != line.size() || std::fflush(f) != 0) {
-        return FileErrnoStatus(errno, "error writing", out);
+        return FileErrnoStatus(errno, "error writing", write_to);
       }
       ++answers;
       tokens += a.input_tokens;
       const double t = job.Seconds();
-      std::fprintf(stderr, "[batch] %lld/%lld answers | %s | %.0f tokens/s | ETA %s\n", (long long)answers,
-                   (long long)todo_answers, d.id.c_str(), tokens / std::max(t, 1e-9),
-                   HumanSeconds(t / answers * (todo_answers - answers)).c_str());
+      if (ranks) {
+        // Each rank knows only its own share: no ETA.
+        std::fprintf(stderr, "[batch] rank %d: %lld answers | %s | %.0f tokens/s\n", world.rank(),
+                     (long long)answers, d.id.c_str(), tokens / std::max(t, 1e-9));
+      } else {
+        std::fprintf(stderr, "[batch] %lld/%lld answers | %s | %.0f tokens/s | ETA %s\n", (long long)answers,
+                     (long long)todo_answers, d.id.c_str(), tokens / std::max(t, 1e-9),
+                     HumanSeconds(t / answers * (todo_answers - answers)).c_str());
+      }
       return absl::OkStatus();
     });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("document \"", d.id, "\" (", d.input, "): ", s.message()));
     ++docs_done;
   }
-  std::fprintf(stderr, "batch: %lld answers for %lld documents in %.1f s (%lld were already there) | peak RSS %s\n",
-               (long long)answers, (long long)docs_done, job.Seconds(), (long long)skipped,
-               HumanBytes(PeakRssBytes()).c_str());
+  closer.reset();
+  if (ranks) {
+    std::fprintf(stderr, "batch: rank %d: %lld answers for %lld documents in %.1f s | peak RSS %s\n", world.rank(),
+                 (long long)answers, (long long)docs_done, job.Seconds(), HumanBytes(PeakRssBytes()).c_str());
+  }
+  // Every rank's file is complete: rank 0 merges them (and a stopped job's)
+  // into --out, in the manifest's order, and removes them.
+  SNAPFILL_RETURN_IF_ERROR(world.Barrier());
+  if (lead && (ranks || !stopped_ranks.empty())) {
+    std::vector<std::string> files = {out};
+    for (const std::string& path : ExistingRankOuts(out)) files.push_back(path);
+    SNAPFILL_ASSIGN_OR_RETURN(const AnsweredSet all, ReadAnswered(files, fingerprint, docs));
+    SNAPFILL_RETURN_IF_ERROR(MergeAnswers(out, all, docs));
+    for (size_t k = 1; k < files.size(); ++k) {
+      if (::unlink(files[k].c_str()) != 0) return FileErrnoStatus(errno, "cannot remove", files[k]);
+    }
+    std::fprintf(stderr, "batch: %lld answers in %s, merged from %zu rank files\n", (long long)all.pairs.size(),
+                 out.c_str(), files.size() - 1);
+  }
+  if (!ranks) {
+    std::fprintf(stderr, "batch: %lld answers for %lld documents in %.1f s (%lld were already there) | peak RSS %s\n",
+                 (long long)answers, (long long)docs_done, job.Seconds(), (long long)skipped,
+                 HumanBytes(PeakRssBytes()).c_str());
+  }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunBatch() {
+  SNAPFILL_ASSIGN_OR_RETURN(const int launched, LaunchedRanks(Getenv));
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<BatchWorld> world, BatchWorld::Create(launched));
+  const absl::Status s = RunBatchIn(*world);
+  if (!s.ok() && world->size() > 1) {
+    // The other ranks would wait for this one forever: end them all.
+    std::fprintf(stderr, "snapfill: batch: rank %d of %d: %s\n", world->rank(), world->size(),
+                 std::string(s.message()).c_str());
+    world->Abort(s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+  }
+  return s;
 }
 
 }  // namespace snapfill::cli

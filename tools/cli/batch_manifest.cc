@@ -1,5 +1,6 @@
 #include "tools/cli/batch_manifest.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "snapfill/status.h"
+#include "src/base/file_util.h"
 
 namespace snapfill::cli {
 namespace {
@@ -251,10 +253,69 @@ absl::StatusOr<AnsweredSet> ReadAnswered(const std::string& path, const std::str
           path, ":", line_no, ": document \"", id, "\" was answered with the settings ", j["settings"].dump(),
           " and the manifest now gives ", it->second->settings.Json(), ": give another --out, or the same settings"));
     }
-    done.pairs.insert({id, j["question"].get<std::string>()});
+    const std::pair<std::string, std::string> key = {id, j["question"].get<std::string>()};
+    if (done.pairs.insert(key).second) {
+      done.text.emplace(key, std::string(line));
+      done.order.push_back(key);
+    }
     ++done.lines;
   }
   return done;
+}
+
+absl::StatusOr<AnsweredSet> ReadAnswered(const std::vector<std::string>& paths, const std::string& model_fingerprint,
+                                         const std::vector<BatchDocument>& documents) {
+  AnsweredSet all;
+  for (const std::string& path : paths) {
+    SNAPFILL_ASSIGN_OR_RETURN(AnsweredSet one, ReadAnswered(path, model_fingerprint, documents));
+    all.lines += one.lines;
+    all.torn_bytes += one.torn_bytes;
+    for (const auto& key : one.order) {
+      if (all.pairs.insert(key).second) {
+        all.text.emplace(key, one.text.at(key));
+        all.order.push_back(key);
+      }
+    }
+  }
+  return all;
+}
+
+std::string RankOutPath(const std::string& out, int rank) { return absl::StrCat(out, ".rank", rank); }
+
+std::vector<std::string> ExistingRankOuts(const std::string& out) {
+  const size_t slash = out.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : out.substr(0, slash));
+  const std::string prefix = absl::StrCat(slash == std::string::npos ? out : out.substr(slash + 1), ".rank");
+  std::vector<std::string> found;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return found;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.push_back(slash == std::string::npos ? name : absl::StrCat(dir == "/" ? "" : dir, "/", name));
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+absl::Status MergeAnswers(const std::string& out, const AnsweredSet& answers,
+                          const std::vector<BatchDocument>& documents) {
+  SNAPFILL_ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::Create(out, /*overwrite=*/true));
+  std::set<std::pair<std::string, std::string>> written;
+  auto write = [&](const std::pair<std::string, std::string>& key) -> absl::Status {
+    const auto it = answers.text.find(key);
+    if (it == answers.text.end() || !written.insert(key).second) return absl::OkStatus();
+    SNAPFILL_RETURN_IF_ERROR(writer->Write(it->second));
+    return writer->Write("\n");
+  };
+  for (const BatchDocument& d : documents) {
+    for (const std::string& q : d.questions) SNAPFILL_RETURN_IF_ERROR(write({d.id, q}));
+  }
+  for (const auto& key : answers.order) SNAPFILL_RETURN_IF_ERROR(write(key));
+  return writer->Commit();
 }
 
 }  // namespace snapfill::cli

@@ -10,6 +10,7 @@
 #define SNAPFILL_TOOLS_CLI_BATCH_MANIFEST_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -75,6 +76,10 @@ struct AnsweredSet {
   std::set<std::pair<std::string, std::string>> pairs;
   int64_t lines = 0;
   int64_t torn_bytes = 0;  // a last line without its newline, cut off
+  // Each pair's line as first read (without its newline), and the pairs in
+  // the order they were first read: what MergeAnswers writes.
+  std::map<std::pair<std::string, std::string>, std::string> text;
+  std::vector<std::pair<std::string, std::string>> order;
 };
 // Reads `path` (absent: nothing answered). A last line without a newline is
 // torn (the job died while writing it): it is cut from the file and not
@@ -83,6 +88,21 @@ struct AnsweredSet {
 // give that id now; DataLoss for a line that is not an answer.
 absl::StatusOr<AnsweredSet> ReadAnswered(const std::string& path, const std::string& model_fingerprint,
                                          const std::vector<BatchDocument>& documents);
+// The same over several files (`--out` and the ranks' files): their union,
+// a pair answered in more than one counted once; torn bytes summed.
+absl::StatusOr<AnsweredSet> ReadAnswered(const std::vector<std::string>& paths, const std::string& model_fingerprint,
+                                         const std::vector<BatchDocument>& documents);
+
+// The file each MPI rank writes its answers to: `out` + ".rank<r>".
+std::string RankOutPath(const std::string& out, int rank);
+// The rank files of `out` that exist (of any number of ranks), sorted.
+std::vector<std::string> ExistingRankOuts(const std::string& out);
+
+// Writes `answers` to `out` (replacing it, atomically): the manifest's
+// pairs in its order (document by document, each document's questions in
+// order), then any other pair in the order read. Each pair once.
+absl::Status MergeAnswers(const std::string& out, const AnsweredSet& answers,
+                          const std::vector<BatchDocument>& documents);
 
 }  // namespace snapfill::cli
 
