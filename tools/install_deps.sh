@@ -5,8 +5,9 @@
 # OpenBLAS (libopenblas-dev), the sgemm reference rate of bench/bm_matmul_amx,
 # and oneDNN (libdnnl-dev, with ocl-icd-opencl-dev that its CMake config looks
 # for), a well-kept library's bf16 matmul that bench/bm_onednn times at the
-# shapes of bm_matmul_amx, and OpenMPI (libopenmpi-dev, openmpi-bin), with
-# which `snapfill batch` runs as MPI ranks.
+# shapes of bm_matmul_amx, OpenMPI (libopenmpi-dev, openmpi-bin), with
+# which `snapfill batch` runs as MPI ranks, and OpenSSL (libssl-dev), whose
+# SHA-256 checks a batch manifest's inputs.
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
@@ -19,7 +20,7 @@ PACKAGES=(
   gnuplot-nox
   libopenblas-dev
   libdnnl-dev ocl-icd-opencl-dev
-  libopenmpi-dev openmpi-bin
+  libopenmpi-dev openmpi-bin libssl-dev
 )
 
 missing=()

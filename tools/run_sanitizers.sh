@@ -14,4 +14,4 @@ cmake -S "$ROOT" -B "$BUILD_DIR" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=RelWithDeb
   -DSNAPFILL_SANITIZE=address,undefined -DSNAPFILL_BUILD_BENCH=OFF
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE "long|cuda"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE "long|cuda|netns"

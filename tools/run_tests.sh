@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything, fetches the default model, builds and runs the test
-# suite. Tests labelled "long" (runs of many minutes) and "cuda" (need a GPU)
+# suite. Tests labelled "long" (runs of many minutes), "cuda" (need a GPU)
+# and "netns" (need root and CAP_SYS_ADMIN, and make network namespaces)
 # are left out unless SNAPFILL_TEST_LABELS_EXCLUDE is set otherwise.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,5 +12,5 @@ bash tools/fetch_model.sh
 bash tools/fetch_model.sh gemma3-270m
 bash tools/build.sh "$@"
 BUILD_DIR="${SNAPFILL_BUILD_DIR:-$ROOT/build}"
-EXCLUDE="${SNAPFILL_TEST_LABELS_EXCLUDE:-long|cuda}"
+EXCLUDE="${SNAPFILL_TEST_LABELS_EXCLUDE:-long|cuda|netns}"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE "$EXCLUDE"

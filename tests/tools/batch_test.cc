@@ -87,6 +87,8 @@ TEST_F(BatchManifestTest, EveryBadLineIsNamed) {
       {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "guided": "yes"})", ":2: \"guided\" must be"},
       {R"({"id": "b", "input": "none.txt", "questions": ["Q?"]})", ":2: input " + dir_ + "/none.txt"},
       {R"({"id": "b", "input": "sub", "questions": ["Q?"]})", ":2: input " + dir_ + "/sub is a directory"},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "sha256": "abc"})", ":2: \"sha256\" must be 64"},
+      {R"({"id": "b", "input": "b.txt", "questions": ["Q?"], "sha256": 7})", ":2: \"sha256\" must be 64"},
   };
   for (const auto& [line, message] : cases) {
     const auto docs = Parse(ok + "\n" + line + "\n");
@@ -95,6 +97,30 @@ TEST_F(BatchManifestTest, EveryBadLineIsNamed) {
         << line << " -> " << docs.status();
   }
   EXPECT_FALSE(Parse("\n\n").ok()) << "no documents";
+}
+
+// "sha256": read as given (any case), and the input checked against it.
+TEST_F(BatchManifestTest, Sha256NamesTheInputsBytes) {
+  testing::WriteRaw(dir_ + "/abc.txt", "abc");
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";  // FIPS 180-2's example
+  auto digest = FileSha256(dir_ + "/abc.txt");
+  SNAPFILL_ASSERT_OK(digest);
+  EXPECT_EQ(*digest, abc);
+  std::string upper = abc;
+  std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+  auto docs = Parse(R"({"id": "x", "input": "abc.txt", "questions": ["Q?"], "sha256": ")" + upper + "\"}\n" +
+                    R"({"id": "y", "input": "a.txt", "questions": ["Q?"], "sha256": ")" + abc + "\"}\n" +
+                    R"({"id": "z", "input": "b.txt", "questions": ["Q?"]})" "\n");
+  SNAPFILL_ASSERT_OK(docs);
+  EXPECT_EQ((*docs)[0].sha256, abc);
+  SNAPFILL_EXPECT_OK(CheckInputSha256((*docs)[0], manifest_));
+  SNAPFILL_EXPECT_OK(CheckInputSha256((*docs)[2], manifest_)) << "no sha256: nothing to check";
+  const absl::Status wrong = CheckInputSha256((*docs)[1], manifest_);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(wrong.message().find(manifest_ + ":2: input " + dir_ + "/a.txt has SHA-256 "), std::string::npos)
+      << wrong;
+  EXPECT_NE(wrong.message().find("the manifest gives " + abc), std::string::npos) << wrong;
+  EXPECT_EQ(FileSha256(dir_ + "/none.txt").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(BatchManifestTest, ShardsCoverEveryDocumentOnceAndBalanceBytes) {
@@ -258,6 +284,16 @@ TEST_F(BatchCliTest, ResumedAndShardedJobsGiveTheAnswersOfOneRun) {
   EXPECT_FAILS_WITH(r, 1, "\"window\":8");
   EXPECT_FAILS_WITH(Run("batch --model " + tiny_ + " --out " + dir_ + "/x.jsonl"), 2, "--manifest");
   EXPECT_FALSE(access((dir_ + "/x.jsonl").c_str(), F_OK) == 0);
+}
+
+// A document whose input is not the file its sha256 names is refused as it
+// is taken: nothing is answered for it.
+TEST_F(BatchCliTest, AnInputWithAnotherSha256IsRefused) {
+  testing::WriteRaw(manifest_, R"({"id": "doc0", "input": "d0.txt", "questions": ["Q?"], "sha256": ")" +
+                                   std::string(64, '0') + "\"}\n");
+  const testing::Result r = Run(job_ + " --out " + dir_ + "/a.jsonl");
+  EXPECT_FAILS_WITH(r, 1, ":1: input " + dir_ + "/d0.txt has SHA-256 ");
+  EXPECT_EQ(testing::ReadAll(dir_ + "/a.jsonl"), "") << "nothing answered";
 }
 
 // --cache_dir keeps each document's cache: a later generate --cache with

@@ -309,6 +309,7 @@ absl::Status RunBatchIn(BatchWorld& world) {
     SNAPFILL_ASSIGN_OR_RETURN(const int i, world.Next());
     if (i < 0) break;
     const BatchDocument& d = docs[i];
+    SNAPFILL_RETURN_IF_ERROR(CheckInputSha256(d, manifest_path));
     std::vector<std::string> questions;
     for (const std::string& q : d.questions) {
       if (!done.pairs.count({d.id, q})) questions.push_back(q);

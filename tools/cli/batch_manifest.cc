@@ -10,9 +10,14 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <sstream>
+#include <vector>
 
+#include <openssl/evp.h>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
@@ -93,8 +98,8 @@ std::string BatchSettings::Json() const {
 
 absl::StatusOr<std::vector<BatchDocument>> ParseManifest(std::string_view text, const std::string& manifest_path,
                                                          const BatchSettings& defaults) {
-  static const std::set<std::string> kKeys = {"id",     "input", "questions", "task", "schedule",
-                                              "memory", "chunk", "n",         "seed", "guided"};
+  static const std::set<std::string> kKeys = {"id",     "input", "sha256", "questions", "task", "schedule",
+                                              "memory", "chunk", "n",      "seed",      "guided"};
   std::vector<BatchDocument> docs;
   std::set<std::string> ids;
   int64_t line_no = 0;
@@ -107,8 +112,8 @@ absl::StatusOr<std::vector<BatchDocument>> ParseManifest(std::string_view text, 
       if (!kKeys.count(it.key())) {
         return LineError(manifest_path, line_no,
                          absl::StrCat("unknown key \"", it.key(),
-                                      "\" (known: id, input, questions, task, schedule, memory, chunk, n, seed, "
-                                      "guided)"));
+                                      "\" (known: id, input, sha256, questions, task, schedule, memory, chunk, n, "
+                                      "seed, guided)"));
       }
     }
     BatchDocument d;
@@ -123,6 +128,12 @@ absl::StatusOr<std::vector<BatchDocument>> ParseManifest(std::string_view text, 
     }
     d.input = j["input"].get<std::string>();
     if (d.input[0] != '/') d.input = Folder(manifest_path) + "/" + d.input;
+    if (j.contains("sha256")) {
+      const bool hex = j["sha256"].is_string() && j["sha256"].get<std::string>().size() == 64 &&
+                       j["sha256"].get<std::string>().find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+      if (!hex) return LineError(manifest_path, line_no, "\"sha256\" must be 64 hexadecimal digits");
+      d.sha256 = absl::AsciiStrToLower(j["sha256"].get<std::string>());
+    }
     if (j.contains("questions")) {
       if (!j["questions"].is_array() || j["questions"].empty()) {
         return LineError(manifest_path, line_no, "\"questions\" must be a non-empty list of strings");
@@ -316,6 +327,37 @@ absl::Status MergeAnswers(const std::string& out, const AnsweredSet& answers,
   }
   for (const auto& key : answers.order) SNAPFILL_RETURN_IF_ERROR(write(key));
   return writer->Commit();
+}
+
+absl::StatusOr<std::string> FileSha256(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return FileErrnoStatus(errno, "cannot open", path);
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    return absl::InternalError("OpenSSL: cannot start a SHA-256");
+  }
+  std::vector<char> block(1 << 20);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    if (in.gcount() > 0 && EVP_DigestUpdate(ctx.get(), block.data(), static_cast<size_t>(in.gcount())) != 1) {
+      return absl::InternalError("OpenSSL: SHA-256 update failed");
+    }
+  }
+  if (in.bad()) return FileErrnoStatus(errno, "error reading", path);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx.get(), digest, &len) != 1) return absl::InternalError("OpenSSL: SHA-256 final failed");
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
+absl::Status CheckInputSha256(const BatchDocument& d, const std::string& manifest_path) {
+  if (d.sha256.empty()) return absl::OkStatus();
+  SNAPFILL_ASSIGN_OR_RETURN(const std::string got, FileSha256(d.input));
+  if (got == d.sha256) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(manifest_path, ":", d.line, ": input ", d.input, " has SHA-256 ", got,
+                                          ", the manifest gives ", d.sha256, ": the file is not the one named"));
 }
 
 }  // namespace snapfill::cli

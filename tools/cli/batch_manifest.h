@@ -1,7 +1,8 @@
 // snapfill batch's files: the manifest of documents (JSONL in), the answers
 // (JSONL out, resumable), and the split of the documents into shards.
 //
-// A manifest line: {"id": "a", "input": "docs/a.txt", "questions": ["..."]}
+// A manifest line: {"id": "a", "input": "docs/a.txt", "questions": ["..."]},
+// optionally with the input's "sha256" (checked as the document is taken),
 // or with "task": "summarize" in place of the questions; optional settings
 // "schedule" (fm|im|imdc), "memory", "chunk", "n", "seed" and "guided" (the
 // question guides the compression: a prefill per question). A relative
@@ -45,6 +46,7 @@ struct BatchSettings {
 struct BatchDocument {
   std::string id;
   std::string input;  // resolved against the manifest's folder
+  std::string sha256;  // the input's SHA-256 in lowercase hex, if the line gives one
   std::vector<std::string> questions;
   BatchSettings settings;
   uint64_t bytes = 0;  // the input's size, for the shards
@@ -92,6 +94,12 @@ absl::StatusOr<AnsweredSet> ReadAnswered(const std::string& path, const std::str
 // a pair answered in more than one counted once; torn bytes summed.
 absl::StatusOr<AnsweredSet> ReadAnswered(const std::vector<std::string>& paths, const std::string& model_fingerprint,
                                          const std::vector<BatchDocument>& documents);
+
+// The SHA-256 of a file's bytes, in lowercase hex (OpenSSL, streamed).
+absl::StatusOr<std::string> FileSha256(const std::string& path);
+// OK where the document gives no sha256 or its input has that one;
+// DataLoss naming the manifest's line and both digests otherwise.
+absl::Status CheckInputSha256(const BatchDocument& d, const std::string& manifest_path);
 
 // The file each MPI rank writes its answers to: `out` + ".rank<r>".
 std::string RankOutPath(const std::string& out, int rank);
