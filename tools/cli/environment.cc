@@ -114,6 +114,7 @@ const char* EnvironmentHelp() {
          "  SNAPFILL_KERNELS       --kernels when it is not given (the test suite sets flags: no timing)\n"
          "  TMPDIR                 --spool_dir when it is not given (else /tmp)\n"
          "  SLURM_ARRAY_TASK_ID, _COUNT, _MIN, _MAX  batch: the share of a Slurm array task (--shard)\n"
+         "  OMPI_COMM_WORLD_SIZE, PMI_SIZE  batch: the ranks an MPI launcher started (docs/BATCH.md)\n"
          "  OMP_WAIT_POLICY        passive: the kernels' threads sleep at once between regions\n"
          "  OMP_NUM_THREADS        threads when --threads is 0 (else every CPU, or of OMP_PLACES)\n"
          "  OMP_PLACES, OMP_PROC_BIND  where the kernels' threads run, as OpenMP's would\n";
