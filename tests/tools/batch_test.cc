@@ -4,7 +4,9 @@
 // and the command end to end on the tiny model: a resumed job, a sharded
 // one and one over three MPI ranks give the answers of one uninterrupted
 // run.
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -296,6 +298,42 @@ TEST_F(BatchCliTest, AnInputWithAnotherSha256IsRefused) {
   EXPECT_EQ(testing::ReadAll(dir_ + "/a.jsonl"), "") << "nothing answered";
 }
 
+// A document stopped by SIGTERM in its prefill saves its checkpoint and the
+// job stops (exit 130); --resume goes on from the checkpoint and gives the
+// answer of an uninterrupted run, bit for bit, and the checkpoint is gone
+// once the answer is written.
+TEST_F(BatchCliTest, AStoppedDocumentResumesFromItsCheckpoint) {
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += "Line " + std::to_string(i) + " of the long document.\n";
+  testing::WriteRaw(dir_ + "/long.txt", text);
+  testing::WriteRaw(manifest_, R"({"id": "long", "input": "long.txt", "questions": ["What is said?"]})" "\n");
+  // FM chunks of 32: some 4,000 steps, so the signal finds the prefill running.
+  const std::string job = "batch --model " + tiny_ + " --manifest " + manifest_ +
+                          " --schedule fm --memory 64 --chunk 32 --window 8 -n 4 --threads 1" + kSampling;
+  testing::Result r = Run(job + " --out " + dir_ + "/ref.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto ref = Answers(dir_ + "/ref.jsonl");
+  ASSERT_EQ(ref.size(), 1u);
+  const std::string ck = dir_ + "/ck";
+  ASSERT_EQ(::mkdir(ck.c_str(), 0755), 0);
+  const std::string out = dir_ + "/a.jsonl";
+  const pid_t pid = Spawn(job + " --out " + out + " --checkpoint_dir " + ck + " --checkpoint_every 1");
+  for (int i = 0; i < 20000 && access((ck + "/long.ck").c_str(), F_OK) != 0; ++i) ::usleep(500);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  const int status = Wait(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_EQ(WEXITSTATUS(status), 130) << testing::ReadAll(dir_ + "/stderr");
+  EXPECT_NE(testing::ReadAll(dir_ + "/stderr").find("its checkpoint " + ck + "/long.ck is saved"), std::string::npos)
+      << testing::ReadAll(dir_ + "/stderr");
+  EXPECT_EQ(testing::ReadAll(out), "") << "no answer yet";
+  r = Run(job + " --out " + out + " --checkpoint_dir " + ck + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("[batch] long: resuming from " + ck + "/long.ck after step "), std::string::npos) << r.err;
+  EXPECT_EQ(Answers(out), ref);
+  EXPECT_NE(access((ck + "/long.ck").c_str(), F_OK), 0) << "the checkpoint outlived its answer";
+  EXPECT_FAILS_WITH(Run(job + " --out " + dir_ + "/b.jsonl --checkpoint_dir " + dir_ + "/none"), 2, "is not a folder");
+}
+
 // --cache_dir keeps each document's cache: a later generate --cache with
 // the same question gives the batch's answer.
 TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
@@ -371,11 +409,21 @@ std::string Mpirun(int ranks) {
 // refused without --resume, and resumed answers exactly what they lack.
 TEST_F(BatchCliTest, MpiRanksGiveTheAnswersOfOneProcess) {
   if (!BuiltWithMpi()) GTEST_SKIP() << "built without MPI (tools/install_deps.sh installs OpenMPI)";
+  // 12 small documents of 4 sizes, two questions each.
+  std::string manifest;
+  for (int d = 0; d < 12; ++d) {
+    std::string text;
+    for (int i = 0; i < 40 * (d % 4 + 1); ++i) text += "Paper " + std::to_string(d) + " line " + std::to_string(i) + ".\n";
+    const std::string id = (d < 10 ? "doc0" : "doc") + std::to_string(d);
+    testing::WriteRaw(dir_ + "/" + id + ".txt", text);
+    manifest += "{\"id\": \"" + id + "\", \"input\": \"" + id + ".txt\", \"questions\": [\"What is said?\", \"Which paper?\"]}\n";
+  }
+  testing::WriteRaw(manifest_, manifest);
   const std::string job = job_ + " --threads 1";
   testing::Result r = Run(job + " --out " + dir_ + "/one.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto one = Answers(dir_ + "/one.jsonl");
-  ASSERT_EQ(one.size(), 10u);
+  ASSERT_EQ(one.size(), 24u);
   r = Run(Mpirun(3) + job + " --out " + dir_ + "/three.jsonl");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("over 3 MPI ranks"), std::string::npos) << r.err;
@@ -387,7 +435,7 @@ TEST_F(BatchCliTest, MpiRanksGiveTheAnswersOfOneProcess) {
     std::istringstream in(testing::ReadAll(dir_ + "/three.jsonl"));
     std::vector<std::string> ids;
     for (std::string line; std::getline(in, line);) ids.push_back(Json::parse(line)["id"]);
-    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end())) << "doc0 .. doc4, each document's questions together";
+    EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end())) << "doc00 .. doc11, each document's questions together";
   }
   // Stopped ranks: rank 1 wrote two answers and died inside a third; rank 0
   // wrote one.
@@ -402,7 +450,7 @@ TEST_F(BatchCliTest, MpiRanksGiveTheAnswersOfOneProcess) {
   EXPECT_FAILS_WITH(Run(Mpirun(3) + job + " --out " + out), 1, "rank that stopped");
   r = Run(Mpirun(3) + job + " --out " + out + " --resume");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("7 answers to give (3 already"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("21 answers to give (3 already"), std::string::npos) << r.err;
   EXPECT_EQ(Answers(out), one) << "every answer once, none lost";
   EXPECT_TRUE(ExistingRankOuts(out).empty());
   // One process resuming what ranks left merges their files as well.

@@ -2,6 +2,7 @@
 // loaded model; an answer per JSON line, appended and flushed as it comes;
 // --resume goes on where a job stopped; --shard (or a Slurm array) splits
 // the documents by size (batch_manifest.h).
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include "src/engine/prompt.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
+#include "src/kv/checkpoint_file.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/batch_manifest.h"
 #include "tools/cli/batch_mpi.h"
@@ -63,9 +65,10 @@ struct Answer {
 class BatchRunner {
  public:
   BatchRunner(LoadedModel& m, Backend* backend, const InputOptions& input, std::string fingerprint,
-              std::string cache_dir)
+              std::string cache_dir, std::string checkpoint_dir, int64_t checkpoint_every, bool resume)
       : m_(m), backend_(backend), input_(input), fingerprint_(std::move(fingerprint)),
-        cache_dir_(std::move(cache_dir)) {}
+        cache_dir_(std::move(cache_dir)), checkpoint_dir_(std::move(checkpoint_dir)),
+        checkpoint_every_(checkpoint_every), resume_(resume) {}
 
   // One document: a prefill shared by its questions, or one per question
   // with the question guiding it; `on_answer` sees each.
@@ -94,7 +97,8 @@ class BatchRunner {
         c.decode_reserve = d.settings.n;
         SNAPFILL_ASSIGN_OR_RETURN(c.query_tokens, BuildContinuation(*m_.tokenizer, m_.chat_template, q));
         SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, c, in.tokens->size()));
-        SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
+        const std::string checkpoint = CheckpointPath(d, &q);
+        SNAPFILL_RETURN_IF_ERROR(Prefill(d, *engine, in, checkpoint));
         Answer a;
         a.input_tokens = in.tokens->size();
         a.prefill_seconds = watch.Seconds();
@@ -104,6 +108,7 @@ class BatchRunner {
                                                               engine->last_logits(), gopts, Collect(&a.text)));
         a.ttft_seconds = a.prefill_seconds + a.result.ttft_seconds;
         SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
+        SNAPFILL_RETURN_IF_ERROR(RemoveCheckpoint(checkpoint));
       }
       return absl::OkStatus();
     }
@@ -123,7 +128,8 @@ class BatchRunner {
     // one takes the memory over instead of a copy.
     config.decode_reserve = longest + d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
-    SNAPFILL_RETURN_IF_ERROR(engine->Run(*in.tokens, nullptr));
+    const std::string checkpoint = CheckpointPath(d, nullptr);
+    SNAPFILL_RETURN_IF_ERROR(Prefill(d, *engine, in, checkpoint));
     const double prefill_seconds = watch.Seconds();
     if (!cache_dir_.empty()) {
       // For later questions: generate --cache DIR/ID.kv --prompt "...".
@@ -155,10 +161,87 @@ class BatchRunner {
       a.ttft_seconds = prefill_seconds + a.result.ttft_seconds;
       SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
     }
-    return absl::OkStatus();
+    return RemoveCheckpoint(checkpoint);
   }
 
  private:
+  // The checkpoint of a document's prefill (`question` null) or of a guided
+  // one's for `question`; "" without --checkpoint_dir.
+  std::string CheckpointPath(const BatchDocument& d, const std::string* question) const {
+    if (checkpoint_dir_.empty()) return "";
+    if (question == nullptr) return absl::StrCat(checkpoint_dir_, "/", d.id, ".ck");
+    const auto k = std::find(d.questions.begin(), d.questions.end(), *question) - d.questions.begin();
+    return absl::StrCat(checkpoint_dir_, "/", d.id, ".q", k, ".ck");
+  }
+
+  static absl::Status RemoveCheckpoint(const std::string& path) {
+    if (path.empty() || ::unlink(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
+    return FileErrnoStatus(errno, "cannot remove", path);
+  }
+
+  // Runs the prefill; with a checkpoint path, saves its state there every
+  // checkpoint_every_ steps and on SIGINT/SIGTERM (then stops: Cancelled),
+  // and with --resume first goes on from the checkpoint found there, if it
+  // is this prefill's (model, input, settings, plan); one that is not is
+  // said and replaced.
+  absl::Status Prefill(const BatchDocument& d, PrefillEngine& engine, const InputTokens& in,
+                       const std::string& path) {
+    if (path.empty()) return engine.Run(*in.tokens, nullptr);
+    const int64_t total = static_cast<int64_t>(in.tokens->size());
+    const std::vector<ScheduleStep>& steps = engine.plan().steps;
+    CheckpointState run;
+    run.model_fingerprint = fingerprint_;
+    run.config = ConfigJson(engine.config(), "", total);
+    run.input_digest = in.tokens->digest();
+    run.input_tokens = total;
+    run.plan_digest = engine.plan_digest();
+    run.threads = backend_->num_threads();
+    run.kernels = backend_->kernels();
+    run.total_steps = static_cast<int64_t>(steps.size());
+    int64_t first_step = 0;
+    if (resume_ && access(path.c_str(), F_OK) == 0) {
+      absl::StatusOr<PrefillCheckpoint> ck = LoadCheckpointFile(path);
+      std::string warning;
+      absl::Status fits = ck.ok() ? CheckpointMismatch(ck->state, run, path, &warning) : ck.status();
+      if (fits.ok() && steps[ck->state.steps_done].start_token != ck->state.next_token) {
+        fits = absl::FailedPreconditionError("its next token is not where this plan's step starts");
+      }
+      if (fits.ok()) fits = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
+      if (fits.ok()) {
+        first_step = ck->state.steps_done;
+        if (!warning.empty()) std::fprintf(stderr, "snapfill: warning: %s\n", warning.c_str());
+        std::fprintf(stderr, "[batch] %s: resuming from %s after step %lld/%zu\n", d.id.c_str(), path.c_str(),
+                     (long long)first_step, steps.size());
+      } else {
+        std::fprintf(stderr, "snapfill: warning: %s: not this prefill's checkpoint (%s): starting the document over\n",
+                     path.c_str(), std::string(fits.message()).c_str());
+      }
+    }
+    ResetStopSignal();
+    StopSignals signals;
+    absl::Status stopped;
+    const int64_t n = static_cast<int64_t>(steps.size());
+    const absl::Status s = engine.Run(*in.tokens, [&](const StepTelemetry& t) {
+      if (t.step + 1 == n) return true;
+      const int signo = StopSignal();
+      if (signo == 0 && (t.step + 1 - first_step) % checkpoint_every_ != 0) return true;
+      CheckpointState state = run;
+      state.steps_done = engine.steps_done();
+      state.next_token = t.start_token + t.chunk_tokens;
+      state.retention = engine.retention();
+      stopped = SaveCheckpointFile(path, state, engine.memory());
+      if (!stopped.ok()) return false;
+      if (signo == 0) return true;
+      stopped = absl::CancelledError(absl::StrFormat(
+          "stopped by %s after step %d/%d; its checkpoint %s is saved: the same command with --resume goes on "
+          "from it",
+          signo == SIGINT ? "SIGINT" : "SIGTERM", t.step + 1, n, path));
+      return false;
+    });
+    if (!stopped.ok()) return stopped;
+    return s;
+  }
+
   static constexpr int64_t kQuestionBatch = 64;  // question tokens run at once
 
   absl::StatusOr<InputTokens> Tokenize(const BatchDocument& d, const PromptFrame& frame, const InputOptions& o) {
@@ -178,6 +261,9 @@ class BatchRunner {
   const InputOptions& input_;
   const std::string fingerprint_;
   const std::string cache_dir_;
+  const std::string checkpoint_dir_;
+  const int64_t checkpoint_every_;
+  const bool resume_;
 };
 
 }  // namespace
@@ -237,6 +323,24 @@ absl::Status RunBatchIn(BatchWorld& world) {
       if (d.settings.guided) {
         return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": a guided document's caches are "
                                                        "its questions'; --cache_dir keeps unguided ones only"));
+      }
+    }
+  }
+  const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (!checkpoint_dir.empty()) {
+    struct stat st {};
+    if (::stat(checkpoint_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir ", checkpoint_dir, " is not a folder"));
+    }
+    if (checkpoint_every < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--checkpoint_every=", checkpoint_every, " must be >= 1"));
+    }
+    for (const BatchDocument& d : docs) {
+      if (!IsFileName(d.id)) {
+        return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": id \"", d.id,
+                                                       "\" cannot name a checkpoint in --checkpoint_dir (letters, "
+                                                       "digits, '.', '_' and '-' only)"));
       }
     }
   }
@@ -301,7 +405,7 @@ absl::Status RunBatchIn(BatchWorld& world) {
                  shard.first, shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped,
                  out.c_str(), ranks ? absl::StrCat(", over ", world.size(), " MPI ranks").c_str() : "");
   }
-  BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir);
+  BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir, checkpoint_dir, checkpoint_every, resume);
   Stopwatch job;
   int64_t answers = 0, docs_done = 0, tokens = 0;
   world.Start(order);
@@ -386,7 +490,9 @@ absl::Status RunBatch() {
   SNAPFILL_ASSIGN_OR_RETURN(const int launched, LaunchedRanks(Getenv));
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<BatchWorld> world, BatchWorld::Create(launched));
   const absl::Status s = RunBatchIn(*world);
-  if (!s.ok() && world->size() > 1) {
+  // (A rank stopped by SIGINT/SIGTERM has saved its checkpoint: mpirun,
+  // which sent the signal to every rank, ends the job.)
+  if (!s.ok() && !absl::IsCancelled(s) && world->size() > 1) {
     // The other ranks would wait for this one forever: end them all.
     std::fprintf(stderr, "snapfill: batch: rank %d of %d: %s\n", world->rank(), world->size(),
                  std::string(s.message()).c_str());

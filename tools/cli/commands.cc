@@ -55,7 +55,8 @@ const std::vector<Command>& Commands() {
        "an answer per JSON line out, flushed as each comes; --resume goes on where a job stopped, --shard "
        "(or a Slurm array) takes a share split by size; under mpirun the ranks take the documents as they "
        "become free and rank 0 merges their answers into --out.",
-       Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "schedule", "memory", "chunk", "window",
+       Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "checkpoint_dir", "checkpoint_every",
+              "schedule", "memory", "chunk", "window",
               "pruner", "repeat_stride", "repeat_prompt", "gates", "score_span", "spool_dir", "spool_after"},
              kSampling, kPrompt, kMachine, {"verbosity"}}),
        &RunBatch},

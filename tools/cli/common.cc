@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -453,6 +454,28 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   }
   s += "}\n";
   return s;
+}
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+void OnStopSignal(int signo) { g_stop_signal.store(signo); }
+}  // namespace
+
+int StopSignal() { return g_stop_signal.load(); }
+void ResetStopSignal() { g_stop_signal.store(0); }
+
+StopSignals::StopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, &old_int_);
+  sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignals::~StopSignals() {
+  sigaction(SIGINT, &old_int_, nullptr);
+  sigaction(SIGTERM, &old_term_, nullptr);
 }
 
 }  // namespace snapfill::cli

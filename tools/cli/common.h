@@ -2,6 +2,8 @@
 #ifndef SNAPFILL_TOOLS_CLI_COMMON_H_
 #define SNAPFILL_TOOLS_CLI_COMMON_H_
 
+#include <signal.h>
+
 #include <cstdint>
 #include <memory>
 #include <ostream>
@@ -164,6 +166,28 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin);
 // Writes step t's record of a run of `steps` steps to `out`, with the origin
 // map where it is due.
 void WriteTelemetry(std::ostream& out, const StepTelemetry& t, int64_t steps);
+
+// SIGINT / SIGTERM while a checkpointed prefill runs (run --checkpoint,
+// batch --checkpoint_dir): the loop saves a checkpoint after the step in
+// progress and stops. StopSignal() is the signal caught since the last
+// ResetStopSignal() (0: none).
+int StopSignal();
+void ResetStopSignal();
+
+// Catches SIGINT and SIGTERM for its lifetime (StopSignal). A second
+// signal takes the default action (SA_RESETHAND), so a user who does not
+// want to wait for the step in progress can press Ctrl-C again.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
 
 }  // namespace snapfill::cli
 

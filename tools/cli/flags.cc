@@ -123,7 +123,7 @@ ABSL_FLAG(std::string, max_memory, "",
 ABSL_FLAG(std::string, checkpoint, "",
           "Save the prefill's state to this file every --checkpoint_every chunks and on "
           "SIGINT/SIGTERM (atomically); removed when the prefill completes");
-ABSL_FLAG(int64_t, checkpoint_every, 50, "Chunks between two checkpoints (with --checkpoint)");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "Chunks between two checkpoints (with --checkpoint or --checkpoint_dir)");
 ABSL_FLAG(bool, resume, false,
           "Continue from --checkpoint: same model, input and settings; the result is bit for "
           "bit that of an uninterrupted run with the same --threads. batch: give only the answers "
@@ -143,12 +143,16 @@ ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configur
 ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
 ABSL_FLAG(std::string, manifest, "",
           "batch: the documents, a JSON line each: {\"id\", \"input\", \"questions\": [...] or \"task\": "
-          "\"summarize\"; optional schedule, memory, chunk, n, seed, guided}");
+          "\"summarize\"; optional sha256, schedule, memory, chunk, n, seed, guided}");
 ABSL_FLAG(std::string, shard, "",
           "batch: i/N, this process's share of the documents (split by size); default: the Slurm array "
           "task (SLURM_ARRAY_TASK_ID of _COUNT, or of _MIN.._MAX), else all");
 ABSL_FLAG(std::string, cache_dir, "",
           "batch: keep each document's compressed cache as DIR/ID.kv, for later generate --cache questions");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "batch: save the prefill in progress as DIR/ID.ck (a guided document's: DIR/ID.q<k>.ck, its k-th "
+          "question's) every --checkpoint_every chunks and on SIGINT/SIGTERM; --resume goes on from it; "
+          "removed once its answers are written");
 ABSL_FLAG(bool, guided, false,
           "batch: each question guides its document's compression (a prefill per question); else one "
           "prefill serves all of a document's questions");

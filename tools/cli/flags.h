@@ -90,6 +90,7 @@ ABSL_DECLARE_FLAG(std::string, manifest);
 ABSL_DECLARE_FLAG(std::string, shard);
 ABSL_DECLARE_FLAG(bool, guided);
 ABSL_DECLARE_FLAG(std::string, cache_dir);
+ABSL_DECLARE_FLAG(std::string, checkpoint_dir);
 ABSL_DECLARE_FLAG(bool, ids);
 ABSL_DECLARE_FLAG(bool, pieces);
 ABSL_DECLARE_FLAG(bool, parse_special);

@@ -334,35 +334,6 @@ std::string RunReportJson(const RunReport& r) {
   return s + "}}\n";
 }
 
-// Set by SIGINT/SIGTERM while a checkpointed prefill runs; the loop saves a
-// checkpoint after the step in progress and stops.
-std::atomic<int> g_stop_signal{0};
-
-void OnStopSignal(int signo) { g_stop_signal.store(signo); }
-
-// Installs OnStopSignal for SIGINT and SIGTERM for its lifetime. A second
-// signal takes the default action (SA_RESETHAND), so a user who does not
-// want to wait for the step in progress can press Ctrl-C again.
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = OnStopSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
-
 // What a checkpoint of this run records about it, to refuse resuming
 // another run's checkpoint.
 CheckpointState RunState(Prepared& p) {
@@ -455,7 +426,7 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
     if (absl::GetFlag(FLAGS_resume)) {
       SNAPFILL_ASSIGN_OR_RETURN(first_step, ResumeFromCheckpoint(p, checkpoint, run_state));
     }
-    g_stop_signal.store(0);
+    ResetStopSignal();
     signals.emplace();
   }
   absl::Status checkpoint_status;
@@ -473,7 +444,7 @@ absl::Status RunPrefillLoop(Prepared& p, double* seconds, double* recall_seconds
                              HumanBytes(t.rss_bytes));
     });
     if (checkpoint.empty() || t.step + 1 == steps) return true;
-    const int signo = g_stop_signal.load();
+    const int signo = StopSignal();
     if (signo != 0 || (t.step + 1 - first_step) % checkpoint_every == 0) {
       CheckpointState s = run_state;
       s.steps_done = p.engine->steps_done();
