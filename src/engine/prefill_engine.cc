@@ -40,7 +40,7 @@ uint64_t PhysicalMemoryBytes() {
 
 }  // namespace
 
-PrefillEngine::PrefillEngine(const LlamaModel& model, Backend* backend, const PrefillConfig& config)
+PrefillEngineImpl::PrefillEngineImpl(const LlamaModel& model, Backend* backend, const PrefillConfig& config)
     : model_(model), backend_(backend), config_(config) {}
 
 absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const LlamaModel& model,
@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   const LlamaConfig& mc = model.config();
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig resolved, Resolve(mc, config, total_tokens));
   SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, Footprint(mc, config, total_tokens));
-  std::unique_ptr<PrefillEngine> e(new PrefillEngine(model, backend, resolved));
+  std::unique_ptr<PrefillEngineImpl> e(new PrefillEngineImpl(model, backend, resolved));
   e->plan_ = std::move(fp.plan);
   SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner, *backend));
   const bool full = e->config_.pruner.kind == PrunerKind::kFull;
@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   return e;
 }
 
-absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
+absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
   const LlamaConfig& mc = model_.config();
   if (store != nullptr) {
     const RecallStoreInfo& info = store->info();
@@ -127,7 +127,7 @@ absl::Status PrefillEngine::AttachRecallStore(RecallStore* store) {
   return absl::OkStatus();
 }
 
-uint64_t PrefillEngine::scratch_bytes() const {
+uint64_t PrefillEngineImpl::scratch_bytes() const {
   return (forward_ != nullptr ? forward_->scratch_bytes() : 0) +
          (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size() +
           query_lse_.size()) *
@@ -135,7 +135,7 @@ uint64_t PrefillEngine::scratch_bytes() const {
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
 
-int64_t PrefillEngine::ChunkOf(int32_t position) const {
+int64_t PrefillEngineImpl::ChunkOf(int32_t position) const {
   // The last step whose first token is at or before `position`.
   auto it = std::upper_bound(plan_.steps.begin(), plan_.steps.end(), position,
                              [](int32_t p, const ScheduleStep& s) { return p < s.start_token; });
@@ -147,7 +147,7 @@ absl::Status PrefillEngine::Run(const std::vector<int32_t>& tokens,
   return Run(SpanTokenSource(tokens), on_step);
 }
 
-absl::Status PrefillEngine::Run(const TokenSource& tokens,
+absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
                                 const std::function<bool(const StepTelemetry&)>& on_step) {
   if (tokens.size() != plan_.config.total_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("the plan is for ", plan_.config.total_tokens,
@@ -236,7 +236,7 @@ absl::Status PrefillEngine::Run(const TokenSource& tokens,
   return absl::OkStatus();
 }
 
-absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k,
+absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k,
                                               float* v, int64_t kv_stride, int64_t rows, int64_t out_rows,
                                               float* out) {
   const LlamaConfig& c = model_.config();
@@ -512,7 +512,7 @@ absl::Status PrefillEngine::AttendAndCompress(int64_t layer, float* q, int64_t q
   return absl::OkStatus();
 }
 
-absl::Status PrefillEngine::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
+absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
                                           const KvView& seen, const KvView& view, bool final_step) {
   const Queries queries = LlamaQueries(c, q, q_stride, num_q);
   if (config_.pruner.query_votes == QueryVotes::kSum) {
@@ -537,7 +537,7 @@ absl::Status PrefillEngine::QuestionVotes(const LlamaConfig& c, const float* q, 
   return absl::OkStatus();
 }
 
-absl::Status PrefillEngine::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
+absl::Status PrefillEngineImpl::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
                                    const KvView& seen) {
   Stopwatch watch;
   if (recaller_ == nullptr) recaller_ = std::make_unique<Recaller>(backend_, model_.config());

@@ -12,7 +12,7 @@ namespace snapfill {
 
 using prefill_internal::RunItems;
 
-absl::Status PrefillEngine::ScoreChunk(int64_t total, const ScheduleStep& step) {
+absl::Status PrefillEngineImpl::ScoreChunk(int64_t total, const ScheduleStep& step) {
   const int64_t vocab = model_.config().vocab_size;
   // tokens[t] for t in [start, end], from the batch.
   const int32_t* tokens = batch_.data() + step_query_rows_ - step.start_token;

@@ -10,7 +10,7 @@
 
 namespace snapfill {
 
-absl::Status PrefillEngine::Restore(int64_t steps_done, const std::vector<double>& retention,
+absl::Status PrefillEngineImpl::Restore(int64_t steps_done, const std::vector<double>& retention,
                                     const KvCache& memory) {
   const LlamaConfig& c = model_.config();
   const int64_t steps = static_cast<int64_t>(plan_.steps.size());
@@ -80,7 +80,7 @@ const int32_t* DecoderPositions(const std::vector<int32_t>& rot, int64_t m) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::TakeDecoderCache() {
   if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
   const LlamaConfig& c = model_.config();
   std::vector<int32_t> rot(memory_->max_size());
@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::TakeDecoderCache() {
   return std::move(memory_);
 }
 
-void PrefillEngine::ReleaseScratch() {
+void PrefillEngineImpl::ReleaseScratch() {
   // Unmapped, so the pages leave the resident set before decoding adds its
   // own (the decode copy of the weights, the fp16 cache): the run's peak is
   // then the larger of the two phases, not their sum.
@@ -112,12 +112,12 @@ void PrefillEngine::ReleaseScratch() {
   batch_ = {};
 }
 
-int64_t PrefillEngine::next_position() const {
+int64_t PrefillEngineImpl::next_position() const {
   if (config_.keep_original_positions) return plan_.config.total_tokens;
   return memory_ != nullptr ? memory_->max_size() : taken_max_size_;
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngine::MakeDecoderCache(
+absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::MakeDecoderCache(
     int64_t extra_capacity) const {
   const LlamaConfig& c = model_.config();
   const int64_t max_size = memory_->max_size();

@@ -37,14 +37,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "snapfill/recall_format.h"
 
 namespace snapfill {
-
-enum class RecallFormat { kF16, kQ8 };
-
-// "f16" | "q8"; InvalidArgument otherwise.
-absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name);
-const char* RecallFormatName(RecallFormat format);
 
 // What a store holds and whose it is.
 struct RecallStoreInfo {

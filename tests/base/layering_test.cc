@@ -51,10 +51,10 @@ const std::vector<Layer>& Layers() {
       {"schedules", {"schedules/", "include/snapfill/schedule.h"}, {"base"}},
       {"backend", {"src/backend/", "include/snapfill/backend.h"}, {"kernels"}},
       {"tokenizer", {"src/tokenizer/"}, {"gguf"}},
-      {"kv", {"src/kv/"}, {"backend"}},
+      {"kv", {"src/kv/", "include/snapfill/recall_format.h"}, {"backend"}},
       {"model", {"src/model/"}, {"kv", "gguf"}},
-      {"compress", {"src/compress/"}, {"kv"}},
-      {"engine", {"src/engine/"}, {"model", "compress", "schedules", "tokenizer"}},
+      {"compress", {"src/compress/", "include/snapfill/pruner_config.h"}, {"kv"}},
+      {"engine", {"src/engine/", "include/snapfill/engine.h"}, {"model", "compress", "schedules", "tokenizer"}},
       {"tools", {"tools/"}, {"engine"}},
       // The test models: GGUF files written with the scalar twins' quantizers.
       {"testmodel", {"tools/testmodel/", "tools/make_tiny_gguf_main.cc"}, {"gguf", "kernels_ref"},

@@ -8,9 +8,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "src/engine/prefill_engine.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
+#include "src/compress/gate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/checkpoint_file.h"
+#include "src/kv/kv_cache.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 

@@ -1,7 +1,9 @@
 // The gates' training labels (src/engine/gate_labels.h) on the tiny model,
 // against a naive loop over every attention weight; and the gate pruner in
 // the chunk loop.
+#include "src/compress/gate.h"
 #include "src/engine/gate_labels.h"
+#include "src/kv/kv_cache.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +13,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/ref/ops_ref.h"
+#include "snapfill/engine.h"
 #include "snapfill/status.h"
-#include "src/engine/prefill_engine.h"
 #include "src/model/llama_forward.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"

@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
 #include "src/engine/gate_labels.h"
-#include "src/engine/prefill_engine.h"
 #include "src/gguf/gguf_reader.h"
+#include "src/kv/kv_cache.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/testmodel/tiny_llama.h"

@@ -11,10 +11,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
-#include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
+#include "src/kv/kv_cache.h"
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"

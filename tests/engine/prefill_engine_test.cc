@@ -1,7 +1,8 @@
 // The chunk loop on a tiny random Llama: with nothing evicted it must give
 // the logits of a one-shot prefill; with eviction, memory sizes follow the
 // plan and the telemetry adds up.
-#include "src/engine/prefill_engine.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,16 +12,18 @@
 #include <utility>
 #include <vector>
 
-#include "gmock/gmock.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "snapfill/status.h"
+#include "src/compress/gate.h"
 #include "src/engine/generate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
-#include "tools/testmodel/tiny_llama.h"
+#include "src/kv/kv_cache.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
+#include "tools/testmodel/tiny_llama.h"
 
 namespace snapfill {
 namespace {

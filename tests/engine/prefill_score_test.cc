@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
-#include "src/engine/prefill_engine.h"
+#include "src/kv/kv_cache.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 

@@ -17,14 +17,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "src/base/half.h"
-#include "src/engine/prefill_engine.h"
 #include "src/engine/recall.h"
+#include "src/kv/kv_cache.h"
 #include "src/kv/recall_store.h"
-#include "tools/testmodel/tiny_llama.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
+#include "tools/testmodel/tiny_llama.h"
 
 namespace snapfill {
 namespace {

@@ -13,10 +13,12 @@
 
 #include "gtest/gtest.h"
 #include "kernels/ref/ops_ref.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
-#include "src/engine/prefill_engine.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
+#include "src/kv/kv_cache.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"

@@ -23,11 +23,12 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "snapfill/engine.h"
 #include "snapfill/status.h"
 #include "src/engine/generate.h"
-#include "src/engine/prefill_engine.h"
 #include "src/engine/sampler.h"
 #include "src/gguf/gguf_reader.h"
+#include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
 #include "src/model/llama_model.h"
 #include "src/tokenizer/tokenizer.h"

@@ -8,11 +8,13 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "snapfill/engine.h"
+#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "src/base/sys_stats.h"
 #include "src/engine/generate.h"
-#include "src/engine/prefill_engine.h"
 #include "src/engine/prompt.h"
+#include "src/kv/kv_cache.h"
 #include "src/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/cli/environment.h"

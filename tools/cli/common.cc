@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
+#include "src/compress/pruner.h"
 #include "src/gguf/fingerprint.h"
 #include "src/tokenizer/unicode.h"
 #include "tools/cli/flags.h"

@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "snapfill/engine.h"
 #include "src/base/sys_stats.h"
-#include "src/engine/prefill_engine.h"
 #include "src/engine/sampler.h"
 #include "src/model/llama_model.h"
 #include "src/tokenizer/chat_template.h"

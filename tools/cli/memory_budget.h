@@ -33,7 +33,8 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
-#include "src/engine/prefill_engine.h"
+#include "snapfill/engine.h"
+#include "src/kv/kv_cache.h"
 #include "src/model/llama_model.h"
 
 namespace snapfill::cli {
