@@ -487,11 +487,8 @@ class Backend {
   // bytes again, so the caller vouches for them until it prepares again
   // (another model at the same address would otherwise be multiplied with
   // the old copy).
-  virtual std::vector<bool> PrepareWeights(
-      const std::vector<const WeightView*>& weights, WeightUse use,
-      const std::function<void(size_t, const void*, size_t)>& copied) {
-    return std::vector<bool>(weights.size(), false);
-  }
+  std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
+                                   const std::function<void(size_t, const void*, size_t)>& copied);
   // The most device memory the backend has held at once, in bytes (its own
   // allocations: weights, scratch); 0 where the backend computes in host
   // memory (the CPU).
@@ -503,6 +500,12 @@ class Backend {
   virtual BackendProfile* profile() { return nullptr; }
 
  protected:
+  // PrepareWeights' work for one matrix that CopyOf names a copy for: makes
+  // the copy (or finds it made from the same bytes), calling `copied` for
+  // each range of w's bytes it has copied; false where it cannot be made.
+  virtual bool MakeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) {
+    return false;
+  }
   // With norm.weight: RmsNorm of x's m rows of dim into norm.xn, and x,
   // x_stride then name those rows; without it, x as it is. (The defaults of
   // NormMatMulShared and FeedForward.)

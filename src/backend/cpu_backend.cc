@@ -101,17 +101,8 @@ class CpuBackend final : public Backend, public BackendProfile {
     return {.copied = true, .bytes = bytes};
   }
 
-  std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
-                                   const std::function<void(size_t, const void*, size_t)>& copied) override {
-    std::vector<bool> made(weights.size(), false);
-    for (size_t i = 0; i < weights.size(); ++i) {
-      const WeightView& w = *weights[i];
-      if (!CopyOf(w, use).copied) continue;
-      made[i] = DecodePacked(w, /*now=*/true, [&](const void* data, size_t n) {
-                  if (copied) copied(i, data, n);
-                }) != nullptr;
-    }
-    return made;
+  bool MakeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
+    return DecodePacked(w, /*now=*/true, copied) != nullptr;
   }
 
   BackendProfile* profile() override { return this; }
@@ -655,6 +646,18 @@ class CpuBackend final : public Backend, public BackendProfile {
 
 void Backend::FromHalf(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+}
+
+std::vector<bool> Backend::PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
+                                          const std::function<void(size_t, const void*, size_t)>& copied) {
+  std::vector<bool> made(weights.size(), false);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!CopyOf(*weights[i], use).copied) continue;
+    made[i] = MakeCopy(*weights[i], [&](const void* data, size_t n) {
+      if (copied) copied(i, data, n);
+    });
+  }
+  return made;
 }
 
 void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {

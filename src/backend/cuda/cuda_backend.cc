@@ -547,17 +547,10 @@ class CudaBackend final : public Backend, public BackendProfile {
     if (!cpu::MatMulSupports(w.type)) return {};
     return {.copied = true, .bytes = DeviceWeightBytes(w), .on_device = true};
   }
-  std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
-                                   const std::function<void(size_t, const void*, size_t)>& copied) override {
-    std::vector<bool> made(weights.size(), false);
-    for (size_t i = 0; i < weights.size(); ++i) {
-      const WeightView& w = *weights[i];
-      if (!CopyOf(w, use).copied) continue;
-      if (!Weight(w).ok()) continue;  // the product that needs it reports the error
-      if (copied) copied(i, w.data, static_cast<size_t>(w.rows) * w.row_bytes);
-      made[i] = true;
-    }
-    return made;
+  bool MakeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
+    if (!Weight(w).ok()) return false;  // the product that needs it reports the error
+    if (copied) copied(w.data, static_cast<size_t>(w.rows) * w.row_bytes);
+    return true;
   }
 
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override {
