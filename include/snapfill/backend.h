@@ -444,6 +444,24 @@ class Backend {
   // i + kernel/2], kernel odd; kernel <= 1 copies. TopK: the positions of
   // the k largest of scores[0, n) in ascending position order, ties to the
   // lower position; k <= n.
+  // Gather: for each RowGather, row rows[i] of src (row i where rows is
+  // null) to row i of dst, for i < count, row_bytes bytes each; strides in
+  // bytes. The engine's copies of the KV (memory and chunk into the
+  // candidates, the kept candidates back into the memory) go through it, so
+  // that a backend whose tensors live elsewhere copies them there. No
+  // destination may overlap another or any source. The base class copies
+  // one row at a time; InvalidArgument for a negative count or a null
+  // pointer with rows to copy.
+  struct RowGather {
+    const void* src = nullptr;
+    size_t src_stride = 0;
+    const int32_t* rows = nullptr;
+    void* dst = nullptr;
+    size_t dst_stride = 0;
+    int64_t count = 0;
+    size_t row_bytes = 0;
+  };
+  virtual absl::Status Gather(const std::vector<RowGather>& gathers);
   enum class PoolOp { kAvg, kMax };
   virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
   virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;

@@ -54,6 +54,31 @@ constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm", 
 std::vector<KernelRates>& ChosenRates();
 std::mutex& ChoiceMutex();
 
+absl::Status CheckGathers(const std::vector<Backend::RowGather>& gathers) {
+  for (size_t g = 0; g < gathers.size(); ++g) {
+    const Backend::RowGather& r = gathers[g];
+    if (r.count < 0) return absl::InvalidArgumentError(absl::StrCat("gather ", g, ": count ", r.count, " < 0"));
+    if (r.count > 0 && r.row_bytes > 0 && (r.src == nullptr || r.dst == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("gather ", g, ": null source or destination"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rows [r0, r1) of one gather.
+void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
+  const auto* src = static_cast<const uint8_t*>(r.src);
+  auto* dst = static_cast<uint8_t*>(r.dst);
+  if (r.rows == nullptr && r.src_stride == r.row_bytes && r.dst_stride == r.row_bytes) {
+    std::memcpy(dst + r0 * r.row_bytes, src + r0 * r.row_bytes, (r1 - r0) * r.row_bytes);
+    return;
+  }
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t from = r.rows != nullptr ? r.rows[i] : i;
+    std::memcpy(dst + i * r.dst_stride, src + from * r.src_stride, r.row_bytes);
+  }
+}
+
 class CpuBackend final : public Backend, public BackendProfile {
  public:
   CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode, bool half_kv)
@@ -99,6 +124,28 @@ class CpuBackend final : public Backend, public BackendProfile {
     const uint64_t bytes = pack_decode_ ? cpu::DecodePackedBytes(w.type, w.rows, w.cols) : 0;
     if (bytes == 0 || (use == WeightUse::kBatch && !cpu::MatMulReadsDecodeLayout(w.type))) return {};
     return {.copied = true, .bytes = bytes};
+  }
+
+  // Every gather in num_threads_ parts of its rows, the parts over the
+  // team where there are enough bytes to share (64 KiB: below that, waking
+  // the other threads costs more than the copy).
+  absl::Status Gather(const std::vector<RowGather>& gathers) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
+    uint64_t bytes = 0;
+    for (const RowGather& r : gathers) bytes += static_cast<uint64_t>(r.count) * r.row_bytes;
+    const int64_t parts = bytes >= (64u << 10) ? std::max(1, num_threads_) : 1;
+    const int64_t items = static_cast<int64_t>(gathers.size()) * parts;
+    auto item = [&](int64_t i) {
+      const RowGather& r = gathers[i / parts];
+      const int64_t part = i % parts;
+      GatherRows(r, r.count * part / parts, r.count * (part + 1) / parts);
+    };
+    if (parts > 1) {
+      ParallelFor(items, item);
+    } else {
+      for (int64_t i = 0; i < items; ++i) item(i);
+    }
+    return absl::OkStatus();
   }
 
   bool MakeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
@@ -658,6 +705,12 @@ std::vector<bool> Backend::PrepareWeights(const std::vector<const WeightView*>& 
     });
   }
   return made;
+}
+
+absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
+  SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
+  for (const RowGather& r : gathers) GatherRows(r, 0, r.count);
+  return absl::OkStatus();
 }
 
 void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {

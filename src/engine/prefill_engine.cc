@@ -20,17 +20,9 @@ namespace snapfill {
 using prefill_internal::GlobalLayers;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
-using prefill_internal::RunItems;
 using prefill_internal::ScoreRows;
 
 namespace {
-
-// The chunk loop's gathers: each KV head's rows in this many parts (two
-// threads on 3 KV heads: 3 parts each), run on all threads when a head has
-// at least this many floats to copy (below, the copy is shorter than waking
-// the team).
-constexpr int64_t kCopyParts = 2;
-constexpr int64_t kParallelCopyFloats = 1 << 14;
 
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -261,13 +253,12 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   const bool original = config_.keep_original_positions;
 
   // 1. Gather memory ∪ chunk (∪ question) per KV head (keys before RoPE),
-  //    and a copy of the keys to rotate. Both threads copy: rows [0, total)
-  //    of each head in kCopyParts parts (the copies were 1.5% of the main
-  //    thread's samples in a 64K prefill, with the other thread waiting).
-  const int64_t items = c.num_kv_heads * kCopyParts;
-  // The memory's rows, looked up before the threads start: KvCache's
-  // accessors may write (k() and v() restore released entries and mark the
-  // layer's fp16 copy stale), so they are not for concurrent callers.
+  //    and a copy of the keys to rotate, through the backend (its threads
+  //    share the rows: the copies were 1.5% of the main thread's samples in
+  //    a 64K prefill, with the other thread waiting).
+  // The memory's rows are looked up first: KvCache's accessors may write
+  // (k() and v() restore released entries and mark the layer's fp16 copy
+  // stale), so they are not for concurrent callers.
   mem_k_.resize(c.num_kv_heads);
   mem_v_.resize(c.num_kv_heads);
   mem_pos_.resize(c.num_kv_heads);
@@ -278,35 +269,35 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     mem_pos_[h] = memory_->pos(layer, h);
     mem_score_[h] = stored_scores ? memory_->score(layer, h) : nullptr;
   }
-  auto gather = [&](int64_t item) {
-    const int64_t h = item / kCopyParts, part = item % kCopyParts;
-    const int64_t r0 = total * part / kCopyParts, r1 = total * (part + 1) / kCopyParts;
+  const size_t row = d * sizeof(float), batch_row = kv_stride * sizeof(float);
+  std::vector<Backend::RowGather> gathers;
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     float* kr = cand_k_raw_.data() + h * head_stride;
     float* vv = cand_v_.data() + h * head_stride;
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    const int64_t mem1 = std::min(r1, m);  // memory rows [r0, mem1), batch rows from max(r0, m)
-    if (r0 < mem1) {
-      std::memcpy(kr + r0 * d, mem_k_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
-      std::memcpy(vv + r0 * d, mem_v_[h] + r0 * d, (mem1 - r0) * d * sizeof(float));
-      std::memcpy(pp + r0, mem_pos_[h] + r0, (mem1 - r0) * sizeof(int32_t));
-      // The memory's stored scores beside its entries (reconstruct, gate).
-      if (stored_scores) {
-        std::memcpy(votes_.data() + h * cand_capacity_ + r0, mem_score_[h] + r0, (mem1 - r0) * sizeof(float));
-      }
+    // The memory, rows [0, m); its stored scores beside (reconstruct, gate).
+    gathers.push_back({mem_k_[h], row, nullptr, kr, row, m, row});
+    gathers.push_back({mem_v_[h], row, nullptr, vv, row, m, row});
+    gathers.push_back({mem_pos_[h], sizeof(int32_t), nullptr, pp, sizeof(int32_t), m, sizeof(int32_t)});
+    if (stored_scores) {
+      gathers.push_back({mem_score_[h], sizeof(float), nullptr, votes_.data() + h * cand_capacity_, sizeof(float), m,
+                         sizeof(float)});
     }
-    for (int64_t r = std::max(r0, m); r < r1; ++r) {
-      // Chunk token t is batch row qn + t; question token i (r = num + i)
-      // batch row i, at the input position after the chunk's.
-      const int64_t t = r - m;
-      const int64_t row = r < num ? qn + t : r - num;
-      std::memcpy(kr + r * d, k + row * kv_stride + h * d, d * sizeof(float));
-      std::memcpy(vv + r * d, v + row * kv_stride + h * d, d * sizeof(float));
-      pp[r] = static_cast<int32_t>(start + t);
-    }
-    // (The candidates only, not the capacity.)
-    std::memcpy(cand_k_rot_.data() + h * head_stride + r0 * d, kr + r0 * d, (r1 - r0) * d * sizeof(float));
-  };
-  RunItems(*backend_, items, items > 1 && total * d >= kParallelCopyFloats, gather);
+    // Chunk token t (batch row qn + t) at m + t; question token i (batch
+    // row i, at the input position after the chunk's) at num + i.
+    gathers.push_back({k + qn * kv_stride + h * d, batch_row, nullptr, kr + m * d, row, n, row});
+    gathers.push_back({v + qn * kv_stride + h * d, batch_row, nullptr, vv + m * d, row, n, row});
+    gathers.push_back({k + h * d, batch_row, nullptr, kr + num * d, row, qn, row});
+    gathers.push_back({v + h * d, batch_row, nullptr, vv + num * d, row, qn, row});
+    std::iota(pp + m, pp + total, static_cast<int32_t>(start));
+  }
+  SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
+  gathers.clear();
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // (the candidates only, not the capacity)
+    gathers.push_back({cand_k_raw_.data() + h * head_stride, row, nullptr, cand_k_rot_.data() + h * head_stride, row,
+                       total, row});
+  }
+  SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
   // 2. Rotate: re-encoded positions put candidate j at j (DESIGN.md §4), so
   //    the largest position is m + c (+ the question); or each entry at its
   //    input position.
@@ -445,28 +436,25 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                                             local ? window_capacity_ : prefill_capacity_));
   }
   for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
-  // The kept entries into the memory, both threads as in step 1 (the
-  // candidates are a separate buffer, so the parts write disjoint rows).
-  auto copy_back = [&](int64_t item) {
-    const int64_t h = item / kCopyParts, part = item % kCopyParts;
-    const float* kr = cand_k_raw_.data() + h * head_stride;
-    const float* vv = cand_v_.data() + h * head_stride;
-    const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    float* mk = mem_k_[h];  // (looked up in step 1, before any thread started)
-    float* mv = mem_v_[h];
-    int32_t* mp = mem_pos_[h];
-    // (A local layer's entries have no scores: nothing ranks them.)
-    float* ms = mem_score_[h];
-    const float* cs = local ? nullptr : votes_.data() + h * cand_capacity_;
-    for (int64_t j = kept * part / kCopyParts; j < kept * (part + 1) / kCopyParts; ++j) {
-      const int32_t idx = keep_[h][j];
-      std::memcpy(mk + j * d, kr + idx * d, d * sizeof(float));
-      std::memcpy(mv + j * d, vv + idx * d, d * sizeof(float));
-      mp[j] = pp[idx];
-      if (ms != nullptr) ms[j] = cs != nullptr ? cs[idx] : 0.0f;
+  // The kept entries into the memory, through the backend as in step 1
+  // (the candidates are a separate buffer).
+  gathers.clear();
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    const int32_t* keep = keep_[h].data();
+    gathers.push_back({cand_k_raw_.data() + h * head_stride, row, keep, mem_k_[h], row, kept, row});
+    gathers.push_back({cand_v_.data() + h * head_stride, row, keep, mem_v_[h], row, kept, row});
+    gathers.push_back({cand_pos_.data() + h * cand_capacity_, sizeof(int32_t), keep, mem_pos_[h], sizeof(int32_t),
+                       kept, sizeof(int32_t)});
+    if (mem_score_[h] == nullptr) continue;
+    if (local) {
+      // (A local layer's entries have no scores: nothing ranks them.)
+      std::fill(mem_score_[h], mem_score_[h] + kept, 0.0f);
+    } else {
+      gathers.push_back({votes_.data() + h * cand_capacity_, sizeof(float), keep, mem_score_[h], sizeof(float), kept,
+                         sizeof(float)});
     }
-  };
-  RunItems(*backend_, items, items > 1 && kept * d >= kParallelCopyFloats, copy_back);
+  }
+  SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
   double retained = 0;
   std::vector<int64_t>& origin = telemetry_.origin[layer];
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {

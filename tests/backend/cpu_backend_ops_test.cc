@@ -1,6 +1,6 @@
-// The CPU backend's selection ops against their scalar twins, its checks of
-// their arguments, and the kernels' process-wide choices it makes
-// (ConfigureCpuKernels).
+// The CPU backend's selection ops against their scalar twins, its gathers
+// against plain loops, its checks of their arguments, and the kernels'
+// process-wide choices it makes (ConfigureCpuKernels).
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -54,6 +54,50 @@ TEST(CpuBackendOps, PoolAndTopKMatchTheTwins) {
       EXPECT_EQ(got, want) << n << " " << k;
     }
   }
+}
+
+// Gather: strided blocks and indexed rows, small (one thread) and large
+// (the rows split over the team), every byte where the loop puts it and
+// nothing else written; the base class's row-at-a-time copy the same.
+TEST(CpuBackendOps, GatherCopiesTheRowsItIsGiven) {
+  std::mt19937 rng(7);
+  for (int64_t rows : {5, 3000}) {
+    const int64_t width = 64, src_stride = 96;  // floats; the source's rows wider than a row
+    std::vector<float> src(rows * src_stride);
+    for (float& x : src) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+    std::vector<int32_t> idx(rows / 2 + 1);
+    for (int32_t& i : idx) i = static_cast<int32_t>(rng() % rows);
+    std::vector<int32_t> pos(rows);
+    for (int64_t i = 0; i < rows; ++i) pos[i] = static_cast<int32_t>(1000 + i);
+    auto run = [&](Backend& b) {
+      std::vector<float> strided(rows * width, -9), picked(idx.size() * width, -9);
+      std::vector<int32_t> pos_out(idx.size() + 2, -9);
+      const size_t row = width * sizeof(float);
+      const std::vector<Backend::RowGather> gathers = {
+          {src.data() + 16, src_stride * sizeof(float), nullptr, strided.data(), row, rows, row},
+          {src.data(), src_stride * sizeof(float), idx.data(), picked.data(), row, static_cast<int64_t>(idx.size()), row},
+          {pos.data(), sizeof(int32_t), idx.data(), pos_out.data() + 1, sizeof(int32_t),
+           static_cast<int64_t>(idx.size()), sizeof(int32_t)},
+          {nullptr, 0, nullptr, nullptr, 0, 0, row},  // nothing to copy
+      };
+      EXPECT_TRUE(b.Gather(gathers).ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t e = 0; e < width; ++e) ASSERT_EQ(strided[r * width + e], src[r * src_stride + 16 + e]) << r;
+      }
+      for (size_t j = 0; j < idx.size(); ++j) {
+        for (int64_t e = 0; e < width; ++e) ASSERT_EQ(picked[j * width + e], src[idx[j] * src_stride + e]) << j;
+        EXPECT_EQ(pos_out[j + 1], 1000 + idx[j]);
+      }
+      EXPECT_EQ(pos_out.front(), -9);
+      EXPECT_EQ(pos_out.back(), -9) << "nothing past the rows";
+    };
+    run(testing::SharedCpuBackend());
+    run(*testing::CreateRefBackend(/*quantized_activations=*/false));
+  }
+  float x = 0;
+  Backend& b = testing::SharedCpuBackend();
+  EXPECT_EQ(b.Gather({{&x, 4, nullptr, &x, 4, -1, 4}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Gather({{nullptr, 4, nullptr, &x, 4, 1, 4}}).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // RopeHeads (the base class's loop over the heads): each head's run as
