@@ -35,12 +35,13 @@ cleanup() {
     ip netns pids "$h" 2> /dev/null | xargs -r kill -9 2> /dev/null
     ip netns del "$h" 2> /dev/null
   done
+  for i in 1 2 3; do ip link del "sfv$i" 2> /dev/null; done
   ip link del sfbr0 2> /dev/null
   [ -n "$WORK" ] && rm -rf "$WORK"
 }
 trap cleanup EXIT
-cleanup_before() { for h in "${HOSTS[@]}"; do ip netns del "$h" 2> /dev/null || true; done; ip link del sfbr0 2> /dev/null || true; }
-cleanup_before
+cleanup  # what a run killed before its trap left
+set -e
 WORK="$(mktemp -d /tmp/snapfill_mpi_hosts.XXXXXX)"
 
 # The hosts.
@@ -112,7 +113,7 @@ for _ in $(seq 600); do
   sleep 0.2
   lines=$(cat "$OUT".rank* 2> /dev/null | grep -c '^{' || true)
   victim=$(ip netns pids sfh2 2> /dev/null | while read -r p; do
-    [ "$(cat /proc/"$p"/comm 2> /dev/null)" = snapfill ] && echo "$p"; done | head -1)
+    if [ "$(cat /proc/"$p"/comm 2> /dev/null)" = snapfill ]; then echo "$p"; fi; done | head -1 || true)
   if [ "${lines:-0}" -ge 3 ] && [ -n "$victim" ]; then break; fi
   victim=""
   kill -0 "$MPIRUN" 2> /dev/null || break
