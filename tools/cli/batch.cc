@@ -55,6 +55,23 @@ bool IsFileName(const std::string& id) {
   return true;
 }
 
+// A folder whose files the documents' ids name (--cache_dir, --checkpoint_dir):
+// it must exist, and every id must be a file name.
+absl::Status CheckFolderForIds(const char* flag, const std::string& dir, const char* what,
+                               const std::vector<BatchDocument>& docs, const std::string& manifest_path) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", dir, " is not a folder"));
+  }
+  for (const BatchDocument& d : docs) {
+    if (!IsFileName(d.id)) {
+      return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": id \"", d.id, "\" cannot name ",
+                                                     what, " in ", flag, " (letters, digits, '.', '_' and '-' only)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 struct Answer {
   std::string text;
   GenerateResult result;
@@ -190,15 +207,7 @@ class BatchRunner {
     if (path.empty()) return engine.Run(*in.tokens, nullptr);
     const int64_t total = static_cast<int64_t>(in.tokens->size());
     const std::vector<ScheduleStep>& steps = engine.plan().steps;
-    CheckpointState run;
-    run.model_fingerprint = fingerprint_;
-    run.config = ConfigJson(engine.config(), "", total);
-    run.input_digest = in.tokens->digest();
-    run.input_tokens = total;
-    run.plan_digest = engine.plan_digest();
-    run.threads = backend_->num_threads();
-    run.kernels = backend_->kernels();
-    run.total_steps = static_cast<int64_t>(steps.size());
+    const CheckpointState run = PrefillCheckpointState(engine, *backend_, fingerprint_, in.tokens->digest(), total);
     int64_t first_step = 0;
     if (resume_ && access(path.c_str(), F_OK) == 0) {
       absl::StatusOr<PrefillCheckpoint> ck = LoadCheckpointFile(path);
@@ -311,16 +320,8 @@ absl::Status RunBatchIn(BatchWorld& world) {
   SNAPFILL_ASSIGN_OR_RETURN(std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
   const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
   if (!cache_dir.empty()) {
-    struct stat st {};
-    if (::stat(cache_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat("--cache_dir ", cache_dir, " is not a folder"));
-    }
+    SNAPFILL_RETURN_IF_ERROR(CheckFolderForIds("--cache_dir", cache_dir, "a cache file", docs, manifest_path));
     for (const BatchDocument& d : docs) {
-      if (!IsFileName(d.id)) {
-        return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": id \"", d.id,
-                                                       "\" cannot name a cache file in --cache_dir (letters, digits, "
-                                                       "'.', '_' and '-' only)"));
-      }
       if (d.settings.guided) {
         return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": a guided document's caches are "
                                                        "its questions'; --cache_dir keeps unguided ones only"));
@@ -330,19 +331,10 @@ absl::Status RunBatchIn(BatchWorld& world) {
   const std::string checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   const int64_t checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   if (!checkpoint_dir.empty()) {
-    struct stat st {};
-    if (::stat(checkpoint_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat("--checkpoint_dir ", checkpoint_dir, " is not a folder"));
-    }
+    SNAPFILL_RETURN_IF_ERROR(
+        CheckFolderForIds("--checkpoint_dir", checkpoint_dir, "a checkpoint", docs, manifest_path));
     if (checkpoint_every < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--checkpoint_every=", checkpoint_every, " must be >= 1"));
-    }
-    for (const BatchDocument& d : docs) {
-      if (!IsFileName(d.id)) {
-        return absl::InvalidArgumentError(absl::StrCat(manifest_path, ":", d.line, ": id \"", d.id,
-                                                       "\" cannot name a checkpoint in --checkpoint_dir (letters, "
-                                                       "digits, '.', '_' and '-' only)"));
-      }
     }
   }
   SNAPFILL_ASSIGN_OR_RETURN(const auto shard, ResolveShard(absl::GetFlag(FLAGS_shard), Getenv));

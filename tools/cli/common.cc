@@ -457,6 +457,20 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   return s;
 }
 
+CheckpointState PrefillCheckpointState(const PrefillEngine& engine, const Backend& backend,
+                                       const std::string& fingerprint, uint64_t input_digest, int64_t total) {
+  CheckpointState s;
+  s.model_fingerprint = fingerprint;
+  s.config = ConfigJson(engine.config(), "", total);
+  s.input_digest = input_digest;
+  s.input_tokens = total;
+  s.plan_digest = engine.plan_digest();
+  s.threads = backend.num_threads();
+  s.kernels = backend.kernels();
+  s.total_steps = static_cast<int64_t>(engine.plan().steps.size());
+  return s;
+}
+
 namespace {
 std::atomic<int> g_stop_signal{0};
 void OnStopSignal(int signo) { g_stop_signal.store(signo); }

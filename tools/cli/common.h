@@ -14,6 +14,7 @@
 #include "snapfill/engine.h"
 #include "src/base/sys_stats.h"
 #include "src/engine/sampler.h"
+#include "src/kv/checkpoint_file.h"
 #include "src/model/llama_model.h"
 #include "src/tokenizer/chat_template.h"
 #include "src/tokenizer/tokenizer.h"
@@ -166,6 +167,12 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin);
 // Writes step t's record of a run of `steps` steps to `out`, with the origin
 // map where it is due.
 void WriteTelemetry(std::ostream& out, const StepTelemetry& t, int64_t steps);
+
+// What a checkpoint of a prefill records about it, to refuse resuming
+// another's (model, configuration, input, plan, threads, kernels); the
+// steps done and the retention are filled in when it is saved.
+CheckpointState PrefillCheckpointState(const PrefillEngine& engine, const Backend& backend,
+                                       const std::string& fingerprint, uint64_t input_digest, int64_t total);
 
 // SIGINT / SIGTERM while a checkpointed prefill runs (run --checkpoint,
 // batch --checkpoint_dir): the loop saves a checkpoint after the step in

@@ -338,16 +338,7 @@ std::string RunReportJson(const RunReport& r) {
 // What a checkpoint of this run records about it, to refuse resuming
 // another run's checkpoint.
 CheckpointState RunState(Prepared& p) {
-  CheckpointState s;
-  s.model_fingerprint = Fingerprint(p);
-  s.config = ConfigJson(p.engine->config(), "", p.total);
-  s.input_digest = p.tokens->digest();
-  s.input_tokens = p.total;
-  s.plan_digest = p.engine->plan_digest();
-  s.threads = p.backend->num_threads();
-  s.kernels = p.backend->kernels();
-  s.total_steps = static_cast<int64_t>(p.engine->plan().steps.size());
-  return s;
+  return PrefillCheckpointState(*p.engine, *p.backend, Fingerprint(p), p.tokens->digest(), p.total);
 }
 
 // --resume: loads the checkpoint, checks it belongs to this run, restores
