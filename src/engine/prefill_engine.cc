@@ -270,7 +270,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     mem_score_[h] = stored_scores ? memory_->score(layer, h) : nullptr;
   }
   const size_t row = d * sizeof(float), batch_row = kv_stride * sizeof(float);
-  std::vector<Backend::RowGather> gathers;
+  std::vector<Backend::RowGather>& gathers = gathers_;  // (its capacity kept from layer to layer)
+  gathers.clear();
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     float* kr = cand_k_raw_.data() + h * head_stride;
     float* vv = cand_v_.data() + h * head_stride;

@@ -105,6 +105,7 @@ class PrefillEngineImpl final : public PrefillEngine {
   PagedArray<float> votes_;
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
+  std::vector<Backend::RowGather> gathers_;  // the backend's copies of a step, reused
   // Recall: the store, each head's evicted candidates of a step, and what
   // scores the store at the last step.
   RecallStore* recall_store_ = nullptr;

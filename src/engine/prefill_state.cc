@@ -110,6 +110,7 @@ void PrefillEngineImpl::ReleaseScratch() {
   query_lse_ = {};
   score_logits_ = {};
   batch_ = {};
+  gathers_ = {};
 }
 
 int64_t PrefillEngineImpl::next_position() const {
