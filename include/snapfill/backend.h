@@ -511,6 +511,12 @@ class Backend {
   // allocations: weights, scratch); 0 where the backend computes in host
   // memory (the CPU).
   virtual uint64_t DevicePeakBytes() const { return 0; }
+  // The buffers the backend's kernels keep between ops (packed activations
+  // and weight rows, tables), over all its threads: what they hold now, and
+  // freeing them (the next op makes what it needs again), as between a
+  // prefill's chunks and decoding. Not while an op runs.
+  virtual uint64_t KernelScratchBytes() const { return 0; }
+  virtual void ReleaseKernelScratch() {}
   // Waits for queued work (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
   // What the backend measures of itself, or null where it measures nothing

@@ -121,6 +121,7 @@ struct StepTelemetry {
   double seconds = 0;                  // wall time of this step
   double elapsed_seconds = 0;          // since the prefill started
   uint64_t rss_bytes = 0;              // resident set after the step
+  uint64_t kernel_scratch_bytes = 0;   // the backend's kernels' buffers then (Backend::KernelScratchBytes)
   // With PrefillConfig::score_tokens (else 0 / empty). Step i scores the
   // tokens of its own chunk, tokens[start, start + chunk), except token 0 of
   // the input, which nothing predicts: token start_i is predicted by the

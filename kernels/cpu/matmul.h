@@ -6,7 +6,8 @@
 // Q4_0/Q8_0, Q8_1 for Q4_1, Q8_K for the K-quants) and the dot products run
 // in integers with f32 block scales; F32/F16/BF16 weights use f32 FMA.
 // Threads: the kernels' team (spin_team.h) over output columns / token blocks
-// (omp_get_max_threads() of them).
+// (as many as the team bound by the calling backend has; outside a backend,
+// omp_get_max_threads()).
 // Token blocks (m >= 16) use AMX tiles when the CPU has them (runtime
 // check): AMX-BF16 where available, for Q4_0/Q4_1/Q8_0/F16/BF16/Q4_K/Q6_K
 // weights (weights and activations rounded to bf16, products summed in f32:

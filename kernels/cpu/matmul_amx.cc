@@ -249,6 +249,7 @@ namespace {
 struct ActPack {
   std::vector<uint8_t> q;
   std::vector<float> d, s;
+  uint64_t bytes() const { return CapacityBytes(q, d, s); }
 };
 
 struct KernelArgs {
@@ -351,19 +352,14 @@ bool DetectAmx() {
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-ActPack& CallerActPack() {
-  static thread_local ActPack p;
-  return p;
-}
+ActPack& CallerActPack() { return CurrentScratch().Get<ActPack>(); }
 
 struct WeightScratch {
   std::vector<uint8_t> bq;
   std::vector<float> wd, wm;
+  uint64_t bytes() const { return CapacityBytes(bq, wd, wm); }
 };
-WeightScratch& ThreadWeightScratch() {
-  static thread_local WeightScratch s;
-  return s;
-}
+WeightScratch& ThreadWeightScratch() { return CurrentScratch().Get<WeightScratch>(); }
 
 }  // namespace
 
@@ -394,8 +390,8 @@ void MatMulAmx(const float* x, int64_t m, int64_t k, int64_t x_stride, const uin
 
   // Units: up to 4 row groups × up to 16 token groups, enough of them that
   // every thread gets several.
-  SpinTeam& team = SpinTeam::Get();  // (SpinTeam says why not OpenMP)
-  const int threads = team.Threads(omp_get_max_threads());
+  SpinTeam& team = SpinTeam::Current();  // (SpinTeam says why not OpenMP)
+  const int threads = team.Threads(internal::SpinTeam::CurrentThreads());
   const int64_t tg_per_unit = std::min<int64_t>(num_tg, kMaxTokenGroupsPerUnit);
   const int64_t num_mu = (num_tg + tg_per_unit - 1) / tg_per_unit;
   const int64_t want_nu = std::max<int64_t>(1, (4 * threads + num_mu - 1) / num_mu);

@@ -568,31 +568,33 @@ class AlignedScratch {
     }
     return data_;
   }
+  size_t capacity() const { return size_; }
 
  private:
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
 
+// One buffer per use and thread of the team (thread_scratch.h): kTag tells
+// the uses apart.
+template <int kTag>
+struct TaggedScratch : AlignedScratch {
+  uint64_t bytes() const { return capacity(); }
+};
 AlignedScratch& ThreadPanel() {  // [row pairs * 2][nb][1024] B tiles (kPanelBytes at most)
-  static thread_local AlignedScratch s;
-  return s;
+  return CurrentScratch().Get<TaggedScratch<0>>();
 }
 AlignedScratch& ThreadGlu() {  // one row of silu(gate) ⊙ up, or of RmsNorm(x)
-  static thread_local AlignedScratch s;
-  return s;
+  return CurrentScratch().Get<TaggedScratch<1>>();
 }
 AlignedScratch& CallerXb() {  // bf16 X in tile order: [token pair][block][2][16][32]
-  static thread_local AlignedScratch s;
-  return s;
+  return CurrentScratch().Get<TaggedScratch<2>>();
 }
 AlignedScratch& ThreadPartial() {  // C tiles between parts of K: [row pair][4][256] f32
-  static thread_local AlignedScratch s;
-  return s;
+  return CurrentScratch().Get<TaggedScratch<3>>();
 }
 AlignedScratch& CallerHb() {  // FeedForwardAmxBf16's h, in the same order
-  static thread_local AlignedScratch s;
-  return s;
+  return CurrentScratch().Get<TaggedScratch<4>>();
 }
 
 }  // namespace
@@ -704,7 +706,7 @@ void ConvertXTiles(const float* x, int64_t m, int64_t m_pad, int64_t k, int64_t 
       for (int64_t b = 0; b < nb; ++b) std::memset(row + b * kStride, 0, 64);
     }
   }
-  SpinTeam::Get().Barrier(nt);
+  SpinTeam::Current().Barrier(nt);
 }
 
 // The B tiles of row pairs [rp0, rp1) of a weight of n rows into `panel`:
@@ -802,8 +804,8 @@ void MatMulAmxBf16Shared(const float* x, int64_t m, int64_t k, int64_t x_stride,
   uint16_t* const xb = reinterpret_cast<uint16_t*>(CallerXb().Reserve(m_pad * k * sizeof(uint16_t)));
 
   // On the spinning team (SpinTeam says why), not OpenMP.
-  SpinTeam& team = SpinTeam::Get();
-  const int threads = team.Threads(omp_get_max_threads());
+  SpinTeam& team = SpinTeam::Current();
+  const int threads = team.Threads(internal::SpinTeam::CurrentThreads());
   UnitLayout layouts[kMaxOuts];
   const int64_t max_rp = PanelPairsFor(nb, kPanelBytes);
   for (int c = 0; c < count; ++c) layouts[c] = LayoutFor(num_tp, outs[c].n, threads, max_rp);
@@ -834,8 +836,8 @@ void FeedForwardAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, 
   // (token pair, row pair) are one contiguous 2 KiB A tile pair.
   uint16_t* const hb = reinterpret_cast<uint16_t*>(CallerHb().Reserve(m_pad * n_ff * sizeof(uint16_t)));
 
-  SpinTeam& team = SpinTeam::Get();
-  const int threads = team.Threads(omp_get_max_threads());
+  SpinTeam& team = SpinTeam::Current();
+  const int threads = team.Threads(internal::SpinTeam::CurrentThreads());
   const int64_t max_rp_gu = PanelPairsFor(nb, kPanelBytes / 2), max_rp_d = PanelPairsFor(nb_ff, kPanelBytes);
   const UnitLayout lg = LayoutFor(num_tp, n_ff, threads, max_rp_gu);
   const UnitLayout ld = LayoutFor(num_tp, n, threads, max_rp_d);

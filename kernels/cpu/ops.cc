@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_variants.h"
+#include "kernels/cpu/thread_scratch.h"
 #if SNAPFILL_CPU_HAS_VARIANTS
 #include <immintrin.h>
 
@@ -54,20 +55,23 @@ std::atomic<int64_t> g_window_scores_kept{kDefaultWindowScoresKeptFloats};
 float* KeptScores(int64_t floats) {
   struct Mapping {
     void* p = nullptr;
-    size_t bytes = 0;
+    size_t size = 0;
+    size_t asked = 0;  // the most a call asked for: what can be resident
     ~Mapping() {
-      if (p != nullptr) munmap(p, bytes);
+      if (p != nullptr) munmap(p, size);
     }
+    uint64_t bytes() const { return asked; }
   };
-  static thread_local Mapping m;
+  Mapping& m = CurrentScratch().Get<Mapping>();
   const size_t need = static_cast<size_t>(floats) * sizeof(float);
-  if (need > m.bytes) {
-    if (m.p != nullptr) munmap(m.p, m.bytes);
+  if (need > m.size) {
+    if (m.p != nullptr) munmap(m.p, m.size);
     const size_t bytes = std::max(need, static_cast<size_t>(g_window_scores_kept.load()) * sizeof(float));
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     m.p = p == MAP_FAILED ? nullptr : p;
-    m.bytes = m.p == nullptr ? 0 : bytes;
+    m.size = m.p == nullptr ? 0 : bytes;
   }
+  if (m.p != nullptr) m.asked = std::max(m.asked, need);
   return static_cast<float*>(m.p);
 }
 }  // namespace snapfill::cpu::internal
@@ -169,7 +173,7 @@ void RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, in
 void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) {
   if (n <= 0) return;
   internal::DynamicItems items(n);
-  internal::SpinTeam::Get().Run(static_cast<int>(std::min<int64_t>(n, omp_get_max_threads())),
+  internal::SpinTeam::Current().Run(static_cast<int>(std::min<int64_t>(n, internal::SpinTeam::CurrentThreads())),
                                 [&](int, int) { items.ForEach(f); });
 }
 

@@ -137,8 +137,8 @@ void PeakChains(PeakInstruction instruction, int64_t steps, uint32_t lane0[12]) 
 
 double MeasurePeak(PeakInstruction instruction, int threads, double seconds, int reps) {
   if (!PeakSupported(instruction)) return 0;
-  internal::SpinTeam& team = internal::SpinTeam::Get();
-  const int nt = team.Threads(threads > 0 ? threads : omp_get_max_threads());
+  internal::SpinTeam& team = internal::SpinTeam::Current();
+  const int nt = team.Threads(threads > 0 ? threads : internal::SpinTeam::CurrentThreads());
   // One run of `steps` on every thread; its wall time.
   auto run = [&](int64_t steps) {
     std::atomic<uint32_t> sink{0};

@@ -37,7 +37,7 @@ bool PeakSupported(PeakInstruction instruction);
 void PeakChains(PeakInstruction instruction, int64_t steps, uint32_t lane0[12]);
 
 // The rate of the instruction in ops per second on `threads` threads of the
-// kernels' team (threads <= 0: omp_get_max_threads()), each running
+// kernels' team (threads <= 0: the bound team's, else omp_get_max_threads()), each running
 // PeakChains: the best of `reps` runs of about `seconds` each. 0 where
 // !PeakSupported(instruction).
 double MeasurePeak(PeakInstruction instruction, int threads = 0, double seconds = 0.05, int reps = 3);

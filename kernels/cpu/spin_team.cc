@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels/cpu/kernel_config.h"
@@ -58,11 +60,75 @@ void BindLikeOpenMp(std::thread& worker, int i) {
   pthread_setaffinity_np(worker.native_handle(), sizeof(set), &set);
 }
 
+// A child of fork() has only the thread that forked: every team's workers
+// stayed in the parent, so its runs run alone.
+std::atomic<bool> g_forked{false};
+
+// The team and scratch slot bound to this thread (a worker's, or a
+// backend's while one of its ops runs).
+thread_local SpinTeam* t_team = nullptr;
+thread_local ThreadScratch* t_scratch = nullptr;
+
 }  // namespace
 
-SpinTeam& SpinTeam::Get() {
-  static SpinTeam* const team = new SpinTeam();
+ThreadScratch& CurrentScratch() {
+  if (t_scratch != nullptr) return *t_scratch;
+  static thread_local ThreadScratch own;  // a thread outside any team
+  return own;
+}
+
+SpinTeam::SpinTeam(int threads) : threads_(std::max(0, threads)) {
+  scratch_.push_back(std::make_unique<ThreadScratch>());
+}
+
+SpinTeam::~SpinTeam() {
+  if (workers_.empty()) return;
+  if (g_forked.load(std::memory_order_relaxed)) {
+    // The threads are not in this process: nothing to join or to end.
+    new std::vector<std::thread>(std::move(workers_));
+    return;
+  }
+  stop_.store(true, std::memory_order_seq_cst);
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  generation_.notify_all();
+  for (std::thread& w : workers_) w.join();
+}
+
+SpinTeam& SpinTeam::Default() {
+  static SpinTeam* const team = new SpinTeam(0);
   return *team;
+}
+
+SpinTeam& SpinTeam::Current() { return t_team != nullptr ? *t_team : Default(); }
+
+int SpinTeam::CurrentThreads() {
+  if (t_team != nullptr && t_team->threads_ > 0) return t_team->threads_;
+  return omp_get_max_threads();
+}
+
+SpinTeam::Binding SpinTeam::BindHere(SpinTeam& team) {
+  const Binding previous{t_team, t_scratch, t_team != &team};
+  if (previous.changed) {
+    t_team = &team;
+    t_scratch = team.scratch_[0].get();
+  }
+  return previous;
+}
+
+void SpinTeam::Restore(const Binding& previous) {
+  if (!previous.changed) return;
+  t_team = previous.team;
+  t_scratch = previous.scratch;
+}
+
+uint64_t SpinTeam::ScratchBytes() const {
+  uint64_t total = 0;
+  for (const auto& s : scratch_) total += s->bytes();
+  return total;
+}
+
+void SpinTeam::ReleaseScratch() {
+  for (auto& s : scratch_) s->Clear();
 }
 
 bool SpinTeam::PassiveWaits() { return ActiveKernelConfig().passive_waits; }
@@ -70,9 +136,12 @@ bool SpinTeam::PassiveWaits() { return ActiveKernelConfig().passive_waits; }
 void SpinTeam::Start(int workers) {
   std::lock_guard<std::mutex> lock(start_mu_);
   if (!workers_.empty()) return;
-  // A child of fork() has only the thread that forked: it runs alone.
-  pthread_atfork(nullptr, nullptr, [] { Get().forked_.store(true, std::memory_order_relaxed); });
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] {
+    pthread_atfork(nullptr, nullptr, [] { g_forked.store(true, std::memory_order_relaxed); });
+  });
   if (PassiveWaits()) idle_before_sleep_ = std::chrono::microseconds(0);
+  for (int i = 1; i <= workers; ++i) scratch_.push_back(std::make_unique<ThreadScratch>());
   for (int i = 1; i <= workers; ++i) {
     workers_.emplace_back([this, i] { Work(i); });
     BindLikeOpenMp(workers_.back(), i);
@@ -81,6 +150,8 @@ void SpinTeam::Start(int workers) {
 }
 
 void SpinTeam::Work(int index) {
+  t_team = this;
+  t_scratch = scratch_[index].get();
   uint32_t seen = 0;
   for (;;) {
     // Wait for the next task: spin, yielding the CPU between short rounds,
@@ -98,6 +169,7 @@ void SpinTeam::Work(int index) {
       idle_since = Clock::now();
     }
     seen = g;
+    if (stop_.load(std::memory_order_seq_cst)) return;
     // The task's fields were written before generation_ was bumped.
     if (index < nt_) fn_(ctx_, index, nt_);
     pending_.fetch_sub(1, std::memory_order_release);
@@ -116,9 +188,9 @@ void SpinTeam::Barrier(int nt) {
 }
 
 int SpinTeam::Threads(int threads) {
-  if (forked_.load(std::memory_order_relaxed)) return 1;
+  if (g_forked.load(std::memory_order_relaxed)) return 1;
   if (threads > 1 && num_workers_.load(std::memory_order_acquire) == 0) {
-    Start(std::max(1, omp_get_max_threads()) - 1);
+    Start((threads_ > 0 ? threads_ : std::max(1, omp_get_max_threads())) - 1);
   }
   return std::max(1, std::min(threads, size()));
 }

@@ -24,10 +24,16 @@
 // decode 12-16% faster, two decoding jobs at once 34-49% faster each,
 // prefill 6-12% faster at 64K tokens, two prefills at once 1-5% faster.
 //
-// One team per process, made on the first Run that asks for more than one
-// thread, with omp_get_max_threads() - 1 threads of its own (then fixed;
-// bound where OpenMP would bind its threads). The calling thread is thread
-// 0 of every run.
+// A backend owns its team (cpu::ThreadTeam, thread_team.h) and binds it
+// to the calling thread while one of its ops runs (Bind); the kernels run
+// on the team bound to their thread (Current), with its thread count
+// (CurrentThreads), and keep their buffers in its scratch
+// (thread_scratch.h). A kernel called outside any backend (its unit tests
+// and benchmarks) runs on the process's default team, with
+// omp_get_max_threads() threads. A team's threads start on the first Run
+// that asks for more than one (bound where OpenMP would bind its threads)
+// and stop when the team is destroyed. The calling thread is thread 0 of
+// every run; a team serves one calling thread at a time.
 #ifndef SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
 #define SNAPFILL_KERNELS_CPU_SPIN_TEAM_H_
 
@@ -36,10 +42,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include "kernels/cpu/thread_scratch.h"
 
 namespace snapfill::cpu::internal {
 
@@ -49,9 +58,51 @@ class SpinTeam {
   // passive waits).
   static constexpr std::chrono::microseconds kIdleBeforeSleep{2000};
 
-  // The process's team (never destroyed: its threads may still be waiting
-  // when the process exits).
-  static SpinTeam& Get();
+  // A team of `threads` threads, the calling one included; 0: as many as
+  // omp_get_max_threads() gives when the team starts.
+  explicit SpinTeam(int threads);
+  SpinTeam(const SpinTeam&) = delete;
+  SpinTeam& operator=(const SpinTeam&) = delete;
+  // Stops and joins the workers (not called while a run is in progress).
+  ~SpinTeam();
+
+  // The team kernels called outside any backend run on (never destroyed:
+  // its threads may still be waiting when the process exits).
+  static SpinTeam& Default();
+
+  // The team bound to this thread (a worker's own team, or the one a
+  // backend bound with Bind), else Default().
+  static SpinTeam& Current();
+
+  // The threads a kernel's run asks for on this thread: the bound team's
+  // size, else omp_get_max_threads().
+  static int CurrentThreads();
+
+  // While it lives, this thread's kernels run on `team` and keep their
+  // buffers in the team's slot 0. Binding a team already bound here (a
+  // backend's op called from one of its own runs) changes nothing.
+  struct Binding {
+    SpinTeam* team = nullptr;
+    ThreadScratch* scratch = nullptr;
+    bool changed = false;
+  };
+  static Binding BindHere(SpinTeam& team);  // returns what to restore
+  static void Restore(const Binding& previous);
+  class Bind {
+   public:
+    explicit Bind(SpinTeam& team) : previous_(BindHere(team)) {}
+    ~Bind() { Restore(previous_); }
+    Bind(const Bind&) = delete;
+    Bind& operator=(const Bind&) = delete;
+
+   private:
+    Binding previous_;
+  };
+
+  // What the team's scratch holds (every thread's), and freeing it. Not
+  // while a run is in progress.
+  uint64_t ScratchBytes() const;
+  void ReleaseScratch();
 
   // True where the kernels' config asks for passive waits: the workers then
   // sleep at once instead of after kIdleBeforeSleep.
@@ -88,12 +139,15 @@ class SpinTeam {
 
  private:
   using RawFn = void (*)(void*, int, int);
-  SpinTeam() = default;
   void RunRaw(int threads, RawFn fn, void* ctx);
   void Start(int workers);
   void Work(int index);
 
+  const int threads_;  // 0: omp_get_max_threads() at Start
   std::mutex start_mu_;
+  // Thread t's buffers: [0] the calling thread's (while bound), [t] worker t's.
+  std::vector<std::unique_ptr<ThreadScratch>> scratch_;
+  std::atomic<bool> stop_{false};  // the destructor's: workers return
   std::chrono::microseconds idle_before_sleep_ = kIdleBeforeSleep;
   std::vector<std::thread> workers_;
   std::atomic<int> num_workers_{0};  // workers_.size() once started, for readers without the mutex
@@ -102,7 +156,6 @@ class SpinTeam {
   void* ctx_ = nullptr;
   int nt_ = 0;
   std::atomic<bool> busy_{false};  // a run is in progress
-  std::atomic<bool> forked_{false};  // this is a child of fork(): the workers stayed in the parent
   alignas(64) std::atomic<int> barrier_count_{0};       // threads at the barrier
   alignas(64) std::atomic<uint32_t> barrier_round_{0};  // one more each time all have arrived
   alignas(64) std::atomic<uint32_t> generation_{0};  // one more per task; the sleepers' futex word

@@ -22,6 +22,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/peak.h"
+#include "kernels/cpu/thread_team.h"
 #include "kernels/quant_blocks.h"
 #include "snapfill/backend.h"
 #include "snapfill/status.h"
@@ -32,10 +33,12 @@
 namespace snapfill {
 namespace {
 
-// Accumulates wall time of one op kind while in scope (when profiling).
+// While in scope: the kernels run on the backend's team, and the wall time
+// of one op kind accumulates (when profiling).
 class OpTimer {
  public:
-  OpTimer(bool on, double* seconds, int64_t* calls) : seconds_(on ? seconds : nullptr) {
+  OpTimer(cpu::ThreadTeam& team, bool on, double* seconds, int64_t* calls)
+      : bound_(team), seconds_(on ? seconds : nullptr) {
     if (on) ++*calls;
   }
   ~OpTimer() {
@@ -43,6 +46,7 @@ class OpTimer {
   }
 
  private:
+  const cpu::ThreadTeam::Scope bound_;
   double* seconds_;
   Stopwatch watch_;
 };
@@ -81,16 +85,25 @@ void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
 
 class CpuBackend final : public Backend, public BackendProfile {
  public:
-  CpuBackend(int num_threads, bool exact, bool profile, bool pack_decode, bool half_kv)
-      : num_threads_(num_threads),
+  CpuBackend(std::unique_ptr<cpu::ThreadTeam> team, bool exact, bool profile, bool pack_decode, bool half_kv)
+      : team_(std::move(team)),
+        num_threads_(team_->threads()),
         exact_(exact),
         profile_(profile),
         pack_decode_(pack_decode && !exact),
         half_kv_(half_kv && !exact) {}
 
   bool HalfDecodeKv() const override { return half_kv_; }
-  void ToHalf(const float* x, uint16_t* y, int64_t n) override { cpu::ToFp16(x, y, n); }
-  void FromHalf(const uint16_t* x, float* y, int64_t n) override { cpu::FromFp16(x, y, n); }
+  void ToHalf(const float* x, uint16_t* y, int64_t n) override {
+    const cpu::ThreadTeam::Scope bound(*team_);
+    cpu::ToFp16(x, y, n);
+  }
+  void FromHalf(const uint16_t* x, float* y, int64_t n) override {
+    const cpu::ThreadTeam::Scope bound(*team_);
+    cpu::FromFp16(x, y, n);
+  }
+  uint64_t KernelScratchBytes() const override { return team_->ScratchBytes(); }
+  void ReleaseKernelScratch() override { team_->ReleaseScratch(); }
 
   std::string kernels() const override {
     if (exact_) return absl::StrCat("x86-64 ", cpu::CpuLevelName(cpu::ActiveCpuLevel()), ", exact (f32 activations)");
@@ -141,6 +154,7 @@ class CpuBackend final : public Backend, public BackendProfile {
       GatherRows(r, r.count * part / parts, r.count * (part + 1) / parts);
     };
     if (parts > 1) {
+      const cpu::ThreadTeam::Scope bound(*team_);
       ParallelFor(items, item);
     } else {
       for (int64_t i = 0; i < items; ++i) item(i);
@@ -149,6 +163,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   bool MakeCopy(const WeightView& w, const std::function<void(const void*, size_t)>& copied) override {
+    const cpu::ThreadTeam::Scope bound(*team_);
     return DecodePacked(w, /*now=*/true, copied) != nullptr;
   }
 
@@ -169,6 +184,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   // The instructions of the active level's kernels (cpu/peak.h); the exact
   // backend runs every product and the attention in f32.
   Peaks MeasurePeaks() override {
+    const cpu::ThreadTeam::Scope bound(*team_);
     Peaks p;
     p.threads = num_threads_;
     auto measure = [&](PeakInstruction instruction) {
@@ -242,7 +258,7 @@ class CpuBackend final : public Backend, public BackendProfile {
       shared = outs[c].w->type == outs[0].w->type && outs[c].w->cols == outs[0].w->cols;
     }
     if (!shared) return Backend::MatMulShared(x, m, x_stride, outs, count);
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     ++epoch_;  // a batch (see MatMul)
     cpu::MatMulOut co[8];
     for (int c = 0; c < count; ++c) {
@@ -262,7 +278,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     for (int c = 0; c < count; ++c) {
       SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, 1, *outs[c].w, outs[c].y_stride));
     }
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     cpu::DecodeOut co[8];
     bool shared = true;
     for (int c = 0; c < count; ++c) {
@@ -293,7 +309,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                       int64_t y_stride) override {
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     if (m == 0) return absl::OkStatus();
     CountMatMul(w, m);
@@ -329,7 +345,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                        int64_t out_stride) override {
-    OpTimer timer(profile_, &seconds_[kGetRows], &calls_[kGetRows]);
+    OpTimer timer(*team_, profile_, &seconds_[kGetRows], &calls_[kGetRows]);
     if (out_stride < table.cols) return absl::InvalidArgumentError("get_rows: out_stride < cols");
     for (int64_t i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= table.rows) {
@@ -355,13 +371,16 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
                        int64_t y_stride, int64_t rows, int64_t dim, float eps) override {
-    OpTimer timer(profile_, &seconds_[kRmsNorm], &calls_[kRmsNorm]);
+    OpTimer timer(*team_, profile_, &seconds_[kRmsNorm], &calls_[kRmsNorm]);
     if (x_stride < dim || y_stride < dim) return absl::InvalidArgumentError("rms_norm: stride < dim");
     cpu::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
     return absl::OkStatus();
   }
 
-  void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override { cpu::ParallelFor(n, f); }
+  void ParallelFor(int64_t n, const std::function<void(int64_t)>& f) override {
+    const cpu::ThreadTeam::Scope bound(*team_);
+    cpu::ParallelFor(n, f);
+  }
 
   absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) override {
     return HostPool1d(in, out, n, kernel, op);
@@ -381,7 +400,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                     int64_t token_stride, const int32_t* pos, const RopeSpec& r) override {
-    OpTimer timer(profile_, &seconds_[kRope], &calls_[kRope]);
+    OpTimer timer(*team_, profile_, &seconds_[kRope], &calls_[kRope]);
     if (r.rot_dim > head_dim || r.rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", r.rot_dim,
                                                      " head_dim=", head_dim));
@@ -392,12 +411,12 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
-    OpTimer timer(profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
+    OpTimer timer(*team_, profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::GeluGlu(gate, up, out, n);
     return absl::OkStatus();
   }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
-    OpTimer timer(profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
+    OpTimer timer(*team_, profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::SwiGlu(gate, up, out, n);
     return absl::OkStatus();
   }
@@ -413,7 +432,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                          int64_t y_stride) override {
     if (!FusesResidualAdd(w, m)) return Backend::MatMulAdd(x, m, x_stride, w, y, y_stride);
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
     CountMatMul(w, m);
@@ -424,7 +443,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride, const WeightView& w,
                             float* y, int64_t y_stride, bool add) override {
     if (!FusesResidualAdd(w, m)) return Backend::SwiGluMatMul(gate, up, m, x_stride, w, y, y_stride, add);
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
     CountMatMul(w, m);
@@ -440,7 +459,7 @@ class CpuBackend final : public Backend, public BackendProfile {
                            int64_t y_stride, bool add) override {
     const WeightView &gate = *f.gate, &up = *f.up, &down = *f.down;
     if (!FeedForwardFused(gate, up, down, m, add)) return Backend::FeedForward(x, m, x_stride, f, y, y_stride, add);
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, f.buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, f.buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
@@ -466,7 +485,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     if (norm.weight == nullptr || !NormSharedFused(ws, count, m)) {
       return Backend::NormMatMulShared(x, m, x_stride, norm, outs, count);
     }
-    OpTimer timer(profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     cpu::MatMulOut co[8];
     for (int c = 0; c < count; ++c) {
       const WeightView& w = *outs[c].w;
@@ -504,7 +523,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
-    OpTimer timer(profile_, &seconds_[kAttention], &calls_[kAttention]);
+    OpTimer timer(*team_, profile_, &seconds_[kAttention], &calls_[kAttention]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: stride smaller than a row");
     if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys, q.window);
@@ -524,7 +543,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
-    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("window_scores", q, kv, /*causal=*/true));
     if (votes_stride < kv.num_keys) return absl::InvalidArgumentError("window_scores: votes stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
@@ -534,7 +553,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
-    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("query_log_sum_exp", q, kv, /*causal=*/true));
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
     cpu::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
@@ -544,7 +563,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
                             int64_t scores_stride, bool max_weight) override {
-    OpTimer timer(profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
     if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * keys.num_keys;
@@ -673,6 +692,9 @@ class CpuBackend final : public Backend, public BackendProfile {
     return p.data.get();
   }
 
+  // The kernels' threads and scratch (first: the other members' kernels'
+  // buffers may be freed with it).
+  std::unique_ptr<cpu::ThreadTeam> team_;
   int num_threads_;
   bool exact_;
   bool profile_;
@@ -888,7 +910,8 @@ std::string FastestKernel(const std::vector<KernelRate>& rates) {
 absl::StatusOr<std::vector<KernelRates>> MeasureCpuKernels(const BackendOptions& options) {
   SNAPFILL_RETURN_IF_ERROR(ConfigureLevel(options));
   // The rates are the backend's: with its thread count.
-  omp_set_num_threads(options.num_threads > 0 ? options.num_threads : omp_get_num_procs());
+  cpu::ThreadTeam team(options.num_threads > 0 ? options.num_threads : omp_get_num_procs());
+  const cpu::ThreadTeam::Scope bound(team);
   return std::vector<KernelRates>{{kAttentionOp, AttentionRatesNow()},
                                   {kProductsOp, ProductRatesNow(options.product_shape)}};
 }
@@ -948,12 +971,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
   if (options.num_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat("threads must be >= 0, got ", options.num_threads));
   }
-  // OpenMP's thread count is process-wide; the CPU backend owns it (and
-  // times the kernels it chooses by with it).
-  int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
-  omp_set_num_threads(threads);
-  SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
-  return std::unique_ptr<Backend>(new CpuBackend(threads, options.exact_matmul, options.profile,
+  // The backend's own threads: the kernels it chooses by measurement are
+  // timed on them.
+  auto team = std::make_unique<cpu::ThreadTeam>(options.num_threads > 0 ? options.num_threads : omp_get_num_procs());
+  {
+    const cpu::ThreadTeam::Scope bound(*team);
+    SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(team), options.exact_matmul, options.profile,
                                                  options.pack_decode_weights, options.half_decode_kv));
 }
 

@@ -221,6 +221,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     telemetry_.seconds = watch.Seconds();
     telemetry_.elapsed_seconds = total.Seconds();
     telemetry_.rss_bytes = CurrentRssBytes();
+    telemetry_.kernel_scratch_bytes = backend_->KernelScratchBytes();
     if (on_step && !on_step(telemetry_)) {
       return absl::CancelledError(absl::StrCat("stopped after step ", step_));
     }

@@ -111,6 +111,10 @@ void PrefillEngineImpl::ReleaseScratch() {
   score_logits_ = {};
   batch_ = {};
   gathers_ = {};
+  // The kernels' buffers sized for a chunk's rows (packed activations, the
+  // votes' kept scores) go too; decoding's one-token products make their
+  // own, smaller ones.
+  backend_->ReleaseKernelScratch();
 }
 
 int64_t PrefillEngineImpl::next_position() const {

@@ -1,6 +1,8 @@
 // The CPU backend's selection ops against their scalar twins, its gathers
 // against plain loops, its checks of their arguments, and the kernels'
 // process-wide choices it makes (ConfigureCpuKernels).
+#include <dirent.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -14,6 +16,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
+#include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 
 namespace snapfill {
@@ -292,6 +295,52 @@ TEST(CpuBackendOps, MeasureCpuKernelsTimesBothOps) {
     for (const KernelRate& r : op.rates) EXPECT_GT(r.gops, 0.0) << op.op << " " << r.name;
   }
   EXPECT_NE(CpuIdentity().find(cpu::CpuLevelName(cpu::MaxCpuLevel())), std::string::npos) << CpuIdentity();
+}
+
+// The threads of this process now (/proc/self/task).
+int ProcessThreads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// A backend's kernels run on threads of its own, as many as it was made
+// with (whatever OpenMP's count), which end with it; the buffers its
+// kernels keep are its scratch, counted and freed, and a product after the
+// release equals the one before.
+TEST(CpuBackendOps, ThreadsAndScratchAreTheBackends) {
+  const int before = ProcessThreads();
+  {
+    BackendOptions o;
+    o.num_threads = 3;
+    auto b = CreateBackend(Device::kCpu, o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    Backend& backend = **b;
+    EXPECT_EQ(backend.num_threads(), 3);
+    constexpr int64_t kM = 64, kK = 512, kN = 512;
+    const size_t row_bytes = static_cast<size_t>(RowBytes(GgmlType::kQ4_0, kK));
+    const std::vector<uint8_t> w = testing::QuantizedWeights(GgmlType::kQ4_0, kN, kK, row_bytes, 7, 0.1f);
+    const std::vector<float> x = testing::HiddenStates(kM, kK, kK, 3);
+    WeightView view;
+    view.data = w.data();
+    view.type = GgmlType::kQ4_0;
+    view.rows = kN;
+    view.cols = kK;
+    view.row_bytes = row_bytes;
+    std::vector<float> first(kM * kN), again(kM * kN);
+    ASSERT_TRUE(backend.MatMul(x.data(), kM, kK, view, first.data(), kN).ok());
+    EXPECT_GT(backend.KernelScratchBytes(), 0u);
+    EXPECT_EQ(ProcessThreads(), before + 2) << "a backend of 3 threads: 2 workers beside the caller";
+    backend.ReleaseKernelScratch();
+    EXPECT_EQ(backend.KernelScratchBytes(), 0u);
+    ASSERT_TRUE(backend.MatMul(x.data(), kM, kK, view, again.data(), kN).ok());
+    EXPECT_EQ(first, again);
+    EXPECT_GT(backend.KernelScratchBytes(), 0u);
+  }
+  EXPECT_EQ(ProcessThreads(), before) << "the backend's threads outlived it";
 }
 
 TEST(CpuBackendOps, BadArgumentsAreRefused) {

@@ -8,6 +8,7 @@
 // take what a held-back thread left.
 #include "kernels/cpu/spin_team.h"
 
+#include <dirent.h>
 #include <omp.h>
 #include <sched.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -32,7 +34,7 @@ bool TwoThreads() { return omp_get_max_threads() >= 2; }
 
 TEST(SpinTeamTest, EveryIndexOnceIndexZeroOnTheCaller) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   const std::thread::id caller = std::this_thread::get_id();
   for (int threads : {2, 3, 64}) {
     std::vector<std::atomic<int>> calls(64);
@@ -58,7 +60,7 @@ TEST(SpinTeamTest, EveryIndexOnceIndexZeroOnTheCaller) {
 // writes are seen by the caller when Run returns.
 TEST(SpinTeamTest, BackToBackRunsLoseNothing) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   constexpr int kRuns = 20000;
   std::vector<int64_t> slots(2 * 16, 0);  // a line per index
   int64_t expected = 0;
@@ -76,7 +78,7 @@ TEST(SpinTeamTest, BackToBackRunsLoseNothing) {
 // wakes them, and runs go on as before.
 TEST(SpinTeamTest, RunsAfterTheWorkersSlept) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   team.Run(2, [](int, int) {});
   for (int round = 0; round < 3; ++round) {
     std::this_thread::sleep_for(SpinTeam::kIdleBeforeSleep * 4 + std::chrono::milliseconds(20));
@@ -91,7 +93,7 @@ TEST(SpinTeamTest, RunsAfterTheWorkersSlept) {
 // thread's run both run on their calling thread alone, and return.
 TEST(SpinTeamTest, NestedAndConcurrentRunsRunAlone) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   std::atomic<int> inner_calls{0}, inner_bad{0};
   team.Run(2, [&](int, int) {
     team.Run(2, [&](int t, int nt) {
@@ -130,7 +132,7 @@ TEST(SpinTeamTest, WorkersBoundWhereOpenMpBinds) {
   if (omp_get_proc_bind() == omp_proc_bind_false || omp_get_num_places() < 2) {
     GTEST_SKIP() << "OpenMP binds no threads here";
   }
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   const int places = omp_get_num_places();
   const int home = std::max(0, omp_get_place_num());
   std::vector<std::set<int>> got(64);
@@ -174,7 +176,7 @@ TEST(SpinTeamTest, ParallelForEveryIndexOnce) {
 // arrived, round after round.
 TEST(SpinTeamTest, BarrierHoldsUntilAllArrive) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   constexpr int kRounds = 5000;
   std::atomic<int> arrived{0}, early{0};
   team.Run(2, [&](int t, int nt) {
@@ -194,7 +196,7 @@ TEST(SpinTeamTest, BarrierHoldsUntilAllArrive) {
 // calling thread (rather than wait for workers that are not there).
 TEST(SpinTeamTest, RunsAloneInAForkedChild) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   team.Run(2, [](int, int) {});  // started
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -220,7 +222,7 @@ TEST(SpinTeamTest, RunsAloneInAForkedChild) {
 }
 
 TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   const std::thread::id caller = std::this_thread::get_id();
   int calls = 0;
   bool ok = true;
@@ -230,6 +232,91 @@ TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
   });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(ok);
+}
+
+// The threads of this process now (/proc/self/task).
+int ProcessThreads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// A backend's own team: its size is what it was made with, whatever
+// OpenMP's count; its threads start on the first run that wants them and
+// are gone when it is destroyed.
+TEST(SpinTeamTest, AnOwnTeamStartsItsThreadsAndStopsThem) {
+  const int before = ProcessThreads();
+  {
+    SpinTeam team(3);
+    EXPECT_EQ(ProcessThreads(), before) << "threads before the first run";
+    std::set<std::thread::id> ids;
+    std::mutex mu;
+    team.Run(3, [&](int, int nt) {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+      EXPECT_EQ(nt, 3);
+    });
+    EXPECT_EQ(ids.size(), 3u);
+    EXPECT_EQ(team.size(), 3);
+    EXPECT_EQ(ProcessThreads(), before + 2);
+    // Asleep or spinning, the workers end with the team.
+    std::this_thread::sleep_for(SpinTeam::kIdleBeforeSleep * 2 + std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(ProcessThreads(), before) << "the team's threads outlived it";
+}
+
+// While a team is bound, the kernels' team and thread count are its own
+// (in its workers too); unbound, the default's and OpenMP's; binding the
+// team already bound (an op called from the team's own run) changes nothing.
+TEST(SpinTeamTest, ABoundTeamIsTheKernelsTeam) {
+  SpinTeam team(3);
+  EXPECT_EQ(&SpinTeam::Current(), &SpinTeam::Default());
+  EXPECT_EQ(SpinTeam::CurrentThreads(), omp_get_max_threads());
+  {
+    const SpinTeam::Bind bound(team);
+    EXPECT_EQ(&SpinTeam::Current(), &team);
+    EXPECT_EQ(SpinTeam::CurrentThreads(), 3);
+    std::atomic<int> own{0};
+    team.Run(3, [&](int, int) {
+      const SpinTeam::Bind again(team);
+      if (&SpinTeam::Current() == &team && SpinTeam::CurrentThreads() == 3) own.fetch_add(1);
+    });
+    EXPECT_EQ(own.load(), 3);
+    EXPECT_EQ(&SpinTeam::Current(), &team);
+  }
+  EXPECT_EQ(&SpinTeam::Current(), &SpinTeam::Default());
+}
+
+// Each thread of a team has its own scratch, the calling thread the team's
+// slot 0 while bound and one of its own otherwise; the team counts what
+// they hold and frees it.
+TEST(SpinTeamTest, ScratchBelongsToTheTeamsThreads) {
+  struct Buffer {
+    std::vector<float> v;
+    uint64_t bytes() const { return CapacityBytes(v); }
+  };
+  SpinTeam team(2);
+  ThreadScratch* outside = &CurrentScratch();
+  std::vector<ThreadScratch*> seen(2, nullptr);
+  {
+    const SpinTeam::Bind bound(team);
+    EXPECT_NE(&CurrentScratch(), outside);
+    team.Run(2, [&](int t, int nt) {
+      seen[t] = &CurrentScratch();
+      CurrentScratch().Get<Buffer>().v.resize(1000 * (t + 1));
+      if (nt == 1) CurrentScratch().Get<Buffer>().v.resize(3000);  // (a run alone: both on one)
+    });
+  }
+  EXPECT_EQ(&CurrentScratch(), outside);
+  EXPECT_NE(seen[0], nullptr);
+  if (seen[1] != nullptr) EXPECT_NE(seen[0], seen[1]);
+  EXPECT_GE(team.ScratchBytes(), 3000 * sizeof(float));
+  EXPECT_EQ(outside->bytes(), 0u);
+  team.ReleaseScratch();
+  EXPECT_EQ(team.ScratchBytes(), 0u);
 }
 
 // StealingRanges on one thread (what a run that falls back to the calling
@@ -275,7 +362,7 @@ TEST(StealingRangesTest, OneThreadTakesEverySpanInOrder) {
 // span's start and then took pieces of thread 0's.
 TEST(StealingRangesTest, TeamTakesEveryItemOnceAndHelpsTheSlowThread) {
   if (!TwoThreads()) GTEST_SKIP() << "one thread";
-  SpinTeam& team = SpinTeam::Get();
+  SpinTeam& team = SpinTeam::Default();
   constexpr int64_t kItems = 1000;
   for (const bool hold_back : {false, true}) {
     StealingRanges ranges(kItems, 2, 7);

@@ -419,9 +419,9 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
 std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
   std::string s = absl::StrFormat(
       "{\"step\":%d,\"start\":%d,\"chunk\":%d,\"attention_length\":%d,\"seconds\":%.6f,"
-      "\"elapsed\":%.3f,\"rss_bytes\":%d,\"memory\":[%s],\"retention\":[",
+      "\"elapsed\":%.3f,\"rss_bytes\":%d,\"kernel_scratch_bytes\":%d,\"memory\":[%s],\"retention\":[",
       t.step, t.start_token, t.chunk_tokens, t.attention_length, t.seconds, t.elapsed_seconds,
-      t.rss_bytes, absl::StrJoin(t.memory, ","));
+      t.rss_bytes, t.kernel_scratch_bytes, absl::StrJoin(t.memory, ","));
   for (size_t i = 0; i < t.retention.size(); ++i) {
     absl::StrAppendFormat(&s, "%s%.4f", i ? "," : "", t.retention[i]);
   }

@@ -47,9 +47,9 @@ std::string PeakPrediction::Format() const {
   const uint64_t decoding = kept + after;
   std::string s = absl::StrCat("predicted peak RSS ", HumanBytes(total()), " = ",
                                tokenizing > running() ? "tokenizing, else " : "",
-                               "process ", HumanBytes(process), " + weights ", HumanBytes(weights), " + backend ",
-                               HumanBytes(backend), " + the larger of prefill ", HumanBytes(prefill),
-                               " and decoding ", HumanBytes(decoding), " (the cache ", HumanBytes(kept), " + ",
+                               "process ", HumanBytes(process), " + weights ", HumanBytes(weights),
+                               " + the larger of prefill ", HumanBytes(prefill), " (+ the kernels' buffers ",
+                               HumanBytes(backend), ") and decoding ", HumanBytes(decoding), " (the cache ", HumanBytes(kept), " + ",
                                HumanBytes(after), ")");
   if (tokenizing > 0) absl::StrAppend(&s, " (tokenizing peaked at ", HumanBytes(tokenizing), ")");
   return s;

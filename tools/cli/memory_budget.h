@@ -47,7 +47,9 @@ struct PeakPrediction {
   uint64_t process = 0;   // measured when the plan was made
   uint64_t weights = 0;
   uint64_t prefill = 0;   // PrefillFootprint::resident_peak
-  uint64_t backend = 0;   // per-chunk work buffers (fit)
+  // The kernels' buffers for a chunk (fit; Backend::KernelScratchBytes
+  // measures them), given back before decoding (TakeDecoderCache).
+  uint64_t backend = 0;
   // Decoding: the cache the prefill leaves (PrefillFootprint::kept_bytes;
   // the engine gives its other buffers back first, TakeDecoderCache), and
   // what decoding adds to it: one-token activations, logits, the decode
@@ -59,7 +61,7 @@ struct PeakPrediction {
   // then, a block of text, its words and the ids kept in memory.
   uint64_t tokenizing = 0;
   // After tokenizing: the two phases do not overlap, so the larger one counts.
-  uint64_t running() const { return process + weights + backend + std::max(prefill, kept + after); }
+  uint64_t running() const { return process + weights + std::max(prefill + backend, kept + after); }
   uint64_t total() const { return std::max(tokenizing, running()); }
   // "predicted peak RSS 251.3 MiB = process 21.0 MiB + weights 98.2 MiB + ..."
   std::string Format() const;
