@@ -458,6 +458,9 @@ absl::Status RunBench() {
     const LlamaConfig& mc = model.model->config();
     SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags(model.model.get()));
     half_kv = backend->HalfDecodeKv();
+    // The read probes (ReadBandwidth, CpuRoundTripNs) run on OpenMP's
+    // threads, as many as the runs' backend has.
+    omp_set_num_threads(backend->num_threads());
     entry_bytes =
         2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (half_kv ? sizeof(uint16_t) : sizeof(float));
     for (const WeightView* w : model.model->DecodeMatrices()) {
