@@ -413,16 +413,10 @@ absl::Status PlotBench(const std::vector<Measured>& rows, const std::string& png
 
 }  // namespace
 
-absl::Status RunBench() {
-  SNAPFILL_RETURN_IF_ERROR(Validate());
-  const std::string work = std::filesystem::temp_directory_path().string() + "/snapfill-bench-" +
-                           std::to_string(::getpid());
-  std::filesystem::create_directories(work);
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{work};
+namespace {
 
+// The flags every child run gets.
+std::vector<std::string> CommonArgs() {
   std::vector<std::string> common = {
       "--input=" + absl::GetFlag(FLAGS_input),
       absl::StrCat("--max_tokens=", absl::GetFlag(FLAGS_max_tokens)),
@@ -443,189 +437,191 @@ absl::Status RunBench() {
   common.push_back(absl::StrCat("--repeat_stride=", absl::GetFlag(FLAGS_repeat_stride)));
   common.push_back(absl::StrCat("--score_span=", absl::GetFlag(FLAGS_score_span)));
   common.push_back(absl::StrCat("--spool_after=", absl::GetFlag(FLAGS_spool_after)));
+  return common;
+}
 
-  std::vector<Config> configs = Configs(common);
-  const int reps = absl::GetFlag(FLAGS_repetitions);
-  // The bytes of weights a decode step reads: each matrix once, in the
-  // layout the products read (the decode copy with --pack_decode); and of
-  // each cache entry, in the width attention reads (fp16 with
-  // --decode_kv_f16). Known before the runs, for their probes; the model is
-  // let go again before they start.
+// The bytes a decode step reads: each weight matrix once, in the layout the
+// products read (the decode copy with --pack_decode); and of each cache
+// entry, in the width attention reads (fp16 with --decode_kv_f16).
+struct DecodeBytes {
   bool half_kv = false;
   double entry_bytes = 0, weights = 0;
-  {
-    SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
-    const LlamaConfig& mc = model.model->config();
-    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags(model.model.get()));
-    half_kv = backend->HalfDecodeKv();
-    // The read probes (ReadBandwidth, CpuRoundTripNs) run on OpenMP's
-    // threads, as many as the runs' backend has.
-    omp_set_num_threads(backend->num_threads());
-    entry_bytes =
-        2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (half_kv ? sizeof(uint16_t) : sizeof(float));
-    for (const WeightView* w : model.model->DecodeMatrices()) {
-      const WeightCopy copy = backend->CopyOf(*w, WeightUse::kDecode);
-      weights += copy.copied ? static_cast<double>(copy.bytes) : static_cast<double>(w->rows) * w->row_bytes;
-    }
-  }
-  auto step_bytes = [&](int64_t entries) { return weights + entries * entry_bytes; };
+  double Step(int64_t entries) const { return weights + entries * entry_bytes; }
+};
 
-  std::vector<Measured> rows;
-  for (const Config& c : configs) {
-    Measured m;
-    m.config = c;
-    for (int rep = 0; rep < reps; ++rep) {
-      std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
-      SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
-      const Json& j = result.first;
-      m.ttft.push_back(j.value("ttft_seconds", 0.0));
-      m.prefill.push_back(j.value("prefill_seconds", 0.0));
-      AddDecode(j, m, step_bytes);
-      m.mean_memory = j.value("mean_memory", 0.0);
-      m.steps = j.value("steps", int64_t{0});
-      m.cache_entries = j.value("cache_entries", int64_t{0});
-      m.input_tokens = j.value("input_tokens", int64_t{0});
-      m.predicted_peak = j.value("predicted_peak_bytes", uint64_t{0});
-      m.peak_rss = std::max(m.peak_rss, result.second);
-      AddWork(j, m);
-      double total = 0, attention = 0;
-      for (auto it = j["profile"].begin(); it != j["profile"].end(); ++it) {
-        total += it.value().get<double>();
-        if (it.key() == "attention" || it.key() == "window_scores") {
-          attention += it.value().get<double>();
-        }
+// Known before the runs, for their probes; the model is let go again before
+// they start.
+absl::StatusOr<DecodeBytes> MeasureDecodeBytes() {
+  SNAPFILL_ASSIGN_OR_RETURN(LoadedModel model, LoadModelFromFlags());
+  const LlamaConfig& mc = model.model->config();
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, BackendFromFlags(model.model.get()));
+  DecodeBytes d;
+  d.half_kv = backend->HalfDecodeKv();
+  // The read probes (ReadBandwidth, CpuRoundTripNs) run on OpenMP's
+  // threads, as many as the runs' backend has.
+  omp_set_num_threads(backend->num_threads());
+  d.entry_bytes =
+      2.0 * mc.num_layers * mc.num_kv_heads * mc.head_dim * (d.half_kv ? sizeof(uint16_t) : sizeof(float));
+  for (const WeightView* w : model.model->DecodeMatrices()) {
+    const WeightCopy copy = backend->CopyOf(*w, WeightUse::kDecode);
+    d.weights += copy.copied ? static_cast<double>(copy.bytes) : static_cast<double>(w->rows) * w->row_bytes;
+  }
+  return d;
+}
+
+// `reps` child runs of one configuration.
+absl::StatusOr<Measured> MeasureConfig(const Config& c, int reps, const std::string& work, const DecodeBytes& bytes) {
+  Measured m;
+  m.config = c;
+  auto step_bytes = [&](int64_t entries) { return bytes.Step(entries); };
+  for (int rep = 0; rep < reps; ++rep) {
+    std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
+    SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
+    const Json& j = result.first;
+    m.ttft.push_back(j.value("ttft_seconds", 0.0));
+    m.prefill.push_back(j.value("prefill_seconds", 0.0));
+    AddDecode(j, m, step_bytes);
+    m.mean_memory = j.value("mean_memory", 0.0);
+    m.steps = j.value("steps", int64_t{0});
+    m.cache_entries = j.value("cache_entries", int64_t{0});
+    m.input_tokens = j.value("input_tokens", int64_t{0});
+    m.predicted_peak = j.value("predicted_peak_bytes", uint64_t{0});
+    m.peak_rss = std::max(m.peak_rss, result.second);
+    AddWork(j, m);
+    double total = 0, attention = 0;
+    for (auto it = j["profile"].begin(); it != j["profile"].end(); ++it) {
+      total += it.value().get<double>();
+      if (it.key() == "attention" || it.key() == "window_scores") {
+        attention += it.value().get<double>();
       }
-      m.attention_share = total > 0 ? attention / total : 0;
     }
-    for (const std::string& a : c.args) {
-      if (a.rfind("--chunk=", 0) == 0) m.chunk = std::stoll(a.substr(8));
-    }
-    rows.push_back(std::move(m));
+    m.attention_share = total > 0 ? attention / total : 0;
   }
+  for (const std::string& a : c.args) {
+    if (a.rfind("--chunk=", 0) == 0) m.chunk = std::stoll(a.substr(8));
+  }
+  return m;
+}
 
-  // Decoding over a full cache of the input's first --full_tokens tokens.
-  const int64_t full_tokens = absl::GetFlag(FLAGS_full_tokens);
+// Decoding over a full cache of the input's first `full_tokens` tokens.
+absl::StatusOr<Measured> MeasureFullCache(const std::vector<std::string>& common, int64_t full_tokens, int reps,
+                                          const std::string& work, const DecodeBytes& bytes) {
   Measured full;
-  if (full_tokens > 0) {
-    Config c;
-    c.label = absl::StrCat("full ", full_tokens);
-    c.args = common;
-    for (std::string& a : c.args) {
-      if (a.rfind("--max_tokens=", 0) == 0) a = absl::StrCat("--max_tokens=", full_tokens);
-      if (a.rfind("--pruner=", 0) == 0) a = "--pruner=full";
+  Config c;
+  c.label = absl::StrCat("full ", full_tokens);
+  c.args = common;
+  for (std::string& a : c.args) {
+    if (a.rfind("--max_tokens=", 0) == 0) a = absl::StrCat("--max_tokens=", full_tokens);
+    if (a.rfind("--pruner=", 0) == 0) a = "--pruner=full";
+  }
+  c.args.push_back("--chunk=1024");
+  full.config = c;
+  auto step_bytes = [&](int64_t entries) { return bytes.Step(entries); };
+  for (int rep = 0; rep < reps; ++rep) {
+    std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
+    SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
+    const Json& j = result.first;
+    full.ttft.push_back(j.value("ttft_seconds", 0.0));
+    AddDecode(j, full, step_bytes);
+    full.cache_entries = j.value("cache_entries", int64_t{0});
+    full.input_tokens = j.value("input_tokens", int64_t{0});
+    full.peak_rss = std::max(full.peak_rss, result.second);
+  }
+  return full;
+}
+
+bool IsFm(const Measured& m) { return m.config.label == "fm" || absl::StartsWith(m.config.label, "fm@"); }
+
+// Each row's baseline for eq. 4 (r · ((m_max + c)/(m̂ + c) − 1) + 1, r =
+// FM's attention share): the FM run of the same chunk (Configs() adds one).
+const Measured* Baseline(const std::vector<Measured>& rows, const Measured& row) {
+  for (const Measured& m : rows) {
+    if (IsFm(m) && m.chunk == row.chunk) return &m;
+  }
+  return nullptr;
+}
+
+// Per run: its probed bandwidth over the bytes of a step; the medians of the
+// runs' predictions and of their decode rate / prediction shares (and the
+// same with memory's own read rate, for comparison).
+double PredictedTps(const Measured& m, const DecodeBytes& bytes) {
+  return Median(m.bandwidth) / bytes.Step(m.cache_entries);
+}
+double ShareOf(const Measured& m, const std::vector<double>& bandwidth, const DecodeBytes& bytes) {
+  std::vector<double> v;
+  for (size_t i = 0; i < m.decode_tps.size() && i < bandwidth.size(); ++i) {
+    if (bandwidth[i] > 0) v.push_back(m.decode_tps[i] * bytes.Step(m.cache_entries) / bandwidth[i]);
+  }
+  return Median(v);
+}
+
+// The decode fields of the JSON, for a compressed run and the full cache alike.
+void DecodeJson(const Measured& m, const DecodeBytes& bytes, Json& r) {
+  r["decode_step_bytes"] = bytes.Step(m.cache_entries);
+  r["decode_predicted_tokens_per_second"] = PredictedTps(m, bytes);
+  r["decode_share_of_prediction"] = ShareOf(m, m.bandwidth, bytes);
+  r["read_bandwidth_bytes_per_second"] = m.bandwidth;
+  r["dram_read_bandwidth_bytes_per_second"] = m.dram_bandwidth;
+  r["decode_share_of_dram_prediction"] = ShareOf(m, m.dram_bandwidth, bytes);
+  r["cpu_round_trip_ns"] = m.round_trip;
+}
+
+// The prefill against the peaks of this machine's instructions, each run
+// against its own (probed right after it): the medians over the runs of the
+// products' and the attention's rates, their shares of the peak of the
+// instruction each runs on (the products' only where all of them ran on
+// int8 dots, or none), and the floor (Work at the peaks: FloorSeconds) over
+// the prefill's time.
+struct Roofline {
+  bool measured = false;
+  double matmul_ops = 0, attention_ops = 0, window_ops = 0;
+  double matmul_rate = 0, attention_rate = 0, matmul_share = 0, attention_share = 0, floor = 0, floor_share = 0;
+};
+
+Roofline RooflineOf(const Measured& m) {
+  Roofline r;
+  std::vector<double> mr, ar, ms, as, fl, fs;
+  for (size_t i = 0; i < m.work.size() && i < m.peaks.size(); ++i) {
+    const Work& w = m.work[i];
+    const BackendProfile::Peaks& p = m.peaks[i];
+    r.measured = true;
+    r.matmul_ops = w.matmul_ops;
+    r.attention_ops = w.attention_ops;
+    r.window_ops = w.window_ops;
+    if (w.matmul_seconds > 0) mr.push_back(w.matmul_ops / w.matmul_seconds);
+    if (w.attention_seconds > 0) ar.push_back(w.attention_ops / w.attention_seconds);
+    const BackendProfile::Peak* mp = MatMulPeak(w, p);
+    if (w.matmul_seconds > 0 && mp != nullptr && mp->ops_per_second > 0) {
+      ms.push_back(w.matmul_ops / w.matmul_seconds / mp->ops_per_second);
     }
-    c.args.push_back("--chunk=1024");
-    full.config = c;
-    for (int rep = 0; rep < reps; ++rep) {
-      std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
-      SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
-      const Json& j = result.first;
-      full.ttft.push_back(j.value("ttft_seconds", 0.0));
-      AddDecode(j, full, step_bytes);
-      full.cache_entries = j.value("cache_entries", int64_t{0});
-      full.input_tokens = j.value("input_tokens", int64_t{0});
-      full.peak_rss = std::max(full.peak_rss, result.second);
+    if (w.attention_seconds > 0 && p.prefill_attention.ops_per_second > 0) {
+      as.push_back(w.attention_ops / w.attention_seconds / p.prefill_attention.ops_per_second);
+    }
+    const double floor = FloorSeconds(w, p, /*prefill=*/true);
+    if (floor > 0) {
+      fl.push_back(floor);
+      if (i < m.prefill.size() && m.prefill[i] > 0) fs.push_back(floor / m.prefill[i]);
     }
   }
+  r.matmul_rate = Median(mr);
+  r.attention_rate = Median(ar);
+  r.matmul_share = Median(ms);
+  r.attention_share = Median(as);
+  r.floor = Median(fl);
+  r.floor_share = Median(fs);
+  return r;
+}
 
-  // Eq. 4: r · ((m_max + c)/(m̂ + c) − 1) + 1, r = FM's attention share.
-  // Each row's baseline: the FM run of the same chunk (Configs() adds one).
-  auto is_fm = [](const Measured& m) {
-    return m.config.label == "fm" || absl::StartsWith(m.config.label, "fm@");
-  };
-  auto baseline = [&](const Measured& row) -> const Measured* {
-    for (const Measured& m : rows) {
-      if (is_fm(m) && m.chunk == row.chunk) return &m;
-    }
-    return nullptr;
-  };
-
-  // Per run: its probed bandwidth over the bytes of a step; the medians of
-  // the runs' predictions and of their decode rate / prediction shares (and
-  // the same with memory's own read rate, for comparison).
-  auto predicted_tps = [&](const Measured& m) { return Median(m.bandwidth) / step_bytes(m.cache_entries); };
-  auto share_of = [&](const Measured& m, const std::vector<double>& bandwidth) {
-    std::vector<double> v;
-    for (size_t i = 0; i < m.decode_tps.size() && i < bandwidth.size(); ++i) {
-      if (bandwidth[i] > 0) v.push_back(m.decode_tps[i] * step_bytes(m.cache_entries) / bandwidth[i]);
-    }
-    return Median(v);
-  };
-  auto share = [&](const Measured& m) { return share_of(m, m.bandwidth); };
-  auto dram_share = [&](const Measured& m) { return share_of(m, m.dram_bandwidth); };
-  // The decode fields of the JSON, for a compressed run and the full cache alike.
-  auto decode_json = [&](const Measured& m, Json& r) {
-    r["decode_step_bytes"] = step_bytes(m.cache_entries);
-    r["decode_predicted_tokens_per_second"] = predicted_tps(m);
-    r["decode_share_of_prediction"] = share(m);
-    r["read_bandwidth_bytes_per_second"] = m.bandwidth;
-    r["dram_read_bandwidth_bytes_per_second"] = m.dram_bandwidth;
-    r["decode_share_of_dram_prediction"] = dram_share(m);
-    r["cpu_round_trip_ns"] = m.round_trip;
-  };
-  std::vector<double> all_dram;  // every run's memory probe, for the JSON's median
-
-  // The prefill against the peaks of this machine's instructions, each run
-  // against its own (probed right after it): the medians over the runs of
-  // the products' and the attention's rates, their shares of the peak of
-  // the instruction each runs on (the products' only where all of them ran
-  // on int8 dots, or none), and the floor (Work at the peaks: FloorSeconds)
-  // over the prefill's time.
-  struct Roofline {
-    bool measured = false;
-    double matmul_ops = 0, attention_ops = 0, window_ops = 0;
-    double matmul_rate = 0, attention_rate = 0, matmul_share = 0, attention_share = 0, floor = 0, floor_share = 0;
-  };
-  auto roofline = [&](const Measured& m) {
-    Roofline r;
-    std::vector<double> mr, ar, ms, as, fl, fs;
-    for (size_t i = 0; i < m.work.size() && i < m.peaks.size(); ++i) {
-      const Work& w = m.work[i];
-      const BackendProfile::Peaks& p = m.peaks[i];
-      r.measured = true;
-      r.matmul_ops = w.matmul_ops;
-      r.attention_ops = w.attention_ops;
-      r.window_ops = w.window_ops;
-      if (w.matmul_seconds > 0) mr.push_back(w.matmul_ops / w.matmul_seconds);
-      if (w.attention_seconds > 0) ar.push_back(w.attention_ops / w.attention_seconds);
-      const BackendProfile::Peak* mp = MatMulPeak(w, p);
-      if (w.matmul_seconds > 0 && mp != nullptr && mp->ops_per_second > 0) {
-        ms.push_back(w.matmul_ops / w.matmul_seconds / mp->ops_per_second);
-      }
-      if (w.attention_seconds > 0 && p.prefill_attention.ops_per_second > 0) {
-        as.push_back(w.attention_ops / w.attention_seconds / p.prefill_attention.ops_per_second);
-      }
-      const double floor = FloorSeconds(w, p, /*prefill=*/true);
-      if (floor > 0) {
-        fl.push_back(floor);
-        if (i < m.prefill.size() && m.prefill[i] > 0) fs.push_back(floor / m.prefill[i]);
-      }
-    }
-    r.matmul_rate = Median(mr);
-    r.attention_rate = Median(ar);
-    r.matmul_share = Median(ms);
-    r.attention_share = Median(as);
-    r.floor = Median(fl);
-    r.floor_share = Median(fs);
-    return r;
-  };
-  std::vector<Roofline> rooflines;  // rows' order
-  for (const Measured& m : rows) rooflines.push_back(roofline(m));
-
-  const double m_max = absl::GetFlag(FLAGS_memory);
-  Json out;
-  out["input"] = absl::GetFlag(FLAGS_input);
-  out["memory"] = m_max;
-  out["repetitions"] = reps;
-  out["decode_kv"] = half_kv ? "f16" : "f32";
-  out["decode_bytes_per_kv_entry"] = entry_bytes;
+// The schedules' table, and their entries of the JSON.
+void PrintSchedules(const std::vector<Measured>& rows, const std::vector<Roofline>& rooflines,
+                    const DecodeBytes& bytes, double m_max, Json& out, std::vector<double>& all_dram) {
   std::printf("%-16s %8s %7s %8s %9s %9s %9s %10s %8s %10s %9s\n", "schedule", "tokens", "chunk",
               "mean m", "TTFT s", "vs FM", "eq.4", "peak RSS", "vs FM", "predicted", "decode/s");
   for (size_t row = 0; row < rows.size(); ++row) {
     const Measured& m = rows[row];
     const double ttft = Median(m.ttft);
     double speedup = 0, eq4 = 0, peak_vs_fm = 0;
-    const Measured* base = baseline(m);
+    const Measured* base = Baseline(rows, m);
     if (base != nullptr && ttft > 0) {
       speedup = Median(base->ttft) / ttft;
       eq4 = PredictedSpeedup(base->attention_share, m_max, m.mean_memory, m.chunk);
@@ -669,71 +665,120 @@ absl::Status RunBench() {
       r["prefill_floor_seconds"] = rl.floor;
       r["prefill_floor_share"] = rl.floor_share;
     }
-    decode_json(m, r);
+    DecodeJson(m, bytes, r);
     all_dram.insert(all_dram.end(), m.dram_bandwidth.begin(), m.dram_bandwidth.end());
     out["schedules"].push_back(r);
   }
-  if (std::none_of(rows.begin(), rows.end(), is_fm)) {
+  if (std::none_of(rows.begin(), rows.end(), IsFm)) {
     std::printf("no FM run to compare with (--schedules has no fm entry): vs FM and eq. 4 need one\n");
   }
   for (const Measured& m : rows) {
-    if (!is_fm(m)) continue;
+    if (!IsFm(m)) continue;
     std::printf("vs FM compares with the FM run of the same chunk; eq. 4 uses r = %.3f for chunk "
                 "%lld, that run's measured attention share (attention + SnapKV votes over all "
                 "backend time)\n",
                 m.attention_share, (long long)m.chunk);
   }
-  if (std::any_of(rooflines.begin(), rooflines.end(), [](const Roofline& r) { return r.measured; })) {
-    const Measured& first = *std::find_if(rows.begin(), rows.end(), [](const Measured& m) { return !m.peaks.empty(); });
-    std::printf("\nprefill against this machine's peaks (median of each run against its own peaks, probed right "
-                "after it; ops count a multiply-add as 2; floor = the prefill's products, attention and votes at "
-                "those peaks, nothing else; first run's %s)\n",
-                PeaksLine(first.peaks.front()).c_str());
-    std::printf("%-16s %12s %10s %8s %14s %10s %8s %10s %10s %10s\n", "schedule", "matmul TOP", "GOP/s", "of peak",
-                "attention TOP", "GOP/s", "of peak", "floor s", "prefill s", "floor/pre");
-    auto pct = [](double share) { return share > 0 ? absl::StrFormat("%.0f%%", 100 * share) : std::string("-"); };
-    for (size_t row = 0; row < rows.size(); ++row) {
-      const Measured& m = rows[row];
-      const Roofline& r = rooflines[row];
-      if (!r.measured) continue;
-      std::printf("%-16s %12.2f %10.1f %8s %14.2f %10.1f %8s %10.1f %10.1f %10s\n", m.config.label.c_str(),
-                  r.matmul_ops * 1e-12, r.matmul_rate * 1e-9, pct(r.matmul_share).c_str(), r.attention_ops * 1e-12,
-                  r.attention_rate * 1e-9, pct(r.attention_share).c_str(), r.floor, Median(m.prefill),
-                  pct(r.floor_share).c_str());
-    }
+}
+
+// The prefill against the machine's peaks, where the runs measured them.
+void PrintRooflines(const std::vector<Measured>& rows, const std::vector<Roofline>& rooflines) {
+  if (std::none_of(rooflines.begin(), rooflines.end(), [](const Roofline& r) { return r.measured; })) return;
+  const Measured& first = *std::find_if(rows.begin(), rows.end(), [](const Measured& m) { return !m.peaks.empty(); });
+  std::printf("\nprefill against this machine's peaks (median of each run against its own peaks, probed right "
+              "after it; ops count a multiply-add as 2; floor = the prefill's products, attention and votes at "
+              "those peaks, nothing else; first run's %s)\n",
+              PeaksLine(first.peaks.front()).c_str());
+  std::printf("%-16s %12s %10s %8s %14s %10s %8s %10s %10s %10s\n", "schedule", "matmul TOP", "GOP/s", "of peak",
+              "attention TOP", "GOP/s", "of peak", "floor s", "prefill s", "floor/pre");
+  auto pct = [](double share) { return share > 0 ? absl::StrFormat("%.0f%%", 100 * share) : std::string("-"); };
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const Measured& m = rows[row];
+    const Roofline& r = rooflines[row];
+    if (!r.measured) continue;
+    std::printf("%-16s %12.2f %10.1f %8s %14.2f %10.1f %8s %10.1f %10.1f %10s\n", m.config.label.c_str(),
+                r.matmul_ops * 1e-12, r.matmul_rate * 1e-9, pct(r.matmul_share).c_str(), r.attention_ops * 1e-12,
+                r.attention_rate * 1e-9, pct(r.attention_share).c_str(), r.floor, Median(m.prefill),
+                pct(r.floor_share).c_str());
   }
+}
+
+// Decoding over each compressed cache and the full one, against the read
+// rates probed after each run; the full cache's entry of the JSON.
+void PrintDecode(const std::vector<Measured>& rows, const Measured& full, const DecodeBytes& bytes, int reps,
+                 Json& out, std::vector<double>& all_dram) {
+  std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
+              "decode copy of the weights; bytes per step: weights %s + KV in %s; prediction = the "
+              "read rate of a buffer of a step's bytes, re-read as the steps re-read theirs, probed "
+              "right after each run / those bytes; share = each run's rate / its prediction; DRAM = "
+              "the same with a 512 MiB buffer, memory's own rate, which a step that fits in a cache "
+              "beats; CPU rt = the round trip of a cache line between two threads, probed with them)\n",
+              (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(bytes.weights)).c_str(),
+              bytes.half_kv ? "fp16" : "f32");
+  std::printf("%-26s %10s %10s %10s %10s %10s %10s %7s %9s %9s %14s %10s\n", "cache", "entries", "KV bytes",
+              "step bytes", "tokens/s", "GB/s", "predicted", "share", "DRAM GB/s", "DRAM shr", "first step ms",
+              "CPU rt ns");
+  auto line = [&](const std::string& name, const Measured& m) {
+    std::printf("%-26s %10lld %10s %10s %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f%% %14.1f %10.0f\n",
+                name.c_str(), (long long)m.cache_entries,
+                HumanBytes(static_cast<uint64_t>(m.cache_entries * bytes.entry_bytes)).c_str(),
+                HumanBytes(static_cast<uint64_t>(bytes.Step(m.cache_entries))).c_str(), Median(m.decode_tps),
+                Median(m.bandwidth) / 1e9, PredictedTps(m, bytes), 100 * ShareOf(m, m.bandwidth, bytes),
+                Median(m.dram_bandwidth) / 1e9, 100 * ShareOf(m, m.dram_bandwidth, bytes),
+                Median(m.first_step) * 1e3, Median(m.round_trip));
+  };
+  for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
+  line(full.config.label, full);
+  Json f;
+  f["tokens"] = full.input_tokens;
+  f["cache_entries"] = full.cache_entries;
+  f["decode_tokens_per_second"] = Median(full.decode_tps);
+  f["decode_tokens_per_second_runs"] = full.decode_tps;
+  DecodeJson(full, bytes, f);
+  all_dram.insert(all_dram.end(), full.dram_bandwidth.begin(), full.dram_bandwidth.end());
+  f["peak_rss_bytes"] = full.peak_rss;
+  out["full_cache"] = f;
+}
+
+}  // namespace
+
+absl::Status RunBench() {
+  SNAPFILL_RETURN_IF_ERROR(Validate());
+  const std::string work = std::filesystem::temp_directory_path().string() + "/snapfill-bench-" +
+                           std::to_string(::getpid());
+  std::filesystem::create_directories(work);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { std::filesystem::remove_all(dir); }
+  } cleanup{work};
+
+  const std::vector<std::string> common = CommonArgs();
+  const int reps = absl::GetFlag(FLAGS_repetitions);
+  SNAPFILL_ASSIGN_OR_RETURN(const DecodeBytes bytes, MeasureDecodeBytes());
+  std::vector<Measured> rows;
+  for (const Config& c : Configs(common)) {
+    SNAPFILL_ASSIGN_OR_RETURN(Measured m, MeasureConfig(c, reps, work, bytes));
+    rows.push_back(std::move(m));
+  }
+  const int64_t full_tokens = absl::GetFlag(FLAGS_full_tokens);
+  Measured full;
   if (full_tokens > 0) {
-    std::printf("\ndecode (%lld tokens, median of %d, after the first step, which also makes the "
-                "decode copy of the weights; bytes per step: weights %s + KV in %s; prediction = the "
-                "read rate of a buffer of a step's bytes, re-read as the steps re-read theirs, probed "
-                "right after each run / those bytes; share = each run's rate / its prediction; DRAM = "
-                "the same with a 512 MiB buffer, memory's own rate, which a step that fits in a cache "
-                "beats; CPU rt = the round trip of a cache line between two threads, probed with them)\n",
-                (long long)absl::GetFlag(FLAGS_n), reps, HumanBytes(static_cast<uint64_t>(weights)).c_str(),
-                half_kv ? "fp16" : "f32");
-    std::printf("%-26s %10s %10s %10s %10s %10s %10s %7s %9s %9s %14s %10s\n", "cache", "entries", "KV bytes",
-                "step bytes", "tokens/s", "GB/s", "predicted", "share", "DRAM GB/s", "DRAM shr", "first step ms",
-                "CPU rt ns");
-    auto line = [&](const std::string& name, const Measured& m) {
-      std::printf("%-26s %10lld %10s %10s %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f%% %14.1f %10.0f\n",
-                  name.c_str(), (long long)m.cache_entries,
-                  HumanBytes(static_cast<uint64_t>(m.cache_entries * entry_bytes)).c_str(),
-                  HumanBytes(static_cast<uint64_t>(step_bytes(m.cache_entries))).c_str(), Median(m.decode_tps),
-                  Median(m.bandwidth) / 1e9, predicted_tps(m), 100 * share(m), Median(m.dram_bandwidth) / 1e9,
-                  100 * dram_share(m), Median(m.first_step) * 1e3, Median(m.round_trip));
-    };
-    for (const Measured& m : rows) line("compressed (" + m.config.label + ")", m);
-    line(full.config.label, full);
-    Json f;
-    f["tokens"] = full.input_tokens;
-    f["cache_entries"] = full.cache_entries;
-    f["decode_tokens_per_second"] = Median(full.decode_tps);
-    f["decode_tokens_per_second_runs"] = full.decode_tps;
-    decode_json(full, f);
-    all_dram.insert(all_dram.end(), full.dram_bandwidth.begin(), full.dram_bandwidth.end());
-    f["peak_rss_bytes"] = full.peak_rss;
-    out["full_cache"] = f;
+    SNAPFILL_ASSIGN_OR_RETURN(full, MeasureFullCache(common, full_tokens, reps, work, bytes));
   }
+
+  std::vector<Roofline> rooflines;  // rows' order
+  for (const Measured& m : rows) rooflines.push_back(RooflineOf(m));
+  Json out;
+  out["input"] = absl::GetFlag(FLAGS_input);
+  const double m_max = absl::GetFlag(FLAGS_memory);
+  out["memory"] = m_max;
+  out["repetitions"] = reps;
+  out["decode_kv"] = bytes.half_kv ? "f16" : "f32";
+  out["decode_bytes_per_kv_entry"] = bytes.entry_bytes;
+  std::vector<double> all_dram;  // every run's memory probe, for the JSON's median
+  PrintSchedules(rows, rooflines, bytes, m_max, out, all_dram);
+  PrintRooflines(rows, rooflines);
+  if (full_tokens > 0) PrintDecode(rows, full, bytes, reps, out, all_dram);
   out["dram_read_bandwidth_bytes_per_second"] = Median(all_dram);
   if (const std::string json = absl::GetFlag(FLAGS_json); !json.empty()) {
     SNAPFILL_RETURN_IF_ERROR(WriteFileAtomically(json, out.dump(1) + "\n", true));
