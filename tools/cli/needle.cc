@@ -278,68 +278,59 @@ Json RunJson(const Trial& t) {
   return jt;
 }
 
-}  // namespace
+// The grid's flags, checked.
+struct Grid {
+  std::string input_path;
+  std::vector<NeedleTask> tasks;
+  std::vector<int64_t> lengths;
+  std::vector<double> depths;
+  int seeds = 0, first_seed = 0;
+  int64_t batch = 0;
+  bool baseline = false, progress = false;
+  std::string json_path, png;
+};
 
-absl::Status RunNeedle() {
-  const std::string input_path = absl::GetFlag(FLAGS_input);
-  if (input_path.empty()) {
+absl::StatusOr<Grid> GridFromFlags() {
+  Grid g;
+  g.input_path = absl::GetFlag(FLAGS_input);
+  if (g.input_path.empty()) {
     return absl::InvalidArgumentError("--input FILE (the haystack text) is required");
   }
-  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<NeedleTask> tasks,
-                            ParseNeedleTasks(absl::GetFlag(FLAGS_tasks)));
-  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<int64_t> lengths,
-                            ParseLengths(absl::GetFlag(FLAGS_lengths)));
-  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<double> depths,
-                            ParseDepths(absl::GetFlag(FLAGS_depths)));
-  const int seeds = absl::GetFlag(FLAGS_seeds);
-  if (seeds < 1 || seeds > 1000) {
-    return absl::InvalidArgumentError(absl::StrCat("--seeds=", seeds, " must be in [1, 1000]"));
+  SNAPFILL_ASSIGN_OR_RETURN(g.tasks, ParseNeedleTasks(absl::GetFlag(FLAGS_tasks)));
+  SNAPFILL_ASSIGN_OR_RETURN(g.lengths, ParseLengths(absl::GetFlag(FLAGS_lengths)));
+  SNAPFILL_ASSIGN_OR_RETURN(g.depths, ParseDepths(absl::GetFlag(FLAGS_depths)));
+  g.seeds = absl::GetFlag(FLAGS_seeds);
+  if (g.seeds < 1 || g.seeds > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("--seeds=", g.seeds, " must be in [1, 1000]"));
   }
-  const int first_seed = absl::GetFlag(FLAGS_first_seed);
-  if (first_seed < 0 || first_seed >= seeds) {
+  g.first_seed = absl::GetFlag(FLAGS_first_seed);
+  if (g.first_seed < 0 || g.first_seed >= g.seeds) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--first_seed=", first_seed, " must be in [0, --seeds=", seeds, ")"));
+        absl::StrCat("--first_seed=", g.first_seed, " must be in [0, --seeds=", g.seeds, ")"));
   }
-  const int64_t batch = absl::GetFlag(FLAGS_batch);
-  if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("--batch=", batch, " must be >= 1"));
-  const std::string json_path = absl::GetFlag(FLAGS_json);
-  const std::string png = absl::GetFlag(FLAGS_png);
-  if (!png.empty()) SNAPFILL_RETURN_IF_ERROR(CheckGnuplot());  // before hours of work
-  SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
-  // As in ppl: the full pruner evicts nothing; its chunks are --chunk each.
-  if (config.pruner.kind == PrunerKind::kFull) config.schedule.kind = ScheduleKind::kFixed;
-  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(input_path));
-  std::string& text = in.text;
-  LoadedModel& model = in.model;
-  std::unique_ptr<Backend>& backend = in.backend;
-  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/absl::GetFlag(FLAGS_query_aware)));
-  std::vector<int32_t> haystack = model.tokenizer->Encode(text, false, false);
-  text.clear();
-  text.shrink_to_fit();
-  if (haystack.size() < static_cast<size_t>(NeedlePromptBuilder::kMinHaystackPerNeedle)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--input ", input_path, " has ", haystack.size(),
-        " tokens; the haystack needs at least ", NeedlePromptBuilder::kMinHaystackPerNeedle));
-  }
-  const int64_t context = model.model->config().context_length;
-  const bool baseline = absl::GetFlag(FLAGS_baseline);
-  const bool progress = absl::GetFlag(FLAGS_progress);
-  const NeedlePromptBuilder builder(*model.tokenizer, model.chat_template, std::move(haystack),
-                                    absl::GetFlag(FLAGS_system));
-  const int64_t haystack_tokens = builder.haystack_tokens();
-  NeedleHarness harness(model, backend.get(), config);
-  // Refuse impossible cells before any work: a length too short for a
-  // trial's template, needles and question, or a plan the schedule cannot
-  // make (checked on each length's first prompt).
-  for (NeedleTask task : tasks) {
-    for (int64_t length : lengths) {
-      for (size_t di = 0; di < depths.size(); ++di) {
-        for (int seed = first_seed; seed < seeds; ++seed) {
+  g.batch = absl::GetFlag(FLAGS_batch);
+  if (g.batch < 1) return absl::InvalidArgumentError(absl::StrCat("--batch=", g.batch, " must be >= 1"));
+  g.baseline = absl::GetFlag(FLAGS_baseline);
+  g.progress = absl::GetFlag(FLAGS_progress);
+  g.json_path = absl::GetFlag(FLAGS_json);
+  g.png = absl::GetFlag(FLAGS_png);
+  return g;
+}
+
+// Refuses impossible cells before any work: a length too short for a
+// trial's template, needles and question, or a plan the schedule cannot
+// make (checked on each length's first prompt).
+absl::Status CheckCells(const Grid& g, const NeedlePromptBuilder& builder, const LoadedModel& model,
+                        const PrefillConfig& config) {
+  for (NeedleTask task : g.tasks) {
+    for (int64_t length : g.lengths) {
+      for (size_t di = 0; di < g.depths.size(); ++di) {
+        for (int seed = g.first_seed; seed < g.seeds; ++seed) {
           SNAPFILL_RETURN_IF_ERROR(
-              builder.CheckLength(length, MakeNeedleTrial(task, length, di, depths[di], seed)));
+              builder.CheckLength(length, MakeNeedleTrial(task, length, di, g.depths[di], seed)));
         }
       }
-      const NeedleTrial first = MakeNeedleTrial(task, length, 0, depths[0], 0);
+      const NeedleTrial first = MakeNeedleTrial(task, length, 0, g.depths[0], 0);
       SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, 0, first));
       // (Checked with a question, as every trial runs with its own.)
       PrefillConfig checked = config;
@@ -351,25 +342,29 @@ absl::Status RunNeedle() {
           PrefillEngine::Footprint(model.model->config(), checked, p.prompt.tokens.size()).status());
     }
   }
+  return absl::OkStatus();
+}
 
-  // Cells in task, length, depth order.
+// Every trial, cells in task, length, depth order; a line on stderr after
+// each with --progress.
+absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuilder& builder,
+                                           NeedleHarness& harness, int64_t context) {
   std::vector<Cell> cells;
   Stopwatch total;
-  const size_t num_cells = tasks.size() * lengths.size() * depths.size();
-  for (NeedleTask task : tasks) {
+  const size_t num_cells = g.tasks.size() * g.lengths.size() * g.depths.size();
+  for (NeedleTask task : g.tasks) {
     const int64_t answer_tokens = InfoOf(task).answer_tokens;
-    for (int64_t length : lengths) {
-      for (size_t di = 0; di < depths.size(); ++di) {
+    for (int64_t length : g.lengths) {
+      for (size_t di = 0; di < g.depths.size(); ++di) {
         Cell cell;
         cell.task = task;
         cell.length = length;
-        cell.depth = depths[di];
-        for (int seed = first_seed; seed < seeds; ++seed) {
+        cell.depth = g.depths[di];
+        for (int seed = g.first_seed; seed < g.seeds; ++seed) {
           Trial t;
           t.seed = seed;
           t.plan = MakeNeedleTrial(task, length, di, cell.depth, seed);
-          SNAPFILL_ASSIGN_OR_RETURN(
-              NeedlePrompt p, builder.Build(length, builder.Offset(seed, seeds), t.plan));
+          SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, builder.Offset(seed, g.seeds), t.plan));
           t.placed = std::move(p.placed);
           t.tokens = p.prompt.tokens.size();
           Stopwatch watch;
@@ -377,20 +372,19 @@ absl::Status RunNeedle() {
                                     harness.AnswerCompressed(p.prompt.tokens, t.plan.question, answer_tokens));
           t.seconds = watch.Seconds();
           t.score = ScoreNeedleAnswer(t.plan, t.answer);
-          if (baseline && t.tokens + answer_tokens <= context) {
+          if (g.baseline && t.tokens + answer_tokens <= context) {
             Stopwatch base_watch;
-            SNAPFILL_ASSIGN_OR_RETURN(t.baseline_answer,
-                                      harness.AnswerFull(p.prompt.tokens, batch, answer_tokens));
+            SNAPFILL_ASSIGN_OR_RETURN(t.baseline_answer, harness.AnswerFull(p.prompt.tokens, g.batch, answer_tokens));
             t.baseline_seconds = base_watch.Seconds();
             t.baseline_run = true;
             t.baseline_score = ScoreNeedleAnswer(t.plan, t.baseline_answer);
           }
-          if (progress) {
+          if (g.progress) {
             std::fprintf(
                 stderr,
                 "[snapfill needle] %s cell %zu/%zu seed %d/%d: length %lld depth %.2f expects "
                 "%s -> %s%s (%.1f s) | %s\n",
-                InfoOf(task).name, cells.size() + 1, num_cells, seed + 1, seeds,
+                InfoOf(task).name, cells.size() + 1, num_cells, seed + 1, g.seeds,
                 (long long)t.tokens, cell.depth, absl::StrJoin(t.plan.expected, ",").c_str(),
                 t.score.found ? "found" : "missed",
                 t.baseline_run ? (t.baseline_score.found ? ", baseline found" : ", baseline missed")
@@ -403,36 +397,34 @@ absl::Status RunNeedle() {
       }
     }
   }
+  return cells;
+}
 
-  // Per task, the grid: rows are depths, columns lengths; "found/trials
-  // [baseline]".
-  const std::string label = ConfigLabel(config);
-  std::printf("needle: haystack %s (%lld tokens) | %s, window %lld, positions %s | %d seed%s\n",
-              input_path.c_str(), (long long)haystack_tokens, label.c_str(),
-              (long long)config.schedule.window,
-              config.keep_original_positions ? "original" : "re-encoded", seeds,
-              seeds == 1 ? "" : "s");
-  const size_t cells_per_task = lengths.size() * depths.size();
+// Per task, the grid: rows are depths, columns lengths; "found/trials
+// [baseline]", then the task's accuracy line. Returns each task's tally.
+std::vector<Tally> PrintGrid(const Grid& g, const std::vector<Cell>& cells, const std::string& label,
+                             int64_t context) {
+  const size_t cells_per_task = g.lengths.size() * g.depths.size();
   std::vector<Tally> task_tallies;
-  for (size_t ti = 0; ti < tasks.size(); ++ti) {
-    const NeedleTaskInfo& info = InfoOf(tasks[ti]);
+  for (size_t ti = 0; ti < g.tasks.size(); ++ti) {
+    const NeedleTaskInfo& info = InfoOf(g.tasks[ti]);
     const Cell* task_cells = &cells[ti * cells_per_task];
     std::printf("task %s | question \"%s\" | %lld greedy tokens | found: %s\n", info.name,
                 info.question, (long long)info.answer_tokens, info.found_when);
     std::printf("%-16s", "depth \\ length");
-    for (int64_t l : lengths) std::printf("%14lld", (long long)l);
+    for (int64_t l : g.lengths) std::printf("%14lld", (long long)l);
     std::printf("\n");
     Tally all;
-    for (size_t di = 0; di < depths.size(); ++di) {
-      std::printf("%-16.2f", depths[di]);
-      for (size_t li = 0; li < lengths.size(); ++li) {
+    for (size_t di = 0; di < g.depths.size(); ++di) {
+      std::printf("%-16.2f", g.depths[di]);
+      for (size_t li = 0; li < g.lengths.size(); ++li) {
         Tally c;
-        c.Add(task_cells[li * depths.size() + di]);
+        c.Add(task_cells[li * g.depths.size() + di]);
         const std::string base =
             c.base_runs > 0 ? absl::StrCat(" [", c.base_found, "/", c.base_runs, "]")
-                            : (baseline ? " [-]" : "");
+                            : (g.baseline ? " [-]" : "");
         std::printf("%14s", absl::StrCat(c.found, "/", c.trials, base).c_str());
-        all.Add(task_cells[li * depths.size() + di]);
+        all.Add(task_cells[li * g.depths.size() + di]);
       }
       std::printf("\n");
     }
@@ -448,18 +440,24 @@ absl::Status RunNeedle() {
         absl::StrAppend(&line, ", a distractor's value answered ", all.base_distractor, "/", all.base_runs);
       }
     }
-    if (baseline && all.base_runs < all.trials) {
+    if (g.baseline && all.base_runs < all.trials) {
       absl::StrAppend(&line, " | [-]: beyond the model's context of ", context);
     }
     absl::StrAppendFormat(&line, " | %.1f s", all.seconds);
     std::printf("%s\n", line.c_str());
     task_tallies.push_back(all);
   }
+  return task_tallies;
+}
 
+// The whole grid as --json writes it (and --png plots it).
+Json GridJson(const Grid& g, const std::vector<Cell>& cells, const std::vector<Tally>& task_tallies,
+              const LoadedModel& model, const PrefillConfig& config, const std::string& label,
+              int64_t haystack_tokens, int64_t context) {
   Json j;
   j["command"] = "needle";
   j["model"] = model.path;
-  j["input"] = input_path;
+  j["input"] = g.input_path;
   j["haystack_tokens"] = haystack_tokens;
   j["label"] = label;
   Json cfg = Json::parse(ConfigJson(config, "", 0), nullptr, /*allow_exceptions=*/false);
@@ -475,22 +473,22 @@ absl::Status RunNeedle() {
   }
   j["config"] = cfg.is_discarded() ? Json::object() : cfg;
   j["context_length"] = context;
-  if (tasks.size() == 1) {
-    j["question"] = InfoOf(tasks[0]).question;
-    j["needle"] = InfoOf(tasks[0]).needle;
-    j["answer_tokens"] = InfoOf(tasks[0]).answer_tokens;
+  if (g.tasks.size() == 1) {
+    j["question"] = InfoOf(g.tasks[0]).question;
+    j["needle"] = InfoOf(g.tasks[0]).needle;
+    j["answer_tokens"] = InfoOf(g.tasks[0]).answer_tokens;
   }
-  j["lengths"] = lengths;
-  j["depths"] = depths;
-  j["seeds"] = seeds;
-  j["first_seed"] = first_seed;
+  j["lengths"] = g.lengths;
+  j["depths"] = g.depths;
+  j["seeds"] = g.seeds;
+  j["first_seed"] = g.first_seed;
   Tally overall;
   for (const Cell& c : cells) overall.Add(c);
   j["accuracy"] = double(overall.found) / overall.trials;
   if (overall.base_runs > 0) j["baseline_accuracy"] = double(overall.base_found) / overall.base_runs;
   Json tasks_json = Json::array();
-  for (size_t ti = 0; ti < tasks.size(); ++ti) {
-    const NeedleTaskInfo& info = InfoOf(tasks[ti]);
+  for (size_t ti = 0; ti < g.tasks.size(); ++ti) {
+    const NeedleTaskInfo& info = InfoOf(g.tasks[ti]);
     Json jt = TallyJson(task_tallies[ti]);
     jt["task"] = info.name;
     jt["question"] = info.question;
@@ -514,14 +512,51 @@ absl::Status RunNeedle() {
     cells_json.push_back(std::move(jc));
   }
   j["cells"] = std::move(cells_json);
-  if (!json_path.empty()) {
-    std::ofstream out(json_path, std::ios::trunc);
+  return j;
+}
+
+}  // namespace
+
+absl::Status RunNeedle() {
+  SNAPFILL_ASSIGN_OR_RETURN(const Grid g, GridFromFlags());
+  if (!g.png.empty()) SNAPFILL_RETURN_IF_ERROR(CheckGnuplot());  // before hours of work
+  SNAPFILL_ASSIGN_OR_RETURN(PrefillConfig config, PrefillConfigFromFlags());
+  // As in ppl: the full pruner evicts nothing; its chunks are --chunk each.
+  if (config.pruner.kind == PrunerKind::kFull) config.schedule.kind = ScheduleKind::kFixed;
+  SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(g.input_path));
+  LoadedModel& model = in.model;
+  SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/absl::GetFlag(FLAGS_query_aware)));
+  std::vector<int32_t> haystack = model.tokenizer->Encode(in.text, false, false);
+  in.text.clear();
+  in.text.shrink_to_fit();
+  if (haystack.size() < static_cast<size_t>(NeedlePromptBuilder::kMinHaystackPerNeedle)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--input ", g.input_path, " has ", haystack.size(),
+        " tokens; the haystack needs at least ", NeedlePromptBuilder::kMinHaystackPerNeedle));
+  }
+  const int64_t context = model.model->config().context_length;
+  const NeedlePromptBuilder builder(*model.tokenizer, model.chat_template, std::move(haystack),
+                                    absl::GetFlag(FLAGS_system));
+  NeedleHarness harness(model, in.backend.get(), config);
+  SNAPFILL_RETURN_IF_ERROR(CheckCells(g, builder, model, config));
+  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<Cell> cells, RunCells(g, builder, harness, context));
+
+  const std::string label = ConfigLabel(config);
+  std::printf("needle: haystack %s (%lld tokens) | %s, window %lld, positions %s | %d seed%s\n",
+              g.input_path.c_str(), (long long)builder.haystack_tokens(), label.c_str(),
+              (long long)config.schedule.window,
+              config.keep_original_positions ? "original" : "re-encoded", g.seeds,
+              g.seeds == 1 ? "" : "s");
+  const std::vector<Tally> task_tallies = PrintGrid(g, cells, label, context);
+  const Json j = GridJson(g, cells, task_tallies, model, config, label, builder.haystack_tokens(), context);
+  if (!g.json_path.empty()) {
+    std::ofstream out(g.json_path, std::ios::trunc);
     out << j.dump(1, ' ', false, Json::error_handler_t::replace) << "\n";
     out.close();
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("--json ", json_path, ": cannot write"));
+    if (!out) return absl::PermissionDeniedError(absl::StrCat("--json ", g.json_path, ": cannot write"));
   }
-  if (!png.empty()) {
-    SNAPFILL_ASSIGN_OR_RETURN(std::vector<std::string> maps, PlotNeedleJson(j, png));
+  if (!g.png.empty()) {
+    SNAPFILL_ASSIGN_OR_RETURN(std::vector<std::string> maps, PlotNeedleJson(j, g.png));
     for (const std::string& m : maps) std::printf("%s\n", m.c_str());
   }
   return absl::OkStatus();
