@@ -1,7 +1,6 @@
 // The CPU backend's selection ops against their scalar twins, its gathers
 // against plain loops, its checks of their arguments, and the kernels'
 // process-wide choices it makes (ConfigureCpuKernels).
-#include <dirent.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +15,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
+#include "tests/testing/files.h"
 #include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 
@@ -297,15 +297,8 @@ TEST(CpuBackendOps, MeasureCpuKernelsTimesBothOps) {
   EXPECT_NE(CpuIdentity().find(cpu::CpuLevelName(cpu::MaxCpuLevel())), std::string::npos) << CpuIdentity();
 }
 
-// The threads of this process now (/proc/self/task).
-int ProcessThreads() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
+// The threads of this process now.
+int ProcessThreads() { return static_cast<int>(testing::ListDir("/proc/self/task").size()); }
 
 // A backend's kernels run on threads of its own, as many as it was made
 // with (whatever OpenMP's count), which end with it; the buffers its

@@ -8,7 +8,6 @@
 // take what a held-back thread left.
 #include "kernels/cpu/spin_team.h"
 
-#include <dirent.h>
 #include <omp.h>
 #include <sched.h>
 #include <sys/wait.h>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/files.h"
 #include "kernels/cpu/ops.h"
 
 namespace snapfill::cpu::internal {
@@ -234,15 +234,8 @@ TEST(SpinTeamTest, OneThreadRunsOnTheCaller) {
   EXPECT_TRUE(ok);
 }
 
-// The threads of this process now (/proc/self/task).
-int ProcessThreads() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
+// The threads of this process now.
+int ProcessThreads() { return static_cast<int>(testing::ListDir("/proc/self/task").size()); }
 
 // A backend's own team: its size is what it was made with, whatever
 // OpenMP's count; its threads start on the first run that wants them and
@@ -312,7 +305,9 @@ TEST(SpinTeamTest, ScratchBelongsToTheTeamsThreads) {
   }
   EXPECT_EQ(&CurrentScratch(), outside);
   EXPECT_NE(seen[0], nullptr);
-  if (seen[1] != nullptr) EXPECT_NE(seen[0], seen[1]);
+  if (seen[1] != nullptr) {
+    EXPECT_NE(seen[0], seen[1]);
+  }
   EXPECT_GE(team.ScratchBytes(), 3000 * sizeof(float));
   EXPECT_EQ(outside->bytes(), 0u);
   team.ReleaseScratch();

@@ -506,7 +506,6 @@ absl::StatusOr<Measured> MeasureConfig(const Config& c, int reps, const std::str
 // Decoding over a full cache of the input's first `full_tokens` tokens.
 absl::StatusOr<Measured> MeasureFullCache(const std::vector<std::string>& common, int64_t full_tokens, int reps,
                                           const std::string& work, const DecodeBytes& bytes) {
-  Measured full;
   Config c;
   c.label = absl::StrCat("full ", full_tokens);
   c.args = common;
@@ -515,19 +514,7 @@ absl::StatusOr<Measured> MeasureFullCache(const std::vector<std::string>& common
     if (a.rfind("--pruner=", 0) == 0) a = "--pruner=full";
   }
   c.args.push_back("--chunk=1024");
-  full.config = c;
-  auto step_bytes = [&](int64_t entries) { return bytes.Step(entries); };
-  for (int rep = 0; rep < reps; ++rep) {
-    std::fprintf(stderr, "[bench] %s, run %d/%d\n", c.label.c_str(), rep + 1, reps);
-    SNAPFILL_ASSIGN_OR_RETURN(auto result, RunChild(c.args, work));
-    const Json& j = result.first;
-    full.ttft.push_back(j.value("ttft_seconds", 0.0));
-    AddDecode(j, full, step_bytes);
-    full.cache_entries = j.value("cache_entries", int64_t{0});
-    full.input_tokens = j.value("input_tokens", int64_t{0});
-    full.peak_rss = std::max(full.peak_rss, result.second);
-  }
-  return full;
+  return MeasureConfig(c, reps, work, bytes);
 }
 
 bool IsFm(const Measured& m) { return m.config.label == "fm" || absl::StartsWith(m.config.label, "fm@"); }
