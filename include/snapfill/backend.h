@@ -99,6 +99,11 @@ struct BackendOptions {
   // about 10% faster decode over a compressed cache of 1,155 entries, 25-50%
   // over a full 8K cache (docs/history/BENCHMARKS-log.md).
   bool half_decode_kv = false;
+  // For tests: the CPU backend's buffers (NewBuffer) can be read and
+  // written only while one of its ops runs, and fault otherwise, as a
+  // device's memory would be out of the host's reach: code that touches
+  // them other than through the backend fails at once.
+  bool guard_buffers = false;
 
   // The CPU kernels' choices. They hold for the whole process: the first
   // backend that names one fixes it, and a later backend may leave it (the
@@ -241,6 +246,24 @@ struct RopeSpec {
   float freq_scale = 1.0f;
   bool neox = false;
   const float* freq_factors = nullptr;
+};
+
+// Memory that a backend's ops read and write: the host's on the CPU, the
+// device's where a backend computes on one (there the host reaches it only
+// through Backend::Download and Upload, or through ops). The forward pass
+// keeps its activations in these (LlamaForward), so that they can stay
+// where the backend computes. Made by Backend::NewBuffer; zeros at first.
+class BackendBuffer {
+ public:
+  virtual ~BackendBuffer() = default;
+  // The buffer's address for the backend's ops (a device address on a
+  // device), or null for an empty buffer.
+  virtual void* data() = 0;
+  float* f32() { return static_cast<float*>(data()); }
+  virtual uint64_t bytes() const = 0;
+  // The bytes from `offset` on go back (zeros when next read): the pages
+  // a smaller batch no longer writes leave the resident set.
+  virtual void ReleaseFrom(uint64_t offset) = 0;
 };
 
 class Backend {
@@ -462,6 +485,24 @@ class Backend {
     size_t row_bytes = 0;
   };
   virtual absl::Status Gather(const std::vector<RowGather>& gathers);
+  // Memory for the backend's ops (BackendBuffer). The base class maps host
+  // pages, which become resident as they are written; ResourceExhausted
+  // where the mapping cannot be made.
+  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes);
+  // Copies between the backend's memory (a BackendBuffer's bytes) and the
+  // host's. The base class: memcpy.
+  virtual absl::Status Download(const void* src, void* host, uint64_t bytes);
+  virtual absl::Status Upload(const void* host, void* dst, uint64_t bytes);
+  // Element-wise ops of the forward pass: x[i] += y[i] for i < n (the
+  // residual stream where no product adds into it); x[r, i] += bias[i] for
+  // rows r < rows and i < dim, rows `stride` floats apart (Qwen's Q/K/V
+  // biases; the bias in host memory); and x[i] *= s for i < n (Gemma's
+  // embedding scale). The base class runs them on the host, over
+  // ParallelFor where there are more than 64 Ki values (a parallel region
+  // costs more than a smaller add).
+  virtual absl::Status Add(float* x, const float* y, int64_t n);
+  virtual absl::Status AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim);
+  virtual absl::Status Scale(float* x, int64_t n, float s);
   enum class PoolOp { kAvg, kMax };
   virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
   virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/base/file_util.h"
+#include "src/base/paged_array.h"
 #include "src/base/sys_stats.h"
 #include "src/backend/backend_common.h"
 #include "kernels/cpu/cpu_variants.h"
@@ -33,23 +34,6 @@
 namespace snapfill {
 namespace {
 
-// While in scope: the kernels run on the backend's team, and the wall time
-// of one op kind accumulates (when profiling).
-class OpTimer {
- public:
-  OpTimer(cpu::ThreadTeam& team, bool on, double* seconds, int64_t* calls)
-      : bound_(team), seconds_(on ? seconds : nullptr) {
-    if (on) ++*calls;
-  }
-  ~OpTimer() {
-    if (seconds_ != nullptr) *seconds_ += watch_.Seconds();
-  }
-
- private:
-  const cpu::ThreadTeam::Scope bound_;
-  double* seconds_;
-  Stopwatch watch_;
-};
 
 enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kNumOps };
 constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
@@ -83,10 +67,109 @@ void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
   }
 }
 
+// Host pages (the base class's buffers).
+struct HostBuffer final : BackendBuffer {
+  PagedArray<uint8_t> pages;
+  void* data() override { return pages.data(); }
+  uint64_t bytes() const override { return pages.size(); }
+  void ReleaseFrom(uint64_t offset) override { pages.ReleaseFrom(offset); }
+};
+
+// BackendOptions::guard_buffers: the buffers' pages are PROT_NONE except
+// while an op runs (Open/Close, nested ops counted), so a host access from
+// outside the backend faults.
+class BufferGuard {
+ public:
+  // A buffer made guarded; it leaves the list when destroyed.
+  class Buffer final : public BackendBuffer {
+   public:
+    Buffer(BufferGuard* guard, PagedArray<uint8_t> pages) : guard_(guard), pages_(std::move(pages)) {
+      guard_->Add(this);
+    }
+    ~Buffer() override { guard_->Remove(this); }
+    void* data() override { return pages_.data(); }
+    uint64_t bytes() const override { return pages_.size(); }
+    void ReleaseFrom(uint64_t offset) override { pages_.ReleaseFrom(offset); }
+    void Protect(bool open) {
+      if (pages_.size() > 0) mprotect(pages_.data(), pages_.size(), open ? PROT_READ | PROT_WRITE : PROT_NONE);
+    }
+
+   private:
+    BufferGuard* guard_;
+    PagedArray<uint8_t> pages_;
+  };
+
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (depth_++ == 0) {
+      for (Buffer* b : buffers_) b->Protect(true);
+    }
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--depth_ == 0) {
+      for (Buffer* b : buffers_) b->Protect(false);
+    }
+  }
+
+ private:
+  void Add(Buffer* b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.push_back(b);
+    b->Protect(depth_ > 0);
+  }
+  void Remove(Buffer* b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    b->Protect(true);  // (munmap does not care; a reuse of the address range would)
+    buffers_.erase(std::find(buffers_.begin(), buffers_.end(), b));
+  }
+
+  std::mutex mu_;
+  int depth_ = 0;
+  std::vector<Buffer*> buffers_;
+};
+
+// While an op runs: its kernels on the backend's team, and its buffers
+// open where they are guarded.
+class OpScope {
+ public:
+  OpScope(cpu::ThreadTeam& team, BufferGuard* guard) : bound_(team), guard_(guard) {
+    if (guard_ != nullptr) guard_->Open();
+  }
+  ~OpScope() {
+    if (guard_ != nullptr) guard_->Close();
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  const cpu::ThreadTeam::Scope bound_;
+  BufferGuard* guard_;
+};
+
+// An op's scope, and the wall time of its kind accumulated (when profiling).
+class OpTimer {
+ public:
+  OpTimer(cpu::ThreadTeam& team, BufferGuard* guard, bool on, double* seconds, int64_t* calls)
+      : scope_(team, guard), seconds_(on ? seconds : nullptr) {
+    if (on) ++*calls;
+  }
+  ~OpTimer() {
+    if (seconds_ != nullptr) *seconds_ += watch_.Seconds();
+  }
+
+ private:
+  const OpScope scope_;
+  double* seconds_;
+  Stopwatch watch_;
+};
+
 class CpuBackend final : public Backend, public BackendProfile {
  public:
-  CpuBackend(std::unique_ptr<cpu::ThreadTeam> team, bool exact, bool profile, bool pack_decode, bool half_kv)
+  CpuBackend(std::unique_ptr<cpu::ThreadTeam> team, bool exact, bool profile, bool pack_decode, bool half_kv,
+             bool guard_buffers)
       : team_(std::move(team)),
+        guard_(guard_buffers ? std::make_unique<BufferGuard>() : nullptr),
         num_threads_(team_->threads()),
         exact_(exact),
         profile_(profile),
@@ -95,12 +178,40 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   bool HalfDecodeKv() const override { return half_kv_; }
   void ToHalf(const float* x, uint16_t* y, int64_t n) override {
-    const cpu::ThreadTeam::Scope bound(*team_);
+    const OpScope op(*team_, guard_.get());
     cpu::ToFp16(x, y, n);
   }
   void FromHalf(const uint16_t* x, float* y, int64_t n) override {
-    const cpu::ThreadTeam::Scope bound(*team_);
+    const OpScope op(*team_, guard_.get());
     cpu::FromFp16(x, y, n);
+  }
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
+    if (guard_ == nullptr) return Backend::NewBuffer(bytes);
+    PagedArray<uint8_t> pages;
+    if (!pages.Allocate(bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes for a buffer"));
+    }
+    return std::unique_ptr<BackendBuffer>(new BufferGuard::Buffer(guard_.get(), std::move(pages)));
+  }
+  absl::Status Download(const void* src, void* host, uint64_t bytes) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Download(src, host, bytes);
+  }
+  absl::Status Upload(const void* host, void* dst, uint64_t bytes) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Upload(host, dst, bytes);
+  }
+  absl::Status Add(float* x, const float* y, int64_t n) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Add(x, y, n);
+  }
+  absl::Status AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::AddRows(x, stride, bias, rows, dim);
+  }
+  absl::Status Scale(float* x, int64_t n, float s) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Scale(x, n, s);
   }
   uint64_t KernelScratchBytes() const override { return team_->ScratchBytes(); }
   void ReleaseKernelScratch() override { team_->ReleaseScratch(); }
@@ -144,6 +255,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   // the other threads costs more than the copy).
   absl::Status Gather(const std::vector<RowGather>& gathers) override {
     SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
+    const OpScope op(*team_, guard_.get());
     uint64_t bytes = 0;
     for (const RowGather& r : gathers) bytes += static_cast<uint64_t>(r.count) * r.row_bytes;
     const int64_t parts = bytes >= (64u << 10) ? std::max(1, num_threads_) : 1;
@@ -154,7 +266,6 @@ class CpuBackend final : public Backend, public BackendProfile {
       GatherRows(r, r.count * part / parts, r.count * (part + 1) / parts);
     };
     if (parts > 1) {
-      const cpu::ThreadTeam::Scope bound(*team_);
       ParallelFor(items, item);
     } else {
       for (int64_t i = 0; i < items; ++i) item(i);
@@ -258,7 +369,7 @@ class CpuBackend final : public Backend, public BackendProfile {
       shared = outs[c].w->type == outs[0].w->type && outs[c].w->cols == outs[0].w->cols;
     }
     if (!shared) return Backend::MatMulShared(x, m, x_stride, outs, count);
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     ++epoch_;  // a batch (see MatMul)
     cpu::MatMulOut co[8];
     for (int c = 0; c < count; ++c) {
@@ -278,7 +389,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     for (int c = 0; c < count; ++c) {
       SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, 1, *outs[c].w, outs[c].y_stride));
     }
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     cpu::DecodeOut co[8];
     bool shared = true;
     for (int c = 0; c < count; ++c) {
@@ -309,7 +420,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status MatMul(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                       int64_t y_stride) override {
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     if (m == 0) return absl::OkStatus();
     CountMatMul(w, m);
@@ -345,7 +456,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status GetRows(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                        int64_t out_stride) override {
-    OpTimer timer(*team_, profile_, &seconds_[kGetRows], &calls_[kGetRows]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kGetRows], &calls_[kGetRows]);
     if (out_stride < table.cols) return absl::InvalidArgumentError("get_rows: out_stride < cols");
     for (int64_t i = 0; i < n; ++i) {
       if (ids[i] < 0 || ids[i] >= table.rows) {
@@ -371,7 +482,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y,
                        int64_t y_stride, int64_t rows, int64_t dim, float eps) override {
-    OpTimer timer(*team_, profile_, &seconds_[kRmsNorm], &calls_[kRmsNorm]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kRmsNorm], &calls_[kRmsNorm]);
     if (x_stride < dim || y_stride < dim) return absl::InvalidArgumentError("rms_norm: stride < dim");
     cpu::RmsNorm(x, x_stride, weight, y, y_stride, rows, dim, eps);
     return absl::OkStatus();
@@ -400,7 +511,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim,
                     int64_t token_stride, const int32_t* pos, const RopeSpec& r) override {
-    OpTimer timer(*team_, profile_, &seconds_[kRope], &calls_[kRope]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kRope], &calls_[kRope]);
     if (r.rot_dim > head_dim || r.rot_dim % 2 != 0 || token_stride < num_heads * head_dim) {
       return absl::InvalidArgumentError(absl::StrCat("rope: rot_dim=", r.rot_dim,
                                                      " head_dim=", head_dim));
@@ -411,12 +522,12 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
-    OpTimer timer(*team_, profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::GeluGlu(gate, up, out, n);
     return absl::OkStatus();
   }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
-    OpTimer timer(*team_, profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kSwiGlu], &calls_[kSwiGlu]);
     cpu::SwiGlu(gate, up, out, n);
     return absl::OkStatus();
   }
@@ -432,7 +543,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
                          int64_t y_stride) override {
     if (!FusesResidualAdd(w, m)) return Backend::MatMulAdd(x, m, x_stride, w, y, y_stride);
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
     CountMatMul(w, m);
@@ -443,7 +554,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride, const WeightView& w,
                             float* y, int64_t y_stride, bool add) override {
     if (!FusesResidualAdd(w, m)) return Backend::SwiGluMatMul(gate, up, m, x_stride, w, y, y_stride, add);
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, w, y_stride));
     ++epoch_;  // a batch, as in MatMul
     CountMatMul(w, m);
@@ -459,7 +570,7 @@ class CpuBackend final : public Backend, public BackendProfile {
                            int64_t y_stride, bool add) override {
     const WeightView &gate = *f.gate, &up = *f.up, &down = *f.down;
     if (!FeedForwardFused(gate, up, down, m, add)) return Backend::FeedForward(x, m, x_stride, f, y, y_stride, add);
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, gate, f.buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(x_stride, m, up, f.buf_stride));
     SNAPFILL_RETURN_IF_ERROR(CheckMatMul(down.cols, m, down, y_stride));
@@ -485,7 +596,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     if (norm.weight == nullptr || !NormSharedFused(ws, count, m)) {
       return Backend::NormMatMulShared(x, m, x_stride, norm, outs, count);
     }
-    OpTimer timer(*team_, profile_, &seconds_[kMatMul], &calls_[kMatMul]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kMatMul], &calls_[kMatMul]);
     cpu::MatMulOut co[8];
     for (int c = 0; c < count; ++c) {
       const WeightView& w = *outs[c].w;
@@ -523,7 +634,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
-    OpTimer timer(*team_, profile_, &seconds_[kAttention], &calls_[kAttention]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kAttention], &calls_[kAttention]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: stride smaller than a row");
     if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys, q.window);
@@ -543,7 +654,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
-    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("window_scores", q, kv, /*causal=*/true));
     if (votes_stride < kv.num_keys) return absl::InvalidArgumentError("window_scores: votes stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
@@ -553,7 +664,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
-    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("query_log_sum_exp", q, kv, /*causal=*/true));
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys);
     cpu::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
@@ -563,7 +674,7 @@ class CpuBackend final : public Backend, public BackendProfile {
 
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
                             int64_t scores_stride, bool max_weight) override {
-    OpTimer timer(*team_, profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
+    OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kWindowScores], &calls_[kWindowScores]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
     if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * keys.num_keys;
@@ -695,6 +806,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   // The kernels' threads and scratch (first: the other members' kernels'
   // buffers may be freed with it).
   std::unique_ptr<cpu::ThreadTeam> team_;
+  std::unique_ptr<BufferGuard> guard_;  // BackendOptions::guard_buffers
   int num_threads_;
   bool exact_;
   bool profile_;
@@ -732,6 +844,56 @@ std::vector<bool> Backend::PrepareWeights(const std::vector<const WeightView*>& 
 absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
   SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
   for (const RowGather& r : gathers) GatherRows(r, 0, r.count);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewBuffer(uint64_t bytes) {
+  auto buffer = std::make_unique<HostBuffer>();
+  if (!buffer->pages.Allocate(bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes for a buffer"));
+  }
+  return std::unique_ptr<BackendBuffer>(std::move(buffer));
+}
+
+absl::Status Backend::Download(const void* src, void* host, uint64_t bytes) {
+  if (bytes > 0) std::memcpy(host, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::Upload(const void* host, void* dst, uint64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Backend::Add(float* x, const float* y, int64_t n) {
+  constexpr int64_t kPiece = 65536;
+  auto add = [&](int64_t p) {
+    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] += y[i];
+  };
+  if (n <= kPiece) {
+    add(0);
+  } else {
+    ParallelFor((n + kPiece - 1) / kPiece, add);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) {
+  constexpr int64_t kRowsPerPiece = 64;
+  ParallelFor((rows + kRowsPerPiece - 1) / kRowsPerPiece, [&](int64_t p) {
+    for (int64_t r = p * kRowsPerPiece; r < std::min(rows, (p + 1) * kRowsPerPiece); ++r) {
+      float* xr = x + r * stride;
+      for (int64_t i = 0; i < dim; ++i) xr[i] += bias[i];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Backend::Scale(float* x, int64_t n, float s) {
+  constexpr int64_t kPiece = 65536;
+  ParallelFor((n + kPiece - 1) / kPiece, [&](int64_t p) {
+    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] *= s;
+  });
   return absl::OkStatus();
 }
 
@@ -979,7 +1141,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(Device device,
     SNAPFILL_RETURN_IF_ERROR(ConfigureCpuKernels(options));
   }
   return std::unique_ptr<Backend>(new CpuBackend(std::move(team), options.exact_matmul, options.profile,
-                                                 options.pack_decode_weights, options.half_decode_kv));
+                                                 options.pack_decode_weights, options.half_decode_kv,
+                                                 options.guard_buffers));
 }
 
 }  // namespace snapfill

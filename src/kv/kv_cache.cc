@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
 #include "src/base/half.h"
 
 namespace snapfill {
@@ -172,27 +173,36 @@ KvView KvCache::HalfView(int64_t layer, int64_t num_keys) const {
   return view;
 }
 
-absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
-                             int64_t stride, const int32_t* positions) {
+absl::StatusOr<KvCache::Slots> KvCache::AppendSlots(int64_t layer, int64_t n, const int32_t* positions) {
   const int64_t start = sizes_[layer];
   if (start + n > capacity(layer)) {
     return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, ": ", start, " + ", n,
                                               " entries exceed capacity ", capacity(layer)));
   }
   const int64_t d = shape_.head_dim;
+  Slots slots;
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
     // (Past the entries the fp16 copy holds: no need to drop it.)
-    float* kd = k_.data() + Offset(layer, h) + start * d;
-    float* vd = v_.data() + Offset(layer, h) + start * d;
+    slots.k.push_back(k_.data() + Offset(layer, h) + start * d);
+    slots.v.push_back(v_.data() + Offset(layer, h) + start * d);
     int32_t* pd = pos(layer, h) + start;
-    for (int64_t t = 0; t < n; ++t) {
-      std::memcpy(kd + t * d, k_rows + t * stride + h * d, d * sizeof(float));
-      std::memcpy(vd + t * d, v_rows + t * stride + h * d, d * sizeof(float));
-      pd[t] = positions != nullptr ? positions[t] : static_cast<int32_t>(start + t);
-    }
+    for (int64_t t = 0; t < n; ++t) pd[t] = positions != nullptr ? positions[t] : static_cast<int32_t>(start + t);
     if (has_scores()) std::fill(score(layer, h) + start, score(layer, h) + start + n, 0.0f);
   }
   sizes_[layer] = start + n;
+  return slots;
+}
+
+absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
+                             int64_t stride, const int32_t* positions) {
+  SNAPFILL_ASSIGN_OR_RETURN(const Slots slots, AppendSlots(layer, n, positions));
+  const int64_t d = shape_.head_dim;
+  for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(slots.k[h] + t * d, k_rows + t * stride + h * d, d * sizeof(float));
+      std::memcpy(slots.v[h] + t * d, v_rows + t * stride + h * d, d * sizeof(float));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
 #include "src/base/paged_array.h"
@@ -140,10 +141,19 @@ class KvCache {
     if (released_[layer] > 0) WidenReleased(layer);
   }
 
-  // Writes n tokens' K and V (token-major [n, num_kv_heads, head_dim] with
-  // token stride `stride` floats) and their positions at entries
-  // [size, size + n) of `layer` and grows its size. OutOfRange if that
-  // passes capacity.
+  // Takes entries [size, size + n) of `layer` for n new tokens: writes their
+  // positions (positions[t], or size + t where null) and zero scores, grows
+  // the size, and returns where each KV head's first new key and value go
+  // (num_kv_heads of each; head_dim floats an entry), for the caller to
+  // write (LlamaForward copies them from its activations through the
+  // backend). OutOfRange if that passes capacity.
+  struct Slots {
+    absl::InlinedVector<float*, 8> k, v;  // (no allocation for up to 8 KV heads: decode appends every step)
+  };
+  absl::StatusOr<Slots> AppendSlots(int64_t layer, int64_t n, const int32_t* positions);
+  // AppendSlots, then the K and V copied there from token-major rows
+  // ([n, num_kv_heads, head_dim], token stride `stride` floats) in host
+  // memory.
   absl::Status Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
                       int64_t stride, const int32_t* positions);
 

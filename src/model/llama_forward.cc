@@ -10,41 +10,6 @@
 namespace snapfill {
 namespace {
 
-// x[r, :] += y[r, :] for rows × dim: on the backend's threads in pieces of
-// 64 Ki values where there are more (a parallel region costs more than a
-// smaller add).
-void AddInPlace(Backend& b, float* x, const float* y, int64_t rows, int64_t dim) {
-  constexpr int64_t kPiece = 65536;
-  const int64_t n = rows * dim;
-  auto add = [&](int64_t p) {
-    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] += y[i];
-  };
-  if (n <= kPiece) {
-    add(0);
-    return;
-  }
-  b.ParallelFor((n + kPiece - 1) / kPiece, add);
-}
-
-// x[r, :] += bias for rows × dim (x rows `stride` floats apart).
-void AddBias(Backend& b, float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) {
-  constexpr int64_t kRowsPerPiece = 64;
-  b.ParallelFor((rows + kRowsPerPiece - 1) / kRowsPerPiece, [&](int64_t p) {
-    for (int64_t r = p * kRowsPerPiece; r < std::min(rows, (p + 1) * kRowsPerPiece); ++r) {
-      float* xr = x + r * stride;
-      for (int64_t i = 0; i < dim; ++i) xr[i] += bias[i];
-    }
-  });
-}
-
-// x[i] *= s for n values (Gemma's embedding scale).
-void ScaleInPlace(Backend& b, float* x, int64_t n, float s) {
-  constexpr int64_t kPiece = 65536;
-  b.ParallelFor((n + kPiece - 1) / kPiece, [&](int64_t p) {
-    for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] *= s;
-  });
-}
-
 uint64_t Bytes(const WeightView& w) { return static_cast<uint64_t>(w.rows) * w.row_bytes; }
 
 }  // namespace
@@ -61,16 +26,20 @@ absl::StatusOr<std::unique_ptr<LlamaForward>> LlamaForward::Create(const LlamaMo
   }
   std::unique_ptr<LlamaForward> f(new LlamaForward(model, backend, max_tokens));
   const LlamaConfig& c = model.config();
-  const bool ok = f->x_.Allocate(max_tokens * c.model_dim) &&
-                  f->xn_.Allocate(max_tokens * c.model_dim) &&
-                  f->q_.Allocate(max_tokens * c.num_heads * c.head_dim) &&
-                  f->attn_.Allocate(max_tokens * c.num_heads * c.head_dim) &&
-                  f->k_.Allocate(max_tokens * c.num_kv_heads * c.head_dim) &&
-                  f->v_.Allocate(max_tokens * c.num_kv_heads * c.head_dim) &&
-                  f->gate_.Allocate(max_tokens * c.ffn_dim) && f->up_.Allocate(max_tokens * c.ffn_dim);
-  if (!ok) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate activations for ",
-                                                     max_tokens, " tokens"));
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  // In the backend's memory (a device's, where it computes on one): only
+  // the backend's ops touch them.
+  const std::pair<std::unique_ptr<BackendBuffer>*, int64_t> buffers[] = {
+      {&f->x_, c.model_dim}, {&f->xn_, c.model_dim}, {&f->q_, qd},         {&f->attn_, qd},
+      {&f->k_, kvd},         {&f->v_, kvd},          {&f->gate_, c.ffn_dim}, {&f->up_, c.ffn_dim}};
+  for (const auto& [buffer, width] : buffers) {
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> b =
+        backend->NewBuffer(static_cast<uint64_t>(max_tokens * width) * sizeof(float));
+    if (!b.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate activations for ", max_tokens,
+                                                       " tokens: ", b.status().message()));
+    }
+    *buffer = std::move(*b);
   }
   return f;
 }
@@ -101,21 +70,21 @@ void LlamaForward::ReleaseRowsFrom(int64_t rows) {
   }
   const LlamaConfig& c = model_.config();
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-  x_.ReleaseFrom(rows * c.model_dim);
-  xn_.ReleaseFrom(rows * c.model_dim);
-  q_.ReleaseFrom(rows * qd);
-  attn_.ReleaseFrom(rows * qd);
-  k_.ReleaseFrom(rows * kvd);
-  v_.ReleaseFrom(rows * kvd);
-  gate_.ReleaseFrom(rows * c.ffn_dim);
-  up_.ReleaseFrom(rows * c.ffn_dim);
+  constexpr uint64_t f = sizeof(float);
+  x_->ReleaseFrom(rows * c.model_dim * f);
+  xn_->ReleaseFrom(rows * c.model_dim * f);
+  q_->ReleaseFrom(rows * qd * f);
+  attn_->ReleaseFrom(rows * qd * f);
+  k_->ReleaseFrom(rows * kvd * f);
+  v_->ReleaseFrom(rows * kvd * f);
+  gate_->ReleaseFrom(rows * c.ffn_dim * f);
+  up_->ReleaseFrom(rows * c.ffn_dim * f);
   touched_rows_ = rows;
 }
 
 uint64_t LlamaForward::scratch_bytes() const {
-  return (x_.size() + xn_.size() + q_.size() + attn_.size() + k_.size() + v_.size() +
-          gate_.size() + up_.size()) *
-         sizeof(float);
+  return x_->bytes() + xn_->bytes() + q_->bytes() + attn_->bytes() + k_->bytes() + v_->bytes() + gate_->bytes() +
+         up_->bytes();
 }
 
 absl::StatusOr<std::unique_ptr<KvCache>> LlamaForward::NewKvCache(int64_t capacity) const {
@@ -218,7 +187,16 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
                     int64_t n, int64_t out_rows, float* out) -> absl::Status {
     SNAPFILL_RETURN_IF_ERROR(b.Rope(q, n, c.num_heads, c.head_dim, q_stride, pos, c.rope(l)));
     SNAPFILL_RETURN_IF_ERROR(b.Rope(k, n, c.num_kv_heads, c.head_dim, kv_stride, pos, c.rope(l)));
-    SNAPFILL_RETURN_IF_ERROR(kv.Append(l, k, v, n, kv_stride, pos));
+    // The new entries' K and V, copied from the activations by the backend.
+    SNAPFILL_ASSIGN_OR_RETURN(const KvCache::Slots slots, kv.AppendSlots(l, n, pos));
+    const size_t row = c.head_dim * sizeof(float), stride = kv_stride * sizeof(float);
+    std::vector<Backend::RowGather>& copies = kv_copies_;  // (its capacity kept from step to step)
+    copies.clear();
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      copies.push_back({k + h * c.head_dim, stride, nullptr, slots.k[h], row, n, row});
+      copies.push_back({v + h * c.head_dim, stride, nullptr, slots.v[h], row, n, row});
+    }
+    SNAPFILL_RETURN_IF_ERROR(b.Gather(copies));
     bool half = false;
     if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow()) {
       // Decode reads the fp16 copy, which replaces the f32 entries: the
@@ -279,9 +257,9 @@ absl::Status LlamaForward::BatchLogits(int64_t first, int64_t rows, float* logit
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.model_dim;
   Backend& b = *backend_;
-  SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_.data() + first * dim, dim, model_.output_norm(),
-                                     xn_.data(), dim, rows, dim, c.rms_eps));
-  return b.MatMul(xn_.data(), rows, dim, model_.output(), logits, c.vocab_size);
+  SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x_->f32() + first * dim, dim, model_.output_norm(),
+                                     xn_->f32(), dim, rows, dim, c.rms_eps));
+  return b.MatMul(xn_->f32(), rows, dim, model_.output(), logits, c.vocab_size);
 }
 
 template <typename Attend>
@@ -298,8 +276,8 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
   }
   ReleaseRowsFrom(n);
 
-  SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_.data(), dim));
-  if (c.embedding_scale > 0) ScaleInPlace(b, x_.data(), n * dim, c.embedding_scale);
+  SNAPFILL_RETURN_IF_ERROR(b.GetRows(model_.token_embd(), tokens, n, x_->f32(), dim));
+  if (c.embedding_scale > 0) SNAPFILL_RETURN_IF_ERROR(b.Scale(x_->f32(), n * dim, c.embedding_scale));
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = model_.layer(l);
@@ -307,59 +285,59 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     // stream the previous one wrote.
     // Q, K and V of the normalized rows (the norm folded into the products'
     // reading of x where the backend does that; else through xn).
-    const Backend::SharedOut qkv[3] = {{&w.wq, q_.data(), q_dim}, {&w.wk, k_.data(), kv_dim},
-                                       {&w.wv, v_.data(), kv_dim}};
+    const Backend::SharedOut qkv[3] = {{&w.wq, q_->f32(), q_dim}, {&w.wk, k_->f32(), kv_dim},
+                                       {&w.wv, v_->f32(), kv_dim}};
     SNAPFILL_RETURN_IF_ERROR(
-        b.NormMatMulShared(x_.data(), n, dim, Backend::Norm{w.attn_norm, c.rms_eps, xn_.data(), dim}, qkv, 3));
+        b.NormMatMulShared(x_->f32(), n, dim, Backend::Norm{w.attn_norm, c.rms_eps, xn_->f32(), dim}, qkv, 3));
     // Qwen's and Gemma's variations, before RoPE (the attention step's
     // input): biases, then an RMSNorm over each head of Q and K (in place:
     // each row of head_dim floats, the heads of a token contiguous).
     if (c.qkv_bias) {
-      AddBias(b, q_.data(), q_dim, w.bq, n, q_dim);
-      AddBias(b, k_.data(), kv_dim, w.bk, n, kv_dim);
-      AddBias(b, v_.data(), kv_dim, w.bv, n, kv_dim);
+      SNAPFILL_RETURN_IF_ERROR(b.AddRows(q_->f32(), q_dim, w.bq, n, q_dim));
+      SNAPFILL_RETURN_IF_ERROR(b.AddRows(k_->f32(), kv_dim, w.bk, n, kv_dim));
+      SNAPFILL_RETURN_IF_ERROR(b.AddRows(v_->f32(), kv_dim, w.bv, n, kv_dim));
     }
     if (c.qk_norm) {
       SNAPFILL_RETURN_IF_ERROR(
-          b.RmsNorm(q_.data(), c.head_dim, w.q_norm, q_.data(), c.head_dim, n * c.num_heads, c.head_dim, c.rms_eps));
-      SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(k_.data(), c.head_dim, w.k_norm, k_.data(), c.head_dim,
+          b.RmsNorm(q_->f32(), c.head_dim, w.q_norm, q_->f32(), c.head_dim, n * c.num_heads, c.head_dim, c.rms_eps));
+      SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(k_->f32(), c.head_dim, w.k_norm, k_->f32(), c.head_dim,
                                          n * c.num_kv_heads, c.head_dim, c.rms_eps));
     }
     // Every row's K and V (and the queries, which the attention step may
     // read for more than the outputs, e.g. SnapKV's window), but past this
     // point the last layer needs only the rows whose hidden states are kept.
     const int64_t r0 = l + 1 == c.num_layers ? n - hidden_rows : 0, rows = n - r0;
-    SNAPFILL_RETURN_IF_ERROR(attend(l, q_.data(), q_dim, k_.data(), v_.data(), kv_dim, n, rows, attn_.data()));
+    SNAPFILL_RETURN_IF_ERROR(attend(l, q_->f32(), q_dim, k_->f32(), v_->f32(), kv_dim, n, rows, attn_->f32()));
     if (rows == 0) continue;
-    float* x = x_.data() + r0 * dim;
-    float* xn = xn_.data() + r0 * dim;
+    float* x = x_->f32() + r0 * dim;
+    float* xn = xn_->f32() + r0 * dim;
     // x += attn · Woᵀ: in the product's store where the backend fuses it;
     // Gemma normalizes the block's output first.
     if (c.post_norms) {
-      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_->f32() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
       SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(xn, dim, w.attn_post_norm, xn, dim, rows, dim, c.rms_eps));
-      AddInPlace(b, x, xn, rows, dim);
+      SNAPFILL_RETURN_IF_ERROR(b.Add(x, xn, rows * dim));
     } else if (b.FusesResidualAdd(w.wo, rows)) {
-      SNAPFILL_RETURN_IF_ERROR(b.MatMulAdd(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, x, dim));
+      SNAPFILL_RETURN_IF_ERROR(b.MatMulAdd(attn_->f32() + r0 * q_dim, rows, q_dim, w.wo, x, dim));
     } else {
-      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_.data() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
-      AddInPlace(b, x, xn, rows, dim);
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(attn_->f32() + r0 * q_dim, rows, q_dim, w.wo, xn, dim));
+      SNAPFILL_RETURN_IF_ERROR(b.Add(x, xn, rows * dim));
     }
 
     if (c.gelu || c.post_norms) {
       // Gemma's feed-forward block step by step: GeGLU, and the output
       // normalized before it joins the residual stream.
       SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(x, dim, w.ffn_norm, xn, dim, rows, dim, c.rms_eps));
-      const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_.data(), c.ffn_dim}, {&w.w_up, up_.data(), c.ffn_dim}};
+      const Backend::SharedOut gate_up[2] = {{&w.w_gate, gate_->f32(), c.ffn_dim}, {&w.w_up, up_->f32(), c.ffn_dim}};
       SNAPFILL_RETURN_IF_ERROR(b.MatMulShared(xn, rows, dim, gate_up, 2));
       const int64_t values = rows * c.ffn_dim;
-      SNAPFILL_RETURN_IF_ERROR(c.gelu ? b.GeluGlu(gate_.data(), up_.data(), gate_.data(), values)
-                                      : b.SwiGlu(gate_.data(), up_.data(), gate_.data(), values));
-      SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_.data(), rows, c.ffn_dim, w.w_down, xn, dim));
+      SNAPFILL_RETURN_IF_ERROR(c.gelu ? b.GeluGlu(gate_->f32(), up_->f32(), gate_->f32(), values)
+                                      : b.SwiGlu(gate_->f32(), up_->f32(), gate_->f32(), values));
+      SNAPFILL_RETURN_IF_ERROR(b.MatMul(gate_->f32(), rows, c.ffn_dim, w.w_down, xn, dim));
       if (c.post_norms) {
         SNAPFILL_RETURN_IF_ERROR(b.RmsNorm(xn, dim, w.ffn_post_norm, xn, dim, rows, dim, c.rms_eps));
       }
-      AddInPlace(b, x, xn, rows, dim);
+      SNAPFILL_RETURN_IF_ERROR(b.Add(x, xn, rows * dim));
       continue;
     }
     // Feed-forward block (SwiGLU).
@@ -367,19 +345,19 @@ absl::Status LlamaForward::RunLayers(const int32_t* tokens, int64_t n, const Att
     // backend fuses it, else through xn (which the block has read by then).
     const bool fused_add = b.FusesResidualAdd(w.w_down, rows);
     const Backend::FeedForwardBlock ffn{&w.w_gate, &w.w_up, &w.w_down, Backend::Norm{w.ffn_norm, c.rms_eps, xn, dim},
-                                        gate_.data(), up_.data(), c.ffn_dim};
+                                        gate_->f32(), up_->f32(), c.ffn_dim};
     SNAPFILL_RETURN_IF_ERROR(b.FeedForward(x, rows, dim, ffn, fused_add ? x : xn, dim, fused_add));
-    if (!fused_add) AddInPlace(b, x, xn, rows, dim);
+    if (!fused_add) SNAPFILL_RETURN_IF_ERROR(b.Add(x, xn, rows * dim));
   }
 
   last_batch_ = n;
   hidden_first_ = n - hidden_rows;
   if (num_logits > 0) {
-    const float* last = x_.data() + (n - num_logits) * dim;
+    const float* last = x_->f32() + (n - num_logits) * dim;
     SNAPFILL_RETURN_IF_ERROR(
-        b.RmsNorm(last, dim, model_.output_norm(), xn_.data(), dim, num_logits, dim, c.rms_eps));
+        b.RmsNorm(last, dim, model_.output_norm(), xn_->f32(), dim, num_logits, dim, c.rms_eps));
     SNAPFILL_RETURN_IF_ERROR(
-        b.MatMul(xn_.data(), num_logits, dim, model_.output(), logits, c.vocab_size));
+        b.MatMul(xn_->f32(), num_logits, dim, model_.output(), logits, c.vocab_size));
   }
   return absl::OkStatus();
 }

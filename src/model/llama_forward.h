@@ -17,7 +17,6 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
-#include "src/base/paged_array.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_model.h"
 
@@ -146,15 +145,16 @@ class LlamaForward {
   // activations, not its largest's.
   int64_t touched_rows_ = 0;
   void ReleaseRowsFrom(int64_t rows);
-  // Paged (src/base/paged_array.h): rows cost resident memory once written.
-  // [max_tokens, model_dim] each
-  PagedArray<float> x_, xn_;
+  // The backend's buffers (on the host, paged: rows cost resident memory
+  // once written). [max_tokens, model_dim] each
+  std::unique_ptr<BackendBuffer> x_, xn_;
   // [max_tokens, num_heads * head_dim]
-  PagedArray<float> q_, attn_;
+  std::unique_ptr<BackendBuffer> q_, attn_;
   // [max_tokens, num_kv_heads * head_dim]
-  PagedArray<float> k_, v_;
+  std::unique_ptr<BackendBuffer> k_, v_;
   // [max_tokens, ffn_dim]
-  PagedArray<float> gate_, up_;
+  std::unique_ptr<BackendBuffer> gate_, up_;
+  std::vector<Backend::RowGather> kv_copies_;  // Forward's copies into the cache
 };
 
 }  // namespace snapfill

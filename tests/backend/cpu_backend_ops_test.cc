@@ -3,6 +3,7 @@
 // process-wide choices it makes (ConfigureCpuKernels).
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -334,6 +335,42 @@ TEST(CpuBackendOps, ThreadsAndScratchAreTheBackends) {
     EXPECT_GT(backend.KernelScratchBytes(), 0u);
   }
   EXPECT_EQ(ProcessThreads(), before) << "the backend's threads outlived it";
+}
+
+// BackendOptions::guard_buffers: a buffer's bytes are out of the host's
+// reach except inside the backend's ops (the copies in and out, the
+// element-wise ops), which see and keep what was written; unguarded, a
+// buffer is plain host memory.
+TEST(CpuBackendOps, GuardedBuffersOpenOnlyInsideOps) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const bool guard : {false, true}) {
+    BackendOptions o;
+    o.guard_buffers = guard;
+    auto b = CreateBackend(Device::kCpu, o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    Backend& backend = **b;
+    constexpr int64_t kRows = 10, kDim = 100, kN = kRows * kDim;
+    auto made = backend.NewBuffer(kN * sizeof(float));
+    ASSERT_TRUE(made.ok()) << made.status();
+    BackendBuffer& buffer = **made;
+    EXPECT_EQ(buffer.bytes(), kN * sizeof(float));
+    std::vector<float> host(kN), bias(kDim), back(kN);
+    for (int64_t i = 0; i < kN; ++i) host[i] = static_cast<float>(i % 17) - 8.0f;
+    for (int64_t i = 0; i < kDim; ++i) bias[i] = 0.25f * static_cast<float>(i % 5);
+    ASSERT_TRUE(backend.Upload(host.data(), buffer.data(), kN * sizeof(float)).ok());
+    ASSERT_TRUE(backend.Scale(buffer.f32(), kN, 2.0f).ok());
+    ASSERT_TRUE(backend.Add(buffer.f32(), buffer.f32(), kN).ok());
+    ASSERT_TRUE(backend.AddRows(buffer.f32(), kDim, bias.data(), kRows, kDim).ok());
+    ASSERT_TRUE(backend.Download(buffer.data(), back.data(), kN * sizeof(float)).ok());
+    for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(back[i], 4.0f * host[i] + bias[i % kDim]) << i;
+    const float* bytes = buffer.f32();
+    if (guard) {
+      EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*(volatile const float*)bytes)); }, "")
+          << "a guarded buffer read by the host";
+    } else {
+      EXPECT_EQ(bytes[1], 4.0f * host[1] + bias[1]);
+    }
+  }
 }
 
 TEST(CpuBackendOps, BadArgumentsAreRefused) {

@@ -200,7 +200,7 @@ TEST(KvCacheTest, AppendedEntriesAreReleasedInBatches) {
   auto cache = KvCache::Create({1, 1, d, 1024});
   SNAPFILL_ASSERT_OK(cache);
   KvCache& kv = **cache;
-  std::vector<float> rows(300 * d);
+  std::vector<float> rows(400 * d);  // (rows 100..354 are appended below)
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = 1.0f + 1e-4f * static_cast<float>(i % 97);
   SNAPFILL_ASSERT_OK(kv.Append(0, rows.data(), rows.data(), 100, d, nullptr));
   SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
