@@ -261,6 +261,10 @@ class BackendBuffer {
   virtual void* data() = 0;
   float* f32() { return static_cast<float*>(data()); }
   virtual uint64_t bytes() const = 0;
+  // The same bytes' host address where the host may read and write them
+  // in place (the CPU backend's buffers), else null: then only
+  // Download/Upload and the ops reach them.
+  virtual void* host() = 0;
   // The bytes from `offset` on go back (zeros when next read): the pages
   // a smaller batch no longer writes leave the resident set.
   virtual void ReleaseFrom(uint64_t offset) = 0;

@@ -71,6 +71,7 @@ void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
 struct HostBuffer final : BackendBuffer {
   PagedArray<uint8_t> pages;
   void* data() override { return pages.data(); }
+  void* host() override { return pages.data(); }
   uint64_t bytes() const override { return pages.size(); }
   void ReleaseFrom(uint64_t offset) override { pages.ReleaseFrom(offset); }
 };
@@ -88,6 +89,7 @@ class BufferGuard {
     }
     ~Buffer() override { guard_->Remove(this); }
     void* data() override { return pages_.data(); }
+    void* host() override { return nullptr; }  // (as a device's)
     uint64_t bytes() const override { return pages_.size(); }
     void ReleaseFrom(uint64_t offset) override { pages_.ReleaseFrom(offset); }
     void Protect(bool open) {

@@ -84,8 +84,16 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   e->prefill_capacity_ = capacity;
   e->cand_capacity_ = std::max(capacity, fp.window_entries) + e->plan_.max_chunk_tokens + e->query_rows_;
   const int64_t cand = mc.num_kv_heads * e->cand_capacity_;
-  if (!e->cand_k_raw_.Allocate(cand * mc.head_dim) || !e->cand_k_rot_.Allocate(cand * mc.head_dim) ||
-      !e->cand_v_.Allocate(cand * mc.head_dim) || !e->cand_pos_.Allocate(cand) ||
+  for (std::unique_ptr<BackendBuffer>* b : {&e->cand_k_raw_, &e->cand_k_rot_, &e->cand_v_}) {
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> made =
+        e->backend_->NewBuffer(static_cast<uint64_t>(cand * mc.head_dim) * sizeof(float));
+    if (!made.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the candidates of ", e->cand_capacity_,
+                                                       " entries: ", made.status().message()));
+    }
+    *b = std::move(*made);
+  }
+  if (!e->cand_pos_.Allocate(cand) ||
       !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_) ||
       (e->query_rows_ > 0 && !reconstruct && !e->query_votes_.Allocate(cand))) {
     return absl::ResourceExhaustedError(
@@ -121,9 +129,8 @@ absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
 
 uint64_t PrefillEngineImpl::scratch_bytes() const {
   return (forward_ != nullptr ? forward_->scratch_bytes() : 0) +
-         (cand_k_raw_.size() + cand_k_rot_.size() + cand_v_.size() + votes_.size() + query_votes_.size() +
-          query_lse_.size()) *
-             sizeof(float) +
+         (cand_k_raw_ != nullptr ? cand_k_raw_->bytes() + cand_k_rot_->bytes() + cand_v_->bytes() : 0) +
+         (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
 
@@ -274,8 +281,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   std::vector<Backend::RowGather>& gathers = gathers_;  // (its capacity kept from layer to layer)
   gathers.clear();
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-    float* kr = cand_k_raw_.data() + h * head_stride;
-    float* vv = cand_v_.data() + h * head_stride;
+    float* kr = cand_k_raw_->f32() + h * head_stride;
+    float* vv = cand_v_->f32() + h * head_stride;
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
     // The memory, rows [0, m); its stored scores beside (reconstruct, gate).
     gathers.push_back({mem_k_[h], row, nullptr, kr, row, m, row});
@@ -296,7 +303,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
   gathers.clear();
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {  // (the candidates only, not the capacity)
-    gathers.push_back({cand_k_raw_.data() + h * head_stride, row, nullptr, cand_k_rot_.data() + h * head_stride, row,
+    gathers.push_back({cand_k_raw_->f32() + h * head_stride, row, nullptr, cand_k_rot_->f32() + h * head_stride, row,
                        total, row});
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
@@ -304,7 +311,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   //    the largest position is m + c (+ the question); or each entry at its
   //    input position.
   std::iota(rot_pos_.begin(), rot_pos_.begin() + total, 0);
-  SNAPFILL_RETURN_IF_ERROR(backend_->RopeHeads(cand_k_rot_.data(), c.num_kv_heads, head_stride, total, d,
+  SNAPFILL_RETURN_IF_ERROR(backend_->RopeHeads(cand_k_rot_->f32(), c.num_kv_heads, head_stride, total, d,
                                                original ? cand_pos_.data() : rot_pos_.data(),
                                                original ? cand_capacity_ : 0, c.rope(layer)));
   // Chunk queries sit after the memory: position m + t (or start + t); the
@@ -324,8 +331,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   //    them among the last out_rows) attend over memory ∪ chunk and the
   //    question causally; the chunk never sees the question.
   KvView view;
-  view.k = cand_k_rot_.data();
-  view.v = cand_v_.data();
+  view.k = cand_k_rot_->f32();
+  view.v = cand_v_->f32();
   view.head_stride = head_stride;
   view.key_stride = d;
   view.num_keys = num;
@@ -405,8 +412,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       // RoPE, beside the memory's stored predictions.
       Stopwatch watch;
       for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-        config_.gate->Predict(layer, h, cand_k_raw_.data() + h * head_stride + m * d, d, n,
-                              votes_.data() + h * cand_capacity_ + m);
+        SNAPFILL_ASSIGN_OR_RETURN(const float* keys, HostFloats(*cand_k_raw_, h * head_stride + m * d, n * d, host_k_));
+        config_.gate->Predict(layer, h, keys, d, n, votes_.data() + h * cand_capacity_ + m);
       }
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;
@@ -443,8 +450,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   gathers.clear();
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     const int32_t* keep = keep_[h].data();
-    gathers.push_back({cand_k_raw_.data() + h * head_stride, row, keep, mem_k_[h], row, kept, row});
-    gathers.push_back({cand_v_.data() + h * head_stride, row, keep, mem_v_[h], row, kept, row});
+    gathers.push_back({cand_k_raw_->f32() + h * head_stride, row, keep, mem_k_[h], row, kept, row});
+    gathers.push_back({cand_v_->f32() + h * head_stride, row, keep, mem_v_[h], row, kept, row});
     gathers.push_back({cand_pos_.data() + h * cand_capacity_, sizeof(int32_t), keep, mem_pos_[h], sizeof(int32_t),
                        kept, sizeof(int32_t)});
     if (mem_score_[h] == nullptr) continue;
@@ -493,8 +500,12 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       }
       lists[h] = e.data();
     }
-    SNAPFILL_RETURN_IF_ERROR(store->Append(layer, num - kept, lists.data(), cand_k_raw_.data(), cand_v_.data(),
-                                           head_stride, cand_pos_.data(), cand_capacity_));
+    // (Every head's candidates, [0, num) of each, where the host reads a copy.)
+    const int64_t span = (c.num_kv_heads - 1) * head_stride + num * d;
+    SNAPFILL_ASSIGN_OR_RETURN(const float* k_all, HostFloats(*cand_k_raw_, 0, span, host_k_));
+    SNAPFILL_ASSIGN_OR_RETURN(const float* v_all, HostFloats(*cand_v_, 0, span, host_v_));
+    SNAPFILL_RETURN_IF_ERROR(store->Append(layer, num - kept, lists.data(), k_all, v_all, head_stride,
+                                           cand_pos_.data(), cand_capacity_));
   }
   if (final_step && config_.recall_budget > 0 && question) {
     SNAPFILL_RETURN_IF_ERROR(Recall(layer, voter_q, q_stride, voters, voter_seen));
@@ -525,6 +536,14 @@ absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float*
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<const float*> PrefillEngineImpl::HostFloats(BackendBuffer& b, int64_t first, int64_t count,
+                                                           std::vector<float>& staging) {
+  if (const void* host = b.host(); host != nullptr) return static_cast<const float*>(host) + first;
+  if (static_cast<int64_t>(staging.size()) < count) staging.resize(count);
+  SNAPFILL_RETURN_IF_ERROR(backend_->Download(b.f32() + first, staging.data(), count * sizeof(float)));
+  return staging.data();
 }
 
 absl::Status PrefillEngineImpl::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,

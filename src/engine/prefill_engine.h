@@ -95,9 +95,17 @@ class PrefillEngineImpl final : public PrefillEngine {
   // Paged: each KV head's region is resident only as far as memory ∪ chunk
   // has reached, so IMDC (whose attention length stays at m̂ + c̄) does not
   // pay for the largest memory plus the largest chunk.
-  PagedArray<float> cand_k_raw_;     // [num_kv_heads, cand_capacity, head_dim] before RoPE
-  PagedArray<float> cand_k_rot_;     // [num_kv_heads, cand_capacity, head_dim] rotated
-  PagedArray<float> cand_v_;         // [num_kv_heads, cand_capacity, head_dim]
+  // The backend's buffers (a device's, where it computes on one): only its
+  // ops touch them, and the host reads them through HostFloats.
+  std::unique_ptr<BackendBuffer> cand_k_raw_;  // [num_kv_heads, cand_capacity, head_dim] before RoPE
+  std::unique_ptr<BackendBuffer> cand_k_rot_;  // [num_kv_heads, cand_capacity, head_dim] rotated
+  std::unique_ptr<BackendBuffer> cand_v_;      // [num_kv_heads, cand_capacity, head_dim]
+  // Floats [first, first + count) of a backend buffer for the host to
+  // read: in place where the host can address it, else copied into
+  // `staging` (the gate's keys, the entries the recall store keeps).
+  absl::StatusOr<const float*> HostFloats(BackendBuffer& b, int64_t first, int64_t count,
+                                          std::vector<float>& staging);
+  std::vector<float> host_k_, host_v_;  // HostFloats' copies (a device's buffers only)
   PagedArray<int32_t> cand_pos_;     // [num_kv_heads, cand_capacity] original positions
   PagedArray<int32_t> rot_pos_;      // [cand_capacity] rotation positions
   // [num_kv_heads, cand_capacity]: the window's votes; for reconstruct,

@@ -104,7 +104,10 @@ void PrefillEngineImpl::ReleaseScratch() {
   // then the larger of the two phases, not their sum.
   forward_.reset();
   recaller_.reset();
-  for (PagedArray<float>* a : {&cand_k_raw_, &cand_k_rot_, &cand_v_, &votes_, &query_votes_}) *a = {};
+  for (std::unique_ptr<BackendBuffer>* b : {&cand_k_raw_, &cand_k_rot_, &cand_v_}) b->reset();
+  host_k_ = {};
+  host_v_ = {};
+  for (PagedArray<float>* a : {&votes_, &query_votes_}) *a = {};
   cand_pos_ = {};
   rot_pos_ = {};
   query_lse_ = {};

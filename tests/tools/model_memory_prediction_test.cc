@@ -131,7 +131,7 @@ TEST_P(MemoryPredictionTest, MeasuredPeakIsWithinTenPercent) {
   // About 5,000 tokens of mixed text.
   testing::WriteRaw(dir_ + "/doc.txt", corpus_.substr(0, 20000));
   const std::string args = std::string(c.args) + " --model " + model_ + " --input " + dir_ +
-                           "/doc.txt --progress=false --timing=true";
+                           "/doc.txt --progress=false --timing=true --verbosity 1";
   const std::string out = std::string(c.args).rfind("prefill", 0) == 0
                               ? " --out " + dir_ + "/c.kv"
                               : "";
@@ -153,7 +153,7 @@ TEST_P(MemoryPredictionTest, MeasuredPeakIsWithinTenPercent) {
   EXPECT_NEAR(measured / predicted, 1.0, 0.10) << dry.out;
   // The kernels' buffers, which the backend counts, within the fit the
   // prediction adds for them (an upper bound: 45-100% of it measured).
-  const double scratch = MibAfter(run.err, "the kernels' buffers ");
+  const double scratch = MibAfter(run.err, "the kernels' buffers: ");
   const double scratch_predicted = MibAfter(run.err, " at most (predicted ");
   ASSERT_GT(scratch, 0) << run.err;
   ASSERT_GT(scratch_predicted, 0) << run.err;

@@ -60,11 +60,12 @@ struct Prepared {
   uint64_t kernel_scratch_peak = 0;  // the most the kernels' buffers held after a step (measured)
 };
 
-// "; the kernels' buffers 7.9 MiB at most (predicted 8.4 MiB)", for --timing.
-std::string KernelScratchNote(const Prepared& p) {
-  if (p.kernel_scratch_peak == 0) return "";
-  return absl::StrCat("; the kernels' buffers ", HumanBytes(p.kernel_scratch_peak), " at most (predicted ",
-                      HumanBytes(p.peak.backend), ")");
+// With --verbosity 1, after the prefill: "the kernels' buffers: 7.9 MiB at
+// most (predicted 8.4 MiB)".
+void PrintKernelScratch(const Prepared& p) {
+  if (absl::GetFlag(FLAGS_verbosity) < 1 || p.kernel_scratch_peak == 0) return;
+  std::fprintf(stderr, "the kernels' buffers: %s at most (predicted %s)\n", HumanBytes(p.kernel_scratch_peak).c_str(),
+               HumanBytes(p.peak.backend).c_str());
 }
 
 const std::string& Fingerprint(Prepared& p) {
@@ -562,8 +563,9 @@ absl::Status RunRun() {
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
                  PrunerKindName(p.config.pruner.kind), (long long)plan.config.memory, first_token_at,
                  r.tokens.size(), decode_tps,
-                 HumanBytes(PeakRssBytes()).c_str(), (DevicePeakNote(*p.backend) + KernelScratchNote(p)).c_str());
+                 HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
   }
+  PrintKernelScratch(p);
   // With --profile: the table, then the prefill's work against the peaks
   // of this machine's instructions, measured now.
   const std::string profile = profiler != nullptr ? profiler->Report() : "";
@@ -647,8 +649,9 @@ absl::Status RunPrefill() {
                  (long long)p.total, PrunerKindName(p.config.pruner.kind), seconds,
                  p.total / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
-                 (DevicePeakNote(*p.backend) + KernelScratchNote(p)).c_str());
+                 DevicePeakNote(*p.backend).c_str());
   }
+  PrintKernelScratch(p);
   std::fprintf(stderr, "%s", ProfileReportWithPeaks(*p.backend, /*prefill=*/true).c_str());
   return absl::OkStatus();
 }
