@@ -34,7 +34,6 @@
 namespace snapfill {
 namespace {
 
-
 enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kNumOps };
 constexpr const char* kOpNames[kNumOps] = {"matmul",   "get_rows",  "rms_norm",     "rope",
                                            "swiglu",   "attention", "window_scores"};
@@ -65,6 +64,13 @@ void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
     const int64_t from = r.rows != nullptr ? r.rows[i] : i;
     std::memcpy(dst + i * r.dst_stride, src + from * r.src_stride, r.row_bytes);
   }
+}
+
+// `bytes` of zeroed host pages, or ResourceExhausted.
+absl::StatusOr<PagedArray<uint8_t>> MapPages(uint64_t bytes) {
+  PagedArray<uint8_t> pages;
+  if (!pages.Allocate(bytes)) return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes for a buffer"));
+  return pages;
 }
 
 // Host pages (the base class's buffers).
@@ -122,7 +128,6 @@ class BufferGuard {
   }
   void Remove(Buffer* b) {
     std::lock_guard<std::mutex> lock(mu_);
-    b->Protect(true);  // (munmap does not care; a reuse of the address range would)
     buffers_.erase(std::find(buffers_.begin(), buffers_.end(), b));
   }
 
@@ -189,10 +194,7 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
   absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
     if (guard_ == nullptr) return Backend::NewBuffer(bytes);
-    PagedArray<uint8_t> pages;
-    if (!pages.Allocate(bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes for a buffer"));
-    }
+    SNAPFILL_ASSIGN_OR_RETURN(PagedArray<uint8_t> pages, MapPages(bytes));
     return std::unique_ptr<BackendBuffer>(new BufferGuard::Buffer(guard_.get(), std::move(pages)));
   }
   absl::Status Download(const void* src, void* host, uint64_t bytes) override {
@@ -851,9 +853,7 @@ absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
 
 absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewBuffer(uint64_t bytes) {
   auto buffer = std::make_unique<HostBuffer>();
-  if (!buffer->pages.Allocate(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes for a buffer"));
-  }
+  SNAPFILL_ASSIGN_OR_RETURN(buffer->pages, MapPages(bytes));
   return std::unique_ptr<BackendBuffer>(std::move(buffer));
 }
 
