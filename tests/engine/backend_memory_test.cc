@@ -20,6 +20,7 @@
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
 #include "src/engine/generate.h"
+#include "src/engine/recall.h"
 #include "src/kv/recall_store.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
@@ -71,11 +72,8 @@ Outcome PrefillAndDecode(const LlamaModel& model, bool guard, Scores scores) {
   Outcome out;
   std::unique_ptr<RecallStore> store;
   if (scores == Scores::kGuidedRecall) {
-    RecallStoreInfo info;
-    info.num_layers = c.num_layers;
-    info.num_kv_heads = c.num_kv_heads;
-    info.head_dim = c.head_dim;
-    auto made = RecallStore::Create(testing::MakeTempDir("backend_memory") + "/store", info);
+    auto made = RecallStore::Create(testing::MakeTempDir("backend_memory") + "/store",
+                                    RecallShape(c, RecallFormat::kF16));
     SNAPFILL_CHECK(made.ok()) << made.status();
     store = std::move(*made);
     SNAPFILL_CHECK((*engine)->AttachRecallStore(store.get()).ok());
