@@ -104,6 +104,10 @@ struct BackendOptions {
   // device's memory would be out of the host's reach: code that touches
   // them other than through the backend fails at once.
   bool guard_buffers = false;
+  // For tests: the CUDA backend's buffers in host memory, copied in and out
+  // by each op as before they lived on the device, to check that the
+  // device-resident buffers compute the same bits.
+  bool host_buffers = false;
 
   // The CPU kernels' choices. They hold for the whole process: the first
   // backend that names one fixes it, and a later backend may leave it (the

@@ -2,7 +2,9 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 
 namespace snapfill::cuda {
@@ -312,6 +314,33 @@ __global__ void AddKernel(float* __restrict__ y, const float* __restrict__ x, in
   }
 }
 
+__global__ void AddRowsKernel(float* __restrict__ x, int64_t stride, const float* __restrict__ bias, int64_t rows,
+                              int64_t dim) {
+  const int64_t n = rows * dim;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / dim, c = i - r * dim;
+    x[r * stride + c] += bias[c];
+  }
+}
+
+__global__ void ScaleKernel(float* __restrict__ x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+// One block per gathered row (a grid-stride loop over them), its threads
+// over the row's words.
+template <typename Word>
+__global__ void GatherRowsKernel(const char* __restrict__ src, size_t src_stride, const int32_t* __restrict__ rows,
+                                 char* __restrict__ dst, size_t dst_stride, int64_t count, size_t words) {
+  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
+    const Word* from = reinterpret_cast<const Word*>(src + static_cast<size_t>(rows[i]) * src_stride);
+    Word* to = reinterpret_cast<Word*>(dst + static_cast<size_t>(i) * dst_stride);
+    for (size_t w = threadIdx.x; w < words; w += blockDim.x) to[w] = from[w];
+  }
+}
+
 // Grid-stride launches: enough blocks to fill the GPU, no more.
 int StrideBlocks(int64_t n) { return static_cast<int>(std::min<int64_t>(Blocks(n, 256), 65536)); }
 
@@ -433,6 +462,37 @@ cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void*
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   AddKernel<<<StrideBlocks(n), 256, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return cudaSuccess;
+  AddRowsKernel<<<StrideBlocks(rows * dim), 256, 0, stream>>>(x, stride, bias, rows, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  ScaleKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, n, s);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
+                       int64_t count, size_t row_bytes, cudaStream_t stream) {
+  if (count <= 0 || row_bytes == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::min<int64_t>(count, 65536));
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  const bool words = (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | src_stride | dst_stride |
+                      row_bytes) % 4 == 0;
+  if (words) {
+    const size_t n = row_bytes / 4;
+    GatherRowsKernel<uint32_t><<<blocks, static_cast<int>(std::min<size_t>(n, 256)), 0, stream>>>(
+        s, src_stride, rows, d, dst_stride, count, n);
+  } else {
+    GatherRowsKernel<uint8_t><<<blocks, static_cast<int>(std::min<size_t>(row_bytes, 256)), 0, stream>>>(
+        s, src_stride, rows, d, dst_stride, count, row_bytes);
+  }
   return cudaGetLastError();
 }
 

@@ -100,6 +100,15 @@ cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void*
 
 // y[i] += x[i] over n values.
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);
+// x[r * stride + i] += bias[i] for r < rows, i < dim (Qwen's Q/K/V biases).
+cudaError_t AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim, cudaStream_t stream);
+// x[i] *= s over n values (Gemma's embedding scale).
+cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream);
+// dst + i * dst_stride <- src + rows[i] * src_stride, row_bytes each, for
+// i < count (Backend::Gather's indexed rows; rows on the device). Bytes,
+// read as 4-byte words where every address and size allows.
+cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
+                       int64_t count, size_t row_bytes, cudaStream_t stream);
 // y[i] = bf16(x[i]) for a weight upload.
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 

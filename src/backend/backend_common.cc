@@ -1,6 +1,7 @@
 #include "src/backend/backend_common.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,6 +61,31 @@ absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positi
   if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
   cpu::TopKIndices(scores, n, k, positions);
   return absl::OkStatus();
+}
+
+absl::Status CheckGathers(const std::vector<Backend::RowGather>& gathers) {
+  for (size_t g = 0; g < gathers.size(); ++g) {
+    const Backend::RowGather& r = gathers[g];
+    if (r.count < 0) return absl::InvalidArgumentError(absl::StrCat("gather ", g, ": count ", r.count, " < 0"));
+    if (r.count > 0 && r.row_bytes > 0 && (r.src == nullptr || r.dst == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("gather ", g, ": null source or destination"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+
+void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1) {
+  const auto* src = static_cast<const uint8_t*>(r.src);
+  auto* dst = static_cast<uint8_t*>(r.dst);
+  if (r.rows == nullptr && r.src_stride == r.row_bytes && r.dst_stride == r.row_bytes) {
+    std::memcpy(dst + r0 * r.row_bytes, src + r0 * r.row_bytes, (r1 - r0) * r.row_bytes);
+    return;
+  }
+  for (int64_t i = r0; i < r1; ++i) {
+    const int64_t from = r.rows != nullptr ? r.rows[i] : i;
+    std::memcpy(dst + i * r.dst_stride, src + from * r.src_stride, r.row_bytes);
+  }
 }
 
 }  // namespace snapfill

@@ -1,6 +1,6 @@
 // What the CPU and the CUDA backend share: the profile's table, the
 // attention family's shape checks, and the selection of one head's votes
-// in host memory (on kernels/cpu).
+// in host memory (on kernels/cpu), and gathers done by the host.
 #ifndef SNAPFILL_SRC_BACKEND_BACKEND_COMMON_H_
 #define SNAPFILL_SRC_BACKEND_BACKEND_COMMON_H_
 
@@ -33,6 +33,11 @@ absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bo
 // on the CPU's kernels.
 absl::Status HostPool1d(const float* in, float* out, int64_t n, int64_t kernel, Backend::PoolOp op);
 absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positions);
+
+// Backend::Gather's checks (no negative counts, no null ends), and rows
+// [r0, r1) of one gather done by the host.
+absl::Status CheckGathers(const std::vector<Backend::RowGather>& gathers);
+void GatherRows(const Backend::RowGather& r, int64_t r0, int64_t r1);
 
 }  // namespace snapfill
 

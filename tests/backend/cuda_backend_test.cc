@@ -35,16 +35,19 @@
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
 #include "tests/testing/matmul_data.h"
+#include "tests/testing/engine_run.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
+#include "tools/testmodel/tiny_llama.h"
 
 namespace snapfill {
 namespace {
 
-std::unique_ptr<Backend> MakeCuda(bool exact, std::string* why) {
+std::unique_ptr<Backend> MakeCuda(bool exact, std::string* why, bool host_buffers = false) {
   BackendOptions o;
   o.exact_matmul = exact;
+  o.host_buffers = host_buffers;
   auto b = CreateBackend(Device::kCuda, o);
   if (!b.ok()) {
     *why = b.status().ToString();
@@ -591,6 +594,239 @@ TEST(CudaBackend, SmolLm2ShapedModelMatchesTheCpu) {
     EXPECT_EQ(got.tokens, want.tokens);
   } else {
     EXPECT_LT(worst, 1e-2 * scale);
+  }
+}
+
+// ---- The backend's memory on the device.
+
+std::vector<float> DownloadAll(Backend& b, const void* d, size_t n) {
+  std::vector<float> out(n);
+  SNAPFILL_CHECK(b.Download(d, out.data(), n * sizeof(float)).ok());
+  return out;
+}
+
+// The backend's buffers are device memory: out of the host's reach, zeros
+// at first, reached through Download and Upload, counted in the device's
+// peak; ReleaseFrom zeroes the tail; a buffer may outlive its backend.
+TEST(CudaBackend, BuffersLiveOnTheDevice) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  const size_t n = 4099;
+  const uint64_t peak = b->DevicePeakBytes();
+  auto made = b->NewBuffer(n * sizeof(float));
+  SNAPFILL_ASSERT_OK(made);
+  std::unique_ptr<BackendBuffer> d = std::move(*made);
+  EXPECT_EQ(d->host(), nullptr);
+  ASSERT_NE(d->data(), nullptr);
+  EXPECT_EQ(d->bytes(), n * sizeof(float));
+  EXPECT_GE(b->DevicePeakBytes(), peak + n * sizeof(float));
+  EXPECT_EQ(DownloadAll(*b, d->data(), n), std::vector<float>(n, 0.0f));
+  const std::vector<float> x = Normal(n, 11);
+  SNAPFILL_ASSERT_OK(b->Upload(x.data(), d->data(), n * sizeof(float)));
+  EXPECT_EQ(DownloadAll(*b, d->data(), n), x);
+  d->ReleaseFrom(1000 * sizeof(float));
+  const std::vector<float> after = DownloadAll(*b, d->data(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(after[i], i < 1000 ? x[i] : 0.0f) << i;
+  b.reset();
+  d.reset();  // (freed through the memory it shares with the backend)
+}
+
+// Gather between the backend's memory and the host's, in each direction,
+// runs of rows and indexed rows, rows of floats and of odd byte counts:
+// the bytes the host's gather moves. In one call as well, where a later
+// gather reads what an earlier one wrote.
+TEST(CudaBackend, GatherMovesRowsEveryWay) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  auto cpu = CreateBackend(Device::kCpu, BackendOptions{});
+  SNAPFILL_ASSERT_OK(cpu);
+  const int64_t src_rows = 37, count = 21;
+  std::mt19937 rng(5);
+  std::vector<int32_t> rows(count);
+  for (int32_t& r : rows) r = static_cast<int32_t>(rng() % src_rows);
+  for (size_t row_bytes : {size_t{64 * sizeof(float)}, size_t{6}}) {
+    const size_t src_stride = row_bytes + 8, dst_stride = row_bytes + (row_bytes % 4 == 0 ? 4 : 3);
+    std::vector<uint8_t> src(src_rows * src_stride);
+    for (uint8_t& v : src) v = static_cast<uint8_t>(rng());
+    const std::vector<uint8_t> fill(count * dst_stride, 0xAB);
+    auto src_d = b->NewBuffer(src.size());
+    auto dst_d = b->NewBuffer(fill.size());
+    SNAPFILL_ASSERT_OK(src_d);
+    SNAPFILL_ASSERT_OK(dst_d);
+    SNAPFILL_ASSERT_OK(b->Upload(src.data(), (*src_d)->data(), src.size()));
+    for (bool src_device : {false, true}) {
+      for (bool dst_device : {false, true}) {
+        for (bool indexed : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << row_bytes << "-byte rows, from the " << (src_device ? "device" : "host")
+                                            << " to the " << (dst_device ? "device" : "host")
+                                            << (indexed ? ", indexed" : ", a run"));
+          std::vector<uint8_t> want = fill, got = fill;
+          SNAPFILL_ASSERT_OK(b->Upload(fill.data(), (*dst_d)->data(), fill.size()));
+          const int32_t* idx = indexed ? rows.data() : nullptr;
+          SNAPFILL_ASSERT_OK((*cpu)->Gather({{src.data(), src_stride, idx, want.data(), dst_stride, count, row_bytes}}));
+          const void* from = src_device ? (*src_d)->data() : src.data();
+          void* to = dst_device ? (*dst_d)->data() : got.data();
+          SNAPFILL_ASSERT_OK(b->Gather({{from, src_stride, idx, to, dst_stride, count, row_bytes}}));
+          if (dst_device) {
+            SNAPFILL_ASSERT_OK(b->Download((*dst_d)->data(), got.data(), got.size()));
+          }
+          EXPECT_EQ(got, want);
+        }
+      }
+    }
+    // Device -> host (indexed), then those host rows -> device, in one call.
+    std::vector<uint8_t> host_rows(count * row_bytes), want(count * row_bytes), got(count * row_bytes);
+    SNAPFILL_ASSERT_OK(
+        (*cpu)->Gather({{src.data(), src_stride, rows.data(), want.data(), row_bytes, count, row_bytes}}));
+    SNAPFILL_ASSERT_OK(b->Gather({{(*src_d)->data(), src_stride, rows.data(), host_rows.data(), row_bytes, count,
+                                   row_bytes},
+                                  {host_rows.data(), row_bytes, nullptr, (*dst_d)->data(), row_bytes, count, row_bytes}}));
+    SNAPFILL_ASSERT_OK(b->Download((*dst_d)->data(), got.data(), got.size()));
+    EXPECT_EQ(host_rows, want);
+    EXPECT_EQ(got, want);
+  }
+}
+
+// The forward pass's element-wise ops on the device's memory compute the
+// host's bits (one IEEE operation per value), and the ops read and write
+// operands in the backend's buffers as they do host ones, to the bit.
+TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
+  CUDA_BACKEND_OR_SKIP(b, true);
+  auto cpu = CreateBackend(Device::kCpu, BackendOptions{});
+  SNAPFILL_ASSERT_OK(cpu);
+  auto buffer = [&](const std::vector<float>& host) {
+    auto made = b->NewBuffer(host.size() * sizeof(float));
+    SNAPFILL_CHECK(made.ok()) << made.status();
+    SNAPFILL_CHECK(b->Upload(host.data(), (*made)->data(), host.size() * sizeof(float)).ok());
+    return std::move(*made);
+  };
+  const int64_t rows = 9, dim = 70, stride = 75, n = rows * stride;
+  const std::vector<float> x = Normal(n, 21), y = Normal(n, 22), bias = Normal(dim, 23);
+  {
+    std::vector<float> want = x;
+    SNAPFILL_ASSERT_OK((*cpu)->Add(want.data(), y.data(), n));
+    auto xd = buffer(x), yd = buffer(y);
+    SNAPFILL_ASSERT_OK(b->Add(xd->f32(), yd->f32(), n));
+    EXPECT_EQ(DownloadAll(*b, xd->data(), n), want) << "add, both on the device";
+    auto xd2 = buffer(x);
+    SNAPFILL_ASSERT_OK(b->Add(xd2->f32(), y.data(), n));
+    EXPECT_EQ(DownloadAll(*b, xd2->data(), n), want) << "add, y on the host";
+    std::vector<float> on_host = x;
+    SNAPFILL_ASSERT_OK(b->Add(on_host.data(), y.data(), n));
+    EXPECT_EQ(on_host, want) << "add on the host";
+  }
+  {
+    std::vector<float> want = x;
+    SNAPFILL_ASSERT_OK((*cpu)->AddRows(want.data(), stride, bias.data(), rows, dim));
+    auto xd = buffer(x);
+    SNAPFILL_ASSERT_OK(b->AddRows(xd->f32(), stride, bias.data(), rows, dim));
+    EXPECT_EQ(DownloadAll(*b, xd->data(), n), want) << "add_rows";
+  }
+  {
+    std::vector<float> want = x;
+    SNAPFILL_ASSERT_OK((*cpu)->Scale(want.data(), n, 24.0f));
+    auto xd = buffer(x);
+    SNAPFILL_ASSERT_OK(b->Scale(xd->f32(), n, 24.0f));
+    EXPECT_EQ(DownloadAll(*b, xd->data(), n), want) << "scale";
+  }
+  {
+    // RmsNorm from a buffer into another, and on the host.
+    std::vector<float> want(n, -3.0f);
+    SNAPFILL_ASSERT_OK(b->RmsNorm(x.data(), stride, bias.data(), want.data(), stride, rows, dim, 1e-5f));
+    auto xd = buffer(x), yd = buffer(std::vector<float>(n, -3.0f));
+    SNAPFILL_ASSERT_OK(b->RmsNorm(xd->f32(), stride, bias.data(), yd->f32(), stride, rows, dim, 1e-5f));
+    EXPECT_EQ(DownloadAll(*b, yd->data(), n), want) << "rms_norm";
+  }
+  {
+    // A product, its rows in buffers.
+    const int64_t k = 64, out = 48, m = 7;
+    const size_t row_bytes = RowBytes(GgmlType::kQ8_0, k);
+    const std::vector<uint8_t> wq = testing::QuantizedWeights(GgmlType::kQ8_0, out, k, row_bytes, 9, 0.02f);
+    WeightView w;
+    w.data = wq.data();
+    w.type = GgmlType::kQ8_0;
+    w.rows = out;
+    w.cols = k;
+    w.row_bytes = row_bytes;
+    const std::vector<float> xs = testing::HiddenStates(m, k, k, 12);
+    std::vector<float> want(m * out);
+    SNAPFILL_ASSERT_OK(b->MatMul(xs.data(), m, k, w, want.data(), out));
+    auto xd = buffer(xs), yd = buffer(std::vector<float>(m * out));
+    SNAPFILL_ASSERT_OK(b->MatMul(xd->f32(), m, k, w, yd->f32(), out));
+    EXPECT_EQ(DownloadAll(*b, yd->data(), m * out), want) << "matmul";
+    // The embedding lookup into a buffer.
+    const std::vector<int32_t> ids = {3, 0, 47, 3};
+    std::vector<float> rows_want(ids.size() * stride, 1.0f);
+    SNAPFILL_ASSERT_OK(b->GetRows(w, ids.data(), ids.size(), rows_want.data(), stride));
+    auto rd = buffer(std::vector<float>(ids.size() * stride, 1.0f));
+    SNAPFILL_ASSERT_OK(b->GetRows(w, ids.data(), ids.size(), rd->f32(), stride));
+    EXPECT_EQ(DownloadAll(*b, rd->data(), ids.size() * stride), rows_want) << "get_rows";
+  }
+  {
+    // Attention: queries, keys and values in buffers, the output into one.
+    const int64_t heads = 4, kv_heads = 2, hd = 32, q_count = 5, keys = 40;
+    const std::vector<float> q = Normal(q_count * heads * hd, 31), k = Normal(kv_heads * keys * hd, 32),
+                             v = Normal(kv_heads * keys * hd, 33);
+    Queries qs;
+    qs.q = q.data();
+    qs.count = q_count;
+    qs.stride = heads * hd;
+    qs.num_heads = heads;
+    qs.num_kv_heads = kv_heads;
+    qs.head_dim = hd;
+    qs.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    KvView kv;
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.num_keys = keys;
+    kv.key_stride = hd;
+    kv.head_stride = keys * hd;
+    std::vector<float> want(q_count * heads * hd);
+    SNAPFILL_ASSERT_OK(b->Attention(qs, kv, want.data(), heads * hd));
+    auto qd = buffer(q), kd = buffer(k), vd = buffer(v), od = buffer(std::vector<float>(want.size()));
+    qs.q = qd->f32();
+    kv.k = kd->f32();
+    kv.v = vd->f32();
+    SNAPFILL_ASSERT_OK(b->Attention(qs, kv, od->f32(), heads * hd));
+    EXPECT_EQ(DownloadAll(*b, od->data(), want.size()), want) << "attention";
+  }
+}
+
+// The whole engine with the backend's buffers on the device computes the
+// bits it computes with them in host memory (BackendOptions::host_buffers,
+// how the backend ran before): a question-guided IMDC prefill with
+// eviction and 8 decoded tokens, for each architecture's extra ops (Qwen's
+// biases, Gemma's embedding scale and sliding-window layers), the recall
+// tier (its store reads the candidates through copies) and the gate.
+TEST(CudaBackend, DeviceBuffersComputeWhatHostBuffersDo) {
+  struct Case {
+    const char* architecture;
+    testing::EngineScores scores;
+  };
+  for (const Case& c : {Case{"llama", testing::EngineScores::kGuided}, Case{"qwen2", testing::EngineScores::kGuided},
+                        Case{"gemma3", testing::EngineScores::kGuided},
+                        Case{"llama", testing::EngineScores::kGuidedRecall},
+                        Case{"llama", testing::EngineScores::kGate}}) {
+    SCOPED_TRACE(::testing::Message() << c.architecture << ", scores " << static_cast<int>(c.scores));
+    CUDA_BACKEND_OR_SKIP(device, true);
+    std::string why;
+    std::unique_ptr<Backend> host = MakeCuda(true, &why, /*host_buffers=*/true);
+    ASSERT_NE(host, nullptr) << why;
+    TinyLlamaOptions opts;
+    opts.architecture = c.architecture;
+    opts.num_layers = 3;
+    opts.context_length = 4096;
+    if (opts.architecture == "gemma3") {
+      opts.sliding_window = 64;
+      opts.swa_pattern = 3;
+    }
+    const std::unique_ptr<LlamaModel> model = testing::LoadTinyModel(opts);
+    const testing::EngineOutcome want = testing::PrefillAndDecode(*model, host.get(), c.scores);
+    const testing::EngineOutcome got = testing::PrefillAndDecode(*model, device.get(), c.scores);
+    EXPECT_EQ(got.last_logits, want.last_logits);
+    EXPECT_EQ(got.k, want.k);
+    EXPECT_EQ(got.v, want.v);
+    ASSERT_EQ(want.generated.size(), 8u);
+    EXPECT_EQ(got.generated, want.generated);
+    EXPECT_EQ(got.recalled, want.recalled);
   }
 }
 

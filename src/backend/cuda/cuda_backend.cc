@@ -7,12 +7,17 @@
 // resident set, dequantized on the host's cores and kept on the device as
 // bf16 (the default: cuBLAS's bf16 products with f32 sums) or f32
 // (exact_matmul: f32 products, no TF32). The norms' weights are uploaded
-// once as well. The activations and the KV entries stay where the engine
-// keeps them, in host memory: each op copies its operands in and its
-// results out, and the ops that the forward pass runs back to back are
-// fused so that a layer copies its residual rows in and out once per block
-// (NormMatMulShared, FeedForward with its add, MatMulAdd). The embedding
-// lookup dequantizes its rows on the host.
+// once as well. The backend's buffers (NewBuffer: the forward pass's
+// activations, the chunk loop's candidates) are device memory, the
+// backend's own allocations; the engine's memory (KvCache) and its votes
+// stay in host memory. Each op copies its operands into dense device
+// scratch and its results out with cudaMemcpyDefault, which moves device
+// operands within the device and host ones over the bus; the ops that the
+// forward pass runs back to back are fused so that a layer copies its
+// residual rows in and out once per block (NormMatMulShared, FeedForward
+// with its add, MatMulAdd). Gather, Add, AddRows and Scale run on the
+// device where their destination is the backend's. The embedding lookup
+// dequantizes its rows on the host and copies them in.
 #include "src/backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -25,6 +30,7 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -111,9 +117,11 @@ absl::Status CublasStatus(cublasStatus_t s, absl::string_view what) {
 
 #define SNAPFILL_CUDA(expr, what) SNAPFILL_RETURN_IF_ERROR(CudaStatus((expr), (what)))
 
-enum Op { kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kRecall, kSelect, kUpload, kNumOps };
-constexpr const char* kOpNames[kNumOps] = {"matmul", "get_rows", "rms_norm", "rope",   "swiglu",
-                                           "attention", "window_scores", "recall", "select", "weight_upload"};
+enum Op {
+  kMatMul, kGetRows, kRmsNorm, kRope, kSwiGlu, kAttention, kWindowScores, kRecall, kSelect, kUpload, kCopy, kNumOps
+};
+constexpr const char* kOpNames[kNumOps] = {"matmul",    "get_rows",      "rms_norm", "rope",   "swiglu",       "attention",
+                                           "window_scores", "recall", "select", "weight_upload", "copy"};
 
 // Device memory the backend holds, counted as it allocates (the peak is the
 // backend's own figure; cudaMemGetInfo's is the whole device's).
@@ -132,12 +140,21 @@ class DeviceMemory {
     }
     current_ += bytes;
     peak_ = std::max(peak_, current_);
-    sizes_[p] = bytes;
+    sizes_[static_cast<const char*>(p)] = bytes;
     return p;
+  }
+  // Whether p lies in one of these allocations (a device address the
+  // backend made), rather than in host memory.
+  bool Owns(const void* p) const {
+    const auto* c = static_cast<const char*>(p);
+    auto it = sizes_.upper_bound(c);
+    if (it == sizes_.begin()) return false;
+    --it;
+    return c < it->first + it->second;
   }
   void Free(void* p) {
     if (p == nullptr) return;
-    auto it = sizes_.find(p);
+    auto it = sizes_.find(static_cast<const char*>(p));
     if (it != sizes_.end()) {
       current_ -= it->second;
       sizes_.erase(it);
@@ -152,7 +169,7 @@ class DeviceMemory {
  private:
   uint64_t current_ = 0;
   uint64_t peak_ = 0;
-  std::unordered_map<void*, size_t> sizes_;
+  std::map<const char*, size_t> sizes_;  // by address, for Owns
 };
 
 // A device buffer that grows (never shrinks) to the largest size asked of it.
@@ -182,15 +199,43 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
+// A BackendBuffer in device memory. It shares the backend's DeviceMemory,
+// so that a buffer freed after its backend still counts and frees rightly.
+class DeviceBuffer final : public BackendBuffer {
+ public:
+  DeviceBuffer(std::shared_ptr<DeviceMemory> memory, void* data, uint64_t bytes, cudaStream_t stream)
+      : memory_(std::move(memory)), data_(data), bytes_(bytes), stream_(stream) {}
+  ~DeviceBuffer() override { memory_->Free(data_); }
+  void* data() override { return bytes_ > 0 ? data_ : nullptr; }
+  uint64_t bytes() const override { return bytes_; }
+  void* host() override { return nullptr; }
+  // One device allocation cannot give back a part: the bytes are zeroed,
+  // as the contract asks, and stay held (the device's peak counts them).
+  void ReleaseFrom(uint64_t offset) override {
+    if (offset < bytes_) cudaMemsetAsync(static_cast<char*>(data_) + offset, 0, bytes_ - offset, stream_);
+  }
+
+ private:
+  std::shared_ptr<DeviceMemory> memory_;
+  void* data_;
+  uint64_t bytes_;
+  cudaStream_t stream_;
+};
+
 class CudaBackend final : public Backend, public BackendProfile {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads)
-      : device_(device), prop_(prop), exact_(exact), profile_(profile), host_threads_(host_threads) {
-    for (auto& s : scratch_) s = std::make_unique<Scratch>(&memory_);
+  CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads, bool host_buffers)
+      : device_(device),
+        prop_(prop),
+        exact_(exact),
+        profile_(profile),
+        host_threads_(host_threads),
+        host_buffers_(host_buffers) {
+    for (auto& s : scratch_) s = std::make_unique<Scratch>(memory_.get());
   }
   ~CudaBackend() override {
-    for (auto& [data, w] : weights_) memory_.Free(w.data);
-    for (auto& [data, v] : vectors_) memory_.Free(v);
+    for (auto& [data, w] : weights_) memory_->Free(w.data);
+    for (auto& [data, v] : vectors_) memory_->Free(v);
     for (auto& s : scratch_) s.reset();
     if (cublas_ != nullptr) lib_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -215,9 +260,11 @@ class CudaBackend final : public Backend, public BackendProfile {
   std::string kernels() const override {
     return absl::StrFormat(
         "cuda: %s (sm_%d%d, %.1f GiB): products cuBLAS %s, attention tiled f32 (online softmax), top-k CUB radix "
-        "sort; activations and KV in host memory, copied per op",
+        "sort; %s",
         prop_.name, prop_.major, prop_.minor, prop_.totalGlobalMem / (kMiB * 1024),
-        exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)");
+        exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)",
+        host_buffers_ ? "activations and KV in host memory, copied per op"
+                      : "activations and candidates in device memory, the memory's KV in host memory, copied per op");
   }
 
   // ---- Products.
@@ -339,11 +386,133 @@ class CudaBackend final : public Backend, public BackendProfile {
         return absl::InvalidArgumentError(absl::StrCat("get_rows: id ", ids[i], " outside [0, ", table.rows, ")"));
       }
     }
+    // Into the backend's memory through a dense host copy.
+    const bool device = Owns(out);
+    float* rows = out;
+    int64_t stride = out_stride;
+    if (device) {
+      host_rows_.resize(static_cast<size_t>(n * table.cols));
+      rows = host_rows_.data();
+      stride = table.cols;
+    }
     for (int64_t i = 0; i < n; ++i) {
       cpu::DequantizeRow(table.type, static_cast<const char*>(table.data) + ids[i] * table.row_bytes,
-                         out + i * out_stride, table.cols);
+                         rows + i * stride, table.cols);
     }
-    return absl::OkStatus();
+    if (!device || n <= 0) return absl::OkStatus();
+    SNAPFILL_CUDA(cudaMemcpy2DAsync(out, out_stride * sizeof(float), rows, table.cols * sizeof(float),
+                                    table.cols * sizeof(float), n, cudaMemcpyHostToDevice, stream_),
+                  "get_rows");
+    return Sync("get_rows");
+  }
+
+  // ---- The backend's memory.
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
+    if (host_buffers_) return Backend::NewBuffer(bytes);
+    SNAPFILL_ASSIGN_OR_RETURN(void* data, memory_->Allocate(bytes));
+    auto buffer = std::make_unique<DeviceBuffer>(memory_, data, bytes, stream_);
+    SNAPFILL_CUDA(cudaMemsetAsync(data, 0, std::max<uint64_t>(bytes, 1), stream_), "new buffer");
+    SNAPFILL_RETURN_IF_ERROR(Sync("new buffer"));
+    return std::unique_ptr<BackendBuffer>(std::move(buffer));
+  }
+  absl::Status Download(const void* src, void* host, uint64_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream_), "download");
+    return Sync("download");
+  }
+  absl::Status Upload(const void* host, void* dst, uint64_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream_), "upload");
+    return Sync("upload");
+  }
+
+  // Rows between the backend's memory and the host's in any direction:
+  // runs of rows as one strided copy; indexed rows gathered where their
+  // source is (the device's kernel, or the host) and copied as one block.
+  absl::Status Gather(const std::vector<RowGather>& gathers) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
+    Timer t(this, kCopy);
+    bool queued = false;  // device work not yet waited for
+    for (const RowGather& r : gathers) {
+      if (r.count <= 0 || r.row_bytes == 0) continue;
+      const bool src_device = Owns(r.src), dst_device = Owns(r.dst);
+      if (!src_device && !dst_device) {
+        if (queued) {
+          SNAPFILL_RETURN_IF_ERROR(Sync("gather"));
+          queued = false;
+        }
+        GatherRows(r, 0, r.count);
+        continue;
+      }
+      queued = true;
+      if (r.rows == nullptr) {
+        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, r.src, r.src_stride, r.row_bytes, r.count,
+                                        cudaMemcpyDefault, stream_),
+                      "gather");
+      } else if (src_device) {
+        SNAPFILL_ASSIGN_OR_RETURN(int32_t* rows, Buffer<int32_t>(kRows, r.count));
+        SNAPFILL_CUDA(cudaMemcpyAsync(rows, r.rows, r.count * sizeof(int32_t), cudaMemcpyDefault, stream_), "gather");
+        if (dst_device) {
+          SNAPFILL_CUDA(
+              cuda::GatherRows(r.src, r.src_stride, rows, r.dst, r.dst_stride, r.count, r.row_bytes, stream_),
+              "gather");
+        } else {
+          SNAPFILL_ASSIGN_OR_RETURN(char* packed, Buffer<char>(kPacked, r.count * static_cast<int64_t>(r.row_bytes)));
+          SNAPFILL_CUDA(cuda::GatherRows(r.src, r.src_stride, rows, packed, r.row_bytes, r.count, r.row_bytes, stream_),
+                        "gather");
+          SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, packed, r.row_bytes, r.row_bytes, r.count,
+                                          cudaMemcpyDefault, stream_),
+                        "gather");
+        }
+      } else {
+        // Host rows into the device: packed on the host, copied at once.
+        // (The copy is made before the next gather reuses the pack: a
+        // stream sync precedes the packing.)
+        SNAPFILL_RETURN_IF_ERROR(Sync("gather"));
+        host_pack_.resize(static_cast<size_t>(r.count) * r.row_bytes);
+        RowGather packed = r;
+        packed.dst = host_pack_.data();
+        packed.dst_stride = r.row_bytes;
+        GatherRows(packed, 0, r.count);
+        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, host_pack_.data(), r.row_bytes, r.row_bytes, r.count,
+                                        cudaMemcpyDefault, stream_),
+                      "gather");
+      }
+    }
+    return queued ? Sync("gather") : absl::OkStatus();
+  }
+
+  // The forward pass's element-wise work, on the device where x is the
+  // backend's (the operand copied in where it is not), else on the host.
+  absl::Status Add(float* x, const float* y, int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    if (!Owns(x)) return Backend::Add(x, y, n);
+    Timer t(this, kSwiGlu);  // (the element-wise row of the profile)
+    const float* yd = y;
+    if (!Owns(y)) {
+      SNAPFILL_ASSIGN_OR_RETURN(float* staged, UploadRows(kUp, y, 1, n, n));
+      yd = staged;
+    }
+    SNAPFILL_CUDA(cuda::AddInPlace(x, yd, n, stream_), "add");
+    return Sync("add");
+  }
+  absl::Status AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) override {
+    if (rows <= 0 || dim <= 0) return absl::OkStatus();
+    if (!Owns(x)) return Backend::AddRows(x, stride, bias, rows, dim);
+    Timer t(this, kSwiGlu);
+    SNAPFILL_ASSIGN_OR_RETURN(const float* bd, Vector(bias, dim));  // (a model's bias: uploaded once)
+    SNAPFILL_CUDA(cuda::AddRows(x, stride, bd, rows, dim, stream_), "add_rows");
+    return Sync("add_rows");
+  }
+  absl::Status Scale(float* x, int64_t n, float s) override {
+    if (n <= 0) return absl::OkStatus();
+    if (!Owns(x)) return Backend::Scale(x, n, s);
+    Timer t(this, kSwiGlu);
+    SNAPFILL_CUDA(cuda::Scale(x, n, s, stream_), "scale");
+    return Sync("scale");
   }
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
@@ -494,7 +663,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     } else {
       SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, keys, /*with_v=*/false));
       SNAPFILL_ASSIGN_OR_RETURN(float* ld, Buffer<float>(kLse, q.num_heads * q.count));
-      SNAPFILL_CUDA(cudaMemcpyAsync(ld, lse, q.num_heads * q.count * sizeof(float), cudaMemcpyHostToDevice, stream_),
+      SNAPFILL_CUDA(cudaMemcpyAsync(ld, lse, q.num_heads * q.count * sizeof(float), cudaMemcpyDefault, stream_),
                     "recall_scores");
       o.shape.num_keys = keys.num_keys;
       SNAPFILL_CUDA(cuda::KeyWeights(o.q, ld, o.k, o.shape, /*causal=*/false, sd, keys.num_keys, stream_, max_weight),
@@ -570,7 +739,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     cudaMemGetInfo(&free_bytes, &total_bytes);
     absl::StrAppendFormat(&out, "device memory: %.1f MiB held by the backend (peak %.1f MiB), %.1f MiB in use on the "
                           "device of %.1f MiB\n",
-                          memory_.current() / kMiB, memory_.peak() / kMiB, (total_bytes - free_bytes) / kMiB,
+                          memory_->current() / kMiB, memory_->peak() / kMiB, (total_bytes - free_bytes) / kMiB,
                           total_bytes / kMiB);
     return out;
   }
@@ -594,16 +763,16 @@ class CudaBackend final : public Backend, public BackendProfile {
     return p;
   }
 
-  uint64_t DevicePeakBytes() const override { return memory_.peak(); }
+  uint64_t DevicePeakBytes() const override { return memory_->peak(); }
 
   absl::StatusOr<double> GemmPeak() {
     constexpr int kN = 8192, kRuns = 5;
-    const uint64_t peak_before = memory_.peak();
+    const uint64_t peak_before = memory_->peak();
     const size_t elem = exact_ ? sizeof(float) : sizeof(uint16_t);
     const size_t in_bytes = size_t{kN} * kN * elem;
-    SNAPFILL_ASSIGN_OR_RETURN(void* a, memory_.Allocate(in_bytes));
-    absl::StatusOr<void*> b = memory_.Allocate(in_bytes);
-    absl::StatusOr<void*> c = memory_.Allocate(size_t{kN} * kN * sizeof(float));
+    SNAPFILL_ASSIGN_OR_RETURN(void* a, memory_->Allocate(in_bytes));
+    absl::StatusOr<void*> b = memory_->Allocate(in_bytes);
+    absl::StatusOr<void*> c = memory_->Allocate(size_t{kN} * kN * sizeof(float));
     absl::StatusOr<double> result = absl::InternalError("not measured");
     if (b.ok() && c.ok()) {
       cudaMemsetAsync(a, 0, in_bytes, stream_);
@@ -629,16 +798,21 @@ class CudaBackend final : public Backend, public BackendProfile {
       cudaEventDestroy(stop);
       if (s.ok() && ms > 0) result = 2.0 * kN * kN * double{kN} * kRuns / (ms * 1e-3);
     }
-    if (c.ok()) memory_.Free(*c);
-    if (b.ok()) memory_.Free(*b);
-    memory_.Free(a);
-    memory_.set_peak(peak_before);
+    if (c.ok()) memory_->Free(*c);
+    if (b.ok()) memory_->Free(*b);
+    memory_->Free(a);
+    memory_->set_peak(peak_before);
     return result;
   }
 
  private:
   // The scratch buffers, by use.
-  enum Slot { kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kNumSlots };
+  enum Slot {
+    kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kRows, kPacked, kNumSlots
+  };
+
+  // Whether p is in the backend's device memory (a buffer, or scratch).
+  bool Owns(const void* p) const { return p != nullptr && memory_->Owns(p); }
 
   template <typename T>
   absl::StatusOr<T*> Buffer(Slot slot, int64_t n) {
@@ -646,19 +820,20 @@ class CudaBackend final : public Backend, public BackendProfile {
     return static_cast<T*>(p);
   }
 
-  // rows × cols floats at `stride` on the host into a dense device buffer.
+  // rows × cols floats at `stride` (on the host or in the backend's
+  // buffers) into a dense device buffer.
   absl::StatusOr<float*> UploadRows(Slot slot, const float* x, int64_t rows, int64_t cols, int64_t stride) {
     SNAPFILL_ASSIGN_OR_RETURN(float* d, Buffer<float>(slot, rows * cols));
     if (rows <= 0 || cols <= 0) return d;  // (a copy of nothing is not one CUDA takes)
     SNAPFILL_CUDA(cudaMemcpy2DAsync(d, cols * sizeof(float), x, stride * sizeof(float), cols * sizeof(float), rows,
-                                    cudaMemcpyHostToDevice, stream_),
+                                    cudaMemcpyDefault, stream_),
                   "copy to device");
     return d;
   }
   absl::Status DownloadRows(const float* d, int64_t rows, int64_t cols, float* y, int64_t stride) {
     if (rows <= 0 || cols <= 0) return absl::OkStatus();
     SNAPFILL_CUDA(cudaMemcpy2DAsync(y, stride * sizeof(float), d, cols * sizeof(float), cols * sizeof(float), rows,
-                                    cudaMemcpyDeviceToHost, stream_),
+                                    cudaMemcpyDefault, stream_),
                   "copy from device");
     return absl::OkStatus();
   }
@@ -806,12 +981,12 @@ class CudaBackend final : public Backend, public BackendProfile {
     auto it = weights_.find(w.data);
     if (it != weights_.end()) {
       if (it->second.Holds(w)) return static_cast<const void*>(it->second.data);
-      memory_.Free(it->second.data);
+      memory_->Free(it->second.data);
       weights_.erase(it);
     }
     Timer t(this, kUpload);
     const size_t elem = exact_ ? sizeof(float) : sizeof(uint16_t);
-    SNAPFILL_ASSIGN_OR_RETURN(void* dst, memory_.Allocate(static_cast<size_t>(w.rows) * w.cols * elem));
+    SNAPFILL_ASSIGN_OR_RETURN(void* dst, memory_->Allocate(static_cast<size_t>(w.rows) * w.cols * elem));
     const DeviceWeight dw{dst, w.type, w.rows, w.cols, w.row_bytes};
     // Rows per piece: about 16 MiB of f32.
     const int64_t piece = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.cols));
@@ -859,7 +1034,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       }
     }
     if (!status.ok()) {
-      memory_.Free(dst);
+      memory_->Free(dst);
       return status;
     }
     weights_.emplace(w.data, dw);
@@ -870,10 +1045,10 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::StatusOr<const float*> Vector(const float* v, int64_t n) {
     auto it = vectors_.find(v);
     if (it != vectors_.end()) return static_cast<const float*>(it->second);
-    SNAPFILL_ASSIGN_OR_RETURN(void* d, memory_.Allocate(n * sizeof(float)));
+    SNAPFILL_ASSIGN_OR_RETURN(void* d, memory_->Allocate(n * sizeof(float)));
     absl::Status s = CudaStatus(cudaMemcpy(d, v, n * sizeof(float), cudaMemcpyHostToDevice), "norm upload");
     if (!s.ok()) {
-      memory_.Free(d);
+      memory_->Free(d);
       return s;
     }
     vectors_.emplace(v, d);
@@ -908,14 +1083,17 @@ class CudaBackend final : public Backend, public BackendProfile {
   bool exact_;
   bool profile_;
   int host_threads_;
+  bool host_buffers_;  // BackendOptions::host_buffers
   cudaStream_t stream_ = nullptr;
   const Cublas* lib_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  DeviceMemory memory_;
+  std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
   std::unique_ptr<Scratch> scratch_[kNumSlots];
   std::unordered_map<const void*, DeviceWeight> weights_;
   std::unordered_map<const void*, void*> vectors_;
   std::mutex select_mutex_;  // the device's selection, from ParallelFor's threads
+  std::vector<float> host_rows_;   // GetRows' rows on their way to the device
+  std::vector<char> host_pack_;    // Gather's host rows on their way to the device
   int timer_depth_ = 0;
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
@@ -959,7 +1137,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   cudaDeviceProp prop;
   SNAPFILL_ASSIGN_OR_RETURN(int device, FindDevice(&prop));
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
-  auto backend = std::make_unique<CudaBackend>(device, prop, options.exact_matmul, options.profile, threads);
+  auto backend =
+      std::make_unique<CudaBackend>(device, prop, options.exact_matmul, options.profile, threads, options.host_buffers);
   SNAPFILL_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -1,0 +1,34 @@
+// One IMDC prefill with eviction and the decoding after it, on a tiny model,
+// for tests that compare two ways of running the same engine (where the
+// backend keeps its buffers): every bit that comes out, to compare whole.
+#ifndef SNAPFILL_TESTS_TESTING_ENGINE_RUN_H_
+#define SNAPFILL_TESTS_TESTING_ENGINE_RUN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "snapfill/backend.h"
+#include "src/model/llama_model.h"
+
+namespace snapfill::testing {
+
+struct EngineOutcome {
+  std::vector<float> last_logits;
+  std::vector<float> k, v;  // the decoder cache's entries, layer by layer
+  std::vector<int32_t> generated;
+  int64_t recalled = 0;  // entries the recall tier brought back (per layer and KV head, the most)
+};
+
+// How the chunk loop scores: the question's votes; the same with the recall
+// tier (a store in a temporary directory); SmartKV's gate (zero gates: the
+// chunk's entries tie, and the keys still go through the gate's arithmetic
+// on the host).
+enum class EngineScores { kGuided, kGuidedRecall, kGate };
+
+// 300 test tokens through IMDC (chunk 48, memory 40, window 8) with SnapKV
+// or the gate, then 8 greedy tokens decoded from the cache, on `backend`.
+EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, EngineScores scores);
+
+}  // namespace snapfill::testing
+
+#endif  // SNAPFILL_TESTS_TESTING_ENGINE_RUN_H_
