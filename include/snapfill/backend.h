@@ -497,6 +497,11 @@ class Backend {
   // pages, which become resident as they are written; ResourceExhausted
   // where the mapping cannot be made.
   virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes);
+  // Whether the host reaches this backend's buffers in place
+  // (BackendBuffer::host() set): the CPU's, unless guarded. Where it does
+  // not (a device), the prefill engine keeps its memory's keys and values
+  // in the backend's buffers as well, so that its copies stay there.
+  virtual bool HostReachesBuffers() const { return true; }
   // Copies between the backend's memory (a BackendBuffer's bytes) and the
   // host's. The base class: memcpy.
   virtual absl::Status Download(const void* src, void* host, uint64_t bytes);

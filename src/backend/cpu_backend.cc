@@ -167,6 +167,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     const OpScope op(*team_, guard_.get());
     cpu::FromFp16(x, y, n);
   }
+  bool HostReachesBuffers() const override { return guard_ == nullptr; }
   absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
     if (guard_ == nullptr) return Backend::NewBuffer(bytes);
     SNAPFILL_ASSIGN_OR_RETURN(PagedArray<uint8_t> pages, MapPages(bytes));

@@ -68,7 +68,8 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     for (int64_t l = 0; l < mc.num_layers; ++l) shape.layer_capacity.push_back(mc.IsLocal(l) ? window : shape.capacity);
     shape.capacity = std::max(shape.capacity, window);
   }
-  SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create(shape));
+  // (On a device the memory's keys and values live there too.)
+  SNAPFILL_ASSIGN_OR_RETURN(e->memory_, KvCache::Create(shape, backend->HostReachesBuffers() ? nullptr : backend));
   const bool reconstruct = e->config_.pruner.kind == PrunerKind::kReconstruct;
   e->query_rows_ = QueryRows(e->config_, e->plan_.max_chunk_tokens);
   if (KeepsEntryScores(e->config_.pruner.kind)) SNAPFILL_RETURN_IF_ERROR(e->memory_->EnableScores());

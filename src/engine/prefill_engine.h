@@ -54,6 +54,10 @@ class PrefillEngineImpl final : public PrefillEngine {
   absl::Status AttendAndCompress(int64_t layer, float* q, int64_t q_stride, float* k, float* v,
                                  int64_t kv_stride, int64_t rows, int64_t out_rows, float* out);
   int64_t ChunkOf(int32_t position) const;
+  // Each layer's entries of `from` into `to` (same layers and heads, room
+  // for them), keys and values through the backend: either may be in its
+  // buffers. Sets to's sizes.
+  absl::Status CopyMemory(const KvCache& from, KvCache& to) const;
   // Frees every buffer the chunk loop writes (TakeDecoderCache).
   void ReleaseScratch();
   // The question's votes on a layer's num = view.num_keys candidates into

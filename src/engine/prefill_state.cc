@@ -50,20 +50,29 @@ absl::Status PrefillEngineImpl::Restore(int64_t steps_done, const std::vector<do
                                                    PrunerKindName(config_.pruner.kind), " ranks by"));
   }
   memory_->Clear();
-  const int64_t d = c.head_dim;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const int64_t m = memory.size(l);
-    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      std::memcpy(memory_->k(l, h), memory.k(l, h), m * d * sizeof(float));
-      std::memcpy(memory_->v(l, h), memory.v(l, h), m * d * sizeof(float));
-      std::memcpy(memory_->pos(l, h), memory.pos(l, h), m * sizeof(int32_t));
-      if (memory_->has_scores()) std::memcpy(memory_->score(l, h), memory.score(l, h), m * sizeof(float));
-    }
-    memory_->set_size(l, m);
-  }
+  SNAPFILL_RETURN_IF_ERROR(CopyMemory(memory, *memory_));
   steps_done_ = steps_done;
   retention_ = retention;
   return absl::OkStatus();
+}
+
+absl::Status PrefillEngineImpl::CopyMemory(const KvCache& from, KvCache& to) const {
+  const LlamaConfig& c = model_.config();
+  const size_t row = c.head_dim * sizeof(float);
+  // The keys and values through the backend (either cache may be in its
+  // buffers), the rest on the host.
+  std::vector<Backend::RowGather> rows;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int64_t m = from.size(l);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      rows.push_back({from.k(l, h), row, nullptr, to.k(l, h), row, m, row});
+      rows.push_back({from.v(l, h), row, nullptr, to.v(l, h), row, m, row});
+      std::memcpy(to.pos(l, h), from.pos(l, h), m * sizeof(int32_t));
+      if (to.has_scores()) std::memcpy(to.score(l, h), from.score(l, h), m * sizeof(float));
+    }
+    to.set_size(l, m);
+  }
+  return backend_->Gather(rows);
 }
 
 namespace {
@@ -83,6 +92,13 @@ const int32_t* DecoderPositions(const std::vector<int32_t>& rot, int64_t m) {
 absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::TakeDecoderCache() {
   if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
   const LlamaConfig& c = model_.config();
+  if (!memory_->on_host()) {
+    // The decoder's cache is the host's: the memory copied out once.
+    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> host, KvCache::Create(memory_->shape()));
+    if (memory_->has_scores()) SNAPFILL_RETURN_IF_ERROR(host->EnableScores());
+    SNAPFILL_RETURN_IF_ERROR(CopyMemory(*memory_, *host));
+    memory_ = std::move(host);
+  }
   std::vector<int32_t> rot(memory_->max_size());
   std::iota(rot.begin(), rot.end(), 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -140,17 +156,13 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::MakeDecoderCache(
   std::vector<int32_t> rot(max_size);
   std::iota(rot.begin(), rot.end(), 0);
   const int64_t d = c.head_dim;
+  SNAPFILL_RETURN_IF_ERROR(CopyMemory(*memory_, *cache));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const int64_t m = memory_->size(l);
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      std::memcpy(cache->k(l, h), memory_->k(l, h), m * d * sizeof(float));
-      std::memcpy(cache->v(l, h), memory_->v(l, h), m * d * sizeof(float));
-      std::memcpy(cache->pos(l, h), memory_->pos(l, h), m * sizeof(int32_t));
-      if (memory_->has_scores()) std::memcpy(cache->score(l, h), memory_->score(l, h), m * sizeof(float));
       const int32_t* pos = config_.keep_original_positions ? memory_->pos(l, h) : DecoderPositions(rot, m);
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope(l)));
     }
-    cache->set_size(l, m);
   }
   return cache;
 }

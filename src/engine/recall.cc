@@ -192,6 +192,15 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     float* mk = cache.k(layer, h);
     float* mv = cache.v(layer, h);
     int32_t* mp = cache.pos(layer, h);
+    if (!cache.on_host()) {
+      // In a backend's buffers: the head's entries come out, merge here
+      // and go back (once per layer and head, at the last step).
+      merge_k_.resize((kept + want) * d);
+      merge_v_.resize((kept + want) * d);
+      SNAPFILL_RETURN_IF_ERROR(cache.CopyOut(layer, h, kept, merge_k_.data(), merge_v_.data()));
+      mk = merge_k_.data();
+      mv = merge_v_.data();
+    }
     // From the back, so nothing is overwritten before it moves. In a
     // rotated cache each entry then turns by how far it moved (RoPE
     // composes: a rotation by a after one by b is one by a + b), and each
@@ -219,6 +228,11 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(mk + first * d, kept + want - first, 1, d, d, rot_.data() + first,
                                               c.rope(layer)));
     }
+    if (!cache.on_host()) {
+      const uint64_t bytes = static_cast<uint64_t>(kept + want) * d * sizeof(float);
+      SNAPFILL_RETURN_IF_ERROR(cache.storage()->Upload(mk, cache.k(layer, h), bytes));
+      SNAPFILL_RETURN_IF_ERROR(cache.storage()->Upload(mv, cache.v(layer, h), bytes));
+    }
   }
   cache.set_size(layer, kept + want);
   return want;
@@ -241,6 +255,7 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
   std::iota(qpos.begin(), qpos.end(), static_cast<int32_t>(start));
   Recaller recaller(backend, c);
   std::vector<float> tk, tv;  // [heads][m + n][d]: the layer's cache, then the question's keys
+  std::vector<Backend::RowGather> copies;
   int64_t added = 0;
   // Each layer: the question's queries and keys at the positions after the
   // cache, attention over cache ∪ question (its outputs feed the next
@@ -253,14 +268,17 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
     SNAPFILL_RETURN_IF_ERROR(backend->Rope(k, rows, heads, d, kv_stride, qpos.data(), c.rope(layer)));
     tk.resize(heads * total * d);
     tv.resize(heads * total * d);
+    // The cache's entries and the question's (in the forward pass's
+    // buffers: copied by the backend).
+    const size_t row = d * sizeof(float), batch_row = kv_stride * sizeof(float);
+    copies.clear();
     for (int64_t h = 0; h < heads; ++h) {
-      std::memcpy(tk.data() + h * total * d, cache.k(layer, h), m * d * sizeof(float));
-      std::memcpy(tv.data() + h * total * d, cache.v(layer, h), m * d * sizeof(float));
-      for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(tk.data() + (h * total + m + r) * d, k + r * kv_stride + h * d, d * sizeof(float));
-        std::memcpy(tv.data() + (h * total + m + r) * d, v + r * kv_stride + h * d, d * sizeof(float));
-      }
+      copies.push_back({cache.k(layer, h), row, nullptr, tk.data() + h * total * d, row, m, row});
+      copies.push_back({cache.v(layer, h), row, nullptr, tv.data() + h * total * d, row, m, row});
+      copies.push_back({k + h * d, batch_row, nullptr, tk.data() + (h * total + m) * d, row, rows, row});
+      copies.push_back({v + h * d, batch_row, nullptr, tv.data() + (h * total + m) * d, row, rows, row});
     }
+    SNAPFILL_RETURN_IF_ERROR(backend->Gather(copies));
     KvView view;
     view.k = tk.data();
     view.v = tv.data();

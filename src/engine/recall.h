@@ -54,6 +54,7 @@ class Recaller {
   // A block of stored keys (slot-major), positions, rotation positions,
   // scores; the question's log-denominators.
   std::vector<float> k_, scores_, lse_;
+  std::vector<float> merge_k_, merge_v_;  // a head's entries, merged on the host (a cache in a backend's buffers)
   std::vector<int32_t> pos_, rot_;
 };
 

@@ -239,11 +239,22 @@ absl::Status SaveKvFile(const KvFileFormat& format, const std::string& path,
     SNAPFILL_RETURN_IF_ERROR(out.Put<uint64_t>(capacity(l)));
   }
   // Head-major storage keeps each head's first size(l) rows contiguous.
+  // (A cache in a backend's buffers comes out a head at a time.)
+  std::vector<float> host_k, host_v;
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     const size_t n = static_cast<size_t>(kv.size(l));
     for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
-      SNAPFILL_RETURN_IF_ERROR(out.Write(kv.k(l, h), n * shape.head_dim * sizeof(float)));
-      SNAPFILL_RETURN_IF_ERROR(out.Write(kv.v(l, h), n * shape.head_dim * sizeof(float)));
+      const float* k = kv.k(l, h);
+      const float* v = kv.v(l, h);
+      if (!kv.on_host()) {
+        host_k.resize(n * shape.head_dim);
+        host_v.resize(n * shape.head_dim);
+        SNAPFILL_RETURN_IF_ERROR(kv.CopyOut(l, h, static_cast<int64_t>(n), host_k.data(), host_v.data()));
+        k = host_k.data();
+        v = host_v.data();
+      }
+      SNAPFILL_RETURN_IF_ERROR(out.Write(k, n * shape.head_dim * sizeof(float)));
+      SNAPFILL_RETURN_IF_ERROR(out.Write(v, n * shape.head_dim * sizeof(float)));
       SNAPFILL_RETURN_IF_ERROR(out.Write(kv.pos(l, h), n * sizeof(int32_t)));
       if (scores) SNAPFILL_RETURN_IF_ERROR(out.Write(kv.score(l, h), n * sizeof(float)));
     }

@@ -23,7 +23,7 @@ KvCache::KvCache(const KvCacheShape& shape)
   }
 }
 
-absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape) {
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& shape, Backend* storage) {
   if (shape.num_layers <= 0 || shape.num_kv_heads <= 0 || shape.head_dim <= 0 ||
       shape.capacity <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -53,9 +53,23 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
                                                      " GiB is too large"));
   }
   std::unique_ptr<KvCache> cache(new KvCache(shape));
-  if (!cache->k_.Allocate(static_cast<size_t>(elems)) ||
-      !cache->v_.Allocate(static_cast<size_t>(elems)) ||
-      !cache->pos_.Allocate(static_cast<size_t>(elems) / shape.head_dim)) {
+  if (!cache->pos_.Allocate(static_cast<size_t>(elems) / shape.head_dim)) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache's positions of ",
+                                                     elems / shape.head_dim * 4 / (1 << 20), " MiB"));
+  }
+  if (storage != nullptr) {
+    cache->storage_ = storage;
+    for (std::unique_ptr<BackendBuffer>* b : {&cache->k_buf_, &cache->v_buf_}) {
+      absl::StatusOr<std::unique_ptr<BackendBuffer>> made = storage->NewBuffer(static_cast<uint64_t>(elems) * 4);
+      if (!made.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ", elems * 8 / (1 << 20),
+                                                         " MiB on the backend: ", made.status().message()));
+      }
+      *b = std::move(*made);
+    }
+    return cache;
+  }
+  if (!cache->k_.Allocate(static_cast<size_t>(elems)) || !cache->v_.Allocate(static_cast<size_t>(elems))) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a KV cache of ",
                                                      elems * 8 / (1 << 20), " MiB"));
   }
@@ -76,10 +90,26 @@ KvView KvCache::View(int64_t layer, int64_t num_keys) const {
   return ViewNoRestore(layer, num_keys);
 }
 
+absl::Status KvCache::CopyOut(int64_t layer, int64_t head, int64_t n, float* k_out, float* v_out) const {
+  if (n < 0 || n > capacity(layer)) {
+    return absl::OutOfRangeError(absl::StrCat("KV cache layer ", layer, ": ", n, " entries of ", capacity(layer)));
+  }
+  const size_t bytes = static_cast<size_t>(n) * shape_.head_dim * sizeof(float);
+  if (on_host()) {
+    if (bytes > 0) {
+      std::memcpy(k_out, k(layer, head), bytes);
+      std::memcpy(v_out, v(layer, head), bytes);
+    }
+    return absl::OkStatus();
+  }
+  SNAPFILL_RETURN_IF_ERROR(storage_->Download(k(layer, head), k_out, bytes));
+  return storage_->Download(v(layer, head), v_out, bytes);
+}
+
 KvView KvCache::ViewNoRestore(int64_t layer, int64_t num_keys) const {
   KvView view;
-  view.k = k_.data() + Offset(layer, 0);
-  view.v = v_.data() + Offset(layer, 0);
+  view.k = KData() + Offset(layer, 0);
+  view.v = VData() + Offset(layer, 0);
   view.head_stride = head_stride(layer);
   view.key_stride = key_stride();
   view.num_keys = num_keys;
@@ -98,6 +128,7 @@ bool AnyNotFinite(const uint16_t* h, int64_t n) {
 }  // namespace
 
 absl::Status KvCache::SyncHalf(int64_t layer, const HalfFn& convert, bool release_f32) {
+  if (!on_host()) return absl::FailedPreconditionError("the KV cache's fp16 copy is made in host memory only");
   if (k16_.size() == 0) {
     if (!k16_.Allocate(k_.size()) || !v16_.Allocate(v_.size())) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the KV cache's fp16 copy of ",
@@ -183,8 +214,8 @@ absl::StatusOr<KvCache::Slots> KvCache::AppendSlots(int64_t layer, int64_t n, co
   Slots slots;
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
     // (Past the entries the fp16 copy holds: no need to drop it.)
-    slots.k.push_back(k_.data() + Offset(layer, h) + start * d);
-    slots.v.push_back(v_.data() + Offset(layer, h) + start * d);
+    slots.k.push_back(KData() + Offset(layer, h) + start * d);
+    slots.v.push_back(VData() + Offset(layer, h) + start * d);
     int32_t* pd = pos(layer, h) + start;
     for (int64_t t = 0; t < n; ++t) pd[t] = positions != nullptr ? positions[t] : static_cast<int32_t>(start + t);
     if (has_scores()) std::fill(score(layer, h) + start, score(layer, h) + start + n, 0.0f);
@@ -197,6 +228,15 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
                              int64_t stride, const int32_t* positions) {
   SNAPFILL_ASSIGN_OR_RETURN(const Slots slots, AppendSlots(layer, n, positions));
   const int64_t d = shape_.head_dim;
+  if (!on_host()) {
+    std::vector<Backend::RowGather> rows;
+    const size_t row = d * sizeof(float), from = stride * sizeof(float);
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      rows.push_back({k_rows + h * d, from, nullptr, slots.k[h], row, n, row});
+      rows.push_back({v_rows + h * d, from, nullptr, slots.v[h], row, n, row});
+    }
+    return storage_->Gather(rows);
+  }
   for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(slots.k[h] + t * d, k_rows + t * stride + h * d, d * sizeof(float));
@@ -207,22 +247,29 @@ absl::Status KvCache::Append(int64_t layer, const float* k_rows, const float* v_
 }
 
 std::unique_ptr<KvCache> KvCache::Clone() const {
-  std::unique_ptr<KvCache> c(new KvCache(shape_));
-  if (!c->k_.Allocate(k_.size()) || !c->v_.Allocate(v_.size()) || !c->pos_.Allocate(pos_.size())) {
-    throw std::bad_alloc();
-  }
+  absl::StatusOr<std::unique_ptr<KvCache>> made = Create(shape_, storage_);
+  if (!made.ok()) throw std::bad_alloc();
+  std::unique_ptr<KvCache> c = std::move(*made);
   if (has_scores() && !c->score_.Allocate(score_.size())) throw std::bad_alloc();
   // Only the valid entries of each layer and head: the rest is zero anyway
   // and stays unwritten (not resident) in the copy too.
   const int64_t d = shape_.head_dim;
+  std::vector<Backend::RowGather> rows;
   for (int64_t l = 0; l < shape_.num_layers; ++l) {
     for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
-      std::memcpy(c->k(l, h), k(l, h), sizes_[l] * d * sizeof(float));
-      std::memcpy(c->v(l, h), v(l, h), sizes_[l] * d * sizeof(float));
+      const size_t bytes = sizes_[l] * d * sizeof(float);
+      if (!on_host()) {
+        rows.push_back({k(l, h), bytes, nullptr, c->k(l, h), bytes, 1, bytes});
+        rows.push_back({v(l, h), bytes, nullptr, c->v(l, h), bytes, 1, bytes});
+      } else {
+        std::memcpy(c->k(l, h), k(l, h), bytes);
+        std::memcpy(c->v(l, h), v(l, h), bytes);
+      }
       std::memcpy(c->pos(l, h), pos(l, h), sizes_[l] * sizeof(int32_t));
       if (has_scores()) std::memcpy(c->score(l, h), score(l, h), sizes_[l] * sizeof(float));
     }
   }
+  if (!rows.empty() && !storage_->Gather(rows).ok()) throw std::bad_alloc();
   c->sizes_ = sizes_;
   return c;
 }

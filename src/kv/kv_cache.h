@@ -12,6 +12,14 @@
 //           kept (context reconstruction's, DESIGN.md §9), carried by
 //           checkpoints and cache files with the entry
 // size(layer) entries are valid in every head of that layer.
+//
+// Where the keys and values live: host memory (paged), or a backend's
+// buffers (Create with `storage`: the prefill engine's memory on a backend
+// whose buffers the host cannot reach, a device's). Positions and scores
+// are always in host memory. Stored on a backend, k() and v() are the
+// backend's addresses, for its ops (Backend::Gather, the attention
+// family); the host reads them with CopyOut; the fp16 decode copy is a
+// host cache's only.
 #ifndef SNAPFILL_KV_KV_CACHE_H_
 #define SNAPFILL_KV_KV_CACHE_H_
 
@@ -41,8 +49,17 @@ struct KvCacheShape {
 
 class KvCache {
  public:
-  // Allocates capacity for every layer; ResourceExhausted if it cannot.
-  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape);
+  // Allocates capacity for every layer, in host memory or (storage given)
+  // in storage's buffers; ResourceExhausted if it cannot.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape, Backend* storage = nullptr);
+
+  // Whether the keys and values are in host memory (else in storage()'s
+  // buffers, which only its ops and CopyOut reach).
+  bool on_host() const { return storage_ == nullptr; }
+  Backend* storage() const { return storage_; }
+  // The first n entries' keys and values of (layer, head) into host
+  // memory (n × head_dim floats each), wherever they live.
+  absl::Status CopyOut(int64_t layer, int64_t head, int64_t n, float* k, float* v) const;
 
   const KvCacheShape& shape() const { return shape_; }
   // The largest layer's capacity, and one layer's.
@@ -62,7 +79,8 @@ class KvCache {
   // Bytes allocated for keys, values, positions and scores (resident only once written).
   uint64_t bytes() const {
     return static_cast<uint64_t>(k_.size() + v_.size() + score_.size()) * sizeof(float) +
-           pos_.size() * sizeof(int32_t) + (k16_.size() + v16_.size()) * sizeof(uint16_t);
+           pos_.size() * sizeof(int32_t) + (k16_.size() + v16_.size()) * sizeof(uint16_t) +
+           (k_buf_ != nullptr ? k_buf_->bytes() + v_buf_->bytes() : 0);
   }
 
   // Per-entry scores (see the layout above): allocated by EnableScores
@@ -86,20 +104,20 @@ class KvCache {
   float* k(int64_t layer, int64_t head) {
     RestoreF32(layer);
     half_sizes_[layer] = 0;
-    return k_.data() + Offset(layer, head);
+    return KData() + Offset(layer, head);
   }
   float* v(int64_t layer, int64_t head) {
     RestoreF32(layer);
     half_sizes_[layer] = 0;
-    return v_.data() + Offset(layer, head);
+    return VData() + Offset(layer, head);
   }
   const float* k(int64_t layer, int64_t head) const {
     RestoreF32(layer);
-    return k_.data() + Offset(layer, head);
+    return KData() + Offset(layer, head);
   }
   const float* v(int64_t layer, int64_t head) const {
     RestoreF32(layer);
-    return v_.data() + Offset(layer, head);
+    return VData() + Offset(layer, head);
   }
   int64_t head_stride(int64_t layer) const { return capacity(layer) * shape_.head_dim; }
   int64_t key_stride() const { return shape_.head_dim; }
@@ -116,7 +134,7 @@ class KvCache {
   // appended ones after). Entries reached through writable k() / v() or
   // cut by set_size() are copied again. `convert` turns n floats into fp16
   // (Backend::ToHalf); empty: the portable Fp32ToFp16. ResourceExhausted if
-  // the copy cannot be allocated.
+  // the copy cannot be allocated; FailedPrecondition on a backend's storage.
   // release_f32: the copy replaces the f32 entries it holds: their whole
   // pages go back to the operating system (so decoding over the copy holds
   // 2 bytes per element instead of 4, not 6), and any later f32 access
@@ -153,11 +171,11 @@ class KvCache {
   absl::StatusOr<Slots> AppendSlots(int64_t layer, int64_t n, const int32_t* positions);
   // AppendSlots, then the K and V copied there from token-major rows
   // ([n, num_kv_heads, head_dim], token stride `stride` floats) in host
-  // memory.
+  // memory (through storage()'s Gather where the entries live there).
   absl::Status Append(int64_t layer, const float* k_rows, const float* v_rows, int64_t n,
                       int64_t stride, const int32_t* positions);
 
-  // Makes a deep copy (costly: the whole cache).
+  // Makes a deep copy (costly: the whole cache), in the same place.
   std::unique_ptr<KvCache> Clone() const;
   void Clear();
 
@@ -165,6 +183,8 @@ class KvCache {
   explicit KvCache(const KvCacheShape& shape);
   void WidenReleased(int64_t layer) const;
   KvView ViewNoRestore(int64_t layer, int64_t num_keys) const;
+  float* KData() const { return k_buf_ != nullptr ? k_buf_->f32() : k_.data(); }
+  float* VData() const { return v_buf_ != nullptr ? v_buf_->f32() : v_.data(); }
   int64_t Offset(int64_t layer, int64_t head) const {
     return (layer_start_[layer] + head * capacity(layer)) * shape_.head_dim;
   }
@@ -177,6 +197,9 @@ class KvCache {
   // (mutable: RestoreF32 refills released pages with the same values.)
   mutable PagedArray<float> k_;  // [num_layers, num_kv_heads, capacity, head_dim]
   mutable PagedArray<float> v_;  // [num_layers, num_kv_heads, capacity, head_dim]
+  // Or k_ and v_ in a backend's buffers (then k_ and v_ are empty).
+  Backend* storage_ = nullptr;
+  std::unique_ptr<BackendBuffer> k_buf_, v_buf_;
   PagedArray<int32_t> pos_;  // [num_layers, num_kv_heads, capacity]
   PagedArray<float> score_;  // [num_layers, num_kv_heads, capacity] or empty
   std::vector<int64_t> sizes_;  // [num_layers]

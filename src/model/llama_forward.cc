@@ -198,7 +198,7 @@ absl::Status LlamaForward::ForwardBatch(const int32_t* tokens, int64_t n, const 
     }
     SNAPFILL_RETURN_IF_ERROR(b.Gather(copies));
     bool half = false;
-    if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow()) {
+    if (n == 1 && b.HalfDecodeKv() && !kv.half_overflow() && kv.on_host()) {
       // Decode reads the fp16 copy, which replaces the f32 entries: the
       // whole layer at the first step, the token just appended after.
       // (A batch, or anything else that reads f32, widens them back.)

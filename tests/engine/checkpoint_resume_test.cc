@@ -30,11 +30,16 @@ struct Case {
   // A hybrid model (testing::TinyHybridOptions: sliding-window layers, whose
   // rings the checkpoint carries beside the global layers' memories).
   bool hybrid = false;
+  // The stopped and the resumed run on a backend whose buffers the host
+  // cannot reach (BackendOptions::guard_buffers: the engine's memory then
+  // lives in them, as on a device), the uninterrupted one on a plain one.
+  bool guard = false;
 };
 
 class ResumeTest : public ::testing::TestWithParam<Case> {};
 
-// Byte equality of two memories over their valid entries.
+// Byte equality of two memories over their valid entries (wherever their
+// keys and values live).
 void ExpectSameMemory(const KvCache& a, const KvCache& b) {
   ASSERT_EQ(a.shape().num_layers, b.shape().num_layers);
   const int64_t d = a.shape().head_dim;
@@ -42,8 +47,11 @@ void ExpectSameMemory(const KvCache& a, const KvCache& b) {
     ASSERT_EQ(a.size(l), b.size(l)) << "layer " << l;
     for (int64_t h = 0; h < a.shape().num_kv_heads; ++h) {
       const int64_t n = a.size(l);
-      EXPECT_EQ(std::memcmp(a.k(l, h), b.k(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
-      EXPECT_EQ(std::memcmp(a.v(l, h), b.v(l, h), n * d * sizeof(float)), 0) << l << "/" << h;
+      std::vector<float> ak(n * d), av(n * d), bk(n * d), bv(n * d);
+      SNAPFILL_ASSERT_OK(a.CopyOut(l, h, n, ak.data(), av.data()));
+      SNAPFILL_ASSERT_OK(b.CopyOut(l, h, n, bk.data(), bv.data()));
+      EXPECT_EQ(std::memcmp(ak.data(), bk.data(), n * d * sizeof(float)), 0) << l << "/" << h;
+      EXPECT_EQ(std::memcmp(av.data(), bv.data(), n * d * sizeof(float)), 0) << l << "/" << h;
       EXPECT_EQ(std::memcmp(a.pos(l, h), b.pos(l, h), n * sizeof(int32_t)), 0) << l << "/" << h;
       ASSERT_EQ(a.has_scores(), b.has_scores());
       if (a.has_scores()) {
@@ -62,6 +70,10 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
   auto model = testing::LoadTinyModel(opts);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
+  BackendOptions guarded;
+  guarded.guard_buffers = c.guard;
+  auto stopping = CreateBackend(Device::kCpu, guarded);
+  SNAPFILL_ASSERT_OK(stopping);
   const auto ids = testing::TestTokens(700, model->config().vocab_size);
   PrefillConfig config;
   config.schedule.kind = c.kind;
@@ -97,7 +109,7 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
   for (int64_t stop : {int64_t{1}, steps / 2, steps - 1}) {
     SCOPED_TRACE("stopped after step " + std::to_string(stop));
     // A first run stops after `stop` steps and saves its state...
-    auto first = PrefillEngine::Create(*model, backend->get(), config, ids.size());
+    auto first = PrefillEngine::Create(*model, stopping->get(), config, ids.size());
     SNAPFILL_ASSERT_OK(first);
     absl::Status status = (*first)->Run(ids, [&](const StepTelemetry& t) {
       return t.step + 1 < stop;
@@ -122,7 +134,8 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterrupted) {
     auto loaded = LoadCheckpointFile(path);
     SNAPFILL_ASSERT_OK(loaded);
     EXPECT_EQ(loaded->state.retention, state.retention);  // hex floats: exact
-    auto second = PrefillEngine::Create(*model, backend->get(), config, ids.size());
+    auto second = PrefillEngine::Create(*model, stopping->get(), config, ids.size());
+    EXPECT_EQ((*second)->memory().on_host(), !c.guard);
     SNAPFILL_ASSERT_OK(second);
     EXPECT_EQ((*second)->plan_digest(), state.plan_digest);
     SNAPFILL_ASSERT_OK((*second)->Restore(stop, loaded->state.retention, *loaded->memory));
@@ -158,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"hybrid_im_adaptive", ScheduleKind::kIncremental, Growth::kAdaptive, PrunerKind::kSnapKv,
                            96, 64, 1, true},
                       Case{"hybrid_reconstruct_imdc", ScheduleKind::kIncrementalDecremental, Growth::kLinear,
-                           PrunerKind::kReconstruct, 96, 96, 1, true}),
+                           PrunerKind::kReconstruct, 96, 96, 1, true},
+                      Case{"imdc_guarded", ScheduleKind::kIncrementalDecremental, Growth::kLinear,
+                           PrunerKind::kSnapKv, 96, 96, 1, false, true},
+                      Case{"hybrid_reconstruct_imdc_guarded", ScheduleKind::kIncrementalDecremental,
+                           Growth::kLinear, PrunerKind::kReconstruct, 96, 96, 1, true, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(RestoreTest, RefusesAMemoryOfAnotherShapeOrStep) {

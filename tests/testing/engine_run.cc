@@ -56,6 +56,16 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   out.last_logits = (*engine)->last_logits();
   auto kv = (*engine)->TakeDecoderCache();  // (as run does: the engine's buffers go back)
   SNAPFILL_CHECK(kv.ok()) << kv.status();
+  int64_t next = (*engine)->next_position();
+  if (scores == EngineScores::kGuidedRecall) {
+    // A later question recalls into the decoder's cache too (generate
+    // --cache with the store): its rows come from the forward pass's buffers.
+    RecallOptions later;
+    later.budget = 4;  // (within the cache's room, beside the decoded tokens)
+    auto got = RecallForQuestion(model, backend, **kv, &next, *store, TestTokens(5, c.vocab_size), later);
+    SNAPFILL_CHECK(got.ok()) << got.status();
+    SNAPFILL_CHECK(*got > 0) << "the later question recalled nothing";
+  }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const KvCache& cache = **kv;
@@ -69,7 +79,7 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   SNAPFILL_CHECK(decoder.ok()) << decoder.status();
   GenerateOptions g;
   g.max_new_tokens = 8;
-  auto r = GenerateFromLogits(**decoder, **kv, (*engine)->next_position(), out.last_logits, g, nullptr);
+  auto r = GenerateFromLogits(**decoder, **kv, next, out.last_logits, g, nullptr);
   SNAPFILL_CHECK(r.ok()) << r.status();
   out.generated = r->tokens;
   return out;

@@ -26,7 +26,9 @@ struct EngineOutcome {
 enum class EngineScores { kGuided, kGuidedRecall, kGate };
 
 // 300 test tokens through IMDC (chunk 48, memory 40, window 8) with SnapKV
-// or the gate, then 8 greedy tokens decoded from the cache, on `backend`.
+// or the gate (with recall: a later question recalls into the decoder's
+// cache as well), then 8 greedy tokens decoded from the cache, on
+// `backend`.
 EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, EngineScores scores);
 
 }  // namespace snapfill::testing

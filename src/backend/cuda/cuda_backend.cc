@@ -408,6 +408,7 @@ class CudaBackend final : public Backend, public BackendProfile {
 
   // ---- The backend's memory.
 
+  bool HostReachesBuffers() const override { return host_buffers_; }
   absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
     if (host_buffers_) return Backend::NewBuffer(bytes);
     SNAPFILL_ASSIGN_OR_RETURN(void* data, memory_->Allocate(bytes));
