@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -220,6 +221,55 @@ TEST_F(QualityCliTest, NeedleFirstSeedRunsTheGridsLaterTrials) {
     }
   }
   EXPECT_FAILS_WITH(Run(base + dir_ + "/x.json --first_seed 3"), 2, "--first_seed=3");
+}
+
+// --json is rewritten after every trial; --resume runs only the trials the
+// file lacks and ends with the grid an uninterrupted run writes, and
+// refuses a file of another grid, naming what differs.
+TEST_F(QualityCliTest, NeedleResumeRunsOnlyTheTrialsTheJsonLacks) {
+  const std::string base = "needle --model " + tiny_ + " --input " + text_ +
+                           " --lengths 160 --depths 0,1 --seeds 2 --memory 48 --chunk 64 --window 8 "
+                           "--baseline=false --json ";
+  const std::string all_path = dir_ + "/all.json", part_path = dir_ + "/part.json";
+  ASSERT_EQ(Run(base + all_path + " --progress=false").exit_code, 0);
+  const Json all = ReadJson(all_path);
+  EXPECT_EQ(all["complete"], true);
+  ASSERT_EQ(all["cells"].size(), 2u);
+  // As a grid stopped after its third trial leaves the file.
+  Json part = all;
+  part["complete"] = false;
+  part["cells"][1]["runs"].erase(1);
+  part["cells"][1]["runs"][0]["answer"] = "a recorded answer";  // (taken as recorded, not run again)
+  {
+    std::ofstream out(part_path);
+    out << part.dump();
+  }
+  const Result r = Run(base + part_path + " --resume --progress=true");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  size_t recorded = 0;
+  for (size_t at = r.err.find(", recorded)"); at != std::string::npos; at = r.err.find(", recorded)", at + 1)) {
+    ++recorded;
+  }
+  EXPECT_EQ(recorded, 3u) << r.err;
+  const Json done = ReadJson(part_path);
+  EXPECT_EQ(done["complete"], true);
+  ASSERT_EQ(done["cells"].size(), 2u);
+  for (size_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(done["cells"][c]["runs"].size(), 2u);
+    for (size_t t = 0; t < 2; ++t) {
+      const Json &a = all["cells"][c]["runs"][t], &b = done["cells"][c]["runs"][t];
+      EXPECT_EQ(b["seed"], a["seed"]);
+      EXPECT_EQ(b["key"], a["key"]);
+      EXPECT_EQ(b["answer"], c == 1 && t == 0 ? Json("a recorded answer") : a["answer"]) << c << " " << t;
+    }
+  }
+  EXPECT_FAILS_WITH(Run(base + part_path + " --resume --progress=false --memory 40"), 2, "another config");
+  EXPECT_FAILS_WITH(Run(base + part_path + " --resume --progress=false --seeds 3"), 2, "another seeds");
+  EXPECT_FAILS_WITH(Run("needle --model " + tiny_ + " --input " + text_ + " --resume"), 2, "--json");
+  // An unwritable --json stops the grid before its first trial.
+  const Result unwritable = Run(base + dir_ + "/no/such/dir/x.json --progress=true");
+  EXPECT_FAILS_WITH(unwritable, 1, "no/such/dir/x.json");
+  EXPECT_EQ(unwritable.err.find("[snapfill needle]"), std::string::npos) << unwritable.err;
 }
 
 // Every task over a grid: prompts of the cell's length, the planted values

@@ -77,7 +77,7 @@ const std::vector<Command>& Commands() {
        "Needle-in-a-haystack grid: input length x needle depth x task (passkey and RULER's "
        "retrieval tasks), random values per trial, accuracy of the greedy answer; beside full "
        "attention where the input fits.",
-       Join({{"input", "tasks", "lengths", "depths", "seeds", "first_seed", "baseline", "json", "png"},
+       Join({{"input", "tasks", "lengths", "depths", "seeds", "first_seed", "baseline", "json", "resume", "png"},
              kQuestionGuided, kRecall, kSchedule, kPrompt, kMachine,
              {"decode_kv_f16", "batch", "progress", "verbosity"}}),
        &RunNeedle},

@@ -127,7 +127,7 @@ ABSL_FLAG(int64_t, checkpoint_every, 50, "Chunks between two checkpoints (with -
 ABSL_FLAG(bool, resume, false,
           "Continue from --checkpoint: same model, input and settings; the result is bit for "
           "bit that of an uninterrupted run with the same --threads. batch: give only the answers "
-          "--out lacks");
+          "--out lacks. needle: run only the trials the grid in --json lacks");
 
 ABSL_FLAG(std::string, out, "",
           "prefill: file to save the compressed cache to; batch: the answers, a JSON line each");
@@ -140,7 +140,9 @@ ABSL_FLAG(bool, timing, true, "Print TTFT, tokens/s and peak memory to stderr");
 ABSL_FLAG(bool, profile, false, "Time every backend operation and print a table at the end");
 ABSL_FLAG(int32_t, verbosity, 0, "0: results only; 1: also the resolved configuration");
 
-ABSL_FLAG(std::string, json, "", "ppl, needle, bench: write the results as JSON to this file");
+ABSL_FLAG(std::string, json, "",
+          "ppl, needle, bench: write the results as JSON to this file (needle: after every trial, so "
+          "that --resume can continue the grid)");
 ABSL_FLAG(std::string, manifest, "",
           "batch: the documents, a JSON line each: {\"id\", \"input\", \"questions\": [...] or \"task\": "
           "\"summarize\"; optional sha256, schedule, memory, chunk, n, seed, guided}");

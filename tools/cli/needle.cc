@@ -14,11 +14,18 @@
 // for (the key; all values of multivalue; all variables of vartrack). The
 // baseline reads the same prompt with full attention in one pass (plain
 // prefill) where it fits the model's context.
+//
+// --json is written after every trial ("complete": false until the grid
+// ends), so that a grid of hours loses nothing when it stops; --resume
+// continues the grid that file holds, running only the trials it lacks.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,6 +39,7 @@
 #include "snapfill/engine.h"
 #include "src/model/llama_forward.h"
 #include "snapfill/status.h"
+#include "src/base/file_util.h"
 #include "src/base/sys_stats.h"
 #include "src/engine/generate.h"
 #include "src/engine/prompt.h"
@@ -286,7 +294,7 @@ struct Grid {
   std::vector<double> depths;
   int seeds = 0, first_seed = 0;
   int64_t batch = 0;
-  bool baseline = false, progress = false;
+  bool baseline = false, progress = false, resume = false;
   std::string json_path, png;
 };
 
@@ -314,6 +322,10 @@ absl::StatusOr<Grid> GridFromFlags() {
   g.progress = absl::GetFlag(FLAGS_progress);
   g.json_path = absl::GetFlag(FLAGS_json);
   g.png = absl::GetFlag(FLAGS_png);
+  g.resume = absl::GetFlag(FLAGS_resume);
+  if (g.resume && g.json_path.empty()) {
+    return absl::InvalidArgumentError("--resume continues the grid in --json FILE: give the file");
+  }
   return g;
 }
 
@@ -345,10 +357,38 @@ absl::Status CheckCells(const Grid& g, const NeedlePromptBuilder& builder, const
   return absl::OkStatus();
 }
 
-// Every trial, cells in task, length, depth order; a line on stderr after
-// each with --progress.
+// The trials a --json file records, by cell and seed (RecordKey), as
+// --resume reads them.
+using Recorded = std::map<std::string, Json>;
+
+std::string RecordKey(const std::string& task, int64_t length, double depth, int seed) {
+  return absl::StrFormat("%s|%d|%.17g|%d", task, length, depth, seed);
+}
+
+// A recorded trial in place of running it: its answers (the scores are the
+// answers' again). False where the record is not this trial's (other
+// values planted) or lacks the baseline the grid now runs.
+bool FromRecord(const Json& run, bool wants_baseline, Trial& t) {
+  if (!run.contains("expected") || run["expected"] != Json(t.plan.expected) || !run.contains("answer")) return false;
+  if (wants_baseline && !run.contains("baseline_answer")) return false;
+  t.answer = run["answer"].get<std::string>();
+  t.seconds = run.value("seconds", 0.0);
+  t.score = ScoreNeedleAnswer(t.plan, t.answer);
+  if (wants_baseline) {
+    t.baseline_run = true;
+    t.baseline_answer = run["baseline_answer"].get<std::string>();
+    t.baseline_seconds = run.value("baseline_seconds", 0.0);
+    t.baseline_score = ScoreNeedleAnswer(t.plan, t.baseline_answer);
+  }
+  return true;
+}
+
+// Every trial, cells in task, length, depth order, taking those `recorded`
+// holds from it; a line on stderr after each with --progress, and `save`
+// called with the cells so far (the last one perhaps in part).
 absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuilder& builder,
-                                           NeedleHarness& harness, int64_t context) {
+                                           NeedleHarness& harness, int64_t context, const Recorded& recorded,
+                                           const std::function<absl::Status(const std::vector<Cell>&)>& save) {
   std::vector<Cell> cells;
   Stopwatch total;
   const size_t num_cells = g.tasks.size() * g.lengths.size() * g.depths.size();
@@ -367,12 +407,17 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
           SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, builder.Offset(seed, g.seeds), t.plan));
           t.placed = std::move(p.placed);
           t.tokens = p.prompt.tokens.size();
-          Stopwatch watch;
-          SNAPFILL_ASSIGN_OR_RETURN(t.answer,
-                                    harness.AnswerCompressed(p.prompt.tokens, t.plan.question, answer_tokens));
-          t.seconds = watch.Seconds();
-          t.score = ScoreNeedleAnswer(t.plan, t.answer);
-          if (g.baseline && t.tokens + answer_tokens <= context) {
+          const bool wants_baseline = g.baseline && t.tokens + answer_tokens <= context;
+          auto record = recorded.find(RecordKey(InfoOf(task).name, length, cell.depth, seed));
+          const bool reused = record != recorded.end() && FromRecord(record->second, wants_baseline, t);
+          if (!reused) {
+            Stopwatch watch;
+            SNAPFILL_ASSIGN_OR_RETURN(t.answer,
+                                      harness.AnswerCompressed(p.prompt.tokens, t.plan.question, answer_tokens));
+            t.seconds = watch.Seconds();
+            t.score = ScoreNeedleAnswer(t.plan, t.answer);
+          }
+          if (!reused && wants_baseline) {
             Stopwatch base_watch;
             SNAPFILL_ASSIGN_OR_RETURN(t.baseline_answer, harness.AnswerFull(p.prompt.tokens, g.batch, answer_tokens));
             t.baseline_seconds = base_watch.Seconds();
@@ -383,15 +428,20 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
             std::fprintf(
                 stderr,
                 "[snapfill needle] %s cell %zu/%zu seed %d/%d: length %lld depth %.2f expects "
-                "%s -> %s%s (%.1f s) | %s\n",
+                "%s -> %s%s (%.1f s%s) | %s\n",
                 InfoOf(task).name, cells.size() + 1, num_cells, seed + 1, g.seeds,
                 (long long)t.tokens, cell.depth, absl::StrJoin(t.plan.expected, ",").c_str(),
                 t.score.found ? "found" : "missed",
                 t.baseline_run ? (t.baseline_score.found ? ", baseline found" : ", baseline missed")
                                : "",
-                t.seconds + t.baseline_seconds, HumanSeconds(total.Seconds()).c_str());
+                t.seconds + t.baseline_seconds, reused ? ", recorded" : "", HumanSeconds(total.Seconds()).c_str());
           }
           cell.trials.push_back(std::move(t));
+          if (save && !reused) {
+            std::vector<Cell> so_far = cells;
+            so_far.push_back(cell);
+            SNAPFILL_RETURN_IF_ERROR(save(so_far));
+          }
         }
         cells.push_back(std::move(cell));
       }
@@ -401,11 +451,10 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
 }
 
 // Per task, the grid: rows are depths, columns lengths; "found/trials
-// [baseline]", then the task's accuracy line. Returns each task's tally.
-std::vector<Tally> PrintGrid(const Grid& g, const std::vector<Cell>& cells, const std::string& label,
+// [baseline]", then the task's accuracy line.
+void PrintGrid(const Grid& g, const std::vector<Cell>& cells, const std::string& label,
                              int64_t context) {
   const size_t cells_per_task = g.lengths.size() * g.depths.size();
-  std::vector<Tally> task_tallies;
   for (size_t ti = 0; ti < g.tasks.size(); ++ti) {
     const NeedleTaskInfo& info = InfoOf(g.tasks[ti]);
     const Cell* task_cells = &cells[ti * cells_per_task];
@@ -445,15 +494,24 @@ std::vector<Tally> PrintGrid(const Grid& g, const std::vector<Cell>& cells, cons
     }
     absl::StrAppendFormat(&line, " | %.1f s", all.seconds);
     std::printf("%s\n", line.c_str());
-    task_tallies.push_back(all);
   }
-  return task_tallies;
 }
 
-// The whole grid as --json writes it (and --png plots it).
-Json GridJson(const Grid& g, const std::vector<Cell>& cells, const std::vector<Tally>& task_tallies,
-              const LoadedModel& model, const PrefillConfig& config, const std::string& label,
-              int64_t haystack_tokens, int64_t context) {
+// Per task (in --tasks order), the tally of the cells given (the whole
+// grid, or the part run so far).
+std::vector<Tally> TalliesByTask(const Grid& g, const std::vector<Cell>& cells) {
+  std::vector<Tally> tallies(g.tasks.size());
+  for (const Cell& c : cells) {
+    const size_t ti = std::find(g.tasks.begin(), g.tasks.end(), c.task) - g.tasks.begin();
+    if (ti < tallies.size()) tallies[ti].Add(c);
+  }
+  return tallies;
+}
+
+// What a grid is, as --json records it: a --resume continues only the
+// grid these fields describe.
+Json GridHeader(const Grid& g, const LoadedModel& model, const PrefillConfig& config, const std::string& label,
+                int64_t haystack_tokens, int64_t context) {
   Json j;
   j["command"] = "needle";
   j["model"] = model.path;
@@ -482,12 +540,26 @@ Json GridJson(const Grid& g, const std::vector<Cell>& cells, const std::vector<T
   j["depths"] = g.depths;
   j["seeds"] = g.seeds;
   j["first_seed"] = g.first_seed;
+  Json names = Json::array();
+  for (NeedleTask t : g.tasks) names.push_back(InfoOf(t).name);
+  j["task_names"] = std::move(names);
+  return j;
+}
+
+// The whole grid as --json writes it (and --png plots it); with `complete`
+// false, the trials run so far.
+Json GridJson(const Grid& g, const Json& header, const std::vector<Cell>& cells, bool complete) {
+  Json j = header;
+  j["complete"] = complete;
+  const std::vector<Tally> task_tallies = TalliesByTask(g, cells);
   Tally overall;
   for (const Cell& c : cells) overall.Add(c);
+  if (overall.trials == 0) return j;
   j["accuracy"] = double(overall.found) / overall.trials;
   if (overall.base_runs > 0) j["baseline_accuracy"] = double(overall.base_found) / overall.base_runs;
   Json tasks_json = Json::array();
   for (size_t ti = 0; ti < g.tasks.size(); ++ti) {
+    if (task_tallies[ti].trials == 0) continue;
     const NeedleTaskInfo& info = InfoOf(g.tasks[ti]);
     Json jt = TallyJson(task_tallies[ti]);
     jt["task"] = info.name;
@@ -515,6 +587,38 @@ Json GridJson(const Grid& g, const std::vector<Cell>& cells, const std::vector<T
   return j;
 }
 
+absl::Status WriteGridJson(const std::string& path, const Json& j) {
+  return WriteFileAtomically(path, j.dump(1, ' ', false, Json::error_handler_t::replace) + "\n", /*overwrite=*/true);
+}
+
+// The trials of the grid in `path` (--resume): InvalidArgument, naming the
+// field, where the file holds another grid.
+absl::StatusOr<Recorded> ReadRecorded(const std::string& path, const Json& header) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--resume: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("command", "") != "needle") {
+    return absl::InvalidArgumentError(absl::StrCat("--resume: ", path, " is not a needle grid's --json"));
+  }
+  for (const auto& [key, value] : header.items()) {
+    if (!j.contains(key) || j[key] != value) {
+      return absl::InvalidArgumentError(absl::StrCat("--resume: ", path, " holds a grid with another ", key, " (",
+                                                     j.contains(key) ? j[key].dump() : "none", ", here ",
+                                                     value.dump(), "): run it with the settings it was made with"));
+    }
+  }
+  Recorded recorded;
+  for (const Json& c : j.value("cells", Json::array())) {
+    for (const Json& run : c.value("runs", Json::array())) {
+      recorded[RecordKey(c.value("task", ""), c.value("length", int64_t{0}), c.value("depth", 0.0),
+                         run.value("seed", -1))] = run;
+    }
+  }
+  return recorded;
+}
+
 }  // namespace
 
 absl::Status RunNeedle() {
@@ -539,22 +643,29 @@ absl::Status RunNeedle() {
                                     absl::GetFlag(FLAGS_system));
   NeedleHarness harness(model, in.backend.get(), config);
   SNAPFILL_RETURN_IF_ERROR(CheckCells(g, builder, model, config));
-  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<Cell> cells, RunCells(g, builder, harness, context));
-
   const std::string label = ConfigLabel(config);
+  const Json header = GridHeader(g, model, config, label, builder.haystack_tokens(), context);
+  Recorded recorded;
+  if (g.resume) {
+    SNAPFILL_ASSIGN_OR_RETURN(recorded, ReadRecorded(g.json_path, header));
+  } else if (!g.json_path.empty()) {
+    // Writable before the first trial, not after hours of them.
+    SNAPFILL_RETURN_IF_ERROR(WriteGridJson(g.json_path, GridJson(g, header, {}, false)));
+  }
+  std::function<absl::Status(const std::vector<Cell>&)> save;
+  if (!g.json_path.empty()) {
+    save = [&](const std::vector<Cell>& so_far) { return WriteGridJson(g.json_path, GridJson(g, header, so_far, false)); };
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(const std::vector<Cell> cells, RunCells(g, builder, harness, context, recorded, save));
+
   std::printf("needle: haystack %s (%lld tokens) | %s, window %lld, positions %s | %d seed%s\n",
               g.input_path.c_str(), (long long)builder.haystack_tokens(), label.c_str(),
               (long long)config.schedule.window,
               config.keep_original_positions ? "original" : "re-encoded", g.seeds,
               g.seeds == 1 ? "" : "s");
-  const std::vector<Tally> task_tallies = PrintGrid(g, cells, label, context);
-  const Json j = GridJson(g, cells, task_tallies, model, config, label, builder.haystack_tokens(), context);
-  if (!g.json_path.empty()) {
-    std::ofstream out(g.json_path, std::ios::trunc);
-    out << j.dump(1, ' ', false, Json::error_handler_t::replace) << "\n";
-    out.close();
-    if (!out) return absl::PermissionDeniedError(absl::StrCat("--json ", g.json_path, ": cannot write"));
-  }
+  PrintGrid(g, cells, label, context);
+  const Json j = GridJson(g, header, cells, /*complete=*/true);
+  if (!g.json_path.empty()) SNAPFILL_RETURN_IF_ERROR(WriteGridJson(g.json_path, j));
   if (!g.png.empty()) {
     SNAPFILL_ASSIGN_OR_RETURN(std::vector<std::string> maps, PlotNeedleJson(j, g.png));
     for (const std::string& m : maps) std::printf("%s\n", m.c_str());
