@@ -436,19 +436,25 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::Status Gather(const std::vector<RowGather>& gathers) override {
     SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
     Timer t(this, kCopy);
-    bool queued = false;  // device work not yet waited for
+    // The host's own gathers (positions, scores) run at once; they wait
+    // for the stream only where a queued copy touches host memory, so
+    // that a gather list that stays on the device (the chunk loop's, with
+    // the memory there) waits once, at its end.
+    bool queued = false;        // device work not yet waited for
+    bool host_pending = false;  // ... some of it reading or writing host memory
     for (const RowGather& r : gathers) {
       if (r.count <= 0 || r.row_bytes == 0) continue;
       const bool src_device = Owns(r.src), dst_device = Owns(r.dst);
       if (!src_device && !dst_device) {
-        if (queued) {
+        if (host_pending) {
           SNAPFILL_RETURN_IF_ERROR(Sync("gather"));
-          queued = false;
+          queued = host_pending = false;
         }
         GatherRows(r, 0, r.count);
         continue;
       }
       queued = true;
+      host_pending |= src_device != dst_device;
       if (r.rows == nullptr) {
         SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, r.src, r.src_stride, r.row_bytes, r.count,
                                         cudaMemcpyDefault, stream_),
