@@ -254,7 +254,9 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
 
   Device device() const override { return Device::kCuda; }
-  std::string thread_waits() const override { return "the host waits for the GPU's stream at the end of each op"; }
+  std::string thread_waits() const override {
+    return "the host waits for the GPU's stream where an op writes host memory, and for downloads";
+  }
   int num_threads() const override { return host_threads_; }
 
   std::string kernels() const override {
@@ -304,7 +306,9 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, outs[c].y, outs[c].y_stride));
       CountMatMul(m, w);
     }
-    return Sync("matmul");
+    bool on_device = !profile_;
+    for (int c = 0; c < count; ++c) on_device &= Owns(outs[c].y);
+    return on_device ? Launched("matmul") : Sync("matmul");
   }
 
   absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
@@ -318,7 +322,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_RETURN_IF_ERROR(Gemm(xin, m, w, yd, w.rows, /*beta=*/1.0f));
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, y, y_stride));
     CountMatMul(m, w);
-    return Sync("matmul");
+    return Finish("matmul", y);
   }
 
   absl::Status SwiGluMatMul(float* gate, const float* up, int64_t m, int64_t x_stride, const WeightView& w, float* y,
@@ -338,7 +342,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_RETURN_IF_ERROR(Gemm(h, m, w, yd, w.rows, add ? 1.0f : 0.0f));
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, y, y_stride));
     CountMatMul(m, w);
-    return Sync("matmul");
+    return Finish("matmul", y);
   }
 
   absl::Status FeedForward(const float* x, int64_t m, int64_t x_stride, const FeedForwardBlock& f, float* y,
@@ -370,7 +374,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     CountMatMul(m, *f.gate);
     CountMatMul(m, *f.up);
     CountMatMul(m, *f.down);
-    return Sync("feed-forward");
+    return Finish("feed-forward", y);
   }
 
   // ---- Element-wise ops.
@@ -403,7 +407,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_CUDA(cudaMemcpy2DAsync(out, out_stride * sizeof(float), rows, table.cols * sizeof(float),
                                     table.cols * sizeof(float), n, cudaMemcpyHostToDevice, stream_),
                   "get_rows");
-    return Sync("get_rows");
+    return Finish("get_rows", out);
   }
 
   // ---- The backend's memory.
@@ -414,7 +418,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(void* data, memory_->Allocate(bytes));
     auto buffer = std::make_unique<DeviceBuffer>(memory_, data, bytes, stream_);
     SNAPFILL_CUDA(cudaMemsetAsync(data, 0, std::max<uint64_t>(bytes, 1), stream_), "new buffer");
-    SNAPFILL_RETURN_IF_ERROR(Sync("new buffer"));
+    SNAPFILL_RETURN_IF_ERROR(Launched("new buffer"));
     return std::unique_ptr<BackendBuffer>(std::move(buffer));
   }
   absl::Status Download(const void* src, void* host, uint64_t bytes) override {
@@ -489,7 +493,8 @@ class CudaBackend final : public Backend, public BackendProfile {
                       "gather");
       }
     }
-    return queued ? Sync("gather") : absl::OkStatus();
+    if (host_pending || (queued && profile_)) return Sync("gather");
+    return queued ? Launched("gather") : absl::OkStatus();
   }
 
   // The forward pass's element-wise work, on the device where x is the
@@ -504,7 +509,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       yd = staged;
     }
     SNAPFILL_CUDA(cuda::AddInPlace(x, yd, n, stream_), "add");
-    return Sync("add");
+    return Finish("add", x);
   }
   absl::Status AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim) override {
     if (rows <= 0 || dim <= 0) return absl::OkStatus();
@@ -512,14 +517,14 @@ class CudaBackend final : public Backend, public BackendProfile {
     Timer t(this, kSwiGlu);
     SNAPFILL_ASSIGN_OR_RETURN(const float* bd, Vector(bias, dim));  // (a model's bias: uploaded once)
     SNAPFILL_CUDA(cuda::AddRows(x, stride, bd, rows, dim, stream_), "add_rows");
-    return Sync("add_rows");
+    return Finish("add_rows", x);
   }
   absl::Status Scale(float* x, int64_t n, float s) override {
     if (n <= 0) return absl::OkStatus();
     if (!Owns(x)) return Backend::Scale(x, n, s);
     Timer t(this, kSwiGlu);
     SNAPFILL_CUDA(cuda::Scale(x, n, s, stream_), "scale");
-    return Sync("scale");
+    return Finish("scale", x);
   }
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
@@ -531,7 +536,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(const float* wd, Vector(weight, dim));
     SNAPFILL_CUDA(cuda::RmsNorm(xd, dim, wd, xd, dim, rows, dim, eps, stream_), "rms_norm");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, rows, dim, y, y_stride));
-    return Sync("rms_norm");
+    return Finish("rms_norm", y);
   }
 
   absl::Status Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int64_t token_stride,
@@ -555,7 +560,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                              r.freq_scale, r.neox, factors, stream_),
                   "rope");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
-    return Sync("rope");
+    return Finish("rope", x);
   }
 
   // The chunk loop's candidates: every KV head in one call (a call per
@@ -584,7 +589,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                              r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_heads, span, x, head_stride));
-    return Sync("rope");
+    return Finish("rope", x);
   }
 
   absl::Status GeluGlu(const float* gate, const float* up, float* out, int64_t n) override {
@@ -594,7 +599,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(float* ud, UploadRows(kUp, up, 1, n, n));
     SNAPFILL_CUDA(cuda::GeluGlu(gd, ud, gd, n, stream_), "geluglu");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(gd, 1, n, out, n));
-    return Sync("geluglu");
+    return Finish("geluglu", out);
   }
   absl::Status SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
@@ -603,7 +608,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(float* ud, UploadRows(kUp, up, 1, n, n));
     SNAPFILL_CUDA(cuda::SwiGlu(gd, ud, gd, n, stream_), "swiglu");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(gd, 1, n, out, n));
-    return Sync("swiglu");
+    return Finish("swiglu", out);
   }
 
   // ---- The attention family.
@@ -624,7 +629,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       const double pairs = q.count * (kv.num_keys - q.count) + q.count * (q.count + 1) / 2.0;
       ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * pairs;
     }
-    return Sync("attention");
+    return Finish("attention", out);
   }
 
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
@@ -644,7 +649,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     }
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, kv.num_keys, votes, votes_stride));
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * kv.num_keys;
-    return Sync("window_scores");
+    return Finish("window_scores", votes);
   }
 
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
@@ -655,7 +660,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(float* ld, Buffer<float>(kLse, q.num_heads * q.count));
     SNAPFILL_CUDA(cuda::QueryLogSumExp(o.q, o.k, o.shape, ld, stream_), "query_lse");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(ld, 1, q.num_heads * q.count, lse, q.num_heads * q.count));
-    return Sync("query_lse");
+    return Finish("query_lse", lse);
   }
 
   absl::Status RecallScores(const Queries& q, const float* lse, const KvView& keys, float* scores,
@@ -677,7 +682,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                     "recall_scores");
     }
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, keys.num_keys, scores, scores_stride));
-    return Sync("recall_scores");
+    return Finish("recall_scores", scores);
   }
 
   // ---- The selection.
@@ -697,7 +702,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(float* od, Buffer<float>(kOut, n));
     SNAPFILL_CUDA(cuda::Pool1d(id, od, n, kernel, op == PoolOp::kMax, stream_), "pool1d");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, 1, n, out, n));
-    return Sync("pool1d");
+    return Finish("pool1d", out);
   }
 
   absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
@@ -848,6 +853,20 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::Status Sync(absl::string_view what) {
     SNAPFILL_CUDA(cudaStreamSynchronize(stream_), what);
     return absl::OkStatus();
+  }
+  // The end of an op. Where what it wrote is the backend's device memory,
+  // the host does not wait: the stream orders whatever follows, and the
+  // host reads results only through Download (which waits) or an op that
+  // writes host memory (which waits here). Host operands were consumed
+  // when their copies were queued (pageable memory is staged at once; the
+  // engine pins none). So only the launch is checked; an error inside a
+  // kernel surfaces at the next wait. Profiling waits, to time the op.
+  absl::Status Launched(absl::string_view what) {
+    SNAPFILL_CUDA(cudaGetLastError(), what);
+    return absl::OkStatus();
+  }
+  absl::Status Finish(absl::string_view what, const void* output) {
+    return Owns(output) && !profile_ ? Launched(what) : Sync(what);
   }
 
   static absl::Status CheckProduct(const char* op, int64_t m, int64_t x_stride, const WeightView& w,
@@ -1022,7 +1041,10 @@ class CudaBackend final : public Backend, public BackendProfile {
       for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRow(w.type, src + r * w.row_bytes, f32.data() + r * w.cols, w.cols);
       char* out = static_cast<char*>(dst) + static_cast<size_t>(r0) * w.cols * elem;
       if (exact_) {
-        status = CudaStatus(cudaMemcpy(out, f32.data(), rows * w.cols * sizeof(float), cudaMemcpyHostToDevice),
+        // (On the backend's stream, which orders it before the products;
+        // the pageable source is staged before the call returns.)
+        status = CudaStatus(cudaMemcpyAsync(out, f32.data(), rows * w.cols * sizeof(float), cudaMemcpyHostToDevice,
+                                            stream_),
                             "weight upload");
       } else {
         absl::StatusOr<float*> stage = Buffer<float>(kStage, rows * w.cols);
@@ -1053,7 +1075,8 @@ class CudaBackend final : public Backend, public BackendProfile {
     auto it = vectors_.find(v);
     if (it != vectors_.end()) return static_cast<const float*>(it->second);
     SNAPFILL_ASSIGN_OR_RETURN(void* d, memory_->Allocate(n * sizeof(float)));
-    absl::Status s = CudaStatus(cudaMemcpy(d, v, n * sizeof(float), cudaMemcpyHostToDevice), "norm upload");
+    absl::Status s =
+        CudaStatus(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "norm upload");
     if (!s.ok()) {
       memory_->Free(d);
       return s;
