@@ -79,15 +79,16 @@ step device_choice 30 "$BIN/device_choice_test" --gtest_color=no
 SMOL="$WORK/smollm2-shaped-q8_0.gguf"
 step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --fast_weights --seed 1 --out "$SMOL"
 step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"
-prefill() {  # MODEL TOKENS SCHEDULE
+prefill() {  # MODEL TOKENS SCHEDULE [--profile=false: the TTFT without the per-op waits profiling adds]
   "$BIN/snapfill" prefill --device cuda --model "$1" --input "$TEXT" --max_tokens "$2" --schedule "$3" \
-    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile
+    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile "${@:4}"
 }
 export -f prefill
 step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
 MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
 step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
 step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
+step 7b_imdc_ttft 90 prefill "$MODEL_7B" "$TOKENS_7B" imdc --profile=false
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
 OPS="$OPS:CudaBackend.BuffersLive*:CudaBackend.GatherMoves*:CudaBackend.OpsTakeTheBuffers*"
