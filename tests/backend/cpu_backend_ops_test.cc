@@ -318,12 +318,7 @@ TEST(CpuBackendOps, ThreadsAndScratchAreTheBackends) {
     const size_t row_bytes = static_cast<size_t>(RowBytes(GgmlType::kQ4_0, kK));
     const std::vector<uint8_t> w = testing::QuantizedWeights(GgmlType::kQ4_0, kN, kK, row_bytes, 7, 0.1f);
     const std::vector<float> x = testing::HiddenStates(kM, kK, kK, 3);
-    WeightView view;
-    view.data = w.data();
-    view.type = GgmlType::kQ4_0;
-    view.rows = kN;
-    view.cols = kK;
-    view.row_bytes = row_bytes;
+    const WeightView view = testing::ViewOf(w, GgmlType::kQ4_0, kN, kK, row_bytes);
     std::vector<float> first(kM * kN), again(kM * kN);
     ASSERT_TRUE(backend.MatMul(x.data(), kM, kK, view, first.data(), kN).ok());
     EXPECT_GT(backend.KernelScratchBytes(), 0u);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "gtest/gtest.h"
 #include "snapfill/engine.h"
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
@@ -13,6 +14,7 @@
 #include "src/model/llama_forward.h"
 #include "tests/testing/files.h"
 #include "tests/testing/tiny_model.h"
+#include "tools/testmodel/tiny_llama.h"
 
 namespace snapfill::testing {
 
@@ -83,6 +85,27 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   SNAPFILL_CHECK(r.ok()) << r.status();
   out.generated = r->tokens;
   return out;
+}
+
+std::unique_ptr<LlamaModel> EngineRunModel(const std::string& architecture) {
+  TinyLlamaOptions opts;
+  opts.architecture = architecture;
+  opts.num_layers = 3;
+  opts.context_length = 4096;
+  if (architecture == "gemma3") {
+    opts.sliding_window = 64;
+    opts.swa_pattern = 3;
+  }
+  return LoadTinyModel(opts);
+}
+
+void ExpectSameOutcome(const EngineOutcome& want, const EngineOutcome& got) {
+  EXPECT_EQ(got.last_logits, want.last_logits);
+  EXPECT_EQ(got.k, want.k);
+  EXPECT_EQ(got.v, want.v);
+  ASSERT_EQ(want.generated.size(), 8u);
+  EXPECT_EQ(got.generated, want.generated);
+  EXPECT_EQ(got.recalled, want.recalled);
 }
 
 }  // namespace snapfill::testing

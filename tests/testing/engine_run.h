@@ -5,6 +5,8 @@
 #define SNAPFILL_TESTS_TESTING_ENGINE_RUN_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "snapfill/backend.h"
@@ -30,6 +32,13 @@ enum class EngineScores { kGuided, kGuidedRecall, kGate };
 // cache as well), then 8 greedy tokens decoded from the cache, on
 // `backend`.
 EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, EngineScores scores);
+
+// The tiny model these runs use: 3 layers of `architecture` (llama, qwen2,
+// gemma3: with sliding-window layers of 64 entries, every third global).
+std::unique_ptr<LlamaModel> EngineRunModel(const std::string& architecture);
+
+// Expects the two outcomes equal, bit for bit (gtest expectations).
+void ExpectSameOutcome(const EngineOutcome& want, const EngineOutcome& got);
 
 }  // namespace snapfill::testing
 

@@ -25,6 +25,16 @@ std::vector<uint8_t> QuantizedWeights(GgmlType type, int64_t n, int64_t k, size_
   return w;
 }
 
+WeightView ViewOf(const std::vector<uint8_t>& bytes, GgmlType type, int64_t n, int64_t k, size_t row_bytes) {
+  WeightView w;
+  w.data = bytes.data();
+  w.type = type;
+  w.rows = n;
+  w.cols = k;
+  w.row_bytes = row_bytes;
+  return w;
+}
+
 std::vector<float> HiddenStates(int64_t m, int64_t k, int64_t stride, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);

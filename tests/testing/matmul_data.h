@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "snapfill/backend.h"
 #include "snapfill/dtype.h"
 
 namespace snapfill::testing {
@@ -18,6 +19,9 @@ namespace snapfill::testing {
 // padded strides), padding bytes 0xEE.
 std::vector<uint8_t> QuantizedWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed,
                                       float shift);
+
+// `bytes` (as QuantizedWeights makes them) as an [n, k] matrix of `type`.
+WeightView ViewOf(const std::vector<uint8_t>& bytes, GgmlType type, int64_t n, int64_t k, size_t row_bytes);
 
 // Activations [m, k] with row stride `stride`: N(0, 1) with outlier features
 // (every 97th, x20) and an all-zero first block on every 5th row; the stride
