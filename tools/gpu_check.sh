@@ -85,6 +85,8 @@ prefill() {  # MODEL TOKENS SCHEDULE [--profile=false: the TTFT without the per-
 }
 export -f prefill
 step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
+step bench_smollm2 90 "$BIN/snapfill" bench --device cuda --model "$SMOL" --input "$TEXT" --max_tokens 16384 \
+  --schedules fm,imdc --memory 1024 --chunk 1024 --repetitions 1 --full_tokens 0 -n 16
 MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
 step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
 step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc

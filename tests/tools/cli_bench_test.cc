@@ -35,6 +35,7 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
                    " --repetitions 2 --full_tokens 512 -n 8", &j);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("eq. 4 uses r ="), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("peak device memory"), std::string::npos) << r.out;
   // IMDC runs at chunk 128, which no FM entry has: an FM run at 128 is added
   // before it as its baseline.
   ASSERT_EQ(j["schedules"].size(), 4u);
@@ -47,6 +48,7 @@ TEST_F(BenchCliTest, BenchRunsEveryScheduleAndWritesJson) {
     EXPECT_EQ(s["ttft_seconds"].size(), 2u) << "two repetitions";
     EXPECT_GT(s["ttft_median"].get<double>(), 0);
     EXPECT_GT(s["peak_rss_bytes"].get<double>(), 1 << 20);
+    EXPECT_EQ(s["device_peak_bytes"], 0) << "no device memory on the CPU";
     EXPECT_GT(s["decode_tokens_per_second"].get<double>(), 0);
     // Each run's decode is followed by its own bandwidth probe, and its
     // prediction and share come from those.

@@ -311,6 +311,7 @@ struct RunReport {
   double first_step_seconds = 0;
   uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
   uint64_t kernel_scratch_bytes = 0, predicted_kernel_scratch_bytes = 0;
+  uint64_t device_peak_bytes = 0;  // the backend's own device allocations at their peak (0 on the CPU)
   std::vector<std::pair<std::string, double>> profile;
   Work prefill_work;      // the prefill's ops and seconds (--profile)
   BackendProfile::Peaks peaks;   // measured after the run (--profile)
@@ -322,10 +323,11 @@ std::string RunReportJson(const RunReport& r) {
       "\"prefill_seconds\":%.6f,\"ttft_seconds\":%.6f,\"decode_tokens\":%d,"
       "\"decode_seconds\":%.6f,\"first_step_seconds\":%.6f,\"cache_entries\":%d,"
       "\"peak_rss_bytes\":%d,\"predicted_peak_bytes\":%d,\"kernel_scratch_bytes\":%d,"
-      "\"predicted_kernel_scratch_bytes\":%d,\"profile\":{",
+      "\"predicted_kernel_scratch_bytes\":%d,\"device_peak_bytes\":%d,\"profile\":{",
       r.input_tokens, r.steps, r.mean_memory, r.peak_attention_length, r.prefill_seconds,
       r.ttft_seconds, r.decode_tokens, r.decode_seconds, r.first_step_seconds, r.cache_entries,
-      r.peak_rss_bytes, r.predicted_peak_bytes, r.kernel_scratch_bytes, r.predicted_kernel_scratch_bytes);
+      r.peak_rss_bytes, r.predicted_peak_bytes, r.kernel_scratch_bytes, r.predicted_kernel_scratch_bytes,
+      r.device_peak_bytes);
   for (size_t i = 0; i < r.profile.size(); ++i) {
     absl::StrAppendFormat(&s, "%s\"%s\":%.6f", i ? "," : "", r.profile[i].first,
                           r.profile[i].second);
@@ -591,6 +593,7 @@ absl::Status RunRun() {
     rr.predicted_peak_bytes = p.peak.total();
     rr.kernel_scratch_bytes = p.kernel_scratch_peak;
     rr.predicted_kernel_scratch_bytes = p.peak.backend;
+    rr.device_peak_bytes = p.backend->DevicePeakBytes();
     if (profiler != nullptr) rr.profile = profiler->Seconds();
     rr.prefill_work = prefill_work;
     rr.peaks = peaks;
