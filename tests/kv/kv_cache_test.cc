@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/quant_blocks.h"
+#include "snapfill/backend.h"
 #include "src/base/sys_stats.h"
 #include "tests/testing/status_matchers.h"
 
@@ -247,6 +248,48 @@ TEST(KvCacheTest, ValuesTooLargeForFp16KeepTheF32Entries) {
   SNAPFILL_ASSERT_OK(kv.SyncHalf(0, {}, true));
   EXPECT_FALSE(kv.half_overflow());
   EXPECT_EQ(kv.f32_released(0), 1);
+}
+
+// Keys and values in a backend's buffers (the CPU's under guard_buffers,
+// out of the host's reach as a device's are): appended through the
+// backend, read back with CopyOut, cloned in the same place, viewed at the
+// backend's addresses, counted in bytes(); no fp16 copy.
+TEST(KvCacheTest, KeysAndValuesInABackendsBuffers) {
+  BackendOptions o;
+  o.guard_buffers = true;
+  auto backend = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(backend);
+  ASSERT_FALSE((*backend)->HostReachesBuffers());
+  auto cache = KvCache::Create({/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/4, /*capacity=*/3}, backend->get());
+  SNAPFILL_ASSERT_OK(cache);
+  KvCache& kv = **cache;
+  EXPECT_FALSE(kv.on_host());
+  EXPECT_EQ(kv.storage(), backend->get());
+  EXPECT_GE(kv.bytes(), uint64_t{2} * 2 * 2 * 3 * 4 * sizeof(float));
+  // Two tokens, token-major [2, 2 heads, 4].
+  std::vector<float> k(16), v(16);
+  for (int i = 0; i < 16; ++i) {
+    k[i] = static_cast<float>(i);
+    v[i] = -static_cast<float>(i);
+  }
+  const int32_t pos[] = {7, 9};
+  SNAPFILL_ASSERT_OK(kv.Append(1, k.data(), v.data(), 2, 8, pos));
+  EXPECT_EQ(kv.size(1), 2);
+  EXPECT_EQ(kv.pos(1, 1)[1], 9);  // (positions stay on the host)
+  std::vector<float> got_k(8), got_v(8);
+  SNAPFILL_ASSERT_OK(kv.CopyOut(1, 1, 2, got_k.data(), got_v.data()));
+  EXPECT_EQ(got_k, (std::vector<float>{4, 5, 6, 7, 12, 13, 14, 15}));
+  EXPECT_EQ(got_v, (std::vector<float>{-4, -5, -6, -7, -12, -13, -14, -15}));
+  EXPECT_TRUE(absl::IsOutOfRange(kv.CopyOut(1, 1, 4, got_k.data(), got_v.data())));
+  EXPECT_EQ(kv.View(1, 2).k, kv.k(1, 0));
+  const std::unique_ptr<KvCache> copy = kv.Clone();
+  EXPECT_FALSE(copy->on_host());
+  EXPECT_NE(copy->k(1, 1), kv.k(1, 1));
+  std::vector<float> copied_k(8), copied_v(8);
+  SNAPFILL_ASSERT_OK(copy->CopyOut(1, 1, 2, copied_k.data(), copied_v.data()));
+  EXPECT_EQ(copied_k, got_k);
+  EXPECT_EQ(copied_v, got_v);
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv.SyncHalf(1)));
 }
 
 TEST(KvCacheTest, BadShapesAreRefused) {
