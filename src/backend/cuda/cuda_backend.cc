@@ -8,9 +8,10 @@
 // bf16 (the default: cuBLAS's bf16 products with f32 sums) or f32
 // (exact_matmul: f32 products, no TF32). The norms' weights are uploaded
 // once as well. The backend's buffers (NewBuffer: the forward pass's
-// activations, the chunk loop's candidates) are device memory, the
-// backend's own allocations; the engine's memory (KvCache) and its votes
-// stay in host memory. Each op copies its operands into dense device
+// activations, the chunk loop's candidates, and the engine's memory's keys
+// and values: HostReachesBuffers) are device memory, the backend's own
+// allocations; the votes and the decoder's cache stay in host memory.
+// Each op copies its operands into dense device
 // scratch and its results out with cudaMemcpyDefault, which moves device
 // operands within the device and host ones over the bus; the ops that the
 // forward pass runs back to back are fused so that a layer copies its
@@ -266,7 +267,8 @@ class CudaBackend final : public Backend, public BackendProfile {
         prop_.name, prop_.major, prop_.minor, prop_.totalGlobalMem / (kMiB * 1024),
         exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)",
         host_buffers_ ? "activations and KV in host memory, copied per op"
-                      : "activations and candidates in device memory, the memory's KV in host memory, copied per op");
+                      : "activations, candidates and the memory in device memory, the decoder's cache in host "
+                        "memory, copied per op");
   }
 
   // ---- Products.
@@ -306,9 +308,9 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, m, w.rows, outs[c].y, outs[c].y_stride));
       CountMatMul(m, w);
     }
-    bool on_device = !profile_;
+    bool on_device = true;
     for (int c = 0; c < count; ++c) on_device &= Owns(outs[c].y);
-    return on_device ? Launched("matmul") : Sync("matmul");
+    return Finish("matmul", on_device);
   }
 
   absl::Status MatMulAdd(const float* x, int64_t m, int64_t x_stride, const WeightView& w, float* y,
@@ -493,8 +495,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                       "gather");
       }
     }
-    if (host_pending || (queued && profile_)) return Sync("gather");
-    return queued ? Launched("gather") : absl::OkStatus();
+    return queued ? Finish("gather", !host_pending) : absl::OkStatus();
   }
 
   // The forward pass's element-wise work, on the device where x is the
@@ -865,9 +866,10 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_CUDA(cudaGetLastError(), what);
     return absl::OkStatus();
   }
-  absl::Status Finish(absl::string_view what, const void* output) {
-    return Owns(output) && !profile_ ? Launched(what) : Sync(what);
+  absl::Status Finish(absl::string_view what, bool outputs_on_device) {
+    return outputs_on_device && !profile_ ? Launched(what) : Sync(what);
   }
+  absl::Status Finish(absl::string_view what, const void* output) { return Finish(what, Owns(output)); }
 
   static absl::Status CheckProduct(const char* op, int64_t m, int64_t x_stride, const WeightView& w,
                                    int64_t y_stride, int64_t k) {
