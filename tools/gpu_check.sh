@@ -92,13 +92,13 @@ step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 -
 step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
 step 7b_imdc_ttft 90 prefill "$MODEL_7B" "$TOKENS_7B" imdc --profile=false
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
+OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttention*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
 OPS="$OPS:CudaBackend.BuffersLive*:CudaBackend.GatherMoves*:CudaBackend.OpsTakeTheBuffers*"
 if [[ -n "$SAN" ]]; then
   step memcheck 120 "$SAN" --tool memcheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
     "--gtest_filter=$OPS:CudaBackend.TinyModel*"
   step racecheck 90 "$SAN" --tool racecheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
-    '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.Selection*:CudaBackend.GatherMoves*'
+    '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttention*:CudaBackend.Selection*:CudaBackend.GatherMoves*'
 else
   say "== sanitizers: compute-sanitizer not found"
 fi

@@ -40,7 +40,7 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t head_dim, float scale, int64_t window = 0);
 
 // The AMX-BF16 attention's arithmetic (cpu::Attention of a chunk where
-// cpu::AttentionHasAmx()): q·scale, k and v rounded to bf16 (Fp32ToBf16Rne),
+// cpu::AttentionHasAmx(), and cuda::FlashAttention): q·scale, k and v rounded to bf16 (Fp32ToBf16Rne),
 // scores and the softmax in double, each probability rounded to bf16 before
 // it weights v, the sum over the unrounded ones. If abs_out is not null it
 // receives Σ|p̂·v̂| / Σp per output (same layout as out), the scale for

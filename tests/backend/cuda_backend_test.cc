@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/quant_blocks.h"
 #include "kernels/ref/ops_ref.h"
 #include "kernels/ref/quant_ref.h"
 #include "snapfill/backend.h"
@@ -126,7 +127,7 @@ struct AttentionCase {
 };
 
 TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
-  CUDA_BACKEND_OR_SKIP(b, false);
+  CUDA_BACKEND_OR_SKIP(b, true);  // f32 attention (the bf16 backend's chunks take tensor cores: below)
   const AttentionCase cases[] = {{1, 1, 2, 1, 16, 0},     {37, 101, 6, 2, 24, 4}, {32, 300, 9, 3, 64, 0},
                                  {5, 70, 4, 4, 128, 0},   {3, 40, 2, 1, 256, 0},  {64, 64, 4, 2, 96, 2},
                                  {1, 2049, 32, 32, 128, 0}};
@@ -196,6 +197,76 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
     ref::RecallScores(q.data(), q_stride, c.num_q, lse_ref.data(), sk.data(), keys.head_stride, keys.key_stride,
                       stored, rs_ref.data(), stored, c.heads, c.kv_heads, c.head_dim, scale);
     for (size_t i = 0; i < rs.size(); ++i) ASSERT_NEAR(rs[i], rs_ref[i], 2e-5 * MaxAbs(rs_ref)) << "recall " << i;
+  }
+}
+
+// The bf16 backend's chunk attention (kernels/cuda/flash_attention.cu),
+// twice:
+//  - against its twin, ref::AttentionBf16 (the same roundings, double
+//    sums), as the CPU's AMX attention is (tests/kernels/attention_test.cc):
+//    each weight is the twin's times a factor near 1, rounded to bf16
+//    separately, so an output moves by at most 2⁻⁷ of Σ|p̂·v̂| / Σp;
+//  - with sliding windows (which that twin lacks): against ref::Attention
+//    given the operands the kernel sees (bf16(q·scale) with scale 1, bf16
+//    k and v), so that only the weights' rounding is left: within 2⁻⁸ of
+//    max|v|.
+// A wrong fragment layout, mask or scale is off by the values' scale. The
+// shapes: every head_dim the kernel takes, rows that leave warps and blocks
+// part-filled, keys that leave a tile part-filled, GQA, padded strides;
+// 15 queries take the f32 kernel.
+TEST(CudaBackend, TensorCoreAttentionMatchesTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  const AttentionCase cases[] = {{16, 16, 2, 1, 16, 0},    {37, 101, 6, 2, 32, 4},  {64, 300, 9, 3, 64, 0},
+                                 {100, 100, 4, 4, 96, 2},  {65, 200, 2, 1, 256, 0}, {300, 1500, 8, 2, 128, 0},
+                                 {15, 70, 4, 2, 64, 0},    {129, 2049, 32, 32, 128, 3}};
+  auto bf16 = [](float x) { return Bf16ToFp32(Fp32ToBf16(x)); };
+  uint32_t seed = 100;
+  for (const AttentionCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.num_q << " queries, " << c.num_keys << " keys, " << c.heads << "/"
+                                      << c.kv_heads << " heads of " << c.head_dim);
+    const int64_t key_stride = c.head_dim + c.key_pad, capacity = c.num_keys + 3;
+    const int64_t head_stride = capacity * key_stride;
+    const int64_t q_stride = c.heads * c.head_dim + 3;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    // Scores of a few units, as a trained model's: the softmax is neither
+    // flat nor one-hot.
+    const std::vector<float> q = Normal(c.num_q * q_stride, ++seed, 2.0f), k = Normal(c.kv_heads * head_stride, ++seed),
+                             v = Normal(c.kv_heads * head_stride, ++seed);
+    const Queries queries{q.data(), q_stride, c.num_q, c.heads, c.kv_heads, c.head_dim, scale};
+    KvView kv;
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.head_stride = head_stride;
+    kv.key_stride = key_stride;
+    kv.num_keys = c.num_keys;
+    const int64_t out_stride = c.heads * c.head_dim + 5;
+
+    std::vector<float> out(c.num_q * out_stride, 9.0f), want(c.num_q * out_stride, 9.0f),
+        abs_out(c.num_q * out_stride, 0.0f);
+    SNAPFILL_ASSERT_OK(b->Attention(queries, kv, out.data(), out_stride));
+    ref::AttentionBf16(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, want.data(), out_stride,
+                       c.num_q, c.num_keys, c.heads, c.kv_heads, c.head_dim, scale, abs_out.data());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_NEAR(out[i], want[i], std::ldexp(abs_out[i], -7) + 1e-6) << "attention " << i;
+    }
+
+    std::vector<float> qr(q.size()), kr(k.size()), vr(v.size());
+    for (size_t i = 0; i < q.size(); ++i) qr[i] = bf16(q[i] * scale);
+    for (size_t i = 0; i < k.size(); ++i) kr[i] = bf16(k[i]);
+    for (size_t i = 0; i < v.size(); ++i) vr[i] = bf16(v[i]);
+    const double tolerance = std::ldexp(MaxAbs(vr), -8);
+    for (int64_t window : {int64_t{7}, int64_t{100}, c.num_keys}) {
+      Queries windowed = queries;
+      windowed.window = window;
+      std::fill(out.begin(), out.end(), 9.0f);
+      std::fill(want.begin(), want.end(), 9.0f);
+      SNAPFILL_ASSERT_OK(b->Attention(windowed, kv, out.data(), out_stride));
+      ref::Attention(qr.data(), q_stride, kr.data(), vr.data(), head_stride, key_stride, want.data(), out_stride,
+                     c.num_q, c.num_keys, c.heads, c.kv_heads, c.head_dim, 1.0f, window);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_NEAR(out[i], want[i], tolerance) << "window " << window << ", attention " << i;
+      }
+    }
   }
 }
 
@@ -460,7 +531,9 @@ TEST(CudaBackend, SnapKvKeepsWhatTheCpuKeeps) {
   SNAPFILL_ASSERT_OK(cpu);
   const auto want = Kept(*model, cpu->get(), ids, nullptr, nullptr);
   EXPECT_EQ(Kept(*model, exact.get(), ids, nullptr, nullptr), want);
-  // bf16 products: most of the same entries.
+  // bf16 products and tensor-core attention: most of the same entries
+  // (each layer's input moves by the roundings, and a vote near the cut
+  // flips).
   const auto got16 = Kept(*model, bf16.get(), ids, nullptr, nullptr);
   int64_t same = 0, total = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -469,7 +542,7 @@ TEST(CudaBackend, SnapKvKeepsWhatTheCpuKeeps) {
     same += both.size();
     total += want[i].size();
   }
-  EXPECT_GE(same, 0.9 * total) << same << " of " << total << " kept entries in common";
+  EXPECT_GE(same, 0.85 * total) << same << " of " << total << " kept entries in common";
   std::printf("bf16: %lld of %lld kept entries as the exact CPU backend's\n", static_cast<long long>(same),
               static_cast<long long>(total));
 }

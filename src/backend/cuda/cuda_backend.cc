@@ -262,10 +262,11 @@ class CudaBackend final : public Backend, public BackendProfile {
 
   std::string kernels() const override {
     return absl::StrFormat(
-        "cuda: %s (sm_%d%d, %.1f GiB): products cuBLAS %s, attention tiled f32 (online softmax), top-k CUB radix "
-        "sort; %s",
+        "cuda: %s (sm_%d%d, %.1f GiB): products cuBLAS %s, attention %s, top-k CUB radix sort; %s",
         prop_.name, prop_.major, prop_.minor, prop_.totalGlobalMem / (kMiB * 1024),
         exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)",
+        exact_ || prop_.major < 8 ? "tiled f32 (online softmax)"
+                                  : "bf16 tensor cores (flash, f32 softmax) from 16 queries, tiled f32 below",
         host_buffers_ ? "activations and KV in host memory, copied per op"
                       : "activations, candidates and the memory in device memory, the decoder's cache in host "
                         "memory, copied per op");
@@ -622,7 +623,9 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/true));
     const int64_t width = q.num_heads * q.head_dim;
     SNAPFILL_ASSIGN_OR_RETURN(float* od, Buffer<float>(kOut, q.count * width));
-    SNAPFILL_CUDA(cuda::Attention(o.q, o.k, o.v, o.shape, od, width, stream_), "attention");
+    SNAPFILL_CUDA(UsesTensorCoreAttention(q) ? cuda::FlashAttention(o.q, o.k, o.v, o.shape, od, width, stream_)
+                                             : cuda::Attention(o.q, o.k, o.v, o.shape, od, width, stream_),
+                  "attention");
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
     if (profile_) {
       // Visible (query, key) pairs: the causal triangle's (a window's band
@@ -631,6 +634,15 @@ class CudaBackend final : public Backend, public BackendProfile {
       ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * pairs;
     }
     return Finish("attention", out);
+  }
+
+  // The chunk's attention on tensor cores (bf16 operands, f32 softmax)
+  // unless the backend is exact; a few queries (decoding, a short last
+  // chunk) would leave most of its 64-row blocks idle, so they take the f32
+  // kernel.
+  static constexpr int64_t kTensorCoreMinQueries = 16;
+  bool UsesTensorCoreAttention(const Queries& q) const {
+    return !exact_ && q.count >= kTensorCoreMinQueries && cuda::FlashAttentionSupports(q.head_dim, prop_.major);
   }
 
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {

@@ -1,0 +1,273 @@
+// Chunk attention on tensor cores: flash-attention's forward pass
+// (FlashAttention-2's work split: a warp owns 16 query rows, the block's
+// warps share each tile of keys and values) on the m16n8k16 bf16 MMA (sm_80
+// and later). The arithmetic is the CPU's AMX attention's, whose twin is
+// ref::AttentionBf16: q·scale, k and v rounded to bf16, the scores and the
+// online softmax in f32, each weight rounded to bf16 before it weights v,
+// the sum over the unrounded weights.
+//
+// Why a separate kernel: the f32 kernel (ops.cu) scores one key per lane
+// with f32 FMAs and ran at about 1 TFLOP/s on an H200, so a 7B-shaped
+// 1,024-token chunk over 2,048 keys spent about a second in attention
+// alone; the products run on tensor cores, and so must this.
+//
+// Layout of one block: 4 warps × 16 rows = 64 queries of one head. Shared
+// memory holds the block's queries and one tile of 64 keys as bf16 rows,
+// padded by 8 elements so that the fragments' 32-bit reads from 8 rows hit
+// 32 distinct banks, and the tile's values transposed (d-major), so that a
+// value fragment's pair of keys is one 32-bit word. The scores S = Q·Kᵀ stay
+// in the MMA's accumulators; their layout (row g = lane/4 and g + 8, columns
+// 2·(lane%4) and +1 of each 8-column tile) is exactly the A operand's layout
+// for P·V, so P goes from accumulators to operands in registers. The
+// softmax's running maximum and sum are per row, shared by the 4 lanes of a
+// row (two shuffles).
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/ops.h"
+
+namespace snapfill::cuda {
+namespace {
+
+constexpr unsigned kMask = 0xffffffffu;
+constexpr int kRows = 16;                     // query rows per warp: the MMA's M
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockRows = kRows * kWarps;    // queries per block
+constexpr int kKeys = 64;                     // keys per tile
+constexpr int kPad = 8;                       // bf16 elements of padding per shared row
+constexpr int kVtPitch = kKeys + kPad;
+
+template <int kHd>
+constexpr size_t SharedBytes() {
+  return sizeof(__nv_bfloat16) *
+         (static_cast<size_t>(kBlockRows + kKeys) * (kHd + kPad) + static_cast<size_t>(kHd) * kVtPitch);
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t Word(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// d += a·b, a 16×16 (row-major fragment), b 16×8 (column-major), f32 sums.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // FlashAttention refuses devices before sm_80 (FlashAttentionSupports)
+#endif
+}
+
+template <int kHd>
+__global__ void __launch_bounds__(kThreads)
+    FlashAttentionKernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                         AttentionShape s, float* __restrict__ out, int64_t out_stride) {
+  static_assert(kHd % 16 == 0 && kHd <= kMaxHeadDim, "head_dim: a multiple of 16, at most 256");
+  constexpr int kP = kHd + kPad;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  __nv_bfloat16* qs = reinterpret_cast<__nv_bfloat16*>(flash_smem);  // [kBlockRows][kP]
+  __nv_bfloat16* ks = qs + kBlockRows * kP;                           // [kKeys][kP]
+  __nv_bfloat16* vt = ks + kKeys * kP;                                // [kHd][kVtPitch]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, tq = lane % 4;
+  const int64_t h = blockIdx.y;
+  const int64_t kvh = h / (s.num_heads / s.num_kv_heads);
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t offset = s.num_keys - s.num_q;  // query i sees keys j <= offset + i
+  const int64_t rows_here = min(static_cast<int64_t>(kBlockRows), s.num_q - q0);
+  // The keys any of the block's queries sees: [block_first, block_end).
+  const int64_t block_end = offset + q0 + rows_here;
+  const int64_t block_first = s.window > 0 ? max(int64_t{0}, offset + q0 + 1 - s.window) : 0;
+
+  for (int e = threadIdx.x; e < kBlockRows * kHd; e += kThreads) {
+    const int r = e / kHd, d = e % kHd;
+    qs[r * kP + d] = __float2bfloat16_rn(r < rows_here ? q[(q0 + r) * s.q_stride + h * kHd + d] * s.scale : 0.0f);
+  }
+
+  // This warp's rows, and this lane's two of them (the accumulators' g and g + 8).
+  const int64_t w0 = q0 + warp * kRows;
+  const bool warp_active = w0 < s.num_q;
+  const int64_t warp_last = min(w0 + kRows, s.num_q) - 1;
+  const int64_t row_a = w0 + g, row_b = w0 + g + 8;
+  constexpr float kLog2e = 1.4426950408889634f;  // scores in base 2: exp2f
+
+  float o[kHd / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHd / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY;  // running maxima (base 2)
+  float l_a = 0.0f, l_b = 0.0f;            // this lane's part of the running sums
+
+  const float* kh = k + kvh * s.head_stride;
+  const float* vh = v + kvh * s.head_stride;
+  for (int64_t t = block_first; t < block_end; t += kKeys) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kKeys), block_end - t));
+    __syncthreads();  // the last tile is consumed (the first time: the queries are written)
+    // Rows past the tile's keys are zeros: their weights are 0, and 0 times
+    // an uninitialized NaN would not be.
+    for (int e = threadIdx.x; e < kKeys * kHd; e += kThreads) {
+      const int r = e / kHd, d = e % kHd;
+      float kx = 0.0f, vx = 0.0f;
+      if (r < n) {
+        kx = kh[(t + r) * s.key_stride + d];
+        vx = vh[(t + r) * s.key_stride + d];
+      }
+      ks[r * kP + d] = __float2bfloat16_rn(kx);
+      vt[d * kVtPitch + r] = __float2bfloat16_rn(vx);
+    }
+    __syncthreads();
+    // Tiles none of the warp's rows sees (warp-uniform, so the shuffles
+    // below always run on full warps).
+    if (!warp_active || t > offset + warp_last) continue;
+    if (s.window > 0 && t + n <= offset + w0 + 1 - s.window) continue;
+
+    // S = Q·Kᵀ for the warp's 16 rows and the tile's 64 keys.
+    float sc[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kHd / 16; ++kk) {
+      const __nv_bfloat16* qa = qs + (warp * kRows + g) * kP + kk * 16 + 2 * tq;
+      const uint32_t a[4] = {Word(qa), Word(qa + 8 * kP), Word(qa + 8), Word(qa + 8 * kP + 8)};
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        const __nv_bfloat16* kb = ks + (j * 8 + g) * kP + kk * 16 + 2 * tq;
+        Mma(sc[j], a, Word(kb), Word(kb + 8));
+      }
+    }
+
+    // The causal mask (and the window's), in base-2 units; each row's maximum.
+    float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t key = t + j * 8 + 2 * tq + (c & 1);
+        const int64_t row = c < 2 ? row_a : row_b;
+        const int64_t last = offset + row;  // the row's last visible key
+        bool visible = key < t + n && key <= last && row < s.num_q;
+        if (s.window > 0) visible = visible && key > last - s.window;
+        const float x = visible ? sc[j][c] * kLog2e : -INFINITY;
+        sc[j][c] = x;
+        if (c < 2) {
+          tile_a = fmaxf(tile_a, x);
+        } else {
+          tile_b = fmaxf(tile_b, x);
+        }
+      }
+    }
+    tile_a = fmaxf(tile_a, __shfl_xor_sync(kMask, tile_a, 1));
+    tile_a = fmaxf(tile_a, __shfl_xor_sync(kMask, tile_a, 2));
+    tile_b = fmaxf(tile_b, __shfl_xor_sync(kMask, tile_b, 1));
+    tile_b = fmaxf(tile_b, __shfl_xor_sync(kMask, tile_b, 2));
+    const float new_a = fmaxf(m_a, tile_a), new_b = fmaxf(m_b, tile_b);
+    // A row that has seen no visible key yet keeps m = -inf: its weights are
+    // exp2(-inf) = 0 against base 0, and its (zero) sums are left as they are.
+    const float base_a = new_a == -INFINITY ? 0.0f : new_a;
+    const float base_b = new_b == -INFINITY ? 0.0f : new_b;
+    const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+    m_a = new_a;
+    m_b = new_b;
+
+    // P = exp2(S - m) as the A operand of P·V: accumulator tiles 2kk and
+    // 2kk + 1 are the 16 keys of step kk.
+    uint32_t p[kKeys / 8][2];
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+      const float p0 = exp2f(sc[j][0] - base_a), p1 = exp2f(sc[j][1] - base_a);
+      const float p2 = exp2f(sc[j][2] - base_b), p3 = exp2f(sc[j][3] - base_b);
+      sum_a += p0 + p1;
+      sum_b += p2 + p3;
+      p[j][0] = PackBf16(p0, p1);
+      p[j][1] = PackBf16(p2, p3);
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int nd = 0; nd < kHd / 8; ++nd) {
+      o[nd][0] *= corr_a;
+      o[nd][1] *= corr_a;
+      o[nd][2] *= corr_b;
+      o[nd][3] *= corr_b;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t a[4] = {p[2 * kk][0], p[2 * kk][1], p[2 * kk + 1][0], p[2 * kk + 1][1]};
+#pragma unroll
+      for (int nd = 0; nd < kHd / 8; ++nd) {
+        const __nv_bfloat16* vb = vt + (nd * 8 + g) * kVtPitch + kk * 16 + 2 * tq;
+        Mma(o[nd], a, Word(vb), Word(vb + 8));
+      }
+    }
+  }
+
+  if (!warp_active) return;
+  l_a += __shfl_xor_sync(kMask, l_a, 1);
+  l_a += __shfl_xor_sync(kMask, l_a, 2);
+  l_b += __shfl_xor_sync(kMask, l_b, 1);
+  l_b += __shfl_xor_sync(kMask, l_b, 2);
+  // Every query sees at least its own key, so l > 0 on the rows written.
+  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+  for (int nd = 0; nd < kHd / 8; ++nd) {
+    const int64_t d = h * kHd + nd * 8 + 2 * tq;
+    if (row_a < s.num_q) {
+      out[row_a * out_stride + d] = o[nd][0] * inv_a;
+      out[row_a * out_stride + d + 1] = o[nd][1] * inv_a;
+    }
+    if (row_b < s.num_q) {
+      out[row_b * out_stride + d] = o[nd][2] * inv_b;
+      out[row_b * out_stride + d + 1] = o[nd][3] * inv_b;
+    }
+  }
+}
+
+template <int kHd>
+cudaError_t Launch(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                   int64_t out_stride, cudaStream_t stream) {
+  constexpr size_t shared = SharedBytes<kHd>();
+  cudaError_t e =
+      cudaFuncSetAttribute(FlashAttentionKernel<kHd>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{shared});
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>((s.num_q + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(s.num_heads));
+  FlashAttentionKernel<kHd><<<grid, kThreads, shared, stream>>>(q, k, v, s, out, out_stride);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool FlashAttentionSupports(int64_t head_dim, int compute_major) {
+  if (compute_major < 8) return false;
+  switch (head_dim) {
+    case 16: case 32: case 64: case 96: case 128: case 256: return true;
+    default: return false;
+  }
+}
+
+cudaError_t FlashAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                           int64_t out_stride, cudaStream_t stream) {
+  if (s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0 || s.num_q > s.num_keys || s.num_heads > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  if (s.num_q == 0) return cudaSuccess;
+  switch (s.head_dim) {
+    case 16: return Launch<16>(q, k, v, s, out, out_stride, stream);
+    case 32: return Launch<32>(q, k, v, s, out, out_stride, stream);
+    case 64: return Launch<64>(q, k, v, s, out, out_stride, stream);
+    case 96: return Launch<96>(q, k, v, s, out, out_stride, stream);
+    case 128: return Launch<128>(q, k, v, s, out, out_stride, stream);
+    case 256: return Launch<256>(q, k, v, s, out, out_stride, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace snapfill::cuda
