@@ -67,6 +67,22 @@ struct KernelRates {
   std::vector<KernelRate> rates;  // the reference (or the CPU flags' choice) first
 };
 
+// The largest operands a prefill hands the backend's ops
+// (PrefillFootprint::ops), for a device's prediction of the scratch its ops
+// keep (Backend::DeviceScratchBytes).
+struct OpSizes {
+  int64_t tokens = 0;  // rows of a forward batch: the largest chunk and the question's rows
+  int64_t model_dim = 0;
+  int64_t ffn_dim = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t keys = 0;        // the most keys one attention sees (the candidates' capacity)
+  int64_t logit_rows = 0;  // the most rows of logits one product makes
+  int64_t vocab = 0;
+  int64_t largest_matrix = 0;  // elements of the largest weight matrix
+};
+
 struct BackendOptions {
   int num_threads = 0;  // 0: all cores
   // Multiply with weights dequantized to f32 and f32 activations, instead
@@ -562,9 +578,17 @@ class Backend {
   std::vector<bool> PrepareWeights(const std::vector<const WeightView*>& weights, WeightUse use,
                                    const std::function<void(size_t, const void*, size_t)>& copied);
   // The most device memory the backend has held at once, in bytes (its own
-  // allocations: weights, scratch); 0 where the backend computes in host
-  // memory (the CPU).
+  // allocations: weights, buffers, scratch); 0 where the backend computes in
+  // host memory (the CPU; under guard_buffers, which stands in for a
+  // device, its buffers' bytes).
   virtual uint64_t DevicePeakBytes() const { return 0; }
+  // What the backend's ops keep in device memory between calls (their
+  // scratch, grown to the largest operands) for work of at most these
+  // sizes: an upper bound, for --dry_run and --max_memory on a device; 0
+  // where the ops' scratch is host memory.
+  virtual uint64_t DeviceScratchBytes(const OpSizes& sizes) const { return 0; }
+  // Device memory free now (cudaMemGetInfo), 0 where there is no device.
+  virtual uint64_t DeviceFreeBytes() const { return 0; }
   // The buffers the backend's kernels keep between ops (packed activations
   // and weight rows, tables), over all its threads: what they hold now, and
   // freeing them (the next op makes what it needs again), as between a

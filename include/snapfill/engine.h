@@ -150,6 +150,14 @@ struct PrefillFootprint {
   uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
   uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
   uint64_t recall_bytes = 0;       // the recall tier's blocks of stored keys and its picks
+  // What the engine allocates through Backend::NewBuffer: the forward
+  // pass's activations (every buffer, written or not) and the candidates'
+  // keys and values, and with buffers_on_device the memory's keys and
+  // values too. On a device this is its memory, none of it the host's.
+  uint64_t buffer_bytes = 0;
+  // The largest operands the prefill hands the backend's ops
+  // (Backend::DeviceScratchBytes).
+  OpSizes ops;
   // At most this many bytes of evicted entries in the recall store.
   uint64_t recall_disk_bytes = 0;
   // The plan the engine keeps (its steps and their per-layer budgets, about
@@ -162,7 +170,9 @@ struct PrefillFootprint {
   // as far as each step uses them, and the activations past the current
   // chunk are given back, so step i holds the memory entries written so far,
   // the largest memory ∪ chunk so far, and its own chunk's activations;
-  // and the plan.
+  // and the plan. With buffers_on_device, the host's part only (positions,
+  // votes, scores, the plan): the keys, values and activations are the
+  // device's (buffer_bytes).
   uint64_t resident_peak = 0;
   // What stays resident once the prefill is over and the engine has given
   // its buffers back (TakeDecoderCache): the memory as the last step left
@@ -176,10 +186,14 @@ class PrefillEngine {
   // without allocating; the same errors as Create() for impossible plans.
   // fused_layers: the backend runs the layers fused for chunks of the
   // configured size (LlamaForward::FusesLayers), so their activations leave
-  // out the buffers that path never writes.
+  // out the buffers that path never writes. buffers_on_device: the host
+  // cannot reach the backend's buffers (!Backend::HostReachesBuffers(): a
+  // device), so the memory's keys and values are buffers too, and none of
+  // the buffers is host memory.
   static absl::StatusOr<PrefillFootprint> Footprint(const LlamaConfig& model,
                                                     const PrefillConfig& config,
-                                                    int64_t total_tokens, bool fused_layers = false);
+                                                    int64_t total_tokens, bool fused_layers = false,
+                                                    bool buffers_on_device = false);
 
   // Plans the schedule for `total_tokens` and allocates the memory and the
   // scratch; InvalidArgument for a plan or pruner configuration that cannot

@@ -100,15 +100,29 @@ class BufferGuard {
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.push_back(b);
     b->Protect(depth_ > 0);
+    bytes_ += b->bytes();
+    peak_ = std::max(peak_, bytes_);
   }
   void Remove(Buffer* b) {
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.erase(std::find(buffers_.begin(), buffers_.end(), b));
+    bytes_ -= b->bytes();
   }
 
-  std::mutex mu_;
+ public:
+  // The most bytes the guarded buffers held at once: what a device's
+  // buffers would take of its memory (the tests of the device prediction).
+  uint64_t peak() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return peak_;
+  }
+
+ private:
+  mutable std::mutex mu_;
   int depth_ = 0;
   std::vector<Buffer*> buffers_;
+  uint64_t bytes_ = 0;
+  uint64_t peak_ = 0;
 };
 
 // While an op runs: its kernels on the backend's team, and its buffers
@@ -168,6 +182,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     cpu::FromFp16(x, y, n);
   }
   bool HostReachesBuffers() const override { return guard_ == nullptr; }
+  uint64_t DevicePeakBytes() const override { return guard_ != nullptr ? guard_->peak() : 0; }
   absl::StatusOr<std::unique_ptr<BackendBuffer>> NewBuffer(uint64_t bytes) override {
     if (guard_ == nullptr) return Backend::NewBuffer(bytes);
     SNAPFILL_ASSIGN_OR_RETURN(PagedArray<uint8_t> pages, MapPages(bytes));

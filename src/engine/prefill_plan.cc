@@ -129,7 +129,8 @@ using prefill_internal::ScoreRows;
 
 absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                                           const PrefillConfig& config,
-                                                          int64_t total_tokens, bool fused_layers) {
+                                                          int64_t total_tokens, bool fused_layers,
+                                                          bool buffers_on_device) {
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
   PrefillFootprint f;
   SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
@@ -153,6 +154,9 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   const uint64_t layer_entry_bytes = static_cast<uint64_t>(mc.num_kv_heads) *
                                      (2 * mc.head_dim * sizeof(float) + sizeof(int32_t) +
                                       (KeepsEntryScores(c.pruner.kind) ? sizeof(float) : 0));
+  // The entry's keys and values, where a device holds them rather than the host.
+  const uint64_t layer_kv_bytes = static_cast<uint64_t>(mc.num_kv_heads) * 2 * mc.head_dim * sizeof(float);
+  const uint64_t layer_host_bytes = buffers_on_device ? layer_entry_bytes - layer_kv_bytes : layer_entry_bytes;
   const std::vector<int64_t> global = GlobalLayers(mc);
   const int64_t num_global = static_cast<int64_t>(global.size());
   const int64_t num_local = mc.num_layers - num_global;
@@ -177,6 +181,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   const int64_t vote_floats = query_rows > 0 && !reconstruct ? 2 : 1;
   const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
                                     (mc.num_kv_heads + 1) * sizeof(int32_t);
+  const uint64_t cand_kv_bytes = mc.num_kv_heads * 3 * mc.head_dim * sizeof(float);
+  const uint64_t cand_host_bytes = buffers_on_device ? cand_entry_bytes - cand_kv_bytes : cand_entry_bytes;
   f.candidate_bytes = cand * cand_entry_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {
@@ -189,6 +195,24 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) * mc.vocab_size * sizeof(float)
                      : 0;
   f.activation_bytes += score_bytes;
+  // The backend's buffers: LlamaForward::Create's eight, the candidates'
+  // three, KvCache::Create's two.
+  const int64_t batch_rows = f.plan.max_chunk_tokens + query_rows;
+  f.buffer_bytes = static_cast<uint64_t>(batch_rows) *
+                       (2 * mc.model_dim + 2 * mc.num_heads * mc.head_dim + 2 * mc.num_kv_heads * mc.head_dim +
+                        2 * mc.ffn_dim) * sizeof(float) +
+                   cand * cand_kv_bytes;
+  if (buffers_on_device) f.buffer_bytes += f.memory_bytes / layer_entry_bytes * layer_kv_bytes;
+  f.ops.tokens = batch_rows;
+  f.ops.model_dim = mc.model_dim;
+  f.ops.ffn_dim = mc.ffn_dim;
+  f.ops.num_heads = mc.num_heads;
+  f.ops.num_kv_heads = mc.num_kv_heads;
+  f.ops.head_dim = mc.head_dim;
+  f.ops.keys = static_cast<int64_t>(cand);
+  f.ops.logit_rows = c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) : 1;
+  f.ops.vocab = mc.vocab_size;
+  f.ops.largest_matrix = mc.model_dim * std::max({mc.vocab_size, mc.ffn_dim, mc.num_heads * mc.head_dim});
   if (c.recall_budget > 0) {
     // A block of stored keys (f32, with positions, rotation positions and
     // scores), the question's log-denominators, and per KV head the peaks
@@ -211,23 +235,23 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     const int64_t read = s.start_token + s.chunk_tokens;
     const int64_t window_length = num_local > 0 ? std::min(f.window_entries, s.start_token) + s.chunk_tokens : 0;
     cand_written = std::max({cand_written, s.attention_length + query_rows, window_length + query_rows});
-    uint64_t memory = num_local * std::min(f.window_entries, read) * layer_entry_bytes;
+    uint64_t memory = num_local * std::min(f.window_entries, read) * layer_host_bytes;
     for (int64_t g = 0; g < num_global; ++g) {
       const int64_t b = static_cast<size_t>(g) < s.budget.size() ? s.budget[g] : s.budget.back();
       const int64_t held = c.pruner.kind == PrunerKind::kFull ? read : std::min(sinks + b, read);
       written[g] = std::min(f.memory_capacity, std::max(written[g], held));
-      memory += written[g] * layer_entry_bytes;
+      memory += written[g] * layer_host_bytes;
     }
-    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_entry_bytes +
-                          LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers,
-                                                     c.score_tokens) +
-                          score_bytes;
+    const uint64_t activations =
+        buffers_on_device ? 0
+                          : LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers, c.score_tokens);
+    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_host_bytes + activations + score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
     last_memory = memory;
   }
   // The last step's recall: its scratch and the entries it adds (global
   // layers only).
-  f.resident_peak += f.recall_bytes + c.recall_budget * num_global * layer_entry_bytes;
+  f.resident_peak += f.recall_bytes + c.recall_budget * num_global * layer_host_bytes;
   // The plan as the engine keeps it: the steps, and each step's budgets in
   // an allocation of their own (glibc: 8 bytes of header, 16-byte granules,
   // 32 at least).
@@ -236,7 +260,10 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                  (query_rows + f.plan.max_chunk_tokens + 1) * sizeof(int32_t);
   for (const ScheduleStep& s : f.plan.steps) f.plan_bytes += heap_bytes(s.budget.size() * sizeof(int64_t));
   f.resident_peak += f.plan_bytes;
-  f.kept_bytes = last_memory + c.recall_budget * num_global * layer_entry_bytes + f.plan_bytes;
+  // (From a device the decoder gets a host copy of the memory: TakeDecoderCache.)
+  const uint64_t kept_memory =
+      buffers_on_device ? last_memory / layer_host_bytes * layer_entry_bytes : last_memory;
+  f.kept_bytes = kept_memory + c.recall_budget * num_global * layer_entry_bytes + f.plan_bytes;
   return f;
 }
 

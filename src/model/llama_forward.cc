@@ -155,6 +155,15 @@ uint64_t LlamaForward::ResidentWeightBytes(const LlamaModel& model, const Backen
   return total;
 }
 
+uint64_t LlamaForward::DeviceWeightBytes(const LlamaModel& model, const Backend& backend) {
+  // (A device's batches and one-token steps read the same copy.)
+  uint64_t total = 0;
+  for (const Placement& p : Placements(model, backend, /*decode=*/false)) {
+    if (p.copy.on_device) total += p.copy.bytes;
+  }
+  return total == 0 ? 0 : total + model.copied_vector_bytes();
+}
+
 absl::Status LlamaForward::Forward(const int32_t* tokens, int64_t n, const int32_t* pos,
                                    KvCache& kv, int64_t num_logits, float* logits) {
   if (n <= 0) return absl::InvalidArgumentError("forward: no tokens");

@@ -41,6 +41,11 @@ class LlamaForward {
   // the backend's copies of the others (none on the host for a GPU's, which
   // live in its memory), and the norms' copies.
   static uint64_t ResidentWeightBytes(const LlamaModel& model, const Backend& backend, bool decode);
+  // Bytes a device holds of the weights once they are uploaded: its copies
+  // of the matrices (WeightCopy::on_device) and of the vectors (the norms'
+  // weights and the biases, each uploaded once; counted whole, an upper
+  // bound). 0 where no copy is the device's.
+  static uint64_t DeviceWeightBytes(const LlamaModel& model, const Backend& backend);
   static absl::StatusOr<std::unique_ptr<LlamaForward>> Create(const LlamaModel& model,
                                                               Backend* backend,
                                                               int64_t max_tokens);

@@ -547,6 +547,42 @@ TEST(CudaBackend, SnapKvKeepsWhatTheCpuKeeps) {
               static_cast<long long>(total));
 }
 
+// The device memory a prefill takes, against its prediction (--dry_run and
+// --max_memory on cuda): the weights' copies and the engine's buffers are
+// exact, the ops' scratch an upper bound, so the backend's measured peak
+// lies between the exact part and the whole.
+TEST(CudaBackend, DevicePeakIsWithinItsPrediction) {
+  for (bool exact : {false, true}) {
+    for (bool scored : {false, true}) {
+      CUDA_BACKEND_OR_SKIP(b, exact);
+      SCOPED_TRACE(::testing::Message() << (exact ? "exact" : "bf16") << (scored ? ", scored" : ""));
+      auto model = TinyModel(GgmlType::kQ8_0);
+      PrefillConfig config;
+      config.schedule.kind = ScheduleKind::kIncrementalDecremental;
+      config.schedule.chunk = 128;
+      config.schedule.memory = 96;
+      config.schedule.window = 16;
+      config.score_tokens = scored;
+      const int64_t n = 900;
+      auto fp = PrefillEngine::Footprint(model->config(), config, n, false, /*buffers_on_device=*/true);
+      SNAPFILL_ASSERT_OK(fp);
+      auto engine = PrefillEngine::Create(*model, b.get(), config, n);
+      SNAPFILL_ASSERT_OK(engine);
+      SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(n, model->config().vocab_size), nullptr));
+      SNAPFILL_ASSERT_OK(b->Synchronize());
+      const uint64_t weights = LlamaForward::DeviceWeightBytes(*model, *b);
+      const uint64_t scratch = b->DeviceScratchBytes(fp->ops);
+      const uint64_t measured = b->DevicePeakBytes();
+      EXPECT_GT(weights, 0u);
+      EXPECT_GE(measured, weights / 2 + fp->buffer_bytes) << "the weights' copies or the buffers are not counted";
+      EXPECT_LE(measured, weights + fp->buffer_bytes + scratch);
+      std::printf("device peak %.2f MiB, predicted %.2f MiB (weights %.2f, buffers %.2f, scratch at most %.2f)\n",
+                  measured / 1048576.0, (weights + fp->buffer_bytes + scratch) / 1048576.0, weights / 1048576.0,
+                  fp->buffer_bytes / 1048576.0, scratch / 1048576.0);
+    }
+  }
+}
+
 // A cache compressed on one device decodes on the other: the same greedy
 // tokens as decoding where it was made.
 TEST(CudaBackend, CachesCrossDevices) {

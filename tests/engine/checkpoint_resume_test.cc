@@ -278,6 +278,57 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
   }
 }
 
+// On a device the engine's keys, values and activations are the backend's
+// buffers: Footprint(buffers_on_device) counts them to the byte, as the
+// device prediction (--dry_run, --max_memory on cuda) adds them, and leaves
+// them out of the host's resident peak. The CPU backend under
+// guard_buffers stands in for the device: it counts its buffers' peak as a
+// device counts its memory.
+TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
+  TinyLlamaOptions opts;
+  opts.context_length = 4096;
+  for (bool hybrid : {false, true}) {
+    auto model = testing::LoadTinyModel(hybrid ? testing::TinyHybridOptions(200) : opts);
+    const int64_t vocab = model->config().vocab_size;
+    for (int variant = 0; variant < 4; ++variant) {
+      PrefillConfig config;
+      config.schedule.kind = variant == 1 ? ScheduleKind::kFixed : ScheduleKind::kIncrementalDecremental;
+      config.schedule.memory = 128;
+      config.schedule.chunk = 96;
+      config.schedule.window = 8;
+      config.schedule.sink_tokens = 4;
+      config.decode_reserve = 16;
+      if (variant == 2) config.query_tokens = testing::TestTokens(12, vocab);  // the question's rows
+      if (variant == 3) config.score_tokens = true;
+      SCOPED_TRACE(::testing::Message() << (hybrid ? "hybrid" : "llama") << ", variant " << variant);
+      BackendOptions o;
+      o.guard_buffers = true;
+      auto backend = CreateBackend(Device::kCpu, o);
+      SNAPFILL_ASSERT_OK(backend);
+      ASSERT_FALSE((*backend)->HostReachesBuffers());
+      auto on_device = PrefillEngine::Footprint(model->config(), config, 1000, false, /*buffers_on_device=*/true);
+      auto on_host = PrefillEngine::Footprint(model->config(), config, 1000);
+      SNAPFILL_ASSERT_OK(on_device);
+      SNAPFILL_ASSERT_OK(on_host);
+      auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
+      SNAPFILL_ASSERT_OK(engine);
+      EXPECT_EQ((*backend)->DevicePeakBytes(), on_device->buffer_bytes);
+      SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(1000, vocab), nullptr));
+      EXPECT_EQ((*backend)->DevicePeakBytes(), on_device->buffer_bytes) << "the run allocated more";
+      // The memory's keys and values are the difference between the two placements.
+      const LlamaConfig& mc = model->config();
+      uint64_t kv_bytes = 0;
+      for (int64_t l = 0; l < mc.num_layers; ++l) {
+        kv_bytes += static_cast<uint64_t>((*engine)->memory().capacity(l)) * mc.num_kv_heads * mc.head_dim * 8;
+      }
+      EXPECT_EQ(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
+      EXPECT_LT(on_device->resident_peak, on_host->resident_peak);
+      EXPECT_EQ(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's host copy
+      EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
+    }
+  }
+}
+
 // TakeDecoderCache() rotates in place what MakeDecoderCache() copies; with
 // decode_reserve the memory has the room the decoder appends into.
 TEST(TakeDecoderCacheTest, EqualsTheCopyAndHasTheReserve) {

@@ -172,9 +172,11 @@ absl::StatusOr<KernelsChoice> KernelsFromFlag(const std::string& value) {
   return c;
 }
 
-std::string DevicePeakNote(const Backend& backend) {
+std::string DevicePeakNote(const Backend& backend, uint64_t predicted) {
   const uint64_t bytes = backend.DevicePeakBytes();
-  return bytes > 0 ? absl::StrCat(" | peak device memory ", HumanBytes(bytes)) : "";
+  if (bytes == 0) return "";
+  return absl::StrCat(" | peak device memory ", HumanBytes(bytes),
+                      predicted > 0 ? absl::StrCat(" (predicted ", HumanBytes(predicted), ")") : "");
 }
 
 absl::StatusOr<LongInput> OpenLongInput(const std::string& path) {

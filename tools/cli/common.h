@@ -64,9 +64,9 @@ struct KernelsChoice {
 };
 absl::StatusOr<KernelsChoice> KernelsFromFlag(const std::string& value);
 
-// " | peak device memory X" where the backend holds device memory; "" on
-// the CPU.
-std::string DevicePeakNote(const Backend& backend);
+// " | peak device memory X (predicted Y)" where the backend holds device
+// memory; "" on the CPU.
+std::string DevicePeakNote(const Backend& backend, uint64_t predicted = 0);
 
 // The prologue of needle, which cuts its haystacks from --input's text:
 // the text, which must not be empty (a warning where it is not UTF-8: it

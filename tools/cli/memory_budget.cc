@@ -90,4 +90,18 @@ PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_
   return p;
 }
 
+std::string DevicePrediction::Format() const {
+  return absl::StrCat("predicted peak device memory ", HumanBytes(total()), " = weights ", HumanBytes(weights),
+                      " + buffers ", HumanBytes(buffers), " (activations, candidates, the memory) + the ops' scratch ",
+                      HumanBytes(scratch), " (at most)");
+}
+
+DevicePrediction PredictDevicePeak(const LlamaModel& model, const Backend& backend, const PrefillFootprint& fp) {
+  DevicePrediction d;
+  d.weights = LlamaForward::DeviceWeightBytes(model, backend);
+  d.buffers = fp.buffer_bytes;
+  d.scratch = backend.DeviceScratchBytes(fp.ops);
+  return d;
+}
+
 }  // namespace snapfill::cli

@@ -75,6 +75,32 @@ PeakPrediction PredictPeak(const LlamaConfig& model, const Backend& backend, uin
                            const PrefillFootprint& footprint, uint64_t process_bytes,
                            uint64_t decode_copy_bytes = 0, bool half_decode_kv = false);
 
+// On a device (--device cuda), the peak of the backend's own allocations
+// (Backend::DevicePeakBytes), predicted as
+//   the weights' device copies (LlamaForward::DeviceWeightBytes)
+//   + the engine's buffers (PrefillFootprint::buffer_bytes, with
+//     buffers_on_device: activations, candidates, the memory's keys and values)
+//   + the ops' scratch (Backend::DeviceScratchBytes of PrefillFootprint::ops,
+//     an upper bound).
+// Not counted, as the backend does not count them: the CUDA context and
+// cuBLAS's workspace (the free figure the plan is checked against is taken
+// after both exist). The weights and buffers are exact; the scratch is the
+// bound.
+struct DevicePrediction {
+  uint64_t weights = 0;
+  uint64_t buffers = 0;
+  uint64_t scratch = 0;
+  uint64_t total() const { return weights + buffers + scratch; }
+  // "predicted peak device memory 14.2 GiB = weights 12.6 GiB + buffers ... + the ops' scratch ..."
+  std::string Format() const;
+};
+
+// Whether the backend computes in a device's memory, so that --max_memory
+// and the prediction that matters are the device's.
+inline bool ComputesOnDevice(const Backend& backend) { return backend.device() != Device::kCpu; }
+
+DevicePrediction PredictDevicePeak(const LlamaModel& model, const Backend& backend, const PrefillFootprint& footprint);
+
 }  // namespace snapfill::cli
 
 #endif  // SNAPFILL_TOOLS_CLI_MEMORY_BUDGET_H_

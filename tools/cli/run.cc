@@ -48,6 +48,7 @@ struct Prepared {
   std::unique_ptr<PrefillEngine> engine;
   double tokenize_seconds = 0;
   PeakPrediction peak;
+  DevicePrediction device;  // on a device (ComputesOnDevice): its memory
   std::string sizes_note;  // how --max_memory chose the sizes
   uint64_t weight_bytes = 0;       // what the weights hold resident during the prefill
   uint64_t decode_copy_bytes = 0;  // what the backend's decode copies add to that (run only)
@@ -96,26 +97,34 @@ uint64_t FreeDiskBytes(const std::string& dir) {
   return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
 }
 
+// The prefill's footprint on p's backend: its buffers where the backend
+// keeps them.
+absl::StatusOr<PrefillFootprint> FootprintOf(const Prepared& p, const PrefillConfig& c) {
+  return PrefillEngine::Footprint(p.model.model->config(), c, p.total,
+                                  LlamaForward::FusesLayers(*p.model.model, *p.backend, c.schedule.chunk),
+                                  !p.backend->HostReachesBuffers());
+}
+
 // --max_memory: the largest memory and chunk (those the user did not set)
-// whose predicted peak fits; a ResourceExhausted naming the prediction if
-// none does, before anything runs.
+// whose predicted peak fits (the host's resident set; on a device, the
+// device's memory); a ResourceExhausted naming the prediction if none
+// does, before anything runs.
 absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
   const LlamaConfig& mc = p.model.model->config();
-  const int64_t total = p.total;
+  const bool device = ComputesOnDevice(*p.backend);
   const bool fixed_memory = FlagGiven("memory");
   const bool fixed_chunk = FlagGiven("chunk");
   static constexpr int64_t kSizes[] = {8192, 6144, 4096, 3072, 2048, 1536, 1024, 768,
                                        512,  384,  256,  192,  128,  96,   64};
   absl::Status last_error = absl::OkStatus();
-  PeakPrediction smallest;
+  std::string smallest;
   bool any = false;
   for (int64_t size : kSizes) {
     PrefillConfig c = p.config;
     if (!fixed_memory) c.schedule.memory = size;
     if (!fixed_chunk) c.schedule.chunk = size;
     if (fixed_memory && fixed_chunk && size != kSizes[0]) break;  // one candidate: the user's
-    absl::StatusOr<PrefillFootprint> fp = PrefillEngine::Footprint(
-        mc, c, total, LlamaForward::FusesLayers(*p.model.model, *p.backend, c.schedule.chunk));
+    absl::StatusOr<PrefillFootprint> fp = FootprintOf(p, c);
     if (!fp.ok()) {
       last_error = fp.status();
       continue;
@@ -128,20 +137,20 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
     PeakPrediction peak = PredictPeak(mc, *p.backend, p.weight_bytes, *fp, process_bytes,
                                       p.decode_copy_bytes, p.half_decode_kv);
     peak.tokenizing = p.tokenizing_peak;
-    smallest = peak;
+    const DevicePrediction on_device = PredictDevicePeak(*p.model.model, *p.backend, *fp);
+    smallest = device ? on_device.Format() : peak.Format();
     any = true;
-    if (peak.total() <= budget) {
+    if ((device ? on_device.total() : peak.total()) <= budget) {
       p.config = c;
-      p.sizes_note = absl::StrFormat("--max_memory %s: memory %d, chunk %d (%s)",
-                                     HumanBytes(budget), c.schedule.memory, c.schedule.chunk,
-                                     peak.Format());
+      p.sizes_note = absl::StrFormat("--max_memory %s%s: memory %d, chunk %d (%s)", HumanBytes(budget),
+                                     device ? " of device memory" : "", c.schedule.memory, c.schedule.chunk, smallest);
       return absl::OkStatus();
     }
   }
   if (!any) return last_error;
   return absl::ResourceExhaustedError(absl::StrCat(
-      "no memory and chunk size fits --max_memory ", HumanBytes(budget), ": the smallest ",
-      fixed_memory && fixed_chunk ? "(the given sizes) " : "", "has a ", smallest.Format(),
+      "no memory and chunk size fits --max_memory ", HumanBytes(budget), device ? " of device memory" : "",
+      ": the smallest ", fixed_memory && fixed_chunk ? "(the given sizes) " : "", "has a ", smallest,
       "; raise --max_memory", fixed_memory || fixed_chunk ? " or drop --memory/--chunk" : ""));
 }
 
@@ -216,13 +225,20 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   {
     // Let go of this plan before the engine makes its own: a plan is
     // about 300 bytes a step.
-    SNAPFILL_ASSIGN_OR_RETURN(
-        PrefillFootprint fp,
-        PrefillEngine::Footprint(p.model.model->config(), p.config, total,
-                                 LlamaForward::FusesLayers(*p.model.model, *p.backend, p.config.schedule.chunk)));
+    SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, FootprintOf(p, p.config));
     p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
                          p.decode_copy_bytes, p.half_decode_kv);
     p.peak.tokenizing = p.tokenizing_peak;
+    if (ComputesOnDevice(*p.backend)) p.device = PredictDevicePeak(*p.model.model, *p.backend, fp);
+  }
+  // A plan the device cannot hold is refused before anything is allocated
+  // (a --dry_run prints it instead).
+  if (const uint64_t free = p.backend->DeviceFreeBytes();
+      free > 0 && p.device.total() > free && !absl::GetFlag(FLAGS_dry_run)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the plan needs more device memory than is free: ", p.device.Format(), "; the device has ",
+        HumanBytes(free), " free. Lower --memory or --chunk, or give --max_memory ", HumanBytes(free),
+        " to choose sizes that fit"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
@@ -301,6 +317,14 @@ void PrintPlan(const Prepared& p) {
                     : "kept for generate --cache --recall_dir");
   }
   std::printf("%s\n", p.peak.Format().c_str());
+  if (ComputesOnDevice(*p.backend)) {
+    const uint64_t free = p.backend->DeviceFreeBytes();
+    std::printf("%s%s\n", p.device.Format().c_str(),
+                free > 0 ? absl::StrCat("; ", HumanBytes(free), " free on the device",
+                                        p.device.total() > free ? ": too little, the run would be refused" : "")
+                               .c_str()
+                         : "");
+  }
 }
 
 // What `run --report` writes, for `snapfill bench`.
@@ -312,6 +336,7 @@ struct RunReport {
   uint64_t peak_rss_bytes = 0, predicted_peak_bytes = 0;
   uint64_t kernel_scratch_bytes = 0, predicted_kernel_scratch_bytes = 0;
   uint64_t device_peak_bytes = 0;  // the backend's own device allocations at their peak (0 on the CPU)
+  uint64_t predicted_device_peak_bytes = 0;  // DevicePrediction (0 on the CPU)
   std::vector<std::pair<std::string, double>> profile;
   Work prefill_work;      // the prefill's ops and seconds (--profile)
   BackendProfile::Peaks peaks;   // measured after the run (--profile)
@@ -323,11 +348,12 @@ std::string RunReportJson(const RunReport& r) {
       "\"prefill_seconds\":%.6f,\"ttft_seconds\":%.6f,\"decode_tokens\":%d,"
       "\"decode_seconds\":%.6f,\"first_step_seconds\":%.6f,\"cache_entries\":%d,"
       "\"peak_rss_bytes\":%d,\"predicted_peak_bytes\":%d,\"kernel_scratch_bytes\":%d,"
-      "\"predicted_kernel_scratch_bytes\":%d,\"device_peak_bytes\":%d,\"profile\":{",
+      "\"predicted_kernel_scratch_bytes\":%d,\"device_peak_bytes\":%d,\"predicted_device_peak_bytes\":%d,"
+      "\"profile\":{",
       r.input_tokens, r.steps, r.mean_memory, r.peak_attention_length, r.prefill_seconds,
       r.ttft_seconds, r.decode_tokens, r.decode_seconds, r.first_step_seconds, r.cache_entries,
       r.peak_rss_bytes, r.predicted_peak_bytes, r.kernel_scratch_bytes, r.predicted_kernel_scratch_bytes,
-      r.device_peak_bytes);
+      r.device_peak_bytes, r.predicted_device_peak_bytes);
   for (size_t i = 0; i < r.profile.size(); ++i) {
     absl::StrAppendFormat(&s, "%s\"%s\":%.6f", i ? "," : "", r.profile[i].first,
                           r.profile[i].second);
@@ -565,7 +591,7 @@ absl::Status RunRun() {
                  std::string(ScheduleKindName(plan.config.kind)).c_str(),
                  PrunerKindName(p.config.pruner.kind), (long long)plan.config.memory, first_token_at,
                  r.tokens.size(), decode_tps,
-                 HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend).c_str());
+                 HumanBytes(PeakRssBytes()).c_str(), DevicePeakNote(*p.backend, p.device.total()).c_str());
   }
   PrintKernelScratch(p);
   // With --profile: the table, then the prefill's work against the peaks
@@ -594,6 +620,7 @@ absl::Status RunRun() {
     rr.kernel_scratch_bytes = p.kernel_scratch_peak;
     rr.predicted_kernel_scratch_bytes = p.peak.backend;
     rr.device_peak_bytes = p.backend->DevicePeakBytes();
+    rr.predicted_device_peak_bytes = p.device.total();
     if (profiler != nullptr) rr.profile = profiler->Seconds();
     rr.prefill_work = prefill_work;
     rr.peaks = peaks;
@@ -652,7 +679,7 @@ absl::Status RunPrefill() {
                  (long long)p.total, PrunerKindName(p.config.pruner.kind), seconds,
                  p.total / std::max(seconds, 1e-9), out.c_str(),
                  HumanBytes(cache.kv->bytes()).c_str(), HumanBytes(PeakRssBytes()).c_str(),
-                 DevicePeakNote(*p.backend).c_str());
+                 DevicePeakNote(*p.backend, p.device.total()).c_str());
   }
   PrintKernelScratch(p);
   std::fprintf(stderr, "%s", ProfileReportWithPeaks(*p.backend, /*prefill=*/true).c_str());

@@ -733,6 +733,52 @@ class CudaBackend final : public Backend, public BackendProfile {
     return absl::OkStatus();
   }
 
+  // ---- Device memory, predicted.
+
+  // Each scratch slot grows to its largest operand, with 1/8 headroom
+  // (Scratch::Get); these are the largest operands of a prefill's ops, slot
+  // by slot, as the ops above ask for them. Left out: the device selection's
+  // sort (from kDeviceSelectMin values: a recall store's blocks, memories
+  // past 64K entries), and what is not the backend's own allocation (the
+  // CUDA context, cuBLAS's workspace).
+  uint64_t DeviceScratchBytes(const OpSizes& z) const override {
+    if (host_buffers_) return 0;
+    const uint64_t e = exact_ ? sizeof(float) : sizeof(uint16_t);  // a product's input
+    const uint64_t m = static_cast<uint64_t>(std::max<int64_t>(z.tokens, 1));
+    const uint64_t qw = static_cast<uint64_t>(z.num_heads * z.head_dim);
+    const uint64_t kvw = static_cast<uint64_t>(z.num_kv_heads * z.head_dim);
+    const uint64_t dim = static_cast<uint64_t>(z.model_dim), ffn = static_cast<uint64_t>(z.ffn_dim);
+    const uint64_t keys = static_cast<uint64_t>(std::max<int64_t>(z.keys, 1));
+    const uint64_t wide = std::max({dim, qw, ffn});  // a product's input row, an element-wise op's
+    const uint64_t slots[] = {
+        4 * std::max(m * wide, keys * kvw),                                             // kX (and the candidates' RoPE)
+        e * m * wide,                                                                   // kXin
+        4 * std::max(m * std::max({qw, kvw, dim, ffn}),
+                     static_cast<uint64_t>(z.logit_rows) * static_cast<uint64_t>(z.vocab)),  // kY
+        4 * m * ffn,                                                                    // kGate
+        4 * m * ffn,                                                                    // kUp
+        e * m * ffn,                                                                    // kH
+        4 * m * qw,                                                                     // kQ
+        4 * keys * kvw,                                                                 // kK
+        4 * keys * kvw,                                                                 // kV
+        4 * std::max(m * qw, static_cast<uint64_t>(z.num_kv_heads) * keys),             // kOut
+        4 * static_cast<uint64_t>(z.num_heads) * m,                                     // kLse
+        4 * std::max(m, static_cast<uint64_t>(z.num_kv_heads) * keys),                  // kPositions
+        exact_ ? 0 : 4 * std::min<uint64_t>(static_cast<uint64_t>(z.largest_matrix),
+                                            std::max<uint64_t>(uint64_t{4} << 20, dim)),  // kStage (a piece)
+        4 * keys,                                                                       // kRows
+        4 * keys * static_cast<uint64_t>(z.head_dim),                                   // kPacked
+    };
+    uint64_t total = 0;
+    for (uint64_t b : slots) total += b + b / 8;
+    return total;
+  }
+  uint64_t DeviceFreeBytes() const override {
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+    return free_bytes;
+  }
+
   // ---- Weights on the device.
 
   // Every matrix the products support is read from its device copy, in
