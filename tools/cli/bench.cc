@@ -65,6 +65,7 @@ struct Measured {
   int64_t chunk = 0, steps = 0, cache_entries = 0, input_tokens = 0;
   uint64_t peak_rss = 0, predicted_peak = 0;
   uint64_t device_peak = 0;  // the GPU backend's own allocations at their peak (0 on the CPU)
+  uint64_t predicted_device_peak = 0;  // their prediction (run's DevicePrediction)
 };
 
 // The prefill work and the peaks of one `run --report` (written with
@@ -489,6 +490,7 @@ absl::StatusOr<Measured> MeasureConfig(const Config& c, int reps, const std::str
     m.predicted_peak = j.value("predicted_peak_bytes", uint64_t{0});
     m.peak_rss = std::max(m.peak_rss, result.second);
     m.device_peak = std::max(m.device_peak, j.value("device_peak_bytes", uint64_t{0}));
+    m.predicted_device_peak = j.value("predicted_device_peak_bytes", uint64_t{0});
     AddWork(j, m);
     double total = 0, attention = 0;
     for (auto it = j["profile"].begin(); it != j["profile"].end(); ++it) {
@@ -641,6 +643,7 @@ void PrintSchedules(const std::vector<Measured>& rows, const std::vector<Rooflin
     r["peak_rss_bytes"] = m.peak_rss;
     r["predicted_peak_bytes"] = m.predicted_peak;
     r["device_peak_bytes"] = m.device_peak;
+    r["predicted_device_peak_bytes"] = m.predicted_device_peak;
     r["decode_tokens_per_second"] = Median(m.decode_tps);
     r["decode_tokens_per_second_runs"] = m.decode_tps;
     r["cache_entries"] = m.cache_entries;
@@ -662,7 +665,10 @@ void PrintSchedules(const std::vector<Measured>& rows, const std::vector<Rooflin
   if (std::any_of(rows.begin(), rows.end(), [](const Measured& m) { return m.device_peak > 0; })) {
     // (--device cuda: the peak RSS above is the host's.)
     std::string line = "peak device memory (the backend's own allocations):";
-    for (const Measured& m : rows) absl::StrAppend(&line, " ", m.config.label, " ", HumanBytes(m.device_peak));
+    for (const Measured& m : rows) {
+      absl::StrAppend(&line, " ", m.config.label, " ", HumanBytes(m.device_peak), " (predicted ",
+                      HumanBytes(m.predicted_device_peak), ")");
+    }
     std::printf("%s\n", line.c_str());
   }
   if (std::none_of(rows.begin(), rows.end(), IsFm)) {
