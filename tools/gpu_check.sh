@@ -98,7 +98,7 @@ if [[ -n "$SAN" ]]; then
   step memcheck 120 "$SAN" --tool memcheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
     "--gtest_filter=$OPS:CudaBackend.TinyModel*"
   step racecheck 90 "$SAN" --tool racecheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
-    '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttention*:CudaBackend.Selection*:CudaBackend.GatherMoves*'
+    '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttentionMatches*:CudaBackend.Selection*:CudaBackend.GatherMoves*'
 else
   say "== sanitizers: compute-sanitizer not found"
 fi

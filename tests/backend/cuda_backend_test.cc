@@ -214,11 +214,7 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
 // shapes: every head_dim the kernel takes, rows that leave warps and blocks
 // part-filled, keys that leave a tile part-filled, GQA, padded strides;
 // 15 queries take the f32 kernel.
-TEST(CudaBackend, TensorCoreAttentionMatchesTheTwins) {
-  CUDA_BACKEND_OR_SKIP(b, false);
-  const AttentionCase cases[] = {{16, 16, 2, 1, 16, 0},    {37, 101, 6, 2, 32, 4},  {64, 300, 9, 3, 64, 0},
-                                 {100, 100, 4, 4, 96, 2},  {65, 200, 2, 1, 256, 0}, {300, 1500, 8, 2, 128, 0},
-                                 {15, 70, 4, 2, 64, 0},    {129, 2049, 32, 32, 128, 3}};
+void CheckTensorCoreAttention(Backend* b, const std::vector<AttentionCase>& cases) {
   auto bf16 = [](float x) { return Bf16ToFp32(Fp32ToBf16(x)); };
   uint32_t seed = 100;
   for (const AttentionCase& c : cases) {
@@ -268,6 +264,23 @@ TEST(CudaBackend, TensorCoreAttentionMatchesTheTwins) {
       }
     }
   }
+}
+
+TEST(CudaBackend, TensorCoreAttentionMatchesTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  CheckTensorCoreAttention(b.get(), {{16, 16, 2, 1, 16, 0},
+                                     {37, 101, 6, 2, 32, 4},
+                                     {64, 300, 9, 3, 64, 0},
+                                     {100, 100, 4, 4, 96, 2},
+                                     {65, 200, 2, 1, 256, 0},
+                                     {15, 70, 4, 2, 64, 0}});
+}
+
+// A chunk's shapes (many tiles, many blocks); apart, so that racecheck
+// (tools/gpu_check.sh) can leave them out.
+TEST(CudaBackend, TensorCoreAttentionOnChunkShapes) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  CheckTensorCoreAttention(b.get(), {{300, 1500, 8, 2, 128, 0}, {129, 2049, 32, 32, 128, 3}});
 }
 
 TEST(CudaBackend, SelectionMatchesTheTwins) {
