@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -26,9 +29,42 @@ void WriteRaw(const std::string& path, const std::string& data) {
   out << data;
 }
 
+namespace {
+
+// The folders MakeTempDir made, removed when the test binary exits (only by
+// the process that made them: a forked child's exit leaves them), so that
+// runs do not pile folders up in /tmp. SNAPFILL_KEEP_TEST_FILES=1 keeps
+// them, to look at after a failure.
+struct TempDirs {
+  std::mutex mu;
+  pid_t owner = ::getpid();
+  std::vector<std::string> dirs;
+};
+TempDirs& Made() {
+  static TempDirs* made = [] {
+    auto* m = new TempDirs;
+    std::atexit([] {
+      TempDirs& t = Made();
+      if (::getpid() != t.owner || std::getenv("SNAPFILL_KEEP_TEST_FILES") != nullptr) return;
+      std::lock_guard<std::mutex> lock(t.mu);
+      for (const std::string& d : t.dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    });
+    return m;
+  }();
+  return *made;
+}
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& stem) {
   std::string tmpl = ::testing::TempDir() + "/" + stem + ".XXXXXX";
   SNAPFILL_CHECK(::mkdtemp(tmpl.data()) != nullptr);
+  TempDirs& made = Made();
+  std::lock_guard<std::mutex> lock(made.mu);
+  made.dirs.push_back(tmpl);
   return tmpl;
 }
 

@@ -12,7 +12,9 @@ namespace snapfill::testing {
 std::string ReadAll(const std::string& path);
 // Replaces the file with `data`.
 void WriteRaw(const std::string& path, const std::string& data);
-// A new empty folder under gtest's TempDir(), named after `stem`.
+// A new empty folder under gtest's TempDir(), named after `stem`; removed
+// with what it holds when the test binary exits (SNAPFILL_KEEP_TEST_FILES=1
+// keeps it).
 std::string MakeTempDir(const std::string& stem);
 // Names in `dir`, without "." and "..", sorted.
 std::vector<std::string> ListDir(const std::string& dir);
