@@ -85,6 +85,9 @@ prefill() {  # MODEL TOKENS SCHEDULE [--profile=false: the TTFT without the per-
 }
 export -f prefill
 step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc
+# The cache it wrote, decoded from the device (generate --cache moves it there).
+step smollm2_generate_cache 30 "$BIN/snapfill" generate --device cuda --model "$SMOL" --cache "$WORK/cache.kv" \
+  --prompt "Who built the ark?" -n 16 --timing
 step bench_smollm2 90 "$BIN/snapfill" bench --device cuda --model "$SMOL" --input "$TEXT" --max_tokens 16384 \
   --schedules fm,imdc --memory 1024 --chunk 1024 --repetitions 1 --full_tokens 0 -n 16
 MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"

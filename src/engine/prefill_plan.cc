@@ -260,10 +260,9 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                  (query_rows + f.plan.max_chunk_tokens + 1) * sizeof(int32_t);
   for (const ScheduleStep& s : f.plan.steps) f.plan_bytes += heap_bytes(s.budget.size() * sizeof(int64_t));
   f.resident_peak += f.plan_bytes;
-  // (From a device the decoder gets a host copy of the memory: TakeDecoderCache.)
-  const uint64_t kept_memory =
-      buffers_on_device ? last_memory / layer_host_bytes * layer_entry_bytes : last_memory;
-  f.kept_bytes = kept_memory + c.recall_budget * num_global * layer_entry_bytes + f.plan_bytes;
+  // (On a device the decoder's cache is the memory where it is: the host
+  // keeps its positions.)
+  f.kept_bytes = last_memory + c.recall_budget * num_global * layer_host_bytes + f.plan_bytes;
   return f;
 }
 

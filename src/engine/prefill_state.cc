@@ -92,13 +92,9 @@ const int32_t* DecoderPositions(const std::vector<int32_t>& rot, int64_t m) {
 absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::TakeDecoderCache() {
   if (memory_ == nullptr) return absl::FailedPreconditionError("the memory was already taken");
   const LlamaConfig& c = model_.config();
-  if (!memory_->on_host()) {
-    // The decoder's cache is the host's: the memory copied out once.
-    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> host, KvCache::Create(memory_->shape()));
-    if (memory_->has_scores()) SNAPFILL_RETURN_IF_ERROR(host->EnableScores());
-    SNAPFILL_RETURN_IF_ERROR(CopyMemory(*memory_, *host));
-    memory_ = std::move(host);
-  }
+  // Where the memory is in the backend's buffers (a device's), it stays
+  // there: the decoder appends and attends through the backend's ops, and
+  // the cache writer reads it with CopyOut.
   std::vector<int32_t> rot(memory_->max_size());
   std::iota(rot.begin(), rot.end(), 0);
   for (int64_t l = 0; l < c.num_layers; ++l) {

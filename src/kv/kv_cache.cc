@@ -76,6 +76,25 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheShape& sha
   return cache;
 }
 
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::CopyToBackend(Backend* storage) const {
+  if (!on_host()) return absl::FailedPreconditionError("the KV cache is already in a backend's buffers");
+  SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> to, Create(shape_, storage));
+  if (has_scores()) SNAPFILL_RETURN_IF_ERROR(to->EnableScores());
+  const int64_t d = shape_.head_dim;
+  for (int64_t l = 0; l < shape_.num_layers; ++l) {
+    const int64_t n = size(l);
+    for (int64_t h = 0; h < shape_.num_kv_heads; ++h) {
+      const uint64_t bytes = static_cast<uint64_t>(n * d) * sizeof(float);
+      SNAPFILL_RETURN_IF_ERROR(storage->Upload(k(l, h), to->k(l, h), bytes));
+      SNAPFILL_RETURN_IF_ERROR(storage->Upload(v(l, h), to->v(l, h), bytes));
+      std::copy(pos(l, h), pos(l, h) + n, to->pos(l, h));
+      if (has_scores()) std::copy(score(l, h), score(l, h) + n, to->score(l, h));
+    }
+    to->set_size(l, n);
+  }
+  return to;
+}
+
 absl::Status KvCache::EnableScores() {
   if (has_scores()) return absl::OkStatus();
   if (!score_.Allocate(pos_.size())) {

@@ -53,6 +53,11 @@ class KvCache {
   // in storage's buffers; ResourceExhausted if it cannot.
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheShape& shape, Backend* storage = nullptr);
 
+  // The same cache with its keys and values in `storage`'s buffers (a
+  // device's), copied through it; positions, scores and sizes as here.
+  // This cache must be in host memory.
+  absl::StatusOr<std::unique_ptr<KvCache>> CopyToBackend(Backend* storage) const;
+
   // Whether the keys and values are in host memory (else in storage()'s
   // buffers, which only its ops and CopyOut reach).
   bool on_host() const { return storage_ == nullptr; }

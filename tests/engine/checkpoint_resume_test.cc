@@ -323,7 +323,7 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       }
       EXPECT_EQ(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
       EXPECT_LT(on_device->resident_peak, on_host->resident_peak);
-      EXPECT_EQ(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's host copy
+      EXPECT_LT(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's cache stays on the device
       EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
     }
   }

@@ -292,6 +292,48 @@ TEST(KvCacheTest, KeysAndValuesInABackendsBuffers) {
   EXPECT_TRUE(absl::IsFailedPrecondition(kv.SyncHalf(1)));
 }
 
+// A cache read from a file goes to a device once (generate --cache on
+// cuda): the same entries, positions, scores and sizes, in the backend's
+// buffers.
+TEST(KvCacheTest, CopiesToABackendsBuffers) {
+  BackendOptions o;
+  o.guard_buffers = true;
+  auto backend = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(backend);
+  auto host = KvCache::Create({/*num_layers=*/2, /*num_kv_heads=*/2, /*head_dim=*/4, /*capacity=*/5});
+  SNAPFILL_ASSERT_OK(host);
+  SNAPFILL_ASSERT_OK((*host)->EnableScores());
+  std::vector<float> k(24), v(24);
+  for (int i = 0; i < 24; ++i) {
+    k[i] = static_cast<float>(i) + 0.5f;
+    v[i] = -static_cast<float>(i);
+  }
+  const int32_t pos[] = {3, 8, 11};
+  SNAPFILL_ASSERT_OK((*host)->Append(0, k.data(), v.data(), 3, 8, pos));
+  SNAPFILL_ASSERT_OK((*host)->Append(1, k.data(), v.data(), 1, 8, pos));
+  (*host)->score(0, 1)[2] = 0.25f;
+  auto moved = (*host)->CopyToBackend(backend->get());
+  SNAPFILL_ASSERT_OK(moved);
+  const KvCache& kv = **moved;
+  EXPECT_FALSE(kv.on_host());
+  EXPECT_EQ(kv.size(0), 3);
+  EXPECT_EQ(kv.size(1), 1);
+  EXPECT_EQ(kv.room(), 2);
+  EXPECT_EQ(kv.score(0, 1)[2], 0.25f);
+  for (int64_t l = 0; l < 2; ++l) {
+    for (int64_t h = 0; h < 2; ++h) {
+      const int64_t n = kv.size(l);
+      std::vector<float> want_k(n * 4), want_v(n * 4), got_k(n * 4), got_v(n * 4);
+      SNAPFILL_ASSERT_OK((*host)->CopyOut(l, h, n, want_k.data(), want_v.data()));
+      SNAPFILL_ASSERT_OK(kv.CopyOut(l, h, n, got_k.data(), got_v.data()));
+      EXPECT_EQ(got_k, want_k) << l << " " << h;
+      EXPECT_EQ(got_v, want_v) << l << " " << h;
+      EXPECT_TRUE(std::equal(kv.pos(l, h), kv.pos(l, h) + n, (*host)->pos(l, h)));
+    }
+  }
+  EXPECT_TRUE(absl::IsFailedPrecondition(kv.CopyToBackend(backend->get()).status()));
+}
+
 TEST(KvCacheTest, BadShapesAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(KvCache::Create({0, 1, 1, 1}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(KvCache::Create({1, 1, 64, -1}).status()));

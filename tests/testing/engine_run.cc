@@ -68,13 +68,14 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
     SNAPFILL_CHECK(got.ok()) << got.status();
     SNAPFILL_CHECK(*got > 0) << "the later question recalled nothing";
   }
+  // (The cache may be in the backend's buffers: read through CopyOut.)
   for (int64_t l = 0; l < c.num_layers; ++l) {
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const KvCache& cache = **kv;
-      const float* k = cache.k(l, h);
-      const float* v = cache.v(l, h);
-      out.k.insert(out.k.end(), k, k + cache.size(l) * c.head_dim);
-      out.v.insert(out.v.end(), v, v + cache.size(l) * c.head_dim);
+      const size_t at = out.k.size(), n = cache.size(l) * c.head_dim;
+      out.k.resize(at + n);
+      out.v.resize(at + n);
+      SNAPFILL_CHECK(cache.CopyOut(l, h, cache.size(l), out.k.data() + at, out.v.data() + at).ok());
     }
   }
   auto decoder = LlamaForward::Create(model, backend, 1);

@@ -172,6 +172,11 @@ absl::Status RunGenerate() {
                                                    m.model->config().num_kv_heads,
                                                    m.model->config().head_dim, capacity}));
   }
+  if (!backend->HostReachesBuffers()) {
+    // On a device the cache goes there once, rather than over the bus at
+    // every step.
+    SNAPFILL_ASSIGN_OR_RETURN(kv, kv->CopyToBackend(backend.get()));
+  }
   SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m.model, backend.get(), batch));
   if (absl::GetFlag(FLAGS_verbosity) >= 1) {
     std::fprintf(stderr,

@@ -9,8 +9,9 @@
 // (exact_matmul: f32 products, no TF32). The norms' weights are uploaded
 // once as well. The backend's buffers (NewBuffer: the forward pass's
 // activations, the chunk loop's candidates, and the engine's memory's keys
-// and values: HostReachesBuffers) are device memory, the backend's own
-// allocations; the votes and the decoder's cache stay in host memory.
+// and values, which become the decoder's cache: HostReachesBuffers) are
+// device memory, the backend's own allocations; the votes stay in host
+// memory.
 // Each op copies its operands into dense device
 // scratch and its results out with cudaMemcpyDefault, which moves device
 // operands within the device and host ones over the bus; the ops that the
@@ -268,8 +269,7 @@ class CudaBackend final : public Backend, public BackendProfile {
         exact_ || prop_.major < 8 ? "tiled f32 (online softmax)"
                                   : "bf16 tensor cores (flash, f32 softmax) from 16 queries, tiled f32 below",
         host_buffers_ ? "activations and KV in host memory, copied per op"
-                      : "activations, candidates and the memory in device memory, the decoder's cache in host "
-                        "memory, copied per op");
+                      : "activations, candidates, the memory and the decoder's cache in device memory");
   }
 
   // ---- Products.
