@@ -78,6 +78,7 @@ struct OpSizes {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t keys = 0;        // the most keys one attention sees (the candidates' capacity)
+  int64_t voters = 0;      // the most queries that vote at once (the window, the question's rows)
   int64_t logit_rows = 0;  // the most rows of logits one product makes
   int64_t vocab = 0;
   int64_t largest_matrix = 0;  // elements of the largest weight matrix

@@ -284,6 +284,60 @@ __global__ void KeyWeightsKernel(const float* __restrict__ q, const float* __res
   if (lane == 0) scores[kvh * scores_stride + j] = max_weight ? total : total / static_cast<float>(group);
 }
 
+// GroupQueries: one thread per element of out [num_kv_heads][group · num_q][head_dim].
+__global__ void GroupQueriesKernel(const float* __restrict__ q, int64_t q_stride, int64_t num_q, int64_t num_heads,
+                                   int64_t group, int64_t hd, float* __restrict__ out) {
+  const int64_t n = num_heads * num_q * hd;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = e % hd, row = e / hd;  // row = kvh · group · num_q + g · num_q + i
+    const int64_t i = row % num_q, h = row / num_q;  // h = kvh · group + g: the query head
+    out[e] = q[i * q_stride + h * hd + d];
+  }
+}
+
+// VotesFromScores, first: each window row's log-sum-exp over the keys it
+// sees (the causal rule), one warp per row. Rows are (kv head, g, i).
+__global__ void RowLseKernel(const float* __restrict__ scores, int64_t rows, int64_t num_q, int64_t num_keys,
+                             float scale, float* __restrict__ lse) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  if (row >= rows) return;
+  const int64_t i = row % num_q;
+  const int64_t seen = num_keys - num_q + i + 1;  // keys 0..seen-1
+  const float* sr = scores + row * num_keys;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < seen; j += 32) m = fmaxf(m, sr[j] * scale);
+  m = WarpMax(m);
+  float l = 0.0f;
+  for (int64_t j = lane; j < seen; j += 32) l += expf(sr[j] * scale - m);
+  l = WarpSum(l);
+  if (lane == 0) lse[row] = m + logf(l);
+}
+
+// Then each key's votes: one thread per (kv head, key), its column of the
+// group's rows summed in row order.
+__global__ void ColumnVotesKernel(const float* __restrict__ scores, const float* __restrict__ lse, int64_t group,
+                                  int64_t num_q, int64_t num_keys, float scale, float* __restrict__ votes,
+                                  int64_t votes_stride) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= num_keys) return;
+  const int64_t kvh = blockIdx.y;
+  const int64_t rows = group * num_q;
+  // Query i sees key j from i = j - offset on.
+  const int64_t offset = num_keys - num_q;
+  const int64_t first = j > offset ? j - offset : 0;
+  const float* sk = scores + kvh * rows * num_keys;
+  const float* lk = lse + kvh * rows;
+  float total = 0.0f;
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t i = first; i < num_q; ++i) {
+      const int64_t r = g * num_q + i;
+      total += expf(sk[r * num_keys + j] * scale - lk[r]);
+    }
+  }
+  votes[kvh * votes_stride + j] = total / static_cast<float>(group);
+}
+
 __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t kernel,
                            bool max_pool) {
   const int64_t pad = kernel / 2;
@@ -425,6 +479,32 @@ cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const A
   const dim3 grid(Blocks(s.num_keys, kKeysPerBlock), static_cast<unsigned>(s.num_kv_heads));
   KeyWeightsKernel<<<grid, kKeysPerBlock * 32, 0, stream>>>(q, lse, k, s, causal, scores, scores_stride,
                                                             max_weight);
+  return cudaGetLastError();
+}
+
+cudaError_t GroupQueries(const float* q, int64_t q_stride, int64_t num_q, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t head_dim, float* out, cudaStream_t stream) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim <= 0) return cudaErrorInvalidValue;
+  if (num_q <= 0) return cudaSuccess;
+  GroupQueriesKernel<<<StrideBlocks(num_heads * num_q * head_dim), 256, 0, stream>>>(
+      q, q_stride, num_q, num_heads, num_heads / num_kv_heads, head_dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t VotesFromScores(const float* scores, int64_t num_q, int64_t num_keys, int64_t num_heads,
+                            int64_t num_kv_heads, float scale, float* lse, float* votes, int64_t votes_stride,
+                            cudaStream_t stream) {
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > num_keys || votes_stride < num_keys) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_keys <= 0 || num_q <= 0) return cudaSuccess;
+  const int64_t rows = num_heads * num_q;
+  constexpr int kRowsPerBlock = 8;
+  RowLseKernel<<<Blocks(rows, kRowsPerBlock), kRowsPerBlock * 32, 0, stream>>>(scores, rows, num_q, num_keys, scale,
+                                                                               lse);
+  const dim3 grid(Blocks(num_keys, 256), static_cast<unsigned>(num_kv_heads));
+  ColumnVotesKernel<<<grid, 256, 0, stream>>>(scores, lse, num_heads / num_kv_heads, num_q, num_keys, scale, votes,
+                                              votes_stride);
   return cudaGetLastError();
 }
 

@@ -96,6 +96,21 @@ cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape&
 cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
                        float* scores, int64_t scores_stride, cudaStream_t stream, bool max_weight = false);
 
+// SnapKV's votes (cpu::WindowScores) with the scores made by a product:
+// GroupQueries lays q [num_q, num_heads, head_dim] (q_stride) out as
+// [num_kv_heads][group · num_q][head_dim], row g · num_q + i holding query i
+// of the group's head g, so that one strided-batched product per KV head
+// gives scores [num_kv_heads][group · num_q][num_keys] (unscaled q·k; query
+// i sees keys j <= num_keys - num_q + i). VotesFromScores takes each row's
+// log-sum-exp over the keys it sees (lse: num_heads · num_q floats of
+// scratch), then per key sums exp(scale · s - lse) over the rows that see it,
+// in f32, averaged over the group: votes [num_kv_heads] at votes_stride.
+cudaError_t GroupQueries(const float* q, int64_t q_stride, int64_t num_q, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t head_dim, float* out, cudaStream_t stream);
+cudaError_t VotesFromScores(const float* scores, int64_t num_q, int64_t num_keys, int64_t num_heads,
+                            int64_t num_kv_heads, float scale, float* lse, float* votes, int64_t votes_stride,
+                            cudaStream_t stream);
+
 // Stride-1 pooling with kernel/2 padding (ref::AvgPool1d / ref::MaxPool1d).
 cudaError_t Pool1d(const float* in, float* out, int64_t n, int64_t kernel, bool max, cudaStream_t stream);
 

@@ -210,6 +210,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   f.ops.num_kv_heads = mc.num_kv_heads;
   f.ops.head_dim = mc.head_dim;
   f.ops.keys = static_cast<int64_t>(cand);
+  f.ops.voters = std::max<int64_t>(c.schedule.window, query_rows);
   f.ops.logit_rows = c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) : 1;
   f.ops.vocab = mc.vocab_size;
   f.ops.largest_matrix = mc.model_dim * std::max({mc.vocab_size, mc.ffn_dim, mc.num_heads * mc.head_dim});

@@ -75,6 +75,10 @@ struct Cublas {
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                            const void*, const void*, cudaDataType, int, long long int, const void*,
+                                            cudaDataType, int, long long int, const void*, void*, cudaDataType, int,
+                                            long long int, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   decltype(&cublasGetStatusString) status_string = nullptr;
 };
 
@@ -102,6 +106,7 @@ absl::StatusOr<const Cublas*> LoadCublas() {
     get(c.set_stream, "cublasSetStream_v2");
     get(c.set_math_mode, "cublasSetMathMode");
     get(c.gemm_ex, "cublasGemmEx");
+    get(c.gemm_strided_batched_ex, "cublasGemmStridedBatchedEx");
     get(c.status_string, "cublasGetStatusString");
     if (!ok) return absl::FailedPreconditionError("libcublas.so.13 lacks a function the backend calls");
     return c;
@@ -656,8 +661,27 @@ class CudaBackend final : public Backend, public BackendProfile {
     if (q.count == 0) {
       SNAPFILL_CUDA(cudaMemsetAsync(sd, 0, q.num_kv_heads * kv.num_keys * sizeof(float), stream_), "window_scores");
     } else {
-      SNAPFILL_CUDA(cuda::QueryLogSumExp(o.q, o.k, o.shape, lse, stream_), "window_scores");
-      SNAPFILL_CUDA(cuda::KeyWeights(o.q, lse, o.k, o.shape, /*causal=*/true, sd, kv.num_keys, stream_),
+      // The window's scores as one product per KV head (cuBLAS, f32 sums:
+      // the window's few dozen rows against every key), then the softmax
+      // and the column sums.
+      const int64_t rows = q.num_heads / q.num_kv_heads * q.count;  // the group's window rows
+      SNAPFILL_ASSIGN_OR_RETURN(float* grouped, Buffer<float>(kGrouped, q.num_heads * q.count * q.head_dim));
+      SNAPFILL_CUDA(cuda::GroupQueries(o.q, o.shape.q_stride, q.count, q.num_heads, q.num_kv_heads, q.head_dim, grouped,
+                                       stream_),
+                    "window_scores");
+      SNAPFILL_ASSIGN_OR_RETURN(float* scores, Buffer<float>(kScores, q.num_kv_heads * rows * kv.num_keys));
+      const float alpha = 1.0f, beta = 0.0f;
+      // Column-major, as Gemm: scoresᵀ [keys × rows] = K [keys × d] · groupedᵀ.
+      SNAPFILL_RETURN_IF_ERROR(CublasStatus(
+          lib_->gemm_strided_batched_ex(
+              cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kv.num_keys), static_cast<int>(rows),
+              static_cast<int>(q.head_dim), &alpha, o.k, CUDA_R_32F, static_cast<int>(o.shape.key_stride),
+              o.shape.head_stride, grouped, CUDA_R_32F, static_cast<int>(q.head_dim), rows * q.head_dim, &beta, scores,
+              CUDA_R_32F, static_cast<int>(kv.num_keys), rows * kv.num_keys, static_cast<int>(q.num_kv_heads),
+              exact_ ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "window scores"));
+      SNAPFILL_CUDA(cuda::VotesFromScores(scores, q.count, kv.num_keys, q.num_heads, q.num_kv_heads, q.scale, lse, sd,
+                                          kv.num_keys, stream_),
                     "window_scores");
     }
     SNAPFILL_RETURN_IF_ERROR(DownloadRows(sd, q.num_kv_heads, kv.num_keys, votes, votes_stride));
@@ -768,6 +792,8 @@ class CudaBackend final : public Backend, public BackendProfile {
                                             std::max<uint64_t>(uint64_t{4} << 20, dim)),  // kStage (a piece)
         4 * keys,                                                                       // kRows
         4 * keys * static_cast<uint64_t>(z.head_dim),                                   // kPacked
+        4 * static_cast<uint64_t>(z.voters) * qw,                                       // kGrouped
+        4 * static_cast<uint64_t>(z.num_heads) * static_cast<uint64_t>(z.voters) * keys,  // kScores
     };
     uint64_t total = 0;
     for (uint64_t b : slots) total += b + b / 8;
@@ -879,7 +905,8 @@ class CudaBackend final : public Backend, public BackendProfile {
  private:
   // The scratch buffers, by use.
   enum Slot {
-    kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kRows, kPacked, kNumSlots
+    kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kRows, kPacked, kGrouped,
+    kScores, kNumSlots
   };
 
   // Whether p is in the backend's device memory (a buffer, or scratch).
