@@ -92,6 +92,7 @@ step bench_smollm2 90 "$BIN/snapfill" bench --device cuda --model "$SMOL" --inpu
   --schedules fm,imdc --memory 1024 --chunk 1024 --repetitions 1 --full_tokens 0 -n 16
 MODEL_7B="$WORK/llama2-7b-shaped-q8_0.gguf"
 step make_7b 150 "$BIN/make_tiny_gguf" --preset llama2-7b --type Q8_0 --seed 1 --context 8192 --out "$MODEL_7B"
+step 7b_plan_1m 40 prefill "$MODEL_7B" 1000000 imdc --dry_run
 step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
 step 7b_imdc_ttft 90 prefill "$MODEL_7B" "$TOKENS_7B" imdc --profile=false
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
