@@ -335,6 +335,51 @@ TEST_F(ReliabilityTest, MaxMemoryPicksSizesOrRefusesUpFront) {
   EXPECT_FAILS_WITH(Run(job_ + " --out " + dir_ + "/a.kv --max_memory 0"), 2, "is not a size");
 }
 
+// The device's memory: its prediction (--dry_run), the budget --max_memory
+// sets on it, and the measured peak beside the prediction. The CPU under
+// SNAPFILL_GUARD_BUFFERS=1 stands in for a device: its buffers are the
+// device memory, the only part it has (no weight copies, no scratch), so
+// the prediction is exact and the peak must equal it.
+TEST_F(ReliabilityTest, DeviceMemoryIsPredictedAndBudgeted) {
+  ASSERT_EQ(::setenv("SNAPFILL_GUARD_BUFFERS", "1", 1), 0);
+  struct Unset {
+    ~Unset() { ::unsetenv("SNAPFILL_GUARD_BUFFERS"); }
+  } unset;
+  const std::string run = "run --model " + model_ + " --input " + text_ +
+                          " --schedule imdc --memory 64 --chunk 64 --window 8 --progress=false -n 4"
+                          " --question 'what is it'";
+  Result r = Run(run + " --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.out.find("predicted peak device memory ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("= weights 0 B + buffers"), std::string::npos) << r.out;
+
+  const std::string report = dir_ + "/report.json";
+  r = Run(run + " --timing=true --report " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("| peak device memory "), std::string::npos) << r.err;
+  const std::string json = testing::ReadAll(report);
+  auto field = [&](const std::string& name) -> int64_t {
+    const size_t f = json.find("\"" + name + "\":");
+    return f == std::string::npos ? -1 : std::stoll(json.substr(f + name.size() + 3));
+  };
+  const int64_t measured = field("device_peak_bytes"), predicted = field("predicted_device_peak_bytes");
+  EXPECT_GT(measured, 0) << json;
+  EXPECT_EQ(measured, predicted) << json;
+
+  // The budget is the device's: sizes chosen by the device prediction, or a
+  // refusal naming it.
+  r = Run("run --model " + model_ + " --input " + text_ +
+          " --window 8 --progress=false -n 4 --question 'what is it' --max_memory 2G --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("--max_memory 2.00 GiB of device memory: memory 2048, chunk 2048 (predicted peak device memory"),
+            std::string::npos)
+      << r.out;
+  r = Run(run + " --max_memory 64K");
+  EXPECT_FAILS_WITH(r, 1, "no memory and chunk size fits --max_memory 64.0 KiB of device memory");
+  EXPECT_NE(r.err.find("predicted peak device memory"), std::string::npos) << r.err;
+}
+
 // The measured peak of the run comes within 15% of the prediction; the
 // real model's version of this check is model_memory_prediction_test.
 TEST_F(ReliabilityTest, PredictionIsCloseOnTheTinyModel) {

@@ -96,6 +96,14 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags(const LlamaModel* mode
     SNAPFILL_ASSIGN_OR_RETURN(opts.num_threads, DefaultThreads());
   }
   SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&opts));
+  // SNAPFILL_GUARD_BUFFERS=1 (tests): the CPU stands in for a device, its
+  // buffers unreachable from the host outside its ops (a host access
+  // faults) and counted as device memory, so that the device's code paths
+  // (memory kept in the backend's buffers, the device memory's prediction
+  // and budget) run without one.
+  if (const char* guard = std::getenv("SNAPFILL_GUARD_BUFFERS"); guard != nullptr && std::string(guard) == "1") {
+    opts.guard_buffers = true;
+  }
   // --kernels, else SNAPFILL_KERNELS, else auto.
   const char* env = std::getenv("SNAPFILL_KERNELS");
   const bool from_env = env != nullptr && !FlagGiven("kernels");

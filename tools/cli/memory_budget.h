@@ -96,8 +96,11 @@ struct DevicePrediction {
 };
 
 // Whether the backend computes in a device's memory, so that --max_memory
-// and the prediction that matters are the device's.
-inline bool ComputesOnDevice(const Backend& backend) { return backend.device() != Device::kCpu; }
+// and the prediction that matters are the device's (a GPU; the CPU under
+// guard_buffers, which stands in for one).
+inline bool ComputesOnDevice(const Backend& backend) {
+  return backend.device() != Device::kCpu || !backend.HostReachesBuffers();
+}
 
 DevicePrediction PredictDevicePeak(const LlamaModel& model, const Backend& backend, const PrefillFootprint& footprint);
 
