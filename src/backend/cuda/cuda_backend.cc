@@ -627,11 +627,19 @@ class CudaBackend final : public Backend, public BackendProfile {
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: output stride too small");
     SNAPFILL_ASSIGN_OR_RETURN(Operands o, UploadAttention(q, kv, /*with_v=*/true));
     const int64_t width = q.num_heads * q.head_dim;
-    SNAPFILL_ASSIGN_OR_RETURN(float* od, Buffer<float>(kOut, q.count * width));
-    SNAPFILL_CUDA(UsesTensorCoreAttention(q) ? cuda::FlashAttention(o.q, o.k, o.v, o.shape, od, width, stream_)
-                                             : cuda::Attention(o.q, o.k, o.v, o.shape, od, width, stream_),
+    // Into the output where it is the backend's memory and not the queries'
+    // (which the kernels read while they write), else through scratch.
+    const bool direct = Owns(out) && (out + q.count * out_stride <= o.q || o.q + q.count * o.shape.q_stride <= out);
+    float* od = out;
+    int64_t od_stride = out_stride;
+    if (!direct) {
+      SNAPFILL_ASSIGN_OR_RETURN(od, Buffer<float>(kOut, q.count * width));
+      od_stride = width;
+    }
+    SNAPFILL_CUDA(UsesTensorCoreAttention(q) ? cuda::FlashAttention(o.q, o.k, o.v, o.shape, od, od_stride, stream_)
+                                             : cuda::Attention(o.q, o.k, o.v, o.shape, od, od_stride, stream_),
                   "attention");
-    SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
+    if (!direct) SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
     if (profile_) {
       // Visible (query, key) pairs: the causal triangle's (a window's band
       // counted as the triangle: profile figures only).
@@ -991,11 +999,24 @@ class CudaBackend final : public Backend, public BackendProfile {
   absl::StatusOr<Operands> UploadAttention(const Queries& q, const KvView& kv, bool with_v) {
     Operands o;
     const int64_t width = q.num_heads * q.head_dim;
-    SNAPFILL_ASSIGN_OR_RETURN(float* qd, UploadRows(kQ, q.q, std::max<int64_t>(q.count, 0), width, q.stride));
-    o.q = qd;
+    // Operands already in the backend's memory (the forward pass's queries,
+    // the chunk loop's candidates, a device cache) are read where they are,
+    // strides and all: the kernels only read them.
+    int64_t q_stride = width;
+    if (Owns(q.q)) {
+      o.q = q.q;
+      q_stride = q.stride;
+    } else {
+      SNAPFILL_ASSIGN_OR_RETURN(float* qd, UploadRows(kQ, q.q, std::max<int64_t>(q.count, 0), width, q.stride));
+      o.q = qd;
+    }
     const int64_t span = kv.num_keys > 0 ? (kv.num_keys - 1) * kv.key_stride + q.head_dim : 0;
     int64_t head_stride = span;
-    if (span > 0) {
+    if (span > 0 && Owns(kv.k) && (!with_v || Owns(kv.v))) {
+      o.k = kv.k;
+      if (with_v) o.v = kv.v;
+      head_stride = kv.head_stride;
+    } else if (span > 0) {
       // Head-major (the KV cache): each head's span, packed. Heads
       // interleaved within a key (a token-major store): the whole region,
       // its strides kept.
@@ -1011,8 +1032,8 @@ class CudaBackend final : public Backend, public BackendProfile {
         o.v = vd;
       }
     }
-    o.shape = cuda::AttentionShape{width,   head_stride, kv.key_stride, q.count, kv.num_keys,
-                                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window};
+    o.shape = cuda::AttentionShape{q_stride,    head_stride,    kv.key_stride, q.count, kv.num_keys,
+                                   q.num_heads, q.num_kv_heads, q.head_dim,     q.scale, q.window};
     return o;
   }
 
