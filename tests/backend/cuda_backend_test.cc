@@ -873,32 +873,77 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
     EXPECT_EQ(DownloadAll(*b, rd->data(), ids.size() * stride), rows_want) << "get_rows";
   }
   {
-    // Attention: queries, keys and values in buffers, the output into one.
-    const int64_t heads = 4, kv_heads = 2, hd = 32, q_count = 5, keys = 40;
-    const std::vector<float> q = Normal(q_count * heads * hd, 31), k = Normal(kv_heads * keys * hd, 32),
-                             v = Normal(kv_heads * keys * hd, 33);
-    Queries qs;
-    qs.q = q.data();
-    qs.count = q_count;
-    qs.stride = heads * hd;
-    qs.num_heads = heads;
-    qs.num_kv_heads = kv_heads;
-    qs.head_dim = hd;
-    qs.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    KvView kv;
-    kv.k = k.data();
-    kv.v = v.data();
-    kv.num_keys = keys;
-    kv.key_stride = hd;
-    kv.head_stride = keys * hd;
-    std::vector<float> want(q_count * heads * hd);
-    SNAPFILL_ASSERT_OK(b->Attention(qs, kv, want.data(), heads * hd));
-    auto qd = buffer(q), kd = buffer(k), vd = buffer(v), od = buffer(std::vector<float>(want.size()));
-    qs.q = qd->f32();
-    kv.k = kd->f32();
-    kv.v = vd->f32();
-    SNAPFILL_ASSERT_OK(b->Attention(qs, kv, od->f32(), heads * hd));
-    EXPECT_EQ(DownloadAll(*b, od->data(), want.size()), want) << "attention";
+    // RoPE in place on a buffer (padded token stride), and the candidates'
+    // RoPE over heads (head stride past the span).
+    const int64_t tokens = 6, heads = 3, hd = 16, token_stride = heads * hd + 5;
+    RopeSpec r;
+    r.rot_dim = hd;
+    r.freq_base = 10000.0f;
+    r.freq_scale = 1.0f;
+    const std::vector<float> xr = Normal(tokens * token_stride, 41);
+    const std::vector<int32_t> pos = {0, 5, 9, 1000, 77, 3};
+    std::vector<float> want = xr;
+    SNAPFILL_ASSERT_OK(b->Rope(want.data(), tokens, heads, hd, token_stride, pos.data(), r));
+    auto xd = buffer(xr);
+    SNAPFILL_ASSERT_OK(b->Rope(xd->f32(), tokens, heads, hd, token_stride, pos.data(), r));
+    EXPECT_EQ(DownloadAll(*b, xd->data(), xr.size()), want) << "rope";
+    const int64_t head_stride = tokens * hd + 7;
+    const std::vector<float> xh = Normal(heads * head_stride, 42);
+    std::vector<int32_t> head_pos(heads * tokens);
+    for (size_t i = 0; i < head_pos.size(); ++i) head_pos[i] = static_cast<int32_t>(3 * i + 1);
+    std::vector<float> want_h = xh;
+    SNAPFILL_ASSERT_OK(b->RopeHeads(want_h.data(), heads, head_stride, tokens, hd, head_pos.data(), tokens, r));
+    auto hd_buf = buffer(xh);
+    SNAPFILL_ASSERT_OK(b->RopeHeads(hd_buf->f32(), heads, head_stride, tokens, hd, head_pos.data(), tokens, r));
+    EXPECT_EQ(DownloadAll(*b, hd_buf->data(), xh.size()), want_h) << "rope over heads";
+  }
+  // Attention and the votes: queries, keys and values in buffers (padded
+  // strides, read in place), the output into one; a few queries (the f32
+  // kernel) and a chunk's worth on the bf16 backend (tensor cores).
+  CUDA_BACKEND_OR_SKIP(bf16, false);
+  for (Backend* be : {b.get(), bf16.get()}) {
+    for (int64_t q_count : {int64_t{5}, int64_t{40}}) {
+      SCOPED_TRACE(::testing::Message() << (be == b.get() ? "exact, " : "bf16, ") << q_count << " queries");
+      const int64_t heads = 4, kv_heads = 2, hd = 32, keys = 70, key_stride = hd + 4, q_stride = heads * hd + 3;
+      const int64_t head_stride = (keys + 2) * key_stride;
+      const std::vector<float> q = Normal(q_count * q_stride, 31), k = Normal(kv_heads * head_stride, 32),
+                               v = Normal(kv_heads * head_stride, 33);
+      auto on = [&](const std::vector<float>& host) {
+        auto made = be->NewBuffer(host.size() * sizeof(float));
+        SNAPFILL_CHECK(made.ok()) << made.status();
+        SNAPFILL_CHECK(be->Upload(host.data(), (*made)->data(), host.size() * sizeof(float)).ok());
+        return std::move(*made);
+      };
+      Queries qs;
+      qs.q = q.data();
+      qs.count = q_count;
+      qs.stride = q_stride;
+      qs.num_heads = heads;
+      qs.num_kv_heads = kv_heads;
+      qs.head_dim = hd;
+      qs.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      KvView kv;
+      kv.k = k.data();
+      kv.v = v.data();
+      kv.num_keys = keys;
+      kv.key_stride = key_stride;
+      kv.head_stride = head_stride;
+      const int64_t out_stride = heads * hd + 2;
+      std::vector<float> want(q_count * out_stride, 5.0f), votes_want(kv_heads * keys);
+      SNAPFILL_ASSERT_OK(be->Attention(qs, kv, want.data(), out_stride));
+      SNAPFILL_ASSERT_OK(be->WindowScores(qs, kv, votes_want.data(), keys));
+      auto qd = on(q), kd = on(k), vd = on(v), od = on(std::vector<float>(want.size(), 5.0f));
+      qs.q = qd->f32();
+      kv.k = kd->f32();
+      kv.v = vd->f32();
+      SNAPFILL_ASSERT_OK(be->Attention(qs, kv, od->f32(), out_stride));
+      EXPECT_EQ(DownloadAll(*be, od->data(), want.size()), want) << "attention";
+      std::vector<float> votes(kv_heads * keys);
+      SNAPFILL_ASSERT_OK(be->WindowScores(qs, kv, votes.data(), keys));
+      // (cuBLAS may pick another algorithm for another batch stride: the
+      // same sums in another order.)
+      for (size_t i = 0; i < votes.size(); ++i) ASSERT_NEAR(votes[i], votes_want[i], 1e-5 * MaxAbs(votes_want)) << i;
+    }
   }
 }
 

@@ -559,14 +559,20 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_ASSIGN_OR_RETURN(factors, Vector(r.freq_factors, r.rot_dim / 2));
     }
     const int64_t width = num_heads * head_dim;
-    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_tokens, width, token_stride));
+    // In place where x is the backend's memory (each pair is read and
+    // written by one thread), else through scratch.
+    const bool in_place = Owns(x);
+    float* xd = x;
+    if (!in_place) {
+      SNAPFILL_ASSIGN_OR_RETURN(xd, UploadRows(kX, x, num_tokens, width, token_stride));
+    }
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_tokens));
     SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                   "rope positions");
-    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, width, head_dim, pd, 0, r.rot_dim, r.freq_base,
-                             r.freq_scale, r.neox, factors, stream_),
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, in_place ? token_stride : width, head_dim, pd, 0,
+                             r.rot_dim, r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
-    SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
+    if (!in_place) SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_tokens, width, x, token_stride));
     return Finish("rope", x);
   }
 
@@ -587,15 +593,21 @@ class CudaBackend final : public Backend, public BackendProfile {
     if (r.freq_factors != nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(factors, Vector(r.freq_factors, r.rot_dim / 2));
     }
-    SNAPFILL_ASSIGN_OR_RETURN(float* xd, UploadRows(kX, x, num_heads, span, head_stride));
+    // In place where x is the backend's memory (the candidates), else
+    // through scratch.
+    const bool in_place = Owns(x);
+    float* xd = x;
+    if (!in_place) {
+      SNAPFILL_ASSIGN_OR_RETURN(xd, UploadRows(kX, x, num_heads, span, head_stride));
+    }
     const int64_t num_pos = pos_stride == 0 ? num_tokens : (num_heads - 1) * pos_stride + num_tokens;
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_pos));
     SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_pos * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
                   "rope positions");
-    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, span, pd, pos_stride, r.rot_dim,
-                             r.freq_base, r.freq_scale, r.neox, factors, stream_),
+    SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, in_place ? head_stride : span, pd,
+                             pos_stride, r.rot_dim, r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
-    SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_heads, span, x, head_stride));
+    if (!in_place) SNAPFILL_RETURN_IF_ERROR(DownloadRows(xd, num_heads, span, x, head_stride));
     return Finish("rope", x);
   }
 
