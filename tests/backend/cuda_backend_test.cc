@@ -126,6 +126,35 @@ struct AttentionCase {
   int64_t num_q, num_keys, heads, kv_heads, head_dim, key_pad;
 };
 
+// A case's operands at padded strides: the queries at q_stride, keys and
+// values head-major with room past the keys, outputs at out_stride.
+struct AttentionOperands {
+  AttentionOperands(const AttentionCase& c, uint32_t* seed, float q_scale = 1.0f)
+      : key_stride(c.head_dim + c.key_pad),
+        head_stride((c.num_keys + 3) * key_stride),
+        q_stride(c.heads * c.head_dim + 3),
+        out_stride(c.heads * c.head_dim + 5),
+        scale(1.0f / std::sqrt(static_cast<float>(c.head_dim))),
+        q(Normal(c.num_q * q_stride, ++*seed, q_scale)),
+        k(Normal(c.kv_heads * head_stride, ++*seed)),
+        v(Normal(c.kv_heads * head_stride, ++*seed)),
+        queries{q.data(), q_stride, c.num_q, c.heads, c.kv_heads, c.head_dim, scale} {
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.head_stride = head_stride;
+    kv.key_stride = key_stride;
+    kv.num_keys = c.num_keys;
+  }
+  AttentionOperands(const AttentionOperands&) = delete;
+  AttentionOperands& operator=(const AttentionOperands&) = delete;
+
+  const int64_t key_stride, head_stride, q_stride, out_stride;
+  const float scale;
+  const std::vector<float> q, k, v;
+  const Queries queries;
+  KvView kv;
+};
+
 TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
   CUDA_BACKEND_OR_SKIP(b, true);  // f32 attention (the bf16 backend's chunks take tensor cores: below)
   const AttentionCase cases[] = {{1, 1, 2, 1, 16, 0},     {37, 101, 6, 2, 24, 4}, {32, 300, 9, 3, 64, 0},
@@ -135,21 +164,8 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.num_q << " queries, " << c.num_keys << " keys, " << c.heads << "/"
                                       << c.kv_heads << " heads of " << c.head_dim);
-    const int64_t key_stride = c.head_dim + c.key_pad, capacity = c.num_keys + 3;
-    const int64_t head_stride = capacity * key_stride;
-    const int64_t q_stride = c.heads * c.head_dim + 3;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    std::vector<float> q = Normal(c.num_q * q_stride, ++seed), k = Normal(c.kv_heads * head_stride, ++seed),
-                       v = Normal(c.kv_heads * head_stride, ++seed);
-    const Queries queries{q.data(), q_stride, c.num_q, c.heads, c.kv_heads, c.head_dim, scale};
-    KvView kv;
-    kv.k = k.data();
-    kv.v = v.data();
-    kv.head_stride = head_stride;
-    kv.key_stride = key_stride;
-    kv.num_keys = c.num_keys;
-
-    const int64_t out_stride = c.heads * c.head_dim + 5;
+    const AttentionOperands a(c, &seed);
+    const auto& [key_stride, head_stride, q_stride, out_stride, scale, q, k, v, queries, kv] = a;
     std::vector<float> out(c.num_q * out_stride, 9.0f), out_ref(c.num_q * out_stride, 9.0f);
     SNAPFILL_ASSERT_OK(b->Attention(queries, kv, out.data(), out_stride));
     ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out_ref.data(), out_stride,
@@ -220,22 +236,10 @@ void CheckTensorCoreAttention(Backend* b, const std::vector<AttentionCase>& case
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << c.num_q << " queries, " << c.num_keys << " keys, " << c.heads << "/"
                                       << c.kv_heads << " heads of " << c.head_dim);
-    const int64_t key_stride = c.head_dim + c.key_pad, capacity = c.num_keys + 3;
-    const int64_t head_stride = capacity * key_stride;
-    const int64_t q_stride = c.heads * c.head_dim + 3;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     // Scores of a few units, as a trained model's: the softmax is neither
     // flat nor one-hot.
-    const std::vector<float> q = Normal(c.num_q * q_stride, ++seed, 2.0f), k = Normal(c.kv_heads * head_stride, ++seed),
-                             v = Normal(c.kv_heads * head_stride, ++seed);
-    const Queries queries{q.data(), q_stride, c.num_q, c.heads, c.kv_heads, c.head_dim, scale};
-    KvView kv;
-    kv.k = k.data();
-    kv.v = v.data();
-    kv.head_stride = head_stride;
-    kv.key_stride = key_stride;
-    kv.num_keys = c.num_keys;
-    const int64_t out_stride = c.heads * c.head_dim + 5;
+    const AttentionOperands a(c, &seed, /*q_scale=*/2.0f);
+    const auto& [key_stride, head_stride, q_stride, out_stride, scale, q, k, v, queries, kv] = a;
 
     std::vector<float> out(c.num_q * out_stride, 9.0f), want(c.num_q * out_stride, 9.0f),
         abs_out(c.num_q * out_stride, 0.0f);
@@ -716,6 +720,14 @@ TEST(CudaBackend, SmolLm2ShapedModelMatchesTheCpu) {
 
 // ---- The backend's memory on the device.
 
+// A new buffer of `b` holding `host`.
+std::unique_ptr<BackendBuffer> Uploaded(Backend& b, const std::vector<float>& host) {
+  auto made = b.NewBuffer(host.size() * sizeof(float));
+  SNAPFILL_CHECK(made.ok()) << made.status();
+  SNAPFILL_CHECK(b.Upload(host.data(), (*made)->data(), host.size() * sizeof(float)).ok());
+  return std::move(*made);
+}
+
 std::vector<float> DownloadAll(Backend& b, const void* d, size_t n) {
   std::vector<float> out(n);
   SNAPFILL_CHECK(b.Download(d, out.data(), n * sizeof(float)).ok());
@@ -809,12 +821,7 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
   CUDA_BACKEND_OR_SKIP(b, true);
   auto cpu = CreateBackend(Device::kCpu, BackendOptions{});
   SNAPFILL_ASSERT_OK(cpu);
-  auto buffer = [&](const std::vector<float>& host) {
-    auto made = b->NewBuffer(host.size() * sizeof(float));
-    SNAPFILL_CHECK(made.ok()) << made.status();
-    SNAPFILL_CHECK(b->Upload(host.data(), (*made)->data(), host.size() * sizeof(float)).ok());
-    return std::move(*made);
-  };
+  auto buffer = [&](const std::vector<float>& host) { return Uploaded(*b, host); };
   const int64_t rows = 9, dim = 70, stride = 75, n = rows * stride;
   const std::vector<float> x = Normal(n, 21), y = Normal(n, 22), bias = Normal(dim, 23);
   {
@@ -904,35 +911,17 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
   for (Backend* be : {b.get(), bf16.get()}) {
     for (int64_t q_count : {int64_t{5}, int64_t{40}}) {
       SCOPED_TRACE(::testing::Message() << (be == b.get() ? "exact, " : "bf16, ") << q_count << " queries");
-      const int64_t heads = 4, kv_heads = 2, hd = 32, keys = 70, key_stride = hd + 4, q_stride = heads * hd + 3;
-      const int64_t head_stride = (keys + 2) * key_stride;
-      const std::vector<float> q = Normal(q_count * q_stride, 31), k = Normal(kv_heads * head_stride, 32),
-                               v = Normal(kv_heads * head_stride, 33);
-      auto on = [&](const std::vector<float>& host) {
-        auto made = be->NewBuffer(host.size() * sizeof(float));
-        SNAPFILL_CHECK(made.ok()) << made.status();
-        SNAPFILL_CHECK(be->Upload(host.data(), (*made)->data(), host.size() * sizeof(float)).ok());
-        return std::move(*made);
-      };
-      Queries qs;
-      qs.q = q.data();
-      qs.count = q_count;
-      qs.stride = q_stride;
-      qs.num_heads = heads;
-      qs.num_kv_heads = kv_heads;
-      qs.head_dim = hd;
-      qs.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      KvView kv;
-      kv.k = k.data();
-      kv.v = v.data();
-      kv.num_keys = keys;
-      kv.key_stride = key_stride;
-      kv.head_stride = head_stride;
-      const int64_t out_stride = heads * hd + 2;
+      uint32_t seed = 30;
+      const AttentionOperands a({q_count, 70, 4, 2, 32, 4}, &seed);
+      const int64_t keys = a.kv.num_keys, kv_heads = 2;
+      auto on = [&](const std::vector<float>& host) { return Uploaded(*be, host); };
+      Queries qs = a.queries;
+      KvView kv = a.kv;
+      const int64_t out_stride = a.out_stride;
       std::vector<float> want(q_count * out_stride, 5.0f), votes_want(kv_heads * keys);
       SNAPFILL_ASSERT_OK(be->Attention(qs, kv, want.data(), out_stride));
       SNAPFILL_ASSERT_OK(be->WindowScores(qs, kv, votes_want.data(), keys));
-      auto qd = on(q), kd = on(k), vd = on(v), od = on(std::vector<float>(want.size(), 5.0f));
+      auto qd = on(a.q), kd = on(a.k), vd = on(a.v), od = on(std::vector<float>(want.size(), 5.0f));
       qs.q = qd->f32();
       kv.k = kd->f32();
       kv.v = vd->f32();
