@@ -249,7 +249,8 @@ class PrefillEngine {
 
   // Returns the memory as a decoder cache: keys rotated at the positions the
   // decoder will continue from, each layer with room for `extra_capacity`
-  // more tokens.
+  // more tokens; its keys and values where the memory's are (a device's
+  // buffers, read on the host with KvCache::CopyOut).
   // next_position() is where the first appended token goes.
   virtual absl::StatusOr<std::unique_ptr<KvCache>> MakeDecoderCache(int64_t extra_capacity) const = 0;
   // The same without a copy: rotates the memory's keys in place and hands

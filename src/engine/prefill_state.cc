@@ -147,7 +147,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::MakeDecoderCache(
   for (int64_t l = 0; l < c.num_layers; ++l) {
     shape.layer_capacity.push_back(std::max<int64_t>(1, memory_->size(l) + extra_capacity));
   }
-  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create(shape));
+  // Where the memory is (a device's buffers, or the host's).
+  SNAPFILL_ASSIGN_OR_RETURN(auto cache, KvCache::Create(shape, memory_->storage()));
   if (memory_->has_scores()) SNAPFILL_RETURN_IF_ERROR(cache->EnableScores());
   std::vector<int32_t> rot(max_size);
   std::iota(rot.begin(), rot.end(), 0);

@@ -325,6 +325,23 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       EXPECT_LT(on_device->resident_peak, on_host->resident_peak);
       EXPECT_LT(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's cache stays on the device
       EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
+      // The decoder's caches stay in the device's memory: the copy and the
+      // memory itself, rotated alike.
+      auto copy = (*engine)->MakeDecoderCache(4);
+      SNAPFILL_ASSERT_OK(copy);
+      auto taken = (*engine)->TakeDecoderCache();
+      SNAPFILL_ASSERT_OK(taken);
+      EXPECT_FALSE((*copy)->on_host());
+      EXPECT_FALSE((*taken)->on_host());
+      for (int64_t l = 0; l < mc.num_layers; ++l) {
+        const int64_t n = (*taken)->size(l);
+        ASSERT_EQ((*copy)->size(l), n);
+        std::vector<float> ck(n * mc.head_dim), cv(ck.size()), tk(ck.size()), tv(ck.size());
+        SNAPFILL_ASSERT_OK((*copy)->CopyOut(l, 0, n, ck.data(), cv.data()));
+        SNAPFILL_ASSERT_OK((*taken)->CopyOut(l, 0, n, tk.data(), tv.data()));
+        EXPECT_EQ(ck, tk) << "layer " << l;
+        EXPECT_EQ(cv, tv) << "layer " << l;
+      }
     }
   }
 }
