@@ -1,6 +1,7 @@
 #include "kernels/cuda/ops.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -338,6 +339,22 @@ __global__ void ColumnVotesKernel(const float* __restrict__ scores, const float*
   votes[kvh * votes_stride + j] = total / static_cast<float>(group);
 }
 
+__global__ void DequantizeQ8_0Kernel(const uint8_t* __restrict__ raw, int64_t rows, int64_t cols, int64_t row_bytes,
+                                     uint16_t* __restrict__ bf16_out, float* __restrict__ f32_out) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    const uint8_t* block = raw + r * row_bytes + (c / 32) * 34;
+    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(block[0] | (block[1] << 8))));
+    const float v = static_cast<float>(static_cast<int8_t>(block[2 + c % 32])) * d;
+    if (bf16_out != nullptr) {
+      bf16_out[e] = Bf16Bits(v);
+    } else {
+      f32_out[e] = v;
+    }
+  }
+}
+
 __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t kernel,
                            bool max_pool) {
   const int64_t pad = kernel / 2;
@@ -505,6 +522,17 @@ cudaError_t VotesFromScores(const float* scores, int64_t num_q, int64_t num_keys
   const dim3 grid(Blocks(num_keys, 256), static_cast<unsigned>(num_kv_heads));
   ColumnVotesKernel<<<grid, 256, 0, stream>>>(scores, lse, num_heads / num_kv_heads, num_q, num_keys, scale, votes,
                                               votes_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t DequantizeQ8_0(const void* raw, int64_t rows, int64_t cols, int64_t row_bytes, uint16_t* bf16_out,
+                           float* f32_out, cudaStream_t stream) {
+  if (cols % 32 != 0 || row_bytes < cols / 32 * 34 || (bf16_out == nullptr && f32_out == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  DequantizeQ8_0Kernel<<<StrideBlocks(rows * cols), 256, 0, stream>>>(static_cast<const uint8_t*>(raw), rows, cols,
+                                                                      row_bytes, bf16_out, f32_out);
   return cudaGetLastError();
 }
 

@@ -133,6 +133,12 @@ cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream);
 // read as 4-byte words where every address and size allows.
 cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
                        int64_t count, size_t row_bytes, cudaStream_t stream);
+// Q8_0 rows (ggml's blocks of 32: an fp16 scale d, then 32 int8 q), rows ×
+// cols values at row_bytes apart, to dense bf16 (bf16_out) or f32 (f32_out,
+// where bf16_out is null): q · d in f32 as cpu::DequantizeRow, then rounded
+// to nearest even for bf16. A weight upload's.
+cudaError_t DequantizeQ8_0(const void* raw, int64_t rows, int64_t cols, int64_t row_bytes, uint16_t* bf16_out,
+                           float* f32_out, cudaStream_t stream);
 // y[i] = bf16(x[i]) for a weight upload.
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 

@@ -1122,7 +1122,9 @@ class CudaBackend final : public Backend, public BackendProfile {
 
   // The device copy of w, made on first use: its rows read (pread where the
   // file is known, so the mapping's pages stay out of memory), dequantized
-  // to f32 on the host's cores, converted to bf16 on the device.
+  // to f32 on the host's cores, converted to bf16 on the device. Q8_0 rows
+  // go over the bus as they are (a quarter of their f32 bytes) and are
+  // dequantized on the device, to the same values.
   absl::StatusOr<const void*> Weight(const WeightView& w) {
     auto it = weights_.find(w.data);
     if (it != weights_.end()) {
@@ -1157,9 +1159,28 @@ class CudaBackend final : public Backend, public BackendProfile {
         src = raw.data();
       }
       if (!status.ok()) break;
+      char* out = static_cast<char*>(dst) + static_cast<size_t>(r0) * w.cols * elem;
+      if (w.type == GgmlType::kQ8_0) {
+        const size_t bytes = static_cast<size_t>(rows) * w.row_bytes;
+        absl::StatusOr<char*> stage = Buffer<char>(kStage, static_cast<int64_t>(bytes));
+        if (!stage.ok()) {
+          status = stage.status();
+          break;
+        }
+        // (The pageable source is staged before the copy returns, so the
+        // next piece may overwrite it.)
+        status = CudaStatus(cudaMemcpyAsync(*stage, src, bytes, cudaMemcpyHostToDevice, stream_), "weight upload");
+        if (status.ok()) {
+          status = CudaStatus(cuda::DequantizeQ8_0(*stage, rows, w.cols, static_cast<int64_t>(w.row_bytes),
+                                                   exact_ ? nullptr : reinterpret_cast<uint16_t*>(out),
+                                                   exact_ ? reinterpret_cast<float*>(out) : nullptr, stream_),
+                              "weight upload");
+        }
+        if (status.ok()) status = Sync("weight upload");
+        continue;
+      }
 #pragma omp parallel for num_threads(host_threads_)
       for (int64_t r = 0; r < rows; ++r) cpu::DequantizeRow(w.type, src + r * w.row_bytes, f32.data() + r * w.cols, w.cols);
-      char* out = static_cast<char*>(dst) + static_cast<size_t>(r0) * w.cols * elem;
       if (exact_) {
         // (On the backend's stream, which orders it before the products;
         // the pageable source is staged before the call returns.)
