@@ -786,7 +786,6 @@ class CudaBackend final : public Backend, public BackendProfile {
   // past 64K entries), and what is not the backend's own allocation (the
   // CUDA context, cuBLAS's workspace).
   uint64_t DeviceScratchBytes(const OpSizes& z) const override {
-    if (host_buffers_) return 0;
     const uint64_t e = exact_ ? sizeof(float) : sizeof(uint16_t);  // a product's input
     const uint64_t m = static_cast<uint64_t>(std::max<int64_t>(z.tokens, 1));
     const uint64_t qw = static_cast<uint64_t>(z.num_heads * z.head_dim);
