@@ -47,8 +47,10 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   SNAPFILL_ASSIGN_OR_RETURN(e->pruner_, CreatePruner(e->config_.pruner, *backend));
   const bool full = e->config_.pruner.kind == PrunerKind::kFull;
   const int64_t capacity = fp.memory_capacity;
+  // (On a device the memory's keys and values are the device's: the run
+  // checks them against its free memory, before it starts.)
   const uint64_t phys = PhysicalMemoryBytes();
-  if (phys > 0 && fp.memory_bytes > phys / 10 * 8) {
+  if (phys > 0 && backend->HostReachesBuffers() && fp.memory_bytes > phys / 10 * 8) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "a memory of %d entries per layer and KV head needs %.1f GiB, more than this machine's "
         "%.1f GiB%s",
