@@ -107,6 +107,8 @@ else
   say "== sanitizers: compute-sanitizer not found"
 fi
 
+# The same with the f32 attention kernel: what the tensor cores bring, measured in one run.
+step 7b_imdc_f32_attention 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc --kernels attention=f32
 step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
 step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
 step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im

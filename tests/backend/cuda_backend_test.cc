@@ -287,6 +287,27 @@ TEST(CudaBackend, TensorCoreAttentionOnChunkShapes) {
   CheckTensorCoreAttention(b.get(), {{300, 1500, 8, 2, 128, 0}, {129, 2049, 32, 32, 128, 3}});
 }
 
+// --kernels attention=f32 on cuda: the chunk's attention on the f32 kernel
+// (the exact backend's, bit for bit) with bf16 products; the CPU's kernel
+// names are refused.
+TEST(CudaBackend, AttentionKernelByName) {
+  CUDA_BACKEND_OR_SKIP(exact, true);
+  BackendOptions o;
+  o.attention_kernel = "f32";
+  auto f32 = CreateBackend(Device::kCuda, o);
+  SNAPFILL_ASSERT_OK(f32);
+  EXPECT_NE((*f32)->kernels().find("attention tiled f32"), std::string::npos) << (*f32)->kernels();
+  uint32_t seed = 7;
+  const AttentionCase c{100, 300, 8, 2, 64, 0};
+  const AttentionOperands a(c, &seed);
+  std::vector<float> want(c.num_q * a.out_stride), got(want.size());
+  SNAPFILL_ASSERT_OK(exact->Attention(a.queries, a.kv, want.data(), a.out_stride));
+  SNAPFILL_ASSERT_OK((*f32)->Attention(a.queries, a.kv, got.data(), a.out_stride));
+  EXPECT_EQ(got, want);
+  o.attention_kernel = "amx-bf16";
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateBackend(Device::kCuda, o).status()));
+}
+
 TEST(CudaBackend, SelectionMatchesTheTwins) {
   CUDA_BACKEND_OR_SKIP(b, false);
   for (int64_t n : {1, 5, 33, 1000, 100003}) {

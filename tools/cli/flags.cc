@@ -16,7 +16,8 @@ ABSL_FLAG(std::string, kernels, "auto",
           "fastest taken; the rates are kept in $XDG_CACHE_HOME/snapfill or ~/.cache/snapfill), flags "
           "(chosen by the CPU's flags alone), or attention=f32|avx512-bf16|amx-bf16|auto and/or "
           "products=amx-bf16|amx-int8|avx512-vnni|avx-vnni|avx2|auto, comma-separated (an op not named is "
-          "timed). --resume takes the checkpoint's unless this is given");
+          "timed). --resume takes the checkpoint's unless this is given. On cuda only attention=f32 is a choice: "
+          "the chunk's attention on the f32 kernel instead of tensor cores");
 ABSL_FLAG(bool, pack_decode, true,
           "Rewrite each Q4_0/Q4_1/Q8_0 weight matrix once into a layout the one-token products "
           "stream at memory speed, when decoding starts (faster decode; the copy takes the place "

@@ -231,13 +231,15 @@ class DeviceBuffer final : public BackendBuffer {
 
 class CudaBackend final : public Backend, public BackendProfile {
  public:
-  CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads, bool host_buffers)
+  CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads, bool host_buffers,
+              bool f32_attention)
       : device_(device),
         prop_(prop),
         exact_(exact),
         profile_(profile),
         host_threads_(host_threads),
-        host_buffers_(host_buffers) {
+        host_buffers_(host_buffers),
+        tensor_core_attention_(!exact && !f32_attention && prop.major >= 8) {
     for (auto& s : scratch_) s = std::make_unique<Scratch>(memory_.get());
   }
   ~CudaBackend() override {
@@ -271,8 +273,8 @@ class CudaBackend final : public Backend, public BackendProfile {
         "cuda: %s (sm_%d%d, %.1f GiB): products cuBLAS %s, attention %s, top-k CUB radix sort; %s",
         prop_.name, prop_.major, prop_.minor, prop_.totalGlobalMem / (kMiB * 1024),
         exact_ ? "f32 (exact)" : "bf16 (weights converted once, f32 sums)",
-        exact_ || prop_.major < 8 ? "tiled f32 (online softmax)"
-                                  : "bf16 tensor cores (flash, f32 softmax) from 16 queries, tiled f32 below",
+        tensor_core_attention_ ? "bf16 tensor cores (flash, f32 softmax) from 16 queries, tiled f32 below"
+                               : "tiled f32 (online softmax)",
         host_buffers_ ? "activations and KV in host memory, copied per op"
                       : "activations, candidates, the memory and the decoder's cache in device memory");
   }
@@ -667,7 +669,8 @@ class CudaBackend final : public Backend, public BackendProfile {
   // kernel.
   static constexpr int64_t kTensorCoreMinQueries = 16;
   bool UsesTensorCoreAttention(const Queries& q) const {
-    return !exact_ && q.count >= kTensorCoreMinQueries && cuda::FlashAttentionSupports(q.head_dim, prop_.major);
+    return tensor_core_attention_ && q.count >= kTensorCoreMinQueries &&
+           cuda::FlashAttentionSupports(q.head_dim, prop_.major);
   }
 
   absl::Status WindowScores(const Queries& q, const KvView& kv, float* votes, int64_t votes_stride) override {
@@ -1254,6 +1257,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   bool profile_;
   int host_threads_;
   bool host_buffers_;  // BackendOptions::host_buffers
+  bool tensor_core_attention_;  // the chunk's attention on tensor cores (bf16, sm_80+, not --kernels attention=f32)
   cudaStream_t stream_ = nullptr;
   const Cublas* lib_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
@@ -1307,8 +1311,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&
   cudaDeviceProp prop;
   SNAPFILL_ASSIGN_OR_RETURN(int device, FindDevice(&prop));
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_num_procs();
-  auto backend =
-      std::make_unique<CudaBackend>(device, prop, options.exact_matmul, options.profile, threads, options.host_buffers);
+  // --kernels attention=f32: the chunk's attention on the f32 kernel, as
+  // the exact backend's (the other names are the CPU's).
+  if (!options.attention_kernel.empty() && options.attention_kernel != "auto" && options.attention_kernel != "f32" &&
+      options.attention_kernel != "measure") {
+    return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", options.attention_kernel,
+                                                   "\" is the CPU's: on cuda, auto (tensor cores) or f32"));
+  }
+  auto backend = std::make_unique<CudaBackend>(device, prop, options.exact_matmul, options.profile, threads,
+                                               options.host_buffers, options.attention_kernel == "f32");
   SNAPFILL_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }
