@@ -209,7 +209,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   f.ops.num_heads = mc.num_heads;
   f.ops.num_kv_heads = mc.num_kv_heads;
   f.ops.head_dim = mc.head_dim;
-  f.ops.keys = static_cast<int64_t>(cand);
+  // (The recall tier scores the store's entries a block at a time.)
+  f.ops.keys = std::max<int64_t>(static_cast<int64_t>(cand), c.recall_budget > 0 ? Recaller::BlockEntries() : 0);
   f.ops.voters = std::max<int64_t>(c.schedule.window, query_rows);
   f.ops.logit_rows = c.score_tokens ? ScoreRows(mc.vocab_size, f.plan.max_chunk_tokens) : 1;
   f.ops.vocab = mc.vocab_size;

@@ -30,6 +30,8 @@ RecallStoreInfo RecallShape(const LlamaConfig& config, RecallFormat format) {
   return info;
 }
 
+int64_t Recaller::BlockEntries() { return kBlock; }
+
 uint64_t Recaller::ScratchBytes(const LlamaConfig& c, int64_t num_q, int64_t budget, int64_t span) {
   const int64_t peaks = kPeaksPerEntry * budget;
   return kBlock * (c.num_kv_heads * (c.head_dim + 2) + 1) * sizeof(float) + c.num_heads * num_q * sizeof(float) +

@@ -47,6 +47,9 @@ class Recaller {
 
   // Resident bytes of the scratch for `budget` and `span`.
   static uint64_t ScratchBytes(const LlamaConfig& config, int64_t num_q, int64_t budget, int64_t span);
+  // Stored entries scored at once (per KV head): the most keys one of the
+  // recall's score calls hands the backend.
+  static int64_t BlockEntries();
 
  private:
   Backend* backend_;
