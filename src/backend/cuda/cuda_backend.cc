@@ -4,22 +4,24 @@
 // Where the data lives: the weight matrices are uploaded once, on their
 // first product (or when LlamaForward prepares its batches: PrepareWeights),
 // read with pread so that the model file's pages never enter the host's
-// resident set, dequantized on the host's cores and kept on the device as
-// bf16 (the default: cuBLAS's bf16 products with f32 sums) or f32
-// (exact_matmul: f32 products, no TF32). The norms' weights are uploaded
-// once as well. The backend's buffers (NewBuffer: the forward pass's
-// activations, the chunk loop's candidates, and the engine's memory's keys
-// and values, which become the decoder's cache: HostReachesBuffers) are
-// device memory, the backend's own allocations; the votes stay in host
-// memory.
-// Each op copies its operands into dense device
-// scratch and its results out with cudaMemcpyDefault, which moves device
-// operands within the device and host ones over the bus; the ops that the
-// forward pass runs back to back are fused so that a layer copies its
-// residual rows in and out once per block (NormMatMulShared, FeedForward
-// with its add, MatMulAdd). Gather, Add, AddRows and Scale run on the
-// device where their destination is the backend's. The embedding lookup
-// dequantizes its rows on the host and copies them in.
+// resident set, dequantized (Q8_0 on the device, other types on the host's
+// cores) and kept on the device as bf16 (the default: cuBLAS's bf16
+// products with f32 sums) or f32 (exact_matmul: f32 products, no TF32).
+// The norms' weights are uploaded once as well. The backend's buffers
+// (NewBuffer: the forward pass's activations, the chunk loop's candidates,
+// and the engine's memory's keys and values, which become the decoder's
+// cache: HostReachesBuffers) are device memory, the backend's own
+// allocations; the votes stay in host memory.
+// The attention family reads operands that are already device memory in
+// place (its kernels take strides), and RoPE turns device rows in place.
+// The other ops copy their operands into dense device scratch and their
+// results out with cudaMemcpyDefault, which moves device operands within
+// the device and host ones over the bus; the ops that the forward pass runs
+// back to back are fused so that a layer copies its residual rows in and
+// out once per block (NormMatMulShared, FeedForward with its add,
+// MatMulAdd). Gather, Add, AddRows and Scale run on the device where their
+// destination is the backend's. The embedding lookup dequantizes its rows
+// on the host and copies them in.
 #include "src/backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -1141,7 +1143,8 @@ class CudaBackend final : public Backend, public BackendProfile {
     // Rows per piece: about 16 MiB of f32.
     const int64_t piece = std::max<int64_t>(1, (int64_t{4} << 20) / std::max<int64_t>(1, w.cols));
     std::vector<char> raw(static_cast<size_t>(std::min(piece, w.rows)) * w.row_bytes);
-    std::vector<float> f32(static_cast<size_t>(std::min(piece, w.rows)) * w.cols);
+    // (Q8_0 is dequantized on the device: no f32 rows on the host.)
+    std::vector<float> f32(w.type == GgmlType::kQ8_0 ? 0 : static_cast<size_t>(std::min(piece, w.rows)) * w.cols);
     absl::Status status;
     for (int64_t r0 = 0; r0 < w.rows && status.ok(); r0 += piece) {
       const int64_t rows = std::min(piece, w.rows - r0);
