@@ -37,14 +37,13 @@ namespace snapfill {
 namespace {
 
 bool IsKQuant(GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K; }
-// Products of m tokens whose weight rows are dequantized to f32 and
-// multiplied with f32 FMA (no activation quantization): the float types,
-// Q5_1 / Q5_K, and Q5_0 below 4 tokens (in batches it takes Q8_0's int8
-// products).
-bool IsFloat(GgmlType t, int64_t m) {
-  const bool f = t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ5_0 ||
-                 t == GgmlType::kQ5_1 || t == GgmlType::kQ5_K;
-  return f && !(t == GgmlType::kQ5_0 && m >= 4);
+// Products whose weight rows are dequantized to f32 and multiplied with f32
+// FMA (no activation quantization): the float types and Q5_1 / Q5_K. (Q5_0
+// takes Q8_0 activations at every m: its blocks read in place for 1-3
+// tokens, rewritten as Q8_0 rows in batches.)
+bool IsFloat(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 || t == GgmlType::kQ5_1 ||
+         t == GgmlType::kQ5_K;
 }
 
 std::vector<uint8_t> MakeWeights(GgmlType type, int64_t n, int64_t k, size_t row_bytes, uint32_t seed) {
@@ -140,7 +139,7 @@ TEST_P(MatMulTest, MatchesReferences) {
   std::vector<float> y(c.m * y_stride, kSentinel);
   cpu::MatMul(x.data(), c.m, c.k, x_stride, w.data(), c.type, c.n, row_bytes, y.data(), y_stride);
 
-  const bool is_float = IsFloat(c.type, c.m);
+  const bool is_float = IsFloat(c.type);
   EXPECT_EQ(cpu::MatMulQuantizesActivations(c.type, c.m), !is_float);
   std::vector<float> yq(c.m * c.n), ye(c.m * c.n);
   std::vector<double> abs_terms(c.m * c.n);
@@ -272,16 +271,19 @@ std::vector<Case> AllCases() {
   // ... and splits a wide matrix into units of at most 1 MiB of records
   // (192 rows at k = 8192): three units, the last partial.
   cases.push_back({GgmlType::kQ4_1, 5, 450, 8192});
-  // Decode (m <= 3: Q4_0 / Q4_1 / Q8_0 read their blocks in place instead of
-  // unpacking): m = 2 (the m = 1 and 3 cases are above), strided operands, a
-  // row count that is no multiple of the 16-row chunks, and the real decode
+  // Decode (m <= 3: Q4_0 / Q4_1 / Q5_0 / Q8_0 read their blocks in place
+  // instead of unpacking): m = 2 (the m = 1 and 3 cases are above), strided
+  // operands, a row count that is no multiple of the 16-row chunks, the
+  // portable path (Q5_0: rows rewritten as Q8_0 there), and the real decode
   // shapes including the Q8_0 output head.
-  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0}) {
     for (int64_t n : {1, 17, 203}) cases.push_back({t, 2, n, 96});
     for (int64_t m : {1, 2, 3}) cases.push_back({t, m, 33, 96, cpu::MatMulImpl::kAuto, 7, 3, 4});
+    cases.push_back({t, 1, 33, 96, cpu::MatMulImpl::kGeneric, 7, 3, 4});
   }
   // The small-m products of the types without integer kernels (m <= 4: a
-  // row's blocks dequantized in registers), every m, strided, a K-quant.
+  // row's blocks dequantized in registers), every m, strided, a K-quant;
+  // Q5_0 at m = 4, the smallest batch it rewrites as Q8_0 rows.
   for (GgmlType t : {GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kF16, GgmlType::kBF16}) {
     for (int64_t m : {2, 4}) cases.push_back({t, m, 75, 96});
     cases.push_back({t, 4, 33, 576, cpu::MatMulImpl::kAuto, 7, 3, 4});
@@ -300,6 +302,9 @@ std::vector<Case> AllCases() {
   cases.push_back({GgmlType::kQ4_1, 1, 576, 1536});
   cases.push_back({GgmlType::kQ8_0, 1, 1536, 576});
   cases.push_back({GgmlType::kQ8_0, 1, 49152, 576});
+  // Gemma 3 270M's Q5_0 decode shapes (hidden 640: Q, and gate / up).
+  cases.push_back({GgmlType::kQ5_0, 1, 1024, 640});
+  cases.push_back({GgmlType::kQ5_0, 1, 2048, 640});
   return cases;
 }
 
@@ -311,10 +316,12 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
 // for bit, and with the reference as checked above.
 // Q5_0 in batches sums 4 steps of vpmaddubsw in int16 on plain AVX2
 // (Tile8Q5Avx2, X as u8 = q + 128): the extremes of both operands reach
-// 4 · 2 · 255 · 16 = 32,640 and must not saturate. Every weight at -16 or
+// 4 · 2 · 255 · 16 = 32,640 and must not saturate (decoding's pairs reach
+// 2 · 16 · 127). Every weight at -16 or
 // +15 against activations all at +127 or -127, at every implementation.
 TEST(MatMulExtremesTest, Q5_0AtItsEndsDoesNotSaturate) {
-  constexpr int64_t m = 8, n = 16, k = 256;
+  constexpr int64_t n = 16, k = 256;
+  for (const int64_t m : {8, 1}) {  // (batches, and a token read in place)
   const size_t row_bytes = static_cast<size_t>(RowBytes(GgmlType::kQ5_0, k));
   for (const bool low : {true, false}) {
     std::vector<uint8_t> w(n * row_bytes);
@@ -344,13 +351,14 @@ TEST(MatMulExtremesTest, Q5_0AtItsEndsDoesNotSaturate) {
       cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
     }
   }
+  }
 }
 
 TEST(MatMulThreadsTest, OneThreadEqualsTwo) {
   // m = 37: the packed path; m = 1: the decode path (n large enough that it
   // does go parallel).
   for (GgmlType t : {GgmlType::kQ4_1, GgmlType::kQ8_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF16,
-                     GgmlType::kQ5_K}) {
+                     GgmlType::kQ5_K, GgmlType::kQ5_0}) {
     for (const auto& [m, n] : {std::pair<int64_t, int64_t>{37, 75}, {1, 1000}}) {
       const int64_t k = IsKQuant(t) ? 512 : 576;
       const size_t row_bytes = RowBytes(t, k);
