@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/thread_scratch.h"
 #include "kernels/ref/ops_ref.h"
 
 namespace snapfill {
@@ -583,6 +585,39 @@ TEST(RopeTableTest, CachedAnglesEqualComputedAngles) {
   pos2.push_back(-1);
   cpu::Rope(computed.data(), n + 1, heads, d, heads * d, pos2.data(), d, 100000.0f, 1.0f, false);
   for (size_t i = 0; i < cached.size(); ++i) ASSERT_EQ(cached[i], computed[i]) << i;
+}
+
+// Layers that turn by different bases (Gemma 3's local and global layers)
+// keep a table each: alternating between them computes no table again (the
+// thread's buffers do not change), the rotations are the same bits, and the
+// tables kept stay bounded (4) however many bases come by.
+TEST(RopeTableTest, AlternatingBasesKeepATableEach) {
+  const int64_t n = 1000, heads = 2, d = 64;
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> x0(n * heads * d);
+  for (size_t i = 0; i < x0.size(); ++i) x0[i] = std::cos(0.11 * i);
+  auto rotate = [&](float base) {
+    std::vector<float> x = x0;
+    cpu::Rope(x.data(), n, heads, d, heads * d, pos.data(), d, base, 1.0f, true);
+    return x;
+  };
+  cpu::internal::ThreadScratch& scratch = cpu::internal::CurrentScratch();
+  scratch.Clear();
+  const std::vector<float> local = rotate(10000.0f);
+  const uint64_t one = scratch.bytes();
+  const std::vector<float> global = rotate(1000000.0f);
+  const uint64_t two = scratch.bytes();
+  const uint64_t table = static_cast<uint64_t>(n) * d * sizeof(float);
+  EXPECT_GE(two, one + table) << "the second base's table replaced the first's";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(rotate(10000.0f), local);
+    EXPECT_EQ(rotate(1000000.0f), global);
+  }
+  EXPECT_EQ(scratch.bytes(), two) << "a table was made again";
+  for (int b = 0; b < 8; ++b) rotate(500.0f * (b + 1));
+  EXPECT_LE(scratch.bytes(), two + 2 * (two - one)) << "more than 4 tables kept";
+  scratch.Clear();
 }
 
 }  // namespace
