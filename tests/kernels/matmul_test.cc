@@ -316,41 +316,41 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MatMulTest, ::testing::ValuesIn(AllCases()),
 // for bit, and with the reference as checked above.
 // Q5_0 in batches sums 4 steps of vpmaddubsw in int16 on plain AVX2
 // (Tile8Q5Avx2, X as u8 = q + 128): the extremes of both operands reach
-// 4 · 2 · 255 · 16 = 32,640 and must not saturate (decoding's pairs reach
-// 2 · 16 · 127). Every weight at -16 or
-// +15 against activations all at +127 or -127, at every implementation.
+// 4 · 2 · 255 · 16 = 32,640 and must not saturate (decoding's pairs, q of
+// 0..31 against x, reach 2 · 31 · 127). Every weight at -16 or +15 against
+// activations all at +127 or -127, at every implementation.
 TEST(MatMulExtremesTest, Q5_0AtItsEndsDoesNotSaturate) {
   constexpr int64_t n = 16, k = 256;
   for (const int64_t m : {8, 1}) {  // (batches, and a token read in place)
-  const size_t row_bytes = static_cast<size_t>(RowBytes(GgmlType::kQ5_0, k));
-  for (const bool low : {true, false}) {
-    std::vector<uint8_t> w(n * row_bytes);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t b = 0; b < k / 32; ++b) {
-        auto* blk = reinterpret_cast<BlockQ5_0*>(w.data() + r * row_bytes) + b;
-        blk->d = 0x3C00;  // 1.0
-        std::memset(blk->qs, low ? 0x00 : 0xFF, sizeof(blk->qs));  // q 0 (-16) or 31 (+15)
-        std::memset(blk->qh, low ? 0x00 : 0xFF, sizeof(blk->qh));
-      }
-    }
-    for (const float xv : {1.0f, -1.0f}) {
-      std::vector<float> x(m * k, xv);
-      std::vector<float> want(m * n);
-      ref::MatMulQuantizedActivations(x.data(), m, k, k, w.data(), GgmlType::kQ5_0, n, row_bytes, want.data(), n);
-      // (-16 or 15) · (±127 · fp16(1/127)) per element, k of them.
-      EXPECT_NEAR(want[0], (low ? -16.0f : 15.0f) * xv * k, 1e-3 * k * 16);
-      for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kAvx2, cpu::MatMulImpl::kGeneric}) {
-        cpu::SetMatMulImplForTesting(impl);
-        std::vector<float> y(m * n, 0.0f);
-        cpu::MatMul(x.data(), m, k, k, w.data(), GgmlType::kQ5_0, n, row_bytes, y.data(), n);
-        for (int64_t i = 0; i < m * n; ++i) {
-          ASSERT_NEAR(y[i], want[i], 1e-3f * std::fabs(want[i])) << "impl " << static_cast<int>(impl) << " low " << low
-                                                                 << " x " << xv << " at " << i;
+    const size_t row_bytes = static_cast<size_t>(RowBytes(GgmlType::kQ5_0, k));
+    for (const bool low : {true, false}) {
+      std::vector<uint8_t> w(n * row_bytes);
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t b = 0; b < k / 32; ++b) {
+          auto* blk = reinterpret_cast<BlockQ5_0*>(w.data() + r * row_bytes) + b;
+          blk->d = 0x3C00;  // 1.0
+          std::memset(blk->qs, low ? 0x00 : 0xFF, sizeof(blk->qs));  // q 0 (-16) or 31 (+15)
+          std::memset(blk->qh, low ? 0x00 : 0xFF, sizeof(blk->qh));
         }
       }
-      cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+      for (const float xv : {1.0f, -1.0f}) {
+        std::vector<float> x(m * k, xv);
+        std::vector<float> want(m * n);
+        ref::MatMulQuantizedActivations(x.data(), m, k, k, w.data(), GgmlType::kQ5_0, n, row_bytes, want.data(), n);
+        // (-16 or 15) · (±127 · fp16(1/127)) per element, k of them.
+        EXPECT_NEAR(want[0], (low ? -16.0f : 15.0f) * xv * k, 1e-3 * k * 16);
+        for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kAvx2, cpu::MatMulImpl::kGeneric}) {
+          cpu::SetMatMulImplForTesting(impl);
+          std::vector<float> y(m * n, 0.0f);
+          cpu::MatMul(x.data(), m, k, k, w.data(), GgmlType::kQ5_0, n, row_bytes, y.data(), n);
+          for (int64_t i = 0; i < m * n; ++i) {
+            ASSERT_NEAR(y[i], want[i], 1e-3f * std::fabs(want[i]))
+                << "impl " << static_cast<int>(impl) << " low " << low << " x " << xv << " at " << i;
+          }
+        }
+        cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+      }
     }
-  }
   }
 }
 
