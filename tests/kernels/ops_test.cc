@@ -620,5 +620,31 @@ TEST(RopeTableTest, AlternatingBasesKeepATableEach) {
   scratch.Clear();
 }
 
+// The tables together hold at most one table of 2^16 positions of 256
+// angles (64 MiB): at positions past 32K a second base of head_dim 256
+// computes its angles itself, to the same bits as a table would give.
+TEST(RopeTableTest, TablesTogetherStayWithinOneLargestTable) {
+  const int64_t d = 256;
+  const std::vector<int32_t> pos = {3, 40000, 17};
+  std::vector<int32_t> computed_pos = pos;
+  computed_pos.push_back(-1);  // (a negative position: no table for the call)
+  std::vector<float> x0(computed_pos.size() * d);
+  for (size_t i = 0; i < x0.size(); ++i) x0[i] = std::sin(0.21 * i);
+  auto rotate = [&](const std::vector<int32_t>& p, float base) {
+    std::vector<float> x(x0.begin(), x0.begin() + p.size() * d);
+    cpu::Rope(x.data(), static_cast<int64_t>(p.size()), 1, d, d, p.data(), d, base, 1.0f, true);
+    x.resize(pos.size() * d);
+    return x;
+  };
+  cpu::internal::ThreadScratch& scratch = cpu::internal::CurrentScratch();
+  scratch.Clear();
+  for (const float base : {10000.0f, 1000000.0f}) {
+    EXPECT_EQ(rotate(pos, base), rotate(computed_pos, base)) << base;
+  }
+  EXPECT_LE(scratch.bytes(), (uint64_t{64} << 20) + (1 << 16));
+  EXPECT_GE(scratch.bytes(), uint64_t{40001} * d * sizeof(float)) << "the first base had no table";
+  scratch.Clear();
+}
+
 }  // namespace
 }  // namespace snapfill
