@@ -154,8 +154,8 @@ TEST_F(ModelGemma3Test, LogitsAndGreedyMatchLlamaCpp) {
   EXPECT_EQ(prompts, 5);
   // Every parting above is at a near tie of llama.cpp's (asserted); at
   // least two of the five run to the end identical (which ones depends on
-  // the CPU level's summation order: two on AVX-512, three on AVX2, with
-  // kjv_1000 parting at step 0 on both; docs/RESULTS.md).
+  // the CPU level's summation order; docs/RESULTS.md has AVX2's: three, with
+  // kjv_1000 parting at step 0).
   EXPECT_GE(identical, 2);
   std::printf("worst |logit - llama.cpp| over the top-10s: %.3f\n", worst);
 }
