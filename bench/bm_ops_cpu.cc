@@ -35,6 +35,8 @@ constexpr ModelShape kSmolLM2_135M = {9, 3, 64, 576, 1536, 30};
 // head (TinyLlama-1.1B), and head_dim 128 (Llama-3-8B).
 constexpr ModelShape kTinyLlama_1_1B = {32, 4, 64, 2048, 5632, 22};
 constexpr ModelShape kLlama3_8B = {32, 8, 128, 4096, 14336, 32};
+// Gemma 3 270M: 4 query heads on one KV head of head_dim 256.
+constexpr ModelShape kGemma3_270M = {4, 1, 256, 640, 2048, 18};
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -149,15 +151,17 @@ void BM_DecodeAttention_Cpu(benchmark::State& state) { DecodeAttentionStep<float
 void BM_DecodeAttentionF16_Cpu(benchmark::State& state) { DecodeAttentionStep<uint16_t>(state); }
 BENCHMARK(BM_DecodeAttention_Cpu)->ArgName("keys")->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeAttentionF16_Cpu)->ArgName("keys")->Arg(768)->Arg(1155)->Arg(8356)->Unit(benchmark::kMillisecond)->UseRealTime();
-// The same step for other shapes (model: 1 = TinyLlama-1.1B, 2 = Llama-3-8B),
-// fp16 K and V as decode reads them by default.
+// The same step for other shapes (model: 1 = TinyLlama-1.1B, 2 = Llama-3-8B,
+// 3 = Gemma 3 270M), fp16 K and V as decode reads them by default.
 void BM_DecodeAttentionF16Shapes_Cpu(benchmark::State& state) {
-  DecodeAttentionStep<uint16_t>(state, state.range(1) == 1 ? kTinyLlama_1_1B : kLlama3_8B);
+  const int64_t model = state.range(1);
+  DecodeAttentionStep<uint16_t>(state, model == 1 ? kTinyLlama_1_1B : model == 2 ? kLlama3_8B : kGemma3_270M);
 }
 BENCHMARK(BM_DecodeAttentionF16Shapes_Cpu)
     ->ArgNames({"keys", "model"})
     ->Args({1155, 1})
     ->Args({1155, 2})
+    ->Args({1155, 3})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

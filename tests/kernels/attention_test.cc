@@ -250,6 +250,14 @@ std::vector<AttnCase> SweepCases() {
   // An odd count of KV heads over 512-1,023 keys: two ranges per head (a
   // range each left one thread of two a range more); SmolLM2's 1,000 above.
   cases.push_back({1, 640, 6, 1, 64});
+  // Decoding at head_dim 256 (Gemma 3: 4 heads on 1 KV head) over a
+  // compressed cache, and groups of 1, 2, 3 and 5 (the score blocks of up to
+  // 4 heads together, the values in chunks at AVX2), tiles with a tail.
+  cases.push_back({1, 1155, 4, 1, 256});
+  cases.push_back({1, 333, 5, 1, 256});
+  cases.push_back({1, 300, 6, 2, 256});
+  cases.push_back({1, 203, 2, 1, 256});
+  cases.push_back({1, 77, 2, 2, 256});
   // Sliding windows (Gemma 3's local layers: 4 heads on 1 KV head, head_dim
   // 256): windows shorter and longer than a query block and a key tile,
   // starting inside the memory or the chunk, one the width of the keys (no
