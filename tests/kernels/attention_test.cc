@@ -247,6 +247,9 @@ std::vector<AttnCase> SweepCases() {
   // Decoding at head_dim 128 over many keys (Llama-3-8B's heads): the score
   // blocks of 8 keys at AVX2, of the heads together at AVX-512.
   cases.push_back({1, 1155, 32, 8, 128});
+  // (and the score blocks of groups of 3 and 5 at 128: 4 heads and 1.)
+  cases.push_back({1, 500, 6, 2, 128});
+  cases.push_back({1, 301, 5, 1, 128});
   // An odd count of KV heads over 512-1,023 keys: two ranges per head (a
   // range each left one thread of two a range more); SmolLM2's 1,000 above.
   cases.push_back({1, 640, 6, 1, 64});
