@@ -245,9 +245,9 @@ std::vector<AttnCase> SweepCases() {
   cases.push_back({1, 900, 32, 4, 64});
   cases.push_back({1, 600, 10, 2, 64});
   // Decoding at head_dim 128 over many keys (Llama-3-8B's heads): the score
-  // blocks of 8 keys at AVX2, of the heads together at AVX-512.
+  // blocks of the heads together (up to 4 at AVX2), and groups of 3 and 5
+  // (4 heads and 1).
   cases.push_back({1, 1155, 32, 8, 128});
-  // (and the score blocks of groups of 3 and 5 at 128: 4 heads and 1.)
   cases.push_back({1, 500, 6, 2, 128});
   cases.push_back({1, 301, 5, 1, 128});
   // An odd count of KV heads over 512-1,023 keys: two ranges per head (a
