@@ -169,17 +169,54 @@ inline uint16_t Fp32ToBf16Rne(float f) {
 // g, block b (32 elements) is one record of DecodeRecordBytes(type) bytes at
 // (g * (k / 32) + b) * DecodeRecordBytes(type):
 //   quants: for t in [0, T): for r in [0, 16): bytes 4t..4t+3 of row r's qs
-//           (Q4_0 / Q4_1: T = 4 of the 16 nibble bytes; Q8_0: T = 8 of 32)
-//   then the 16 rows' d (fp16), then for Q4_1 the 16 rows' m (fp16),
-//   then zero to the record's end (a multiple of 64 bytes).
+//           (Q4_0 / Q4_1 / Q5_0: T = 4 of the 16 nibble bytes; Q8_0: T = 8
+//           of 32)
+//   Q5_0: then the fifth bits, a 32-bit word per row (r at 256 + 4r), whose
+//           byte i holds in bit t the fifth bit of element 4t + i and in bit
+//           4 + t that of element 16 + 4t + i (t < 4), so that one shift
+//           brings the fifth bits of quant word t's low (or high) nibbles to
+//           bit 4 of their bytes;
+//   then the 16 rows' d (fp16) at DecodeQuantBytes(type), then for Q4_1 the
+//   16 rows' m (fp16), then zero to the record's end: Q4 records are 320
+//   bytes (5 lines); Q5_0's 352 and Q8_0's 544 have no padding, as their
+//   bytes are what a step streams (a Q8_0 output head is most of a decode
+//   step's reads; padded to 576 it read 6% more). Their records start on 32
+//   bytes, where the AVX2 kernels' 32-byte loads do not cross a line.
 inline constexpr int64_t kDecodeGroupRows = 16;
 
 // 0 for a type the layout does not cover.
 inline constexpr int64_t DecodeRecordBytes(GgmlType type) {
-  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ? 320 : type == GgmlType::kQ8_0 ? 576 : 0;
+  return type == GgmlType::kQ4_0 || type == GgmlType::kQ4_1 ? 320
+         : type == GgmlType::kQ5_0                         ? 352
+         : type == GgmlType::kQ8_0                         ? 544
+                                                           : 0;
 }
 // Bytes of the quant part of a record (the scales follow).
-inline constexpr int64_t DecodeQuantBytes(GgmlType type) { return type == GgmlType::kQ8_0 ? 512 : 256; }
+inline constexpr int64_t DecodeQuantBytes(GgmlType type) {
+  return type == GgmlType::kQ8_0 ? 512 : type == GgmlType::kQ5_0 ? 320 : 256;
+}
+// Q5_0's fifth bits (ggml's qh, bit e for element e) as the layout's word,
+// and back.
+inline uint32_t Q5DecodeBits(uint32_t qh) {
+  uint32_t w = 0;
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 4; ++i) {
+      w |= ((qh >> (4 * t + i)) & 1u) << (8 * i + t);
+      w |= ((qh >> (16 + 4 * t + i)) & 1u) << (8 * i + 4 + t);
+    }
+  }
+  return w;
+}
+inline uint32_t Q5BitsFromDecode(uint32_t w) {
+  uint32_t qh = 0;
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 4; ++i) {
+      qh |= ((w >> (8 * i + t)) & 1u) << (4 * t + i);
+      qh |= ((w >> (8 * i + 4 + t)) & 1u) << (16 + 4 * t + i);
+    }
+  }
+  return qh;
+}
 
 }  // namespace snapfill
 

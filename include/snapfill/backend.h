@@ -96,7 +96,7 @@ struct BackendOptions {
   bool profile = false;
   // One-token products (decode) read every weight byte once, so they run at
   // the speed the weights stream from memory. With this on, the CPU backend
-  // rewrites each Q4_0 / Q4_1 / Q8_0 matrix the second time it multiplies one
+  // rewrites each Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix the second time it multiplies one
   // token by it (a single product, such as a prefill's last logits, does not
   // pay for a copy), into a layout that keeps up with that stream
   // (kernels/quant_blocks.h), and keeps the copy (same arithmetic).

@@ -202,14 +202,15 @@ bool MatMulHasAmxBf16();
 // Decode multiplies one token by every weight matrix, reading each weight
 // byte once: it is bound by how fast the weights stream from memory, and the
 // row-major product does too much work per byte to keep up once the weights
-// no longer fit in the caches. PackForDecode rewrites a Q4_0 / Q4_1 / Q8_0
-// matrix in the decode layout of kernels/quant_blocks.h (16 rows
+// no longer fit in the caches. PackForDecode rewrites a Q4_0 / Q4_1 / Q5_0 /
+// Q8_0 matrix in the decode layout of kernels/quant_blocks.h (16 rows
 // interleaved); MatMulDecodePacked then multiplies one token by it with the
 // arithmetic of MatMul (X quantized to the partner format, exact integer block
 // dots, f32 sums; only the f32 summation order differs).
 //
 // The packed size in bytes, or 0 when the packed path does not handle the
-// matrix here (another type, k not a multiple of 32, or !MatMulHasDecodeLayout()).
+// matrix here (another type, k not a multiple of 32, !MatMulHasDecodeLayout(),
+// or Q5_0 where the AVX-512 kernels run: its records have an AVX2 kernel only).
 size_t DecodePackedBytes(GgmlType type, int64_t n, int64_t k);
 // Returns true if the token-block products (m > 3) of a `type` matrix read
 // its decode-layout copy when MatMulOut::packed gives one (AVX-512 VNNI with

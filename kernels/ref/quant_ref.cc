@@ -787,7 +787,9 @@ bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k,
   if (rec == 0 || k % 32 != 0) return false;
   const int64_t nb = k / 32;
   const int64_t blk = static_cast<int64_t>(RowBytes(type, 32));
-  const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : 2;
+  const bool q5 = type == GgmlType::kQ5_0;
+  const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : q5 ? 6 : 2;
+  const int64_t words = q5 ? 4 : quant / 64;
   const auto* src = static_cast<const uint8_t*>(packed);
   auto* dst = static_cast<uint8_t*>(rows);
   for (int64_t j = 0; j < n; ++j) {
@@ -795,7 +797,13 @@ bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k,
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* rp = src + (g * nb + b) * rec;
       uint8_t* out = dst + j * row_bytes + b * blk;
-      for (int64_t t = 0; t < quant / 64; ++t) std::memcpy(out + qs_off + 4 * t, rp + 64 * t + 4 * r, 4);
+      for (int64_t t = 0; t < words; ++t) std::memcpy(out + qs_off + 4 * t, rp + 64 * t + 4 * r, 4);
+      if (q5) {
+        uint32_t bits;
+        std::memcpy(&bits, rp + 256 + 4 * r, 4);
+        const uint32_t qh = Q5BitsFromDecode(bits);
+        std::memcpy(out + 2, &qh, 4);
+      }
       std::memcpy(out, rp + quant + 2 * r, 2);
       if (type == GgmlType::kQ4_1) std::memcpy(out + 2, rp + quant + 32 + 2 * r, 2);
     }

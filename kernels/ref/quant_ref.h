@@ -122,7 +122,7 @@ bool MatMulBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const vo
 GgmlType ActivationType(GgmlType w_type);
 
 // ---- The decode layout of kernels/quant_blocks.h (cpu::PackForDecode).
-// Writes the n rows of a Q4_0 / Q4_1 / Q8_0 matrix in the decode layout back
+// Writes the n rows of a Q4_0 / Q4_1 / Q5_0 / Q8_0 matrix in the decode layout back
 // as ggml rows (row j at rows + j * row_bytes; bytes past RowBytes are left
 // alone). Returns false for a type the layout does not cover.
 bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k, void* rows, size_t row_bytes);
