@@ -171,8 +171,8 @@ BENCHMARK(BM_DecodeStep_Cpu)
     ->UseRealTime();
 
 // The output head alone, one token, in the decode layout: the largest
-// single read of a decode step (Gemma 3 270M's Q8_0 head is 178 MB, 55% of
-// its decode samples), against the bytes a plain read streams per second.
+// single read of a decode step (Gemma 3 270M's Q8_0 head is 178 MB, more
+// than half of its decode samples), in bytes streamed per second.
 void BM_DecodeHead_Cpu(benchmark::State& state) {
   const int64_t k = state.range(0) == 0 ? 576 : 640, n = state.range(0) == 0 ? 49152 : 262144;
   const size_t size = cpu::DecodePackedBytes(GgmlType::kQ8_0, n, k);
