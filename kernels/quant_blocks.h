@@ -195,6 +195,10 @@ inline constexpr int64_t DecodeRecordBytes(GgmlType type) {
 inline constexpr int64_t DecodeQuantBytes(GgmlType type) {
   return type == GgmlType::kQ8_0 ? 512 : type == GgmlType::kQ5_0 ? 320 : 256;
 }
+// T above: the 4-byte quant words of each row in a record.
+inline constexpr int64_t DecodeQuantWords(GgmlType type) { return type == GgmlType::kQ8_0 ? 8 : 4; }
+// Where a Q5_0 record's fifth-bit words start.
+inline constexpr int64_t kDecodeQ5BitsOffset = 256;
 // Q5_0's fifth bits (ggml's qh, bit e for element e) as the layout's word,
 // and back.
 inline uint32_t Q5DecodeBits(uint32_t qh) {

@@ -789,7 +789,7 @@ bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k,
   const int64_t blk = static_cast<int64_t>(RowBytes(type, 32));
   const bool q5 = type == GgmlType::kQ5_0;
   const int64_t qs_off = type == GgmlType::kQ4_1 ? 4 : q5 ? 6 : 2;
-  const int64_t words = q5 ? 4 : quant / 64;
+  const int64_t words = DecodeQuantWords(type);
   const auto* src = static_cast<const uint8_t*>(packed);
   auto* dst = static_cast<uint8_t*>(rows);
   for (int64_t j = 0; j < n; ++j) {
@@ -800,7 +800,7 @@ bool UnpackDecodeLayout(const void* packed, GgmlType type, int64_t n, int64_t k,
       for (int64_t t = 0; t < words; ++t) std::memcpy(out + qs_off + 4 * t, rp + 64 * t + 4 * r, 4);
       if (q5) {
         uint32_t bits;
-        std::memcpy(&bits, rp + 256 + 4 * r, 4);
+        std::memcpy(&bits, rp + kDecodeQ5BitsOffset + 4 * r, 4);
         const uint32_t qh = Q5BitsFromDecode(bits);
         std::memcpy(out + 2, &qh, 4);
       }
