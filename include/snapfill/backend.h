@@ -536,6 +536,36 @@ class Backend {
   enum class PoolOp { kAvg, kMax };
   virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
   virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;
+  // SnapKV's selection for every KV head of a layer in one op, its votes
+  // and its result in backend memory: a device picks what a layer keeps
+  // without the votes coming to the host, and the kept rows are gathered by
+  // indices that stay there (DESIGN.md §14). For head h < num_heads, with
+  // R = candidates [rest_begin, window_begin) and pooled = Pool1d over
+  // votes[h][R] alone (pool_kernel, pool), keep[h] is, ascending, [0,
+  // rest_begin) (the sinks), the `pick` entries of R with the highest
+  // pooled vote (higher, then lower index) and [window_begin,
+  // num_candidates) (the window): count() indices. One more word follows
+  // them: -1, or the first candidate of R whose vote is not finite (every
+  // vote of R is checked, whatever `pick`); the row
+  // is then [0, count()), so that a gather by it stays in bounds, and the
+  // caller reports the vote. Twin: ref::SelectHeads. The base class runs
+  // on the host (kernels/cpu's pooling and top-k), head by head over
+  // ParallelFor; InvalidArgument for inconsistent sizes.
+  struct HeadSelection {
+    const float* votes = nullptr;  // [num_heads][votes_stride]
+    int64_t votes_stride = 0;
+    int64_t num_heads = 0;
+    int64_t num_candidates = 0;
+    int64_t rest_begin = 0;  // 0 <= rest_begin <= window_begin <= num_candidates
+    int64_t window_begin = 0;
+    int64_t pick = 0;         // at most window_begin - rest_begin
+    int64_t pool_kernel = 1;  // odd; 1 pools nothing
+    PoolOp pool = PoolOp::kAvg;
+    int32_t* keep = nullptr;  // [num_heads][keep_stride], keep_stride > count()
+    int64_t keep_stride = 0;
+    int64_t count() const { return rest_begin + pick + (num_candidates - window_begin); }
+  };
+  virtual absl::Status SelectHeads(const HeadSelection& s);
   // Bytes of scratch WindowScores holds for num_q queries of num_heads heads
   // over num_keys keys (its scores kept for a second pass), for memory
   // predictions. The base class keeps none.

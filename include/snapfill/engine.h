@@ -51,6 +51,12 @@ struct PrefillConfig {
   ScheduleConfig schedule;
   PrunerConfig pruner;
   bool keep_original_positions = false;
+  // SnapKV's selection as one backend op where it can be (no question, no
+  // recall store attached): the window's votes and the kept indices stay
+  // in the backend's memory, and each layer's positions and telemetry
+  // follow once per chunk (DESIGN.md §14). The same entries either way;
+  // false keeps every selection on the host (the tests compare the two).
+  bool select_in_backend = true;
   // Score every input token (`snapfill ppl`, DESIGN.md §7): its negative
   // log-likelihood given what precedes it as this run sees it (the memory
   // and the chunk so far), in StepTelemetry::nll_sum / token_nll. Costs the
@@ -108,6 +114,10 @@ struct StepTelemetry {
   // 0 for a model without such layers).
   int64_t window_attention_length = 0;
   int64_t query_rows = 0;              // the question's or the repetition's rows run after the chunk
+  // Global layers whose selection was one backend op (Backend::SelectHeads,
+  // PrefillConfig::select_in_backend): their votes and kept indices stayed
+  // in the backend's memory.
+  int64_t backend_selections = 0;
   double score_seconds = 0;           // scoring the chunk's entries (reconstruct's repetition, the gates)
   int64_t recalled = 0;                // entries per layer and KV head brought back (the last step)
   double recall_seconds = 0;           // scoring the store and bringing entries back

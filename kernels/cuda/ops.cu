@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
 namespace snapfill::cuda {
@@ -412,6 +413,106 @@ __global__ void GatherRowsKernel(const char* __restrict__ src, size_t src_stride
   }
 }
 
+// The selection's order: larger floats give larger keys; -0 ranks with +0,
+// as the CPU's comparisons have it.
+__device__ __forceinline__ uint32_t OrderedKey(float v) {
+  const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+constexpr int kSelectThreads = 256;
+
+// A block's sum of one value per thread (every thread gets it).
+__device__ __forceinline__ unsigned BlockCount(unsigned local, unsigned* shared) {
+  if (threadIdx.x == 0) *shared = 0;
+  __syncthreads();
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(kFullMask, local, o);
+  if (threadIdx.x % 32 == 0) atomicAdd(shared, local);
+  __syncthreads();
+  const unsigned total = *shared;
+  __syncthreads();  // (read by all before the next call resets it)
+  return total;
+}
+
+// One block per KV head (SelectHeads in ops.h). keys: [heads][num_rest].
+__global__ void __launch_bounds__(kSelectThreads)
+    SelectHeadsKernel(const float* __restrict__ votes, int64_t votes_stride, int64_t num_candidates, int64_t rest_begin,
+                      int64_t window_begin, int64_t pick, int64_t kernel, bool max_pool,
+                      uint32_t* __restrict__ keys_all, int32_t* __restrict__ keep, int64_t keep_stride) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ unsigned long long bad;
+  __shared__ unsigned counter;
+  const int64_t h = blockIdx.x;
+  const int64_t num_rest = window_begin - rest_begin;
+  const int64_t count = rest_begin + pick + (num_candidates - window_begin);
+  const float* rest = votes + h * votes_stride + rest_begin;
+  uint32_t* keys = keys_all + h * num_rest;
+  int32_t* out = keep + h * keep_stride;
+  if (threadIdx.x == 0) bad = ~0ull;
+  __syncthreads();
+  // Every vote of R checked; pooled as kernels/cpu pools where some are
+  // picked: an f32 sum in index order times 1/kernel, or the largest (no
+  // contraction, no reordering: the same bits).
+  const int64_t pad = kernel / 2;
+  const float inv = __fdiv_rn(1.0f, static_cast<float>(kernel));
+  for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) {
+    if (!isfinite(rest[i])) atomicMin(&bad, static_cast<unsigned long long>(i));
+    if (pick > 0) {
+      const int64_t lo = i - pad < 0 ? 0 : i - pad;
+      const int64_t hi = i + pad >= num_rest ? num_rest - 1 : i + pad;
+      float acc = max_pool ? rest[lo] : 0.0f;
+      for (int64_t t = max_pool ? lo + 1 : lo; t <= hi; ++t) {
+        acc = max_pool ? fmaxf(acc, rest[t]) : __fadd_rn(acc, rest[t]);
+      }
+      keys[i] = OrderedKey(max_pool ? acc : __fmul_rn(acc, inv));
+    }
+  }
+  __syncthreads();
+  if (bad != ~0ull) {
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x) out[j] = static_cast<int32_t>(j);
+    if (threadIdx.x == 0) out[count] = static_cast<int32_t>(rest_begin + static_cast<int64_t>(bad));
+    return;
+  }
+  if (pick > 0) {
+    // The pick-th largest key, a bit at a time from the top: the largest
+    // t with at least `pick` keys >= t.
+    uint32_t kth = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t t = kth | (1u << bit);
+      unsigned local = 0;
+      for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) local += keys[i] >= t;
+      if (BlockCount(local, &counter) >= pick) kth = t;
+    }
+    unsigned local = 0;
+    for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) local += keys[i] > kth;
+    // Every key above the pick-th, and of those equal to it the lowest
+    // indices, as many as are left.
+    const int64_t ties = pick - static_cast<int64_t>(BlockCount(local, &counter));
+    int64_t ties_before = 0, written = 0;
+    for (int64_t base = 0; base < num_rest; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      const uint32_t key = i < num_rest ? keys[i] : 0u;
+      const int tie = i < num_rest && key == kth;
+      int tie_rank = 0, tie_total = 0;
+      Scan(scan).ExclusiveSum(tie, tie_rank, tie_total);
+      __syncthreads();
+      const int take = i < num_rest && (key > kth || (tie && ties_before + tie_rank < ties));
+      int rank = 0, total = 0;
+      Scan(scan).ExclusiveSum(take, rank, total);
+      __syncthreads();
+      if (take) out[rest_begin + written + rank] = static_cast<int32_t>(rest_begin + i);
+      ties_before += tie_total;
+      written += total;
+    }
+  }
+  for (int64_t j = threadIdx.x; j < rest_begin; j += blockDim.x) out[j] = static_cast<int32_t>(j);
+  for (int64_t j = window_begin + threadIdx.x; j < num_candidates; j += blockDim.x) {
+    out[rest_begin + pick + (j - window_begin)] = static_cast<int32_t>(j);
+  }
+  if (threadIdx.x == 0) out[count] = -1;
+}
+
 // Grid-stride launches: enough blocks to fill the GPU, no more.
 int StrideBlocks(int64_t n) { return static_cast<int>(std::min<int64_t>(Blocks(n, 256), 65536)); }
 
@@ -565,6 +666,23 @@ cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void*
   if (e != cudaSuccess) return e;
   return cub::DeviceRadixSort::SortPairsDescending(temp, temp_bytes, scores, keys_out, positions, order,
                                                    static_cast<int>(n), 0, 32, stream);
+}
+
+size_t SelectHeadsScratchBytes(int64_t num_heads, int64_t num_rest) {
+  return Align(static_cast<size_t>(std::max<int64_t>(num_heads * num_rest, 1)) * sizeof(uint32_t));
+}
+
+cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
+                        int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
+                        void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
+  if (num_heads <= 0) return cudaSuccess;
+  if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || window_begin - rest_begin > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  SelectHeadsKernel<<<static_cast<unsigned>(num_heads), kSelectThreads, 0, stream>>>(
+      votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool,
+      static_cast<uint32_t*>(scratch), keep, keep_stride);
+  return cudaGetLastError();
 }
 
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream) {

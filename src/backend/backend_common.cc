@@ -1,11 +1,14 @@
 #include "src/backend/backend_common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/ops.h"
+#include "snapfill/status.h"
 
 namespace snapfill {
 
@@ -60,6 +63,72 @@ absl::Status HostPool1d(const float* in, float* out, int64_t n, int64_t kernel, 
 absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positions) {
   if (k < 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("top_k: k = ", k, " of ", n));
   cpu::TopKIndices(scores, n, k, positions);
+  return absl::OkStatus();
+}
+
+absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
+  if (s.num_heads < 0 || s.rest_begin < 0 || s.window_begin < s.rest_begin || s.num_candidates < s.window_begin ||
+      s.pick < 0 || s.pick > s.window_begin - s.rest_begin) {
+    return absl::InvalidArgumentError(absl::StrCat("select_heads: bad ranges: ", s.num_candidates,
+                                                   " candidates, the rest [", s.rest_begin, ", ", s.window_begin, "), ",
+                                                   s.pick, " picked"));
+  }
+  if (s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("select_heads: pool kernel ", s.pool_kernel, " is not odd"));
+  }
+  if (s.num_heads > 0 && (s.keep == nullptr || s.keep_stride <= s.count() ||
+                          (s.window_begin > s.rest_begin && (s.votes == nullptr || s.votes_stride < s.window_begin)))) {
+    return absl::InvalidArgumentError(absl::StrCat("select_heads: keep stride ", s.keep_stride, " for ", s.count(),
+                                                   " kept and a status word, votes stride ", s.votes_stride, " for ",
+                                                   s.window_begin, " candidates"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) {
+  SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
+  const int64_t num_rest = s.window_begin - s.rest_begin;
+  const int64_t count = s.count();
+  auto head = [&](int64_t h) {
+    int32_t* out = s.keep + h * s.keep_stride;
+    const float* rest = num_rest > 0 ? s.votes + h * s.votes_stride + s.rest_begin : nullptr;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < num_rest; ++i) {
+      if (!std::isfinite(rest[i])) {
+        bad = s.rest_begin + i;
+        break;
+      }
+    }
+    out[count] = static_cast<int32_t>(bad);
+    if (bad >= 0) {
+      std::iota(out, out + count, 0);
+      return;
+    }
+    // R's top entries land ascending after the sinks; their indices are
+    // R's, shifted to the candidates' after.
+    int32_t* top = out + s.rest_begin;
+    if (s.pick > 0) {
+      std::vector<float> pooled(num_rest);
+      if (s.pool_kernel <= 1) {
+        std::copy(rest, rest + num_rest, pooled.begin());
+      } else if (s.pool == Backend::PoolOp::kAvg) {
+        cpu::AvgPool1d(rest, pooled.data(), num_rest, s.pool_kernel);
+      } else {
+        cpu::MaxPool1d(rest, pooled.data(), num_rest, s.pool_kernel);
+      }
+      cpu::TopKIndices(pooled.data(), num_rest, s.pick, top);
+    }
+    std::iota(out, out + s.rest_begin, 0);
+    for (int64_t t = 0; t < s.pick; ++t) top[t] += static_cast<int32_t>(s.rest_begin);
+    std::iota(top + s.pick, out + count, static_cast<int32_t>(s.window_begin));
+  };
+  // (As SnapKV's host selection: below 256 candidates a parallel region
+  // costs more than the heads.)
+  if (s.num_heads > 1 && s.num_candidates >= 256) {
+    backend.ParallelFor(s.num_heads, head);
+  } else {
+    for (int64_t h = 0; h < s.num_heads; ++h) head(h);
+  }
   return absl::OkStatus();
 }
 

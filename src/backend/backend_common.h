@@ -34,6 +34,13 @@ absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bo
 absl::Status HostPool1d(const float* in, float* out, int64_t n, int64_t kernel, Backend::PoolOp op);
 absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positions);
 
+// Backend::SelectHeads' checks (InvalidArgument naming the size that does
+// not fit), and the selection on the host: each head's votes checked,
+// pooled and ranked by kernels/cpu, the heads over `backend`'s ParallelFor
+// where there are enough candidates to pay for it.
+absl::Status CheckHeadSelection(const Backend::HeadSelection& s);
+absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend);
+
 // Backend::Gather's checks (no negative counts, no null ends), and rows
 // [r0, r1) of one gather done by the host.
 absl::Status CheckGathers(const std::vector<Backend::RowGather>& gathers);

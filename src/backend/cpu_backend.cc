@@ -494,6 +494,10 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
     return HostTopK(scores, n, k, positions);
   }
+  absl::Status SelectHeads(const HeadSelection& s) override {
+    const OpScope op(*team_, guard_.get());
+    return HostSelectHeads(s, *this);
+  }
   uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const override {
     const uint64_t scores = static_cast<uint64_t>(num_heads) * static_cast<uint64_t>(num_q) *
                             static_cast<uint64_t>(num_keys);
@@ -841,6 +845,8 @@ absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
   for (const RowGather& r : gathers) GatherRows(r, 0, r.count);
   return absl::OkStatus();
 }
+
+absl::Status Backend::SelectHeads(const HeadSelection& s) { return HostSelectHeads(s, *this); }
 
 absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewBuffer(uint64_t bytes) {
   auto buffer = std::make_unique<HostBuffer>();

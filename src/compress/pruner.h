@@ -143,6 +143,16 @@ class Pruner {
   // must not run Select concurrently.
   virtual absl::Status Select(const SelectionInput& in,
                               std::vector<std::vector<int32_t>>* keep) = 0;
+
+  // Whether Select's rule for this input is one Backend::SelectHeads:
+  // SnapKV over the window's votes, without a question, evicting, with
+  // its sinks (if any) before the window. Then *op holds that op's
+  // arguments but for the votes and the kept indices, which the engine
+  // places in the backend's memory, so that neither comes to the host
+  // (DESIGN.md §14); the op keeps the entries Select would, op->count() of
+  // them per head. SelectionInput::votes is not read. False for every
+  // other input (Select then reports what is wrong with it) and pruner.
+  virtual bool PlanInBackend(const SelectionInput& in, Backend::HeadSelection* op) const { return false; }
 };
 
 // Returns the pruner for `config` (validated first). SnapKV runs its pooling,

@@ -18,9 +18,11 @@
 namespace snapfill {
 
 using prefill_internal::GlobalLayers;
+using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::SelectsInBackend;
 
 namespace {
 
@@ -96,6 +98,19 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     }
     *b = std::move(*made);
   }
+  if (SelectsInBackend(e->config_, e->query_rows_)) {
+    e->keep_stride_ = KeepStride(capacity);
+    const uint64_t keep_words = static_cast<uint64_t>(global.size()) * mc.num_kv_heads * e->keep_stride_;
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> votes = e->backend_->NewBuffer(cand * sizeof(float));
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> keep = e->backend_->NewBuffer(keep_words * sizeof(int32_t));
+    if (!votes.ok() || !keep.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the selection's votes and kept indices: ",
+                                                       (votes.ok() ? keep.status() : votes.status()).message()));
+    }
+    e->sel_votes_ = std::move(*votes);
+    e->sel_keep_ = std::move(*keep);
+  }
+  e->pending_.assign(mc.num_layers, PrefillEngineImpl::PendingKeep());
   if (!e->cand_pos_.Allocate(cand) ||
       !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_) ||
       (e->query_rows_ > 0 && !reconstruct && !e->query_votes_.Allocate(cand))) {
@@ -133,6 +148,8 @@ absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
 uint64_t PrefillEngineImpl::scratch_bytes() const {
   return (forward_ != nullptr ? forward_->scratch_bytes() : 0) +
          (cand_k_raw_ != nullptr ? cand_k_raw_->bytes() + cand_k_rot_->bytes() + cand_v_->bytes() : 0) +
+         (sel_votes_ != nullptr ? sel_votes_->bytes() + sel_keep_->bytes() : 0) +
+         host_keep_.capacity() * sizeof(int32_t) +
          (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -172,6 +189,8 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
   // The first token of the first chunk run here has no score carried over
   // (the start of the input, or a run resumed after its predictor ran).
   has_carry_nll_ = false;
+  // (A run that stopped on an error mid-chunk leaves nothing to apply.)
+  std::fill(pending_.begin(), pending_.end(), PendingKeep());
   Stopwatch total;
   for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
@@ -225,6 +244,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
         batch, step_query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
         config_.score_tokens ? step.chunk_tokens : logits_rows));
+    SNAPFILL_RETURN_IF_ERROR(ApplyBackendSelections());
     if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens.size(), step));
     retention_ = telemetry_.retention;
     steps_done_ = step_ + 1;
@@ -378,15 +398,15 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     voter_q = chunk_q + (n - voters) * q_stride;
     voter_seen = view;
   }
+  SelectionInput in;
+  in.num_kv_heads = c.num_kv_heads;
+  in.num_candidates = num;
+  in.num_memory = m;
+  in.budget = local ? 0 : budgets_[global_index_[layer]];
+  in.final_step = final_step;
+  in.positions = cand_pos_.data();
+  in.positions_stride = cand_capacity_;
   auto select = [&]() -> absl::Status {
-    SelectionInput in;
-    in.num_kv_heads = c.num_kv_heads;
-    in.num_candidates = num;
-    in.num_memory = m;
-    in.budget = budgets_[global_index_[layer]];
-    in.final_step = final_step;
-    in.positions = cand_pos_.data();
-    in.positions_stride = cand_capacity_;
     if (question) {
       SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step));
       in.query_votes = query_votes_.data();
@@ -432,6 +452,13 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     SNAPFILL_RETURN_IF_ERROR(pruner_->Select(in, &keep_));
     return absl::OkStatus();
   };
+  // SnapKV's rule as one backend op where it is one (DESIGN.md §14): the
+  // votes and the kept indices stay in the backend's memory, the kept rows
+  // are gathered by them there, and the positions and the telemetry follow
+  // at the chunk's end (ApplyBackendSelections).
+  Backend::HeadSelection op;
+  const bool in_backend = !local && sel_keep_ != nullptr && recall_store_ == nullptr && pruner_->PlanInBackend(in, &op);
+  int32_t* const keep_rows = in_backend ? KeepRows(layer) : nullptr;
   if (local) {
     const int64_t keep = std::min(window_capacity_, num);
     keep_.resize(c.num_kv_heads);
@@ -439,22 +466,38 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       k.resize(keep);
       std::iota(k.begin(), k.end(), static_cast<int32_t>(num - keep));
     }
+  } else if (in_backend) {
+    if (op.count() > prefill_capacity_) {
+      return absl::InternalError(
+          absl::StrCat("layer ", layer, " keeps ", op.count(), " entries, memory holds ", prefill_capacity_));
+    }
+    const int64_t w = std::min<int64_t>(plan_.config.window, n);
+    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
+                                                    sel_votes_->f32(), cand_capacity_));
+    op.votes = sel_votes_->f32();
+    op.votes_stride = cand_capacity_;
+    op.keep = keep_rows;
+    op.keep_stride = keep_stride_;
+    SNAPFILL_RETURN_IF_ERROR(backend_->SelectHeads(op));
   } else {
     SNAPFILL_RETURN_IF_ERROR(select());
   }
-  const int64_t kept = keep_[0].size();
+  const int64_t kept = in_backend ? op.count() : static_cast<int64_t>(keep_[0].size());
   if (kept > (local ? window_capacity_ : prefill_capacity_)) {
     return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept, " entries, memory holds ",
                                             local ? window_capacity_ : prefill_capacity_));
   }
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+  for (int64_t h = 0; h < c.num_kv_heads && !in_backend; ++h) {
+    SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+  }
   // The kept entries into the memory, through the backend as in step 1
   // (the candidates are a separate buffer).
   gathers.clear();
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-    const int32_t* keep = keep_[h].data();
+    const int32_t* keep = in_backend ? keep_rows + h * keep_stride_ : keep_[h].data();
     gathers.push_back({cand_k_raw_->f32() + h * head_stride, row, keep, mem_k_[h], row, kept, row});
     gathers.push_back({cand_v_->f32() + h * head_stride, row, keep, mem_v_[h], row, kept, row});
+    if (in_backend) continue;
     gathers.push_back({cand_pos_.data() + h * cand_capacity_, sizeof(int32_t), keep, mem_pos_[h], sizeof(int32_t),
                        kept, sizeof(int32_t)});
     if (mem_score_[h] == nullptr) continue;
@@ -467,6 +510,15 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     }
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
+  memory_->set_size(layer, kept);
+  telemetry_.memory[layer] = kept;
+  int64_t& length = local ? telemetry_.window_attention_length : telemetry_.attention_length;
+  length = std::max(length, num);
+  if (in_backend) {
+    pending_[layer] = {m, kept};
+    ++telemetry_.backend_selections;
+    return absl::OkStatus();
+  }
   double retained = 0;
   std::vector<int64_t>& origin = telemetry_.origin[layer];
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
@@ -479,11 +531,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     }
     retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
   }
-  memory_->set_size(layer, kept);
-  telemetry_.memory[layer] = kept;
   telemetry_.retention[layer] = retained / c.num_kv_heads;
-  int64_t& length = local ? telemetry_.window_attention_length : telemetry_.attention_length;
-  length = std::max(length, num);
 
   // 5. The recall tier: what this step evicted goes to the store, and at
   //    the last step the question brings back what it attends to most.
@@ -547,6 +595,65 @@ absl::StatusOr<const float*> PrefillEngineImpl::HostFloats(BackendBuffer& b, int
   if (static_cast<int64_t>(staging.size()) < count) staging.resize(count);
   SNAPFILL_RETURN_IF_ERROR(backend_->Download(b.f32() + first, staging.data(), count * sizeof(float)));
   return staging.data();
+}
+
+int32_t* PrefillEngineImpl::KeepRows(int64_t layer) const {
+  return static_cast<int32_t*>(sel_keep_->data()) + global_index_[layer] * model_.config().num_kv_heads * keep_stride_;
+}
+
+absl::Status PrefillEngineImpl::ApplyBackendSelections() {
+  const LlamaConfig& c = model_.config();
+  // The global layers whose selection the backend made this chunk: their
+  // kept indices come to the host in one copy (one wait for a device).
+  int64_t first = -1, last = -1;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (pending_[l].num_memory < 0) continue;
+    if (first < 0) first = global_index_[l];
+    last = global_index_[l];
+  }
+  if (first < 0) return absl::OkStatus();
+  const int64_t layer_words = c.num_kv_heads * keep_stride_;
+  const int64_t words = (last - first + 1) * layer_words;
+  const int32_t* rows = nullptr;
+  if (const void* host = sel_keep_->host(); host != nullptr) {
+    rows = static_cast<const int32_t*>(host) + first * layer_words;
+  } else {
+    host_keep_.resize(words);
+    SNAPFILL_RETURN_IF_ERROR(backend_->Download(static_cast<const int32_t*>(sel_keep_->data()) + first * layer_words,
+                                                host_keep_.data(), words * sizeof(int32_t)));
+    rows = host_keep_.data();
+  }
+  const int64_t start = plan_.steps[step_].start_token;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const PendingKeep p = pending_[l];
+    if (p.num_memory < 0) continue;
+    pending_[l] = PendingKeep();
+    const int32_t* layer_rows = rows + (global_index_[l] - first) * layer_words;
+    double retained = 0;
+    std::vector<int64_t>& origin = telemetry_.origin[l];
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const int32_t* keep = layer_rows + h * keep_stride_;
+      if (keep[p.kept] >= 0) {
+        return absl::InternalError(absl::StrCat("SnapKV: the vote of layer ", l, ", KV head ", h, ", candidate ",
+                                                keep[p.kept], " is not finite"));
+      }
+      // The kept entries' positions, in place: candidate j < m is memory
+      // entry j, later ones the chunk's; ascending indices never read an
+      // entry this loop has written.
+      int32_t* pos = memory_->pos(l, h);
+      int64_t from_memory = 0;
+      for (int64_t t = 0; t < p.kept; ++t) {
+        const int32_t j = keep[t];
+        const bool old = j < p.num_memory;
+        from_memory += old;
+        pos[t] = old ? pos[j] : static_cast<int32_t>(start + (j - p.num_memory));
+        origin[ChunkOf(pos[t])]++;
+      }
+      retained += p.kept > 0 ? static_cast<double>(from_memory) / p.kept : 0.0;
+    }
+    telemetry_.retention[l] = retained / c.num_kv_heads;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PrefillEngineImpl::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,

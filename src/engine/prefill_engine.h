@@ -71,6 +71,13 @@ class PrefillEngineImpl final : public PrefillEngine {
   // queries q (rotated), which saw `seen`, and merges the best into the
   // memory.
   absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen);
+  // Layer's rows of sel_keep_ ([num_kv_heads][keep_stride_]).
+  int32_t* KeepRows(int64_t layer) const;
+  // The chunk's end for the layers whose selection was a backend op
+  // (pending_): their kept indices to the host in one copy, the memory's
+  // positions, the retention and the origin from them; Internal for a
+  // vote that was not finite.
+  absl::Status ApplyBackendSelections();
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   // The step's chunk and the token past it are in batch_ after the
   // question's rows; `total` is the input's length.
@@ -117,6 +124,20 @@ class PrefillEngineImpl final : public PrefillEngine {
   PagedArray<float> votes_;
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
+  // The selection as a backend op (PrefillConfig::select_in_backend): the
+  // window's votes [num_kv_heads, cand_capacity] and every global layer's
+  // kept indices [global layers][num_kv_heads][keep_stride_] (each row
+  // followed by SelectHeads' status word), backend buffers; the latter's
+  // copy on the host where it cannot read them in place; and per layer,
+  // what its chunk-end bookkeeping needs (num_memory < 0: nothing pending).
+  std::unique_ptr<BackendBuffer> sel_votes_, sel_keep_;
+  int64_t keep_stride_ = 0;
+  std::vector<int32_t> host_keep_;
+  struct PendingKeep {
+    int64_t num_memory = -1;  // the layer's memory before the step (candidates [0, m))
+    int64_t kept = 0;
+  };
+  std::vector<PendingKeep> pending_;
   std::vector<Backend::RowGather> gathers_;  // the backend's copies of a step, reused
   // Recall: the store, each head's evicted candidates of a step, and what
   // scores the store at the last step.

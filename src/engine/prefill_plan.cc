@@ -123,9 +123,11 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
 }  // namespace prefill_internal
 
 using prefill_internal::GlobalLayers;
+using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::SelectsInBackend;
 
 absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                                           const PrefillConfig& config,
@@ -178,12 +180,20 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // entries' reconstruction scores) as floats; positions per head and
   // rotation positions (int32).
   const bool reconstruct = c.pruner.kind == PrunerKind::kReconstruct;
+  // The selection as a backend op (SelectsInBackend): the votes again, in
+  // a backend buffer, and each global layer's kept indices, which the host
+  // reads once per chunk (in place, or a copy of them from a device).
+  const bool in_backend = SelectsInBackend(c, query_rows);
   const int64_t vote_floats = query_rows > 0 && !reconstruct ? 2 : 1;
-  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats) * sizeof(float) +
+  const int64_t backend_votes = in_backend ? 1 : 0;
+  const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats + backend_votes) * sizeof(float) +
                                     (mc.num_kv_heads + 1) * sizeof(int32_t);
-  const uint64_t cand_kv_bytes = mc.num_kv_heads * 3 * mc.head_dim * sizeof(float);
+  const uint64_t cand_kv_bytes = mc.num_kv_heads * (3 * mc.head_dim + backend_votes) * sizeof(float);
   const uint64_t cand_host_bytes = buffers_on_device ? cand_entry_bytes - cand_kv_bytes : cand_entry_bytes;
-  f.candidate_bytes = cand * cand_entry_bytes;
+  const uint64_t keep_bytes =
+      in_backend ? static_cast<uint64_t>(num_global) * mc.num_kv_heads * KeepStride(f.memory_capacity) * sizeof(int32_t)
+                 : 0;
+  f.candidate_bytes = cand * cand_entry_bytes + keep_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {
     f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
@@ -196,12 +206,13 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                      : 0;
   f.activation_bytes += score_bytes;
   // The backend's buffers: LlamaForward::Create's eight, the candidates'
-  // three, KvCache::Create's two.
+  // three (and the selection's two), KvCache::Create's two.
   const int64_t batch_rows = f.plan.max_chunk_tokens + query_rows;
-  f.buffer_bytes = static_cast<uint64_t>(batch_rows) *
-                       (2 * mc.model_dim + 2 * mc.num_heads * mc.head_dim + 2 * mc.num_kv_heads * mc.head_dim +
-                        2 * mc.ffn_dim) * sizeof(float) +
-                   cand * cand_kv_bytes;
+  f.buffer_bytes =
+      static_cast<uint64_t>(batch_rows) *
+          (2 * mc.model_dim + 2 * mc.num_heads * mc.head_dim + 2 * mc.num_kv_heads * mc.head_dim + 2 * mc.ffn_dim) *
+          sizeof(float) +
+      cand * cand_kv_bytes + keep_bytes;
   if (buffers_on_device) f.buffer_bytes += f.memory_bytes / layer_entry_bytes * layer_kv_bytes;
   f.ops.tokens = batch_rows;
   f.ops.model_dim = mc.model_dim;
@@ -247,7 +258,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     const uint64_t activations =
         buffers_on_device ? 0
                           : LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers, c.score_tokens);
-    const uint64_t step = memory + std::min<uint64_t>(cand_written, cand) * cand_host_bytes + activations + score_bytes;
+    const uint64_t step =
+        memory + std::min<uint64_t>(cand_written, cand) * cand_host_bytes + keep_bytes + activations + score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
     last_memory = memory;
   }

@@ -3,8 +3,11 @@
 // process-wide choices it makes (ConfigureCpuKernels).
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -56,6 +59,138 @@ TEST(CpuBackendOps, PoolAndTopKMatchTheTwins) {
       ASSERT_TRUE(b.TopK(votes.data(), n, k, got.data()).ok());
       ref::TopKIndices(votes.data(), n, k, want.data());
       EXPECT_EQ(got, want) << n << " " << k;
+    }
+  }
+}
+
+// SelectHeads (SnapKV's selection of a layer as one op) against its twin
+// on odd shapes: sinks or none, windows of 0 to every candidate, picks of
+// none to all of the rest, ties (broken towards the lower index) and
+// zeros of both signs, both poolings at kernels 1, 3 and 7; the unguarded
+// CPU backend in place, the guarded one through its buffers, and the test
+// twin backend. The word after each row's status is left alone.
+TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
+  BackendOptions guarded_options;
+  guarded_options.guard_buffers = true;
+  auto guarded = CreateBackend(Device::kCpu, guarded_options);
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
+  int cases = 0;
+  for (const int64_t heads : {1, 3}) {
+    for (const int64_t n : {1, 9, 300, 1201}) {
+      const int64_t stride = n + 5;
+      std::vector<float> votes(heads * stride, -7.0f);
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<float> v = Votes(n, static_cast<uint32_t>(n * 10 + h));
+        std::copy(v.begin(), v.end(), votes.begin() + h * stride);
+        for (int64_t j = 3; j < n; j += 11) votes[h * stride + j] = (j % 2 == 0) ? 0.0f : -0.0f;
+      }
+      for (const int64_t sinks : {int64_t{0}, std::min<int64_t>(4, n)}) {
+        for (const int64_t window :
+             {int64_t{0}, std::min<int64_t>(1, n - sinks), std::min<int64_t>(8, n - sinks), n - sinks}) {
+          const int64_t window_begin = n - window, rest = window_begin - sinks;
+          for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 2, rest}) {
+            for (const int64_t kernel : {1, 3, 7}) {
+              for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
+                Backend::HeadSelection s;
+                s.votes = votes.data();
+                s.votes_stride = stride;
+                s.num_heads = heads;
+                s.num_candidates = n;
+                s.rest_begin = sinks;
+                s.window_begin = window_begin;
+                s.pick = pick;
+                s.pool_kernel = kernel;
+                s.pool = op;
+                s.keep_stride = s.count() + 2;
+                std::vector<int32_t> want(heads * s.keep_stride, -9);
+                ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
+                                 op == Backend::PoolOp::kMax, want.data(), s.keep_stride);
+                const std::string where =
+                    ::testing::PrintToString(std::vector<int64_t>{heads, n, sinks, window, pick, kernel});
+                for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+                  std::vector<int32_t> got(want.size(), -9);
+                  s.keep = got.data();
+                  ASSERT_TRUE(b->SelectHeads(s).ok()) << where;
+                  ASSERT_EQ(got, want) << where;
+                }
+                // Guarded: votes and result in the backend's buffers.
+                Backend& g = **guarded;
+                auto votes_buffer = g.NewBuffer(votes.size() * sizeof(float));
+                auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
+                ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
+                std::vector<int32_t> got(want.size(), -9);
+                ASSERT_TRUE(g.Upload(votes.data(), (*votes_buffer)->data(), votes.size() * sizeof(float)).ok());
+                ASSERT_TRUE(g.Upload(got.data(), (*keep_buffer)->data(), got.size() * sizeof(int32_t)).ok());
+                Backend::HeadSelection in_buffers = s;
+                in_buffers.votes = (*votes_buffer)->f32();
+                in_buffers.keep = static_cast<int32_t*>((*keep_buffer)->data());
+                ASSERT_TRUE(g.SelectHeads(in_buffers).ok()) << where;
+                ASSERT_TRUE(g.Download((*keep_buffer)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
+                ASSERT_EQ(got, want) << where;
+                for (int64_t h = 0; h < heads; ++h) {
+                  const int32_t* row = want.data() + h * s.keep_stride;
+                  ASSERT_EQ(row[s.count()], -1) << where;
+                  ASSERT_EQ(row[s.count() + 1], -9) << where;
+                  ASSERT_TRUE(std::is_sorted(row, row + s.count())) << where;
+                }
+                ++cases;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 500);
+  // Ties and zeros: equal pooled votes keep the lower indices, and -0
+  // ranks with +0 (index 1 is kept before index 3).
+  const std::vector<float> tied = {0.5f, -0.0f, 0.5f, 0.0f, 0.5f, 0.0f, 1.0f};
+  Backend::HeadSelection s;
+  s.votes = tied.data();
+  s.votes_stride = 7;
+  s.num_heads = 1;
+  s.num_candidates = 7;
+  s.window_begin = 6;
+  s.pick = 4;
+  s.keep_stride = 6;
+  std::vector<int32_t> keep(6, -9);
+  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, keep.data(), 6);
+  EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
+  std::fill(keep.begin(), keep.end(), -9);
+  s.keep = keep.data();
+  ASSERT_TRUE(testing::SharedCpuBackend().SelectHeads(s).ok());
+  EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
+}
+
+// A vote that is not finite: the row is [0, count) (a gather by it stays
+// in bounds) and the status word names the first such candidate of R.
+TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
+  const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
+  for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> votes = Votes(40, 3);
+      votes.insert(votes.end(), votes.begin(), votes.end());  // head 1 as head 0
+      votes[40 + 17] = bad;                                   // head 1, candidate 17
+      votes[40 + 30] = bad;                                   // a later one
+      votes[38] = bad;                                        // in head 0's window: not read
+      Backend::HeadSelection s;
+      s.votes = votes.data();
+      s.votes_stride = 40;
+      s.num_heads = 2;
+      s.num_candidates = 40;
+      s.rest_begin = 2;
+      s.window_begin = 36;
+      s.pick = 10;
+      s.pool_kernel = 3;
+      s.keep_stride = s.count() + 1;
+      std::vector<int32_t> keep(2 * s.keep_stride, -9);
+      s.keep = keep.data();
+      ASSERT_TRUE(b->SelectHeads(s).ok());
+      EXPECT_EQ(keep[s.count()], -1) << "head 0's rest is finite";
+      const int32_t* row = keep.data() + s.keep_stride;
+      EXPECT_EQ(row[s.count()], 17);
+      for (int64_t t = 0; t < s.count(); ++t) EXPECT_EQ(row[t], t);
     }
   }
 }
@@ -375,6 +510,31 @@ TEST(CpuBackendOps, BadArgumentsAreRefused) {
   EXPECT_EQ(b.Pool1d(v.data(), out.data(), 8, 4, Backend::PoolOp::kAvg).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.TopK(v.data(), 8, 9, pos.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.TopK(v.data(), 8, -1, pos.data()).code(), absl::StatusCode::kInvalidArgument);
+  Backend::HeadSelection s;
+  s.votes = v.data();
+  s.votes_stride = 8;
+  s.num_heads = 1;
+  s.num_candidates = 8;
+  s.rest_begin = 1;
+  s.window_begin = 6;
+  s.pick = 3;
+  s.pool_kernel = 3;
+  s.keep = pos.data();
+  s.keep_stride = 7;
+  ASSERT_TRUE(b.SelectHeads(s).ok());
+  for (auto bad : std::vector<std::function<void(Backend::HeadSelection&)>>{
+           [](Backend::HeadSelection& x) { x.pick = 6; },          // more than the rest
+           [](Backend::HeadSelection& x) { x.window_begin = 9; },  // past the candidates
+           [](Backend::HeadSelection& x) { x.rest_begin = 7; },    // after the window
+           [](Backend::HeadSelection& x) { x.pool_kernel = 4; },
+           [](Backend::HeadSelection& x) { x.keep_stride = 6; },  // no room for the status word
+           [](Backend::HeadSelection& x) { x.votes_stride = 5; },
+           [](Backend::HeadSelection& x) { x.keep = nullptr; },
+       }) {
+    Backend::HeadSelection x = s;
+    bad(x);
+    EXPECT_EQ(b.SelectHeads(x).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // The kernels decide once: before, a backend's choices are taken; after,

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -35,8 +36,8 @@
 #include "src/kv/cache_file.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
-#include "tests/testing/matmul_data.h"
 #include "tests/testing/engine_run.h"
+#include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
@@ -342,6 +343,100 @@ TEST(CudaBackend, SelectionMatchesTheTwins) {
       ASSERT_EQ(got, want) << n << " " << k;
     }
   }
+}
+
+// SelectHeads on the device (votes and kept indices in its buffers, one
+// block per head) keeps the twin's indices exactly: the same f32 pooling,
+// ties to the lower index, -0 with +0; from one candidate to the 7B
+// shape's 32 heads over 2,048; a non-finite vote named, its row [0, count).
+// Host operands take the host's selection, the same indices.
+TEST(CudaBackend, SelectHeadsMatchesTheTwin) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  struct Shape {
+    int64_t heads, n, sinks, window;
+  };
+  int cases = 0;
+  for (const Shape sh : {Shape{1, 1, 0, 0}, Shape{3, 9, 0, 1}, Shape{3, 300, 4, 8}, Shape{5, 1201, 0, 32},
+                         Shape{32, 2048, 4, 32}, Shape{2, 70000, 4, 64}}) {
+    const int64_t stride = sh.n + 3, window_begin = sh.n - sh.window, rest = window_begin - sh.sinks;
+    std::vector<float> votes = Normal(sh.heads * stride, static_cast<uint32_t>(sh.n));
+    for (int64_t i = 0; i < static_cast<int64_t>(votes.size()); ++i) {
+      // Few distinct values (ties), zeros of both signs.
+      votes[i] = std::floor(std::fabs(votes[i]) * 8) / 8;
+      if (votes[i] == 0.0f && i % 2 == 1) votes[i] = -0.0f;
+    }
+    auto votes_d = b->NewBuffer(votes.size() * sizeof(float));
+    SNAPFILL_ASSERT_OK(votes_d);
+    SNAPFILL_ASSERT_OK(b->Upload(votes.data(), (*votes_d)->data(), votes.size() * sizeof(float)));
+    for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 3, rest}) {
+      for (const int64_t kernel : {1, 7}) {
+        for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
+          SCOPED_TRACE(::testing::Message() << sh.heads << " heads, " << sh.n << " candidates, pick " << pick
+                                            << ", kernel " << kernel << (op == Backend::PoolOp::kMax ? " max" : ""));
+          Backend::HeadSelection s;
+          s.votes_stride = stride;
+          s.num_heads = sh.heads;
+          s.num_candidates = sh.n;
+          s.rest_begin = sh.sinks;
+          s.window_begin = window_begin;
+          s.pick = pick;
+          s.pool_kernel = kernel;
+          s.pool = op;
+          s.keep_stride = s.count() + 2;
+          std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
+          ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
+                           op == Backend::PoolOp::kMax, want.data(), s.keep_stride);
+          auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
+          SNAPFILL_ASSERT_OK(keep_d);
+          SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
+          Backend::HeadSelection on_device = s;
+          on_device.votes = (*votes_d)->f32();
+          on_device.keep = static_cast<int32_t*>((*keep_d)->data());
+          SNAPFILL_ASSERT_OK(b->SelectHeads(on_device));
+          SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
+          ASSERT_EQ(got, want);
+          Backend::HeadSelection on_host = s;
+          on_host.votes = votes.data();
+          on_host.keep = host.data();
+          SNAPFILL_ASSERT_OK(b->SelectHeads(on_host));
+          ASSERT_EQ(host, want);
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 6 * 4 * 2 * 2);
+  // A non-finite vote in head 1 (and a later one): named, the row [0, count).
+  std::vector<float> votes = Normal(2 * 50, 3);
+  for (float& x : votes) x = std::fabs(x);
+  votes[50 + 20] = std::numeric_limits<float>::quiet_NaN();
+  votes[50 + 30] = std::numeric_limits<float>::infinity();
+  auto votes_d = b->NewBuffer(votes.size() * sizeof(float));
+  SNAPFILL_ASSERT_OK(votes_d);
+  SNAPFILL_ASSERT_OK(b->Upload(votes.data(), (*votes_d)->data(), votes.size() * sizeof(float)));
+  Backend::HeadSelection s;
+  s.votes = (*votes_d)->f32();
+  s.votes_stride = 50;
+  s.num_heads = 2;
+  s.num_candidates = 50;
+  s.rest_begin = 2;
+  s.window_begin = 44;
+  s.pick = 12;
+  s.pool_kernel = 3;
+  s.keep_stride = s.count() + 1;
+  std::vector<int32_t> got(2 * s.keep_stride, -9);
+  auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
+  SNAPFILL_ASSERT_OK(keep_d);
+  s.keep = static_cast<int32_t*>((*keep_d)->data());
+  SNAPFILL_ASSERT_OK(b->SelectHeads(s));
+  SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
+  EXPECT_EQ(got[s.count()], -1);
+  EXPECT_EQ(got[s.keep_stride + s.count()], 20);
+  for (int64_t t = 0; t < s.count(); ++t) EXPECT_EQ(got[s.keep_stride + t], t);
+  // Votes on the device, the result on the host: refused.
+  std::vector<int32_t> host(got.size());
+  s.keep = host.data();
+  EXPECT_TRUE(absl::IsInvalidArgument(b->SelectHeads(s)));
 }
 
 // Σ|x·w| per output, with w dequantized as the twins do.
@@ -822,6 +917,29 @@ TEST(CudaBackend, GatherMovesRowsEveryWay) {
         }
       }
     }
+    // Row indices in device memory (the kept entries SelectHeads chose):
+    // read where they are, from a device source; refused for a host one.
+    auto rows_d = b->NewBuffer(rows.size() * sizeof(int32_t));
+    SNAPFILL_ASSERT_OK(rows_d);
+    SNAPFILL_ASSERT_OK(b->Upload(rows.data(), (*rows_d)->data(), rows.size() * sizeof(int32_t)));
+    const auto* idx_d = static_cast<const int32_t*>((*rows_d)->data());
+    for (bool dst_device : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << row_bytes << "-byte rows by device indices to the "
+                                        << (dst_device ? "device" : "host"));
+      std::vector<uint8_t> want = fill, got = fill;
+      SNAPFILL_ASSERT_OK(b->Upload(fill.data(), (*dst_d)->data(), fill.size()));
+      SNAPFILL_ASSERT_OK(
+          (*cpu)->Gather({{src.data(), src_stride, rows.data(), want.data(), dst_stride, count, row_bytes}}));
+      void* to = dst_device ? (*dst_d)->data() : got.data();
+      SNAPFILL_ASSERT_OK(b->Gather({{(*src_d)->data(), src_stride, idx_d, to, dst_stride, count, row_bytes}}));
+      if (dst_device) {
+        SNAPFILL_ASSERT_OK(b->Download((*dst_d)->data(), got.data(), got.size()));
+      }
+      EXPECT_EQ(got, want);
+    }
+    std::vector<uint8_t> unused = fill;
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        b->Gather({{src.data(), src_stride, idx_d, unused.data(), dst_stride, count, row_bytes}})));
     // Device -> host (indexed), then those host rows -> device, in one call.
     std::vector<uint8_t> host_rows(count * row_bytes), want(count * row_bytes), got(count * row_bytes);
     SNAPFILL_ASSERT_OK(
@@ -962,16 +1080,19 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
 // how the backend ran before): a question-guided IMDC prefill with
 // eviction and 8 decoded tokens, for each architecture's extra ops (Qwen's
 // biases, Gemma's embedding scale and sliding-window layers), the recall
-// tier (its store reads the candidates through copies) and the gate.
+// tier (its store reads the candidates through copies), the gate, and the
+// window's votes alone (the selection on the device, its kept indices
+// there: the host's selection's indices, to the bit).
 TEST(CudaBackend, DeviceBuffersComputeWhatHostBuffersDo) {
   struct Case {
     const char* architecture;
     testing::EngineScores scores;
   };
-  for (const Case& c : {Case{"llama", testing::EngineScores::kGuided}, Case{"qwen2", testing::EngineScores::kGuided},
-                        Case{"gemma3", testing::EngineScores::kGuided},
-                        Case{"llama", testing::EngineScores::kGuidedRecall},
-                        Case{"llama", testing::EngineScores::kGate}}) {
+  for (const Case& c :
+       {Case{"llama", testing::EngineScores::kGuided}, Case{"qwen2", testing::EngineScores::kGuided},
+        Case{"gemma3", testing::EngineScores::kGuided}, Case{"llama", testing::EngineScores::kGuidedRecall},
+        Case{"llama", testing::EngineScores::kGate}, Case{"llama", testing::EngineScores::kWindow},
+        Case{"gemma3", testing::EngineScores::kWindow}}) {
     SCOPED_TRACE(::testing::Message() << c.architecture << ", scores " << static_cast<int>(c.scores));
     CUDA_BACKEND_OR_SKIP(device, true);
     std::string why;

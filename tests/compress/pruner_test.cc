@@ -321,6 +321,74 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
   }
 }
 
+// PlanInBackend: where SnapKV's rule is one Backend::SelectHeads, that op
+// keeps exactly what Select keeps (random inputs with many ties, sinks,
+// both poolings, memories and chunks of every size); and it declines what
+// is not one: nothing to evict, a question's votes, the stored-score
+// pruners, streaming and full.
+TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  int planned = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
+    const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
+    const int64_t n = m + c, budget = window + trial % 13;
+    std::vector<float> votes(heads * (n + 3));
+    for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;
+    std::vector<int32_t> positions(heads * (n + 1));
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) positions[h * (n + 1) + j] = static_cast<int32_t>(j * 2);
+    }
+    const SelectionInput in = Heads(heads, n, m, budget, votes, n + 3, positions, n + 1);
+    auto pruner =
+        MakePruner(SnapKv(window, 1 + 2 * (trial % 4), trial % 5 == 0 ? Pooling::kMax : Pooling::kAvg, sinks));
+    Keep keep;
+    SNAPFILL_ASSERT_OK(pruner->Select(in, &keep));
+    Backend::HeadSelection op;
+    SelectionInput without_votes = in;
+    without_votes.votes = nullptr;  // (not read)
+    if (!pruner->PlanInBackend(without_votes, &op)) {
+      EXPECT_EQ(static_cast<int64_t>(keep[0].size()), n) << "trial " << trial << ": declined, yet evicting";
+      continue;
+    }
+    ++planned;
+    op.votes = votes.data();
+    op.votes_stride = n + 3;
+    op.keep_stride = op.count() + 1;
+    std::vector<int32_t> rows(heads * op.keep_stride);
+    op.keep = rows.data();
+    SNAPFILL_ASSERT_OK(testing::SharedCpuBackend().SelectHeads(op));
+    for (int64_t h = 0; h < heads; ++h) {
+      const int32_t* row = rows.data() + h * op.keep_stride;
+      EXPECT_EQ(std::vector<int32_t>(row, row + op.count()), keep[h]) << "trial " << trial << " head " << h;
+      EXPECT_EQ(row[op.count()], -1);
+    }
+  }
+  EXPECT_GT(planned, 100);
+
+  // Declined inputs.
+  const std::vector<float> votes(20, 0.5f);
+  std::vector<int32_t> positions(20);
+  std::iota(positions.begin(), positions.end(), 0);
+  Backend::HeadSelection op;
+  EXPECT_TRUE(MakePruner(SnapKv(4, 3))->PlanInBackend(OneHead(votes, 10, 8), &op));
+  EXPECT_EQ(op.count(), 8);
+  EXPECT_FALSE(MakePruner(SnapKv(4, 3))->PlanInBackend(OneHead(votes, 10, 20), &op)) << "nothing evicted";
+  SelectionInput asked = OneHead(votes, 10, 8);
+  asked.query_votes = votes.data();
+  asked.query_votes_stride = 20;
+  EXPECT_FALSE(MakePruner(SnapKv(4, 3))->PlanInBackend(asked, &op)) << "a question's votes";
+  for (const PrunerKind kind :
+       {PrunerKind::kGate, PrunerKind::kReconstruct, PrunerKind::kStreaming, PrunerKind::kFull}) {
+    PrunerConfig config = SnapKv(4, 3);
+    config.kind = kind;
+    auto made = CreatePruner(config, testing::SharedCpuBackend());
+    SNAPFILL_ASSERT_OK(made.status());
+    EXPECT_FALSE((*made)->PlanInBackend(OneHead(votes, 10, 8), &op)) << PrunerKindName(kind);
+  }
+}
+
 // At the engine's sizes the heads are selected on all threads, each with
 // scratch of its own: every head gets what it gets when selected alone
 // (one head, on the calling thread), with and without sinks, call after

@@ -6,7 +6,8 @@
 // same bits with the guard as without, for each architecture's extra ops
 // (Qwen's biases, Gemma's embedding scale and sliding-window layers), and
 // where the host reads the candidates (SmartKV's gates, the recall tier's
-// store) through copies.
+// store) through copies, and where the selection is a backend op whose
+// kept indices the host reads once per chunk.
 // (testing::PrefillAndDecode is the run.)
 #include <memory>
 #include <string>
@@ -51,11 +52,13 @@ TEST_P(BackendMemoryTest, TheEngineTouchesTheBackendsMemoryOnlyThroughIt) {
 INSTANTIATE_TEST_SUITE_P(Cases, BackendMemoryTest,
                          ::testing::Values(Case{"llama", Scores::kGuided}, Case{"qwen2", Scores::kGuided},
                                            Case{"gemma3", Scores::kGuided}, Case{"llama", Scores::kGuidedRecall},
-                                           Case{"llama", Scores::kGate}),
+                                           Case{"llama", Scores::kGate}, Case{"llama", Scores::kWindow},
+                                           Case{"gemma3", Scores::kWindow}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return i.param.architecture + (i.param.scores == Scores::kGuidedRecall ? "_recall"
-                                                          : i.param.scores == Scores::kGate      ? "_gate"
-                                                                                                 : "_guided");
+                                                          : i.param.scores == Scores::kGate       ? "_gate"
+                                                          : i.param.scores == Scores::kWindow     ? "_window"
+                                                                                                  : "_guided");
                          });
 
 }  // namespace

@@ -35,6 +35,8 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   if (scores == EngineScores::kGate) {
     config.pruner.kind = PrunerKind::kGate;
     config.gate = &gates;
+  } else if (scores == EngineScores::kWindow) {
+    config.schedule.sink_tokens = 4;
   } else {
     config.query_tokens = TestTokens(6, c.vocab_size);
   }

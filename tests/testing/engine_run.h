@@ -24,8 +24,9 @@ struct EngineOutcome {
 // How the chunk loop scores: the question's votes; the same with the recall
 // tier (a store in a temporary directory); SmartKV's gate (zero gates: the
 // chunk's entries tie, and the keys still go through the gate's arithmetic
-// on the host).
-enum class EngineScores { kGuided, kGuidedRecall, kGate };
+// on the host); the window's votes alone, with 4 sinks (no question: the
+// selection is one backend op, Backend::SelectHeads).
+enum class EngineScores { kGuided, kGuidedRecall, kGate, kWindow };
 
 // 300 test tokens through IMDC (chunk 48, memory 40, window 8) with SnapKV
 // or the gate (with recall: a later question recalls into the decoder's

@@ -6,6 +6,7 @@
 #include "kernels/ref/ops_ref.h"
 #include "kernels/ref/quant_ref.h"
 #include "snapfill/status.h"
+#include "src/backend/backend_common.h"
 
 namespace snapfill::testing {
 namespace {
@@ -91,6 +92,12 @@ class RefBackend final : public Backend {
   }
   absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) override {
     ref::TopKIndices(scores, n, k, positions);
+    return absl::OkStatus();
+  }
+  absl::Status SelectHeads(const HeadSelection& s) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
+    ref::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
+                     s.pool_kernel, s.pool == PoolOp::kMax, s.keep, s.keep_stride);
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -442,6 +442,9 @@ std::string TelemetryJson(const StepTelemetry& t, bool with_origin) {
     absl::StrAppendFormat(&s, ",\"window_attention_length\":%d", t.window_attention_length);
   }
   if (t.query_rows > 0) absl::StrAppendFormat(&s, ",\"query_rows\":%d", t.query_rows);
+  // Layers whose selection stayed in the backend's memory (one op, its
+  // indices read at the chunk's end).
+  if (t.backend_selections > 0) absl::StrAppendFormat(&s, ",\"backend_selections\":%d", t.backend_selections);
   if (t.score_seconds > 0) absl::StrAppendFormat(&s, ",\"score_seconds\":%.6f", t.score_seconds);
   if (t.recalled > 0) {
     absl::StrAppendFormat(&s, ",\"recalled\":%d,\"recall_seconds\":%.6f", t.recalled, t.recall_seconds);

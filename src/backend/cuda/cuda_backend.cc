@@ -461,6 +461,12 @@ class CudaBackend final : public Backend, public BackendProfile {
     for (const RowGather& r : gathers) {
       if (r.count <= 0 || r.row_bytes == 0) continue;
       const bool src_device = Owns(r.src), dst_device = Owns(r.dst);
+      // (Rows in the device's memory: the kept entries SelectHeads chose,
+      // read where they are; they index device sources only.)
+      const bool rows_device = Owns(r.rows);
+      if (rows_device && !src_device) {
+        return absl::InvalidArgumentError("gather: row indices in device memory need a device source");
+      }
       if (!src_device && !dst_device) {
         if (host_pending) {
           SNAPFILL_RETURN_IF_ERROR(Sync("gather"));
@@ -476,8 +482,13 @@ class CudaBackend final : public Backend, public BackendProfile {
                                         cudaMemcpyDefault, stream_),
                       "gather");
       } else if (src_device) {
-        SNAPFILL_ASSIGN_OR_RETURN(int32_t* rows, Buffer<int32_t>(kRows, r.count));
-        SNAPFILL_CUDA(cudaMemcpyAsync(rows, r.rows, r.count * sizeof(int32_t), cudaMemcpyDefault, stream_), "gather");
+        const int32_t* rows = r.rows;
+        if (!rows_device) {
+          SNAPFILL_ASSIGN_OR_RETURN(int32_t* staged, Buffer<int32_t>(kRows, r.count));
+          SNAPFILL_CUDA(cudaMemcpyAsync(staged, r.rows, r.count * sizeof(int32_t), cudaMemcpyDefault, stream_),
+                        "gather");
+          rows = staged;
+        }
         if (dst_device) {
           SNAPFILL_CUDA(
               cuda::GatherRows(r.src, r.src_stride, rows, r.dst, r.dst_stride, r.count, r.row_bytes, stream_),
@@ -780,6 +791,31 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_RETURN_IF_ERROR(Sync("top_k"));
     std::sort(positions, positions + k);
     return absl::OkStatus();
+  }
+
+  // A layer's selection where its votes and its result are the device's
+  // (the chunk loop's, DESIGN.md §14): one launch for every head, nothing
+  // waited for. Host operands take the host's selection.
+  absl::Status SelectHeads(const HeadSelection& s) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
+    if (s.num_heads == 0) return absl::OkStatus();
+    const bool reads_votes = s.window_begin > s.rest_begin;
+    const bool keep_device = Owns(s.keep), votes_device = reads_votes && Owns(s.votes);
+    if (!keep_device && !votes_device) return HostSelectHeads(s, *this);
+    if (!keep_device || (reads_votes && !votes_device)) {
+      return absl::InvalidArgumentError("select_heads: the votes and the kept indices must both be the device's");
+    }
+    std::lock_guard<std::mutex> lock(select_mutex_);
+    Timer t(this, kSelect);
+    const size_t bytes = cuda::SelectHeadsScratchBytes(s.num_heads, s.window_begin - s.rest_begin);
+    // (The positions' slot: num_kv_heads × candidates words, as the RoPE
+    // of the candidates, so the device's prediction holds it.)
+    SNAPFILL_ASSIGN_OR_RETURN(char* scratch, Buffer<char>(kPositions, static_cast<int64_t>(bytes)));
+    SNAPFILL_CUDA(
+        cuda::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
+                          s.pool_kernel, s.pool == PoolOp::kMax, scratch, s.keep, s.keep_stride, stream_),
+        "select_heads");
+    return Finish("select_heads", s.keep);
   }
 
   // ---- Device memory, predicted.

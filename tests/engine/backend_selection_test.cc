@@ -1,0 +1,147 @@
+// SnapKV's selection as one backend op (PrefillConfig::select_in_backend,
+// Backend::SelectHeads, DESIGN.md §14): the window's votes and the kept
+// indices stay in the backend's memory, the kept rows are gathered by them
+// there, and the positions and telemetry follow at the chunk's end. The
+// run must be the host selection's, bit for bit: the memory (keys, values,
+// positions), the logits, and every step's telemetry (the adaptive
+// schedule's budgets follow its retention), with sinks, original or
+// re-encoded positions, every schedule, a hybrid model's sliding-window
+// layers beside its global ones, and with the backend's buffers guarded
+// (the host reads the kept indices through a copy, as from a device).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "snapfill/backend.h"
+#include "snapfill/engine.h"
+#include "snapfill/status.h"
+#include "src/kv/kv_cache.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_model.h"
+#include "tools/testmodel/tiny_llama.h"
+
+namespace snapfill {
+namespace {
+
+struct Case {
+  std::string name;
+  std::string architecture = "llama";
+  ScheduleKind schedule = ScheduleKind::kIncrementalDecremental;
+  Growth growth = Growth::kLinear;
+  int64_t sinks = 0;
+  bool original_positions = false;
+  Pooling pooling = Pooling::kAvg;
+};
+
+struct Outcome {
+  std::vector<float> last_logits;
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  std::vector<std::vector<int64_t>> memory, origin;
+  std::vector<std::vector<double>> retention;
+  std::vector<int64_t> attention_length, window_attention_length, backend_selections;
+};
+
+Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool guard) {
+  const LlamaConfig& mc = model.config();
+  const int n = 700;
+  const std::vector<int32_t> ids = testing::TestTokens(n, mc.vocab_size);
+  BackendOptions o;
+  o.guard_buffers = guard;
+  auto backend = CreateBackend(Device::kCpu, o);
+  SNAPFILL_CHECK(backend.ok()) << backend.status();
+  PrefillConfig config;
+  config.pruner.kind = PrunerKind::kSnapKv;
+  config.pruner.pooling = c.pooling;
+  config.schedule.kind = c.schedule;
+  config.schedule.growth = c.growth;
+  config.schedule.chunk = 64;
+  config.schedule.memory = 48;
+  config.schedule.window = 8;
+  config.schedule.sink_tokens = c.sinks;
+  config.keep_original_positions = c.original_positions;
+  config.select_in_backend = in_backend;
+  auto engine = PrefillEngine::Create(model, backend->get(), config, n);
+  SNAPFILL_CHECK(engine.ok()) << engine.status();
+  Outcome r;
+  const absl::Status run = (*engine)->Run(ids, [&](const StepTelemetry& t) {
+    r.memory.push_back(t.memory);
+    r.retention.push_back(t.retention);
+    for (const std::vector<int64_t>& o : t.origin) r.origin.push_back(o);
+    r.attention_length.push_back(t.attention_length);
+    r.window_attention_length.push_back(t.window_attention_length);
+    r.backend_selections.push_back(t.backend_selections);
+    return true;
+  });
+  SNAPFILL_CHECK(run.ok()) << run;
+  r.last_logits = (*engine)->last_logits();
+  const KvCache& memory = (*engine)->memory();
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+      const size_t at = r.k.size(), count = memory.size(l) * mc.head_dim;
+      r.k.resize(at + count);
+      r.v.resize(at + count);
+      SNAPFILL_CHECK(memory.CopyOut(l, h, memory.size(l), r.k.data() + at, r.v.data() + at).ok());
+      const int32_t* pos = memory.pos(l, h);
+      r.pos.insert(r.pos.end(), pos, pos + memory.size(l));
+    }
+  }
+  return r;
+}
+
+class BackendSelectionTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
+  const Case& c = GetParam();
+  TinyLlamaOptions opts;
+  opts.architecture = c.architecture;
+  opts.num_layers = 3;
+  opts.context_length = 4096;
+  if (c.architecture == "gemma3") {
+    opts.sliding_window = 40;
+    opts.swa_pattern = 3;
+  }
+  const std::unique_ptr<LlamaModel> model = testing::LoadTinyModel(opts);
+  const Outcome host = Prefill(*model, c, /*in_backend=*/false, /*guard=*/false);
+  int64_t selections = 0;
+  for (int64_t s : host.backend_selections) EXPECT_EQ(s, 0);
+  for (const bool guard : {false, true}) {
+    const Outcome op = Prefill(*model, c, /*in_backend=*/true, guard);
+    SCOPED_TRACE(guard ? "guarded" : "plain");
+    EXPECT_EQ(op.last_logits, host.last_logits);
+    EXPECT_EQ(op.k, host.k);
+    EXPECT_EQ(op.v, host.v);
+    EXPECT_EQ(op.pos, host.pos);
+    EXPECT_EQ(op.memory, host.memory);
+    EXPECT_EQ(op.retention, host.retention);
+    EXPECT_EQ(op.origin, host.origin);
+    EXPECT_EQ(op.attention_length, host.attention_length);
+    EXPECT_EQ(op.window_attention_length, host.window_attention_length);
+    selections = 0;
+    for (int64_t s : op.backend_selections) selections += s;
+  }
+  // Every evicting step of every global layer took the op: 700 tokens in
+  // chunks of 64 evict from the second step on (the first keeps at most
+  // its chunk where the memory holds more).
+  const int64_t global_layers = c.architecture == "gemma3" ? 1 : 3;
+  EXPECT_GE(selections, global_layers * (static_cast<int64_t>(host.memory.size()) - 2)) << c.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, BackendSelectionTest,
+                         ::testing::Values(Case{.name = "imdc"}, Case{.name = "imdc_sinks", .sinks = 4},
+                                           Case{.name = "fm_original_max",
+                                                .schedule = ScheduleKind::kFixed,
+                                                .original_positions = true,
+                                                .pooling = Pooling::kMax},
+                                           Case{.name = "im_adaptive_sinks",
+                                                .schedule = ScheduleKind::kIncremental,
+                                                .growth = Growth::kAdaptive,
+                                                .sinks = 2},
+                                           Case{.name = "gemma3_hybrid", .architecture = "gemma3", .sinks = 4},
+                                           Case{.name = "qwen2", .architecture = "qwen2"}),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace snapfill
