@@ -92,16 +92,9 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
           for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 2, rest}) {
             for (const int64_t kernel : {1, 3, 7}) {
               for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
-                Backend::HeadSelection s;
-                s.votes = votes.data();
-                s.votes_stride = stride;
-                s.num_heads = heads;
-                s.num_candidates = n;
-                s.rest_begin = sinks;
-                s.window_begin = window_begin;
-                s.pick = pick;
-                s.pool_kernel = kernel;
-                s.pool = op;
+                Backend::HeadSelection s{.votes = votes.data(), .votes_stride = stride, .num_heads = heads,
+                                         .num_candidates = n, .rest_begin = sinks, .window_begin = window_begin,
+                                         .pick = pick, .pool_kernel = kernel, .pool = op};
                 s.keep_stride = s.count() + 2;
                 std::vector<int32_t> want(heads * s.keep_stride, -9);
                 ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
@@ -146,15 +139,9 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
   // Ties and zeros: equal pooled votes keep the lower indices, and -0
   // ranks with +0 (index 1 is kept before index 3).
   const std::vector<float> tied = {0.5f, -0.0f, 0.5f, 0.0f, 0.5f, 0.0f, 1.0f};
-  Backend::HeadSelection s;
-  s.votes = tied.data();
-  s.votes_stride = 7;
-  s.num_heads = 1;
-  s.num_candidates = 7;
-  s.window_begin = 6;
-  s.pick = 4;
-  s.keep_stride = 6;
   std::vector<int32_t> keep(6, -9);
+  Backend::HeadSelection s{.votes = tied.data(), .votes_stride = 7, .num_heads = 1, .num_candidates = 7,
+                           .window_begin = 6, .pick = 4, .keep_stride = 6};
   ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, keep.data(), 6);
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
   std::fill(keep.begin(), keep.end(), -9);
@@ -174,15 +161,8 @@ TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
       votes[40 + 17] = bad;                                   // head 1, candidate 17
       votes[40 + 30] = bad;                                   // a later one
       votes[38] = bad;                                        // in head 0's window: not read
-      Backend::HeadSelection s;
-      s.votes = votes.data();
-      s.votes_stride = 40;
-      s.num_heads = 2;
-      s.num_candidates = 40;
-      s.rest_begin = 2;
-      s.window_begin = 36;
-      s.pick = 10;
-      s.pool_kernel = 3;
+      Backend::HeadSelection s{.votes = votes.data(), .votes_stride = 40, .num_heads = 2, .num_candidates = 40,
+                               .rest_begin = 2, .window_begin = 36, .pick = 10, .pool_kernel = 3};
       s.keep_stride = s.count() + 1;
       std::vector<int32_t> keep(2 * s.keep_stride, -9);
       s.keep = keep.data();
@@ -510,17 +490,9 @@ TEST(CpuBackendOps, BadArgumentsAreRefused) {
   EXPECT_EQ(b.Pool1d(v.data(), out.data(), 8, 4, Backend::PoolOp::kAvg).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.TopK(v.data(), 8, 9, pos.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b.TopK(v.data(), 8, -1, pos.data()).code(), absl::StatusCode::kInvalidArgument);
-  Backend::HeadSelection s;
-  s.votes = v.data();
-  s.votes_stride = 8;
-  s.num_heads = 1;
-  s.num_candidates = 8;
-  s.rest_begin = 1;
-  s.window_begin = 6;
-  s.pick = 3;
-  s.pool_kernel = 3;
-  s.keep = pos.data();
-  s.keep_stride = 7;
+  const Backend::HeadSelection s{.votes = v.data(), .votes_stride = 8, .num_heads = 1, .num_candidates = 8,
+                                 .rest_begin = 1, .window_begin = 6, .pick = 3, .pool_kernel = 3, .keep = pos.data(),
+                                 .keep_stride = 7};
   ASSERT_TRUE(b.SelectHeads(s).ok());
   for (auto bad : std::vector<std::function<void(Backend::HeadSelection&)>>{
            [](Backend::HeadSelection& x) { x.pick = 6; },          // more than the rest

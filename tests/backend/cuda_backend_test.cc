@@ -373,15 +373,9 @@ TEST(CudaBackend, SelectHeadsMatchesTheTwin) {
         for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
           SCOPED_TRACE(::testing::Message() << sh.heads << " heads, " << sh.n << " candidates, pick " << pick
                                             << ", kernel " << kernel << (op == Backend::PoolOp::kMax ? " max" : ""));
-          Backend::HeadSelection s;
-          s.votes_stride = stride;
-          s.num_heads = sh.heads;
-          s.num_candidates = sh.n;
-          s.rest_begin = sh.sinks;
-          s.window_begin = window_begin;
-          s.pick = pick;
-          s.pool_kernel = kernel;
-          s.pool = op;
+          Backend::HeadSelection s{.votes_stride = stride, .num_heads = sh.heads, .num_candidates = sh.n,
+                                   .rest_begin = sh.sinks, .window_begin = window_begin, .pick = pick,
+                                   .pool_kernel = kernel, .pool = op};
           s.keep_stride = s.count() + 2;
           std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
           ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
@@ -414,15 +408,8 @@ TEST(CudaBackend, SelectHeadsMatchesTheTwin) {
   auto votes_d = b->NewBuffer(votes.size() * sizeof(float));
   SNAPFILL_ASSERT_OK(votes_d);
   SNAPFILL_ASSERT_OK(b->Upload(votes.data(), (*votes_d)->data(), votes.size() * sizeof(float)));
-  Backend::HeadSelection s;
-  s.votes = (*votes_d)->f32();
-  s.votes_stride = 50;
-  s.num_heads = 2;
-  s.num_candidates = 50;
-  s.rest_begin = 2;
-  s.window_begin = 44;
-  s.pick = 12;
-  s.pool_kernel = 3;
+  Backend::HeadSelection s{.votes = (*votes_d)->f32(), .votes_stride = 50, .num_heads = 2, .num_candidates = 50,
+                           .rest_begin = 2, .window_begin = 44, .pick = 12, .pool_kernel = 3};
   s.keep_stride = s.count() + 1;
   std::vector<int32_t> got(2 * s.keep_stride, -9);
   auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
