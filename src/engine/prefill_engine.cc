@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     e->sel_votes_ = std::move(*votes);
     e->sel_keep_ = std::move(*keep);
   }
-  e->pending_.assign(mc.num_layers, PrefillEngineImpl::PendingKeep());
+  e->pending_memory_.assign(mc.num_layers, -1);
   if (!e->cand_pos_.Allocate(cand) ||
       !e->votes_.Allocate(cand) || !e->rot_pos_.Allocate(e->cand_capacity_) ||
       (e->query_rows_ > 0 && !reconstruct && !e->query_votes_.Allocate(cand))) {
@@ -190,7 +190,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
   // (the start of the input, or a run resumed after its predictor ran).
   has_carry_nll_ = false;
   // (A run that stopped on an error mid-chunk leaves nothing to apply.)
-  std::fill(pending_.begin(), pending_.end(), PendingKeep());
+  std::fill(pending_memory_.begin(), pending_memory_.end(), -1);
   Stopwatch total;
   for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
@@ -406,6 +406,12 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   in.final_step = final_step;
   in.positions = cand_pos_.data();
   in.positions_stride = cand_capacity_;
+  // SnapKV's votes, [num_kv_heads][cand_capacity_] from `votes` on: a
+  // separate small pass over the chunk's last w queries only.
+  auto window_votes = [&](float* votes) {
+    const int64_t w = std::min<int64_t>(plan_.config.window, n);
+    return backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view, votes, cand_capacity_);
+  };
   auto select = [&]() -> absl::Status {
     if (question) {
       SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step));
@@ -442,10 +448,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       in.votes_stride = cand_capacity_;
       telemetry_.score_seconds += watch.Seconds();
     } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
-      // Votes from a separate small pass over the last w queries only.
-      const int64_t w = std::min<int64_t>(plan_.config.window, n);
-      SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
-                                                      votes_.data(), cand_capacity_));
+      SNAPFILL_RETURN_IF_ERROR(window_votes(votes_.data()));
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;
     }
@@ -471,9 +474,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       return absl::InternalError(
           absl::StrCat("layer ", layer, " keeps ", op.count(), " entries, memory holds ", prefill_capacity_));
     }
-    const int64_t w = std::min<int64_t>(plan_.config.window, n);
-    SNAPFILL_RETURN_IF_ERROR(backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view,
-                                                    sel_votes_->f32(), cand_capacity_));
+    SNAPFILL_RETURN_IF_ERROR(window_votes(sel_votes_->f32()));
     op.votes = sel_votes_->f32();
     op.votes_stride = cand_capacity_;
     op.keep = keep_rows;
@@ -515,7 +516,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   int64_t& length = local ? telemetry_.window_attention_length : telemetry_.attention_length;
   length = std::max(length, num);
   if (in_backend) {
-    pending_[layer] = {m, kept};
+    pending_memory_[layer] = m;
     ++telemetry_.backend_selections;
     return absl::OkStatus();
   }
@@ -607,7 +608,7 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
   // kept indices come to the host in one copy (one wait for a device).
   int64_t first = -1, last = -1;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (pending_[l].num_memory < 0) continue;
+    if (pending_memory_[l] < 0) continue;
     if (first < 0) first = global_index_[l];
     last = global_index_[l];
   }
@@ -625,31 +626,31 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
   }
   const int64_t start = plan_.steps[step_].start_token;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const PendingKeep p = pending_[l];
-    if (p.num_memory < 0) continue;
-    pending_[l] = PendingKeep();
+    const int64_t m = pending_memory_[l], kept = memory_->size(l);
+    if (m < 0) continue;
+    pending_memory_[l] = -1;
     const int32_t* layer_rows = rows + (global_index_[l] - first) * layer_words;
     double retained = 0;
     std::vector<int64_t>& origin = telemetry_.origin[l];
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       const int32_t* keep = layer_rows + h * keep_stride_;
-      if (keep[p.kept] >= 0) {
+      if (keep[kept] >= 0) {
         return absl::InternalError(absl::StrCat("SnapKV: the vote of layer ", l, ", KV head ", h, ", candidate ",
-                                                keep[p.kept], " is not finite"));
+                                                keep[kept], " is not finite"));
       }
       // The kept entries' positions, in place: candidate j < m is memory
       // entry j, later ones the chunk's; ascending indices never read an
       // entry this loop has written.
       int32_t* pos = memory_->pos(l, h);
       int64_t from_memory = 0;
-      for (int64_t t = 0; t < p.kept; ++t) {
+      for (int64_t t = 0; t < kept; ++t) {
         const int32_t j = keep[t];
-        const bool old = j < p.num_memory;
+        const bool old = j < m;
         from_memory += old;
-        pos[t] = old ? pos[j] : static_cast<int32_t>(start + (j - p.num_memory));
+        pos[t] = old ? pos[j] : static_cast<int32_t>(start + (j - m));
         origin[ChunkOf(pos[t])]++;
       }
-      retained += p.kept > 0 ? static_cast<double>(from_memory) / p.kept : 0.0;
+      retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
     }
     telemetry_.retention[l] = retained / c.num_kv_heads;
   }

@@ -74,7 +74,7 @@ class PrefillEngineImpl final : public PrefillEngine {
   // Layer's rows of sel_keep_ ([num_kv_heads][keep_stride_]).
   int32_t* KeepRows(int64_t layer) const;
   // The chunk's end for the layers whose selection was a backend op
-  // (pending_): their kept indices to the host in one copy, the memory's
+  // (pending_memory_): their kept indices to the host in one copy, the memory's
   // positions, the retention and the origin from them; Internal for a
   // vote that was not finite.
   absl::Status ApplyBackendSelections();
@@ -128,16 +128,13 @@ class PrefillEngineImpl final : public PrefillEngine {
   // window's votes [num_kv_heads, cand_capacity] and every global layer's
   // kept indices [global layers][num_kv_heads][keep_stride_] (each row
   // followed by SelectHeads' status word), backend buffers; the latter's
-  // copy on the host where it cannot read them in place; and per layer,
-  // what its chunk-end bookkeeping needs (num_memory < 0: nothing pending).
+  // copy on the host where it cannot read them in place; and per layer
+  // whose positions wait for the chunk's end, its memory's size before the
+  // step (its candidates [0, m) are that memory; -1: nothing pending).
   std::unique_ptr<BackendBuffer> sel_votes_, sel_keep_;
   int64_t keep_stride_ = 0;
   std::vector<int32_t> host_keep_;
-  struct PendingKeep {
-    int64_t num_memory = -1;  // the layer's memory before the step (candidates [0, m))
-    int64_t kept = 0;
-  };
-  std::vector<PendingKeep> pending_;
+  std::vector<int64_t> pending_memory_;
   std::vector<Backend::RowGather> gathers_;  // the backend's copies of a step, reused
   // Recall: the store, each head's evicted candidates of a step, and what
   // scores the store at the last step.
