@@ -1,7 +1,8 @@
 // SnapKV selection cost on the CPU (src/compress): pooling + top-k + merge
 // per KV head over memory + chunk candidates, with random votes. The window
 // votes themselves are BM_WindowScores_Cpu in bm_ops_cpu.cc. No reference:
-// correctness is tests/compress/snapkv_reference_test.cc.
+// correctness is tests/compress/snapkv_reference_test.cc (the pruner) and
+// tests/backend/cpu_backend_ops_test.cc (the backend op).
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -49,6 +50,37 @@ void BM_SnapKvSelect_Cpu(benchmark::State& state) {
 }
 // kv_heads 3: SmolLM2-135M; 8: Llama-3-8B.
 BENCHMARK(BM_SnapKvSelect_Cpu)
+    ->ArgNames({"memory", "chunk", "kv_heads"})
+    ->ArgsProduct({{1024, 4096, 8192}, {512, 2048}, {3, 8}});
+
+// The same selection as the engine runs it now, one backend op for every
+// head (Backend::SelectHeads: no SelectionInput, no keep vectors).
+void BM_SelectHeads_Cpu(benchmark::State& state) {
+  const int64_t memory = state.range(0), chunk = state.range(1), kv_heads = state.range(2);
+  const int64_t n = memory + chunk, window = 32;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  std::vector<float> votes(kv_heads * n);
+  for (float& v : votes) v = unif(rng);
+  auto backend = CreateBackend(Device::kCpu);
+  if (!backend.ok()) {
+    state.SkipWithError(backend.status().ToString().c_str());
+    return;
+  }
+  Backend::HeadSelection op{.votes = votes.data(), .votes_stride = n, .num_heads = kv_heads, .num_candidates = n,
+                            .window_begin = n - window, .pick = memory - window, .pool_kernel = 7};
+  op.keep_stride = op.count() + 1;
+  std::vector<int32_t> keep(kv_heads * op.keep_stride);
+  op.keep = keep.data();
+  for (int i = 0; i < 10; ++i) (void)(*backend)->SelectHeads(op);  // warm-up
+  for (auto _ : state) {
+    absl::Status s = (*backend)->SelectHeads(op);
+    benchmark::DoNotOptimize(s);
+    benchmark::DoNotOptimize(keep.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n * kv_heads);
+}
+BENCHMARK(BM_SelectHeads_Cpu)
     ->ArgNames({"memory", "chunk", "kv_heads"})
     ->ArgsProduct({{1024, 4096, 8192}, {512, 2048}, {3, 8}});
 

@@ -108,7 +108,10 @@ absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) 
     // R's, shifted to the candidates' after.
     int32_t* top = out + s.rest_begin;
     if (s.pick > 0) {
-      std::vector<float> pooled(num_rest);
+      // (Each thread's pooled votes kept from call to call, as the
+      // pruner's per-head scratch is.)
+      thread_local std::vector<float> pooled;
+      pooled.resize(num_rest);
       if (s.pool_kernel <= 1) {
         std::copy(rest, rest + num_rest, pooled.begin());
       } else if (s.pool == Backend::PoolOp::kAvg) {
