@@ -469,18 +469,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       k.resize(keep);
       std::iota(k.begin(), k.end(), static_cast<int32_t>(num - keep));
     }
-  } else if (in_backend) {
-    if (op.count() > prefill_capacity_) {
-      return absl::InternalError(
-          absl::StrCat("layer ", layer, " keeps ", op.count(), " entries, memory holds ", prefill_capacity_));
-    }
-    SNAPFILL_RETURN_IF_ERROR(window_votes(sel_votes_->f32()));
-    op.votes = sel_votes_->f32();
-    op.votes_stride = cand_capacity_;
-    op.keep = keep_rows;
-    op.keep_stride = keep_stride_;
-    SNAPFILL_RETURN_IF_ERROR(backend_->SelectHeads(op));
-  } else {
+  } else if (!in_backend) {
     SNAPFILL_RETURN_IF_ERROR(select());
   }
   const int64_t kept = in_backend ? op.count() : static_cast<int64_t>(keep_[0].size());
@@ -488,8 +477,15 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     return absl::InternalError(absl::StrCat("layer ", layer, " keeps ", kept, " entries, memory holds ",
                                             local ? window_capacity_ : prefill_capacity_));
   }
-  for (int64_t h = 0; h < c.num_kv_heads && !in_backend; ++h) {
-    SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
+  if (in_backend) {  // (its rows hold prefill_capacity_ indices, checked above)
+    SNAPFILL_RETURN_IF_ERROR(window_votes(sel_votes_->f32()));
+    op.votes = sel_votes_->f32();
+    op.votes_stride = cand_capacity_;
+    op.keep = keep_rows;
+    op.keep_stride = keep_stride_;
+    SNAPFILL_RETURN_IF_ERROR(backend_->SelectHeads(op));
+  } else {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) SNAPFILL_CHECK(static_cast<int64_t>(keep_[h].size()) == kept);
   }
   // The kept entries into the memory, through the backend as in step 1
   // (the candidates are a separate buffer).
@@ -520,19 +516,9 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     ++telemetry_.backend_selections;
     return absl::OkStatus();
   }
-  double retained = 0;
-  std::vector<int64_t>& origin = telemetry_.origin[layer];
-  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-    const int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    int64_t from_memory = 0;
-    for (int64_t j = 0; j < kept; ++j) {
-      const int32_t idx = keep_[h][j];
-      from_memory += idx < m;
-      origin[ChunkOf(pp[idx])]++;
-    }
-    retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
-  }
-  telemetry_.retention[layer] = retained / c.num_kv_heads;
+  kept_rows_.resize(c.num_kv_heads);
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) kept_rows_[h] = keep_[h].data();
+  CountKept(layer, m, kept_rows_.data());
 
   // 5. The recall tier: what this step evicted goes to the store, and at
   //    the last step the question brings back what it attends to most.
@@ -629,11 +615,10 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
     const int64_t m = pending_memory_[l], kept = memory_->size(l);
     if (m < 0) continue;
     pending_memory_[l] = -1;
-    const int32_t* layer_rows = rows + (global_index_[l] - first) * layer_words;
-    double retained = 0;
-    std::vector<int64_t>& origin = telemetry_.origin[l];
+    kept_rows_.resize(c.num_kv_heads);
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      const int32_t* keep = layer_rows + h * keep_stride_;
+      const int32_t* keep = rows + (global_index_[l] - first) * layer_words + h * keep_stride_;
+      kept_rows_[h] = keep;
       if (keep[kept] >= 0) {
         return absl::InternalError(absl::StrCat("SnapKV: the vote of layer ", l, ", KV head ", h, ", candidate ",
                                                 keep[kept], " is not finite"));
@@ -642,19 +627,30 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
       // entry j, later ones the chunk's; ascending indices never read an
       // entry this loop has written.
       int32_t* pos = memory_->pos(l, h);
-      int64_t from_memory = 0;
       for (int64_t t = 0; t < kept; ++t) {
         const int32_t j = keep[t];
-        const bool old = j < m;
-        from_memory += old;
-        pos[t] = old ? pos[j] : static_cast<int32_t>(start + (j - m));
-        origin[ChunkOf(pos[t])]++;
+        pos[t] = j < m ? pos[j] : static_cast<int32_t>(start + (j - m));
       }
-      retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
     }
-    telemetry_.retention[l] = retained / c.num_kv_heads;
+    CountKept(l, m, kept_rows_.data());
   }
   return absl::OkStatus();
+}
+
+void PrefillEngineImpl::CountKept(int64_t layer, int64_t m, const int32_t* const* keep) {
+  const int64_t kept = memory_->size(layer);
+  double retained = 0;
+  std::vector<int64_t>& origin = telemetry_.origin[layer];
+  for (int64_t h = 0; h < model_.config().num_kv_heads; ++h) {
+    const int32_t* pos = memory_->pos(layer, h);
+    int64_t from_memory = 0;
+    for (int64_t t = 0; t < kept; ++t) {
+      from_memory += keep[h][t] < m;
+      origin[ChunkOf(pos[t])]++;
+    }
+    retained += kept > 0 ? static_cast<double>(from_memory) / kept : 0.0;
+  }
+  telemetry_.retention[layer] = retained / model_.config().num_kv_heads;
 }
 
 absl::Status PrefillEngineImpl::Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q,

@@ -78,6 +78,10 @@ class PrefillEngineImpl final : public PrefillEngine {
   // positions, the retention and the origin from them; Internal for a
   // vote that was not finite.
   absl::Status ApplyBackendSelections();
+  // Layer's retention and origin telemetry, once its memory holds the kept
+  // entries (their positions too): keep[h] is KV head h's kept candidate
+  // indices, ascending; candidates [0, m) were the memory.
+  void CountKept(int64_t layer, int64_t m, const int32_t* const* keep);
   // Fills telemetry_'s scores from the chunk just run (score_tokens).
   // The step's chunk and the token past it are in batch_ after the
   // question's rows; `total` is the input's length.
@@ -135,6 +139,7 @@ class PrefillEngineImpl final : public PrefillEngine {
   int64_t keep_stride_ = 0;
   std::vector<int32_t> host_keep_;
   std::vector<int64_t> pending_memory_;
+  std::vector<const int32_t*> kept_rows_;    // CountKept's rows, per KV head
   std::vector<Backend::RowGather> gathers_;  // the backend's copies of a step, reused
   // Recall: the store, each head's evicted candidates of a step, and what
   // scores the store at the last step.
