@@ -249,7 +249,9 @@ TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
 }
 
 // A question guides every chunk unless --query_aware=false: the plan says
-// so and counts its rows; telemetry records them; bad settings name the flag.
+// so and counts its rows; telemetry records them (and, without the
+// question's rows, the layers whose selection was a backend op); bad
+// settings name the flag.
 TEST_F(CliTest, AQuestionGuidesTheCompression) {
   const std::string base = "run --model " + tiny_ + " --input " + text_ +
                            " --memory 64 --chunk 128 --window 8 -n 2 --progress=false ";
@@ -265,6 +267,13 @@ TEST_F(CliTest, AQuestionGuidesTheCompression) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const std::string records = testing::ReadAll(telemetry);
   EXPECT_NE(records.find("\"query_rows\":"), std::string::npos) << records;
+  // (A question's selection runs on the host; without one, SnapKV's is one
+  // backend op per layer, and telemetry counts the layers.)
+  EXPECT_EQ(records.find("\"backend_selections\":"), std::string::npos) << records;
+  const std::string unguided = dir_ + "/unguided.jsonl";
+  r = Run(base + "--question 'what is it' --query_aware=false --telemetry " + unguided);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(testing::ReadAll(unguided).find("\"backend_selections\":"), std::string::npos);
   EXPECT_FAILS_WITH(Run(base + "--question why --query_share 1.5"), 2, "--query_share=1.5");
   EXPECT_FAILS_WITH(Run(base + "--question why --select sentence"), 2, "--select=sentence");
   EXPECT_FAILS_WITH(Run(base + "--question why --span 0"), 2, "--span=0");
