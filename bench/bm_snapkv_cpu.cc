@@ -14,13 +14,19 @@
 namespace snapfill {
 namespace {
 
+// Uniform votes in [0, 1), the same for every benchmark.
+std::vector<float> RandomVotes(int64_t count) {
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
+  std::vector<float> votes(count);
+  for (float& v : votes) v = unif(rng);
+  return votes;
+}
+
 void BM_SnapKvSelect_Cpu(benchmark::State& state) {
   const int64_t memory = state.range(0), chunk = state.range(1), kv_heads = state.range(2);
   const int64_t n = memory + chunk;
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  std::vector<float> votes(kv_heads * n);
-  for (float& v : votes) v = unif(rng);
+  const std::vector<float> votes = RandomVotes(kv_heads * n);
   auto backend = CreateBackend(Device::kCpu);
   if (!backend.ok()) {
     state.SkipWithError(backend.status().ToString().c_str());
@@ -58,10 +64,7 @@ BENCHMARK(BM_SnapKvSelect_Cpu)
 void BM_SelectHeads_Cpu(benchmark::State& state) {
   const int64_t memory = state.range(0), chunk = state.range(1), kv_heads = state.range(2);
   const int64_t n = memory + chunk, window = 32;
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  std::vector<float> votes(kv_heads * n);
-  for (float& v : votes) v = unif(rng);
+  const std::vector<float> votes = RandomVotes(kv_heads * n);
   auto backend = CreateBackend(Device::kCpu);
   if (!backend.ok()) {
     state.SkipWithError(backend.status().ToString().c_str());
