@@ -349,8 +349,9 @@ TEST(CudaBackend, SelectionMatchesTheTwins) {
 // block per head) keeps the twin's indices exactly: the same f32 pooling,
 // ties to the lower index, -0 with +0; from one candidate to the 7B
 // shape's 32 heads over 2,048; a non-finite vote named, its row [0, count).
-// Host operands take the host's selection, the same indices.
-TEST(CudaBackend, SelectHeadsMatchesTheTwin) {
+// Host operands take the host's selection, the same indices. (Named
+// Selection* so that tools/gpu_check.sh's memcheck and racecheck run it.)
+TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
   CUDA_BACKEND_OR_SKIP(b, false);
   struct Shape {
     int64_t heads, n, sinks, window;
