@@ -112,14 +112,9 @@ absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) 
       // pruner's per-head scratch is.)
       thread_local std::vector<float> pooled;
       pooled.resize(num_rest);
-      if (s.pool_kernel <= 1) {
-        std::copy(rest, rest + num_rest, pooled.begin());
-      } else if (s.pool == Backend::PoolOp::kAvg) {
-        cpu::AvgPool1d(rest, pooled.data(), num_rest, s.pool_kernel);
-      } else {
-        cpu::MaxPool1d(rest, pooled.data(), num_rest, s.pool_kernel);
-      }
-      cpu::TopKIndices(pooled.data(), num_rest, s.pick, top);
+      // (Their checks cannot fail here: CheckHeadSelection made them.)
+      SNAPFILL_CHECK(HostPool1d(rest, pooled.data(), num_rest, s.pool_kernel, s.pool).ok());
+      SNAPFILL_CHECK(HostTopK(pooled.data(), num_rest, s.pick, top).ok());
     }
     std::iota(out, out + s.rest_begin, 0);
     for (int64_t t = 0; t < s.pick; ++t) top[t] += static_cast<int32_t>(s.rest_begin);

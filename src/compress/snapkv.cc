@@ -61,17 +61,14 @@ class SnapKvPruner final : public Pruner {
     if (config_.kind != PrunerKind::kSnapKv || in.query_votes != nullptr || in.num_kv_heads <= 0) return false;
     const int64_t n = in.num_candidates;
     const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
-    if (window < 0 || in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;
+    if (in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;
     const absl::StatusOr<int64_t> num_sinks = CountSinks(in, config_.sink_tokens);
     if (!num_sinks.ok() || n - *num_sinks <= in.budget) return false;
-    // Positions ascend in every head, so its sinks are its first
-    // candidates, all before the window (n - sinks > budget >= window): R
-    // is [sinks, window) and the window's entries all count against the
-    // budget.
+    // Positions ascend in every head (the candidate order, pruner.h), so
+    // its sinks are its first candidates, all before the window (n - sinks
+    // > budget >= window): R is [sinks, window) and the window's entries
+    // all count against the budget.
     const int64_t window_begin = n - window;
-    for (int64_t h = 0; h < in.num_kv_heads && *num_sinks > 0; ++h) {
-      if (!IsSink(in, config_.sink_tokens, h, *num_sinks - 1)) return false;
-    }
     op->num_heads = in.num_kv_heads;
     op->num_candidates = n;
     op->rest_begin = *num_sinks;

@@ -36,11 +36,12 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 // Whether the engine makes SnapKV's selection a backend op where it can
 // (PrefillConfig::select_in_backend, the SnapKV pruner, no question's
 // rows): it then holds the window's votes and each global layer's kept
-// indices in backend buffers, this many words of the latter per layer and
-// KV head (the most a layer keeps, and the op's status word).
+// indices in backend buffers.
 inline bool SelectsInBackend(const PrefillConfig& c, int64_t query_rows) {
   return c.select_in_backend && c.pruner.kind == PrunerKind::kSnapKv && query_rows == 0;
 }
+// Words of those kept indices per global layer and KV head: the most a
+// layer keeps, and the op's status word.
 inline int64_t KeepStride(int64_t memory_capacity) { return memory_capacity + 1; }
 // Positions whose logits score_tokens makes at once: about 16 MiB of
 // logits (64 rows for a 49K vocabulary), at most the largest chunk.
