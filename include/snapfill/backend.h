@@ -536,15 +536,24 @@ class Backend {
   enum class PoolOp { kAvg, kMax };
   virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
   virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;
+  // The k entries of scores[0, n) taken as spans around the highest, in
+  // ascending position order: walking TopK's ranking, each entry not yet
+  // taken is taken with every untaken entry within span/2 of it, nearest
+  // first (the lower side first), until k are (a question's facts and
+  // stored scores are several tokens, DESIGN.md §7); span 1 is TopK.
+  // Twin: ref::TopSpanIndices. The base class runs on the host;
+  // InvalidArgument unless 0 <= k <= n and span >= 1.
+  virtual absl::Status TopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions);
   // SnapKV's selection for every KV head of a layer in one op, its votes
   // and its result in backend memory: a device picks what a layer keeps
   // without the votes coming to the host, and the kept rows are gathered by
   // indices that stay there (DESIGN.md §14). For head h < num_heads, with
   // R = candidates [rest_begin, window_begin) and pooled = Pool1d over
   // votes[h][R] alone (pool_kernel, pool), keep[h] is, ascending, [0,
-  // rest_begin) (the sinks), the `pick` entries of R with the highest
-  // pooled vote (higher, then lower index) and [window_begin,
-  // num_candidates) (the window): count() indices. One more word follows
+  // rest_begin) (the sinks), the `pick` entries of R taken by TopSpans
+  // over the pooled votes (`span`; with 1, the highest pooled votes,
+  // higher, then lower index) and [window_begin, num_candidates) (the
+  // window): count() indices. One more word follows
   // them: -1, or the first candidate of R whose vote is not finite (every
   // vote of R is checked, whatever `pick`); the row
   // is then [0, count()), so that a gather by it stays in bounds, and the
@@ -561,6 +570,7 @@ class Backend {
     int64_t pick = 0;         // at most window_begin - rest_begin
     int64_t pool_kernel = 1;  // odd; 1 pools nothing
     PoolOp pool = PoolOp::kAvg;
+    int64_t span = 1;         // >= 1
     int32_t* keep = nullptr;  // [num_heads][keep_stride], keep_stride > count()
     int64_t keep_stride = 0;
     int64_t count() const { return rest_begin + pick + (num_candidates - window_begin); }

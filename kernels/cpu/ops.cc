@@ -22,6 +22,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -258,6 +259,73 @@ void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel) {
 void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions) {
   SNAPFILL_CPU_DISPATCH(TopKIndices, scores, n, k, out_sorted_positions);
 }
+namespace {
+
+// Scores as unsigned keys in the same order, -0 with +0; none is 0, the
+// mark of a taken entry (kernels/cuda's OrderedKey).
+inline uint32_t OrderedKey(float v) {
+  uint32_t u = 0;
+  if (v != 0.0f) std::memcpy(&u, &v, sizeof(u));
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+
+}  // namespace
+
+void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions) {
+  k = std::min(k, n);
+  if (k <= 0) return;
+  if (span <= 1 || k == n) {
+    TopKIndices(scores, n, k, out_sorted_positions);
+    return;
+  }
+  // Walking the ranking and skipping what is taken is taking, again and
+  // again, the largest score not taken (the lowest position among
+  // equals): each tile's largest key is kept, the best tile's first entry
+  // with it is the peak, and only the tiles a span touched are searched
+  // again. No sort; the same tiles as the CUDA kernel (at most
+  // kSpanTiles of a multiple of 32 entries), whose walk this is.
+  constexpr int64_t kSpanTiles = 2048;
+  std::vector<uint32_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = OrderedKey(scores[i]);
+  const int64_t words = (n + 31) / 32;
+  const int64_t tile = 32 * ((words + kSpanTiles - 1) / kSpanTiles);
+  const int64_t tiles = (n + tile - 1) / tile;
+  std::vector<uint32_t> tile_max(tiles);
+  const auto largest = [&](int64_t t) {
+    uint32_t m = 0;
+    for (int64_t i = t * tile, end = std::min(n, (t + 1) * tile); i < end; ++i) m = std::max(m, keys[i]);
+    return m;
+  };
+  for (int64_t t = 0; t < tiles; ++t) tile_max[t] = largest(t);
+  const int64_t half = span / 2;
+  for (int64_t left = k; left > 0;) {
+    int64_t t = 0;
+    for (int64_t u = 1; u < tiles; ++u) {
+      if (tile_max[u] > tile_max[t]) t = u;
+    }
+    int64_t peak = t * tile;
+    while (keys[peak] != tile_max[t]) ++peak;
+    keys[peak] = 0;
+    --left;
+    for (int64_t d = 1; d <= half && left > 0; ++d) {
+      if (peak - d >= 0 && keys[peak - d] != 0) {
+        keys[peak - d] = 0;
+        --left;
+      }
+      if (left > 0 && peak + d < n && keys[peak + d] != 0) {
+        keys[peak + d] = 0;
+        --left;
+      }
+    }
+    const int64_t lo = std::max<int64_t>(0, peak - half), hi = std::min(n - 1, peak + half);
+    for (int64_t u = lo / tile; u <= hi / tile; ++u) tile_max[u] = largest(u);
+  }
+  int64_t o = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (keys[i] == 0) out_sorted_positions[o++] = static_cast<int32_t>(i);
+  }
+}
+
 void Softmax(float* x, int64_t n) { SNAPFILL_CPU_DISPATCH(Softmax, x, n); }
 int64_t Argmax(const float* x, int64_t n) { SNAPFILL_CPU_DISPATCH(Argmax, x, n); }
 

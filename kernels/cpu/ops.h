@@ -200,6 +200,17 @@ void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel);
 // first, equal scores broken by lower position (same rule on every backend).
 void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions);
 
+// The k entries of scores[0..n) taken as spans around the highest: walking
+// the entries in TopKIndices' ranking, each one not yet taken is taken,
+// then every entry within span/2 of it that is not, nearest first (the
+// lower side first at equal distance), until k are taken; their positions
+// ascending to out_sorted_positions[0..min(k, n)). span <= 1 is
+// TopKIndices. Scores must not be NaN. No sort: the largest untaken score
+// is found again for each peak over per-tile maxima, the CUDA kernel's
+// walk (kernels/cuda/ops.h SelectHeads). Scalar, one copy for every level:
+// it is a few passes over a few thousand keys.
+void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions);
+
 // In place softmax over x[0..n): exp(x - max) / Σ, f32 with f32 sum.
 void Softmax(float* x, int64_t n);
 

@@ -434,15 +434,92 @@ __device__ __forceinline__ unsigned BlockCount(unsigned local, unsigned* shared)
   return total;
 }
 
+// The most tiles TakeSpans keeps a maximum of (8 KiB of shared memory).
+constexpr int64_t kSpanTiles = 2048;
+
+// cpu::TopSpanIndices' walk over one head's n keys (OrderedKey, none 0),
+// by the calling block: the taken ones become 0. Walking the ranking and
+// skipping what is taken is taking, again and again, the largest key not
+// taken (the lowest index among equals), so no sort is needed: the keys
+// are cut into at most kSpanTiles tiles of a multiple of 32, each tile's
+// largest key kept in shared memory (tile_max), and one warp repeats
+// (the others wait at the caller's barrier):
+//   the best tile (the largest maximum, the lowest tile among equals), its
+//   lowest entry with that key (the peak), then the peak and its untaken
+//   neighbours within span/2 in the walk's order, up to what is left (a
+//   ballot over the slots peak, -1, +1, -2, +2, ...), then the maxima of
+//   the tiles those touched again.
+// kernels/cpu's TopSpanIndices walks the same tiles one entry at a time.
+__device__ void TakeSpans(uint32_t* keys, int64_t n, int64_t pick, int64_t span, uint32_t* tile_max) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t words = (n + 31) / 32;
+  const int64_t tile = 32 * ((words + kSpanTiles - 1) / kSpanTiles);
+  const int64_t tiles = (n + tile - 1) / tile;
+  // (By a whole warp; every lane gets it.)
+  auto tile_best = [&](int64_t t) {
+    uint32_t m = 0;
+    const int64_t end = (t + 1) * tile < n ? (t + 1) * tile : n;
+    for (int64_t i = t * tile + lane; i < end; i += 32) m = max(m, keys[i]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(kFullMask, m, o));
+    return m;
+  };
+  for (int64_t t = warp; t < tiles; t += warps) {
+    const uint32_t m = tile_best(t);
+    if (lane == 0) tile_max[t] = m;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const int64_t half = span / 2;
+  for (int64_t left = pick; left > 0;) {
+    unsigned long long best = 0;
+    for (int64_t t = lane; t < tiles; t += 32) {
+      const unsigned long long v =
+          (static_cast<unsigned long long>(tile_max[t]) << 32) | (0xffffffffull - static_cast<unsigned long long>(t));
+      best = v > best ? v : best;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(kFullMask, best, o);
+      best = other > best ? other : best;
+    }
+    const uint32_t key = static_cast<uint32_t>(best >> 32);
+    const int64_t t = static_cast<int64_t>(0xffffffffull - (best & 0xffffffffull));
+    int64_t peak = -1;
+    for (int64_t base = t * tile; peak < 0; base += 32) {
+      const int64_t i = base + lane;
+      const unsigned hit = __ballot_sync(kFullMask, i < n && keys[i] == key);
+      if (hit != 0) peak = base + __ffs(hit) - 1;
+    }
+    // Slot s: the peak (0), then peak - (s + 1)/2 (odd s), peak + s/2 (even s).
+    int64_t taken = 0;
+    for (int64_t base = 0; base <= 2 * half && taken < left; base += 32) {
+      const int64_t s = base + lane;
+      const int64_t j = s == 0 ? peak : (s % 2 == 1 ? peak - (s + 1) / 2 : peak + s / 2);
+      const bool open = s <= 2 * half && j >= 0 && j < n && keys[j] != 0;
+      const unsigned ballot = __ballot_sync(kFullMask, open);
+      if (open && taken + __popc(ballot & ((1u << lane) - 1)) < left) keys[j] = 0;
+      taken += __popc(ballot);
+    }
+    left -= taken < left ? taken : left;
+    __syncwarp();
+    const int64_t lo = peak - half > 0 ? peak - half : 0, hi = peak + half < n - 1 ? peak + half : n - 1;
+    for (int64_t u = lo / tile; u <= hi / tile; ++u) {
+      const uint32_t m = tile_best(u);
+      if (lane == 0) tile_max[u] = m;
+    }
+    __syncwarp();
+  }
+}
+
 // One block per KV head (SelectHeads in ops.h). keys: [heads][num_rest].
 __global__ void __launch_bounds__(kSelectThreads)
     SelectHeadsKernel(const float* __restrict__ votes, int64_t votes_stride, int64_t num_candidates, int64_t rest_begin,
-                      int64_t window_begin, int64_t pick, int64_t kernel, bool max_pool,
+                      int64_t window_begin, int64_t pick, int64_t kernel, bool max_pool, int64_t span,
                       uint32_t* __restrict__ keys_all, int32_t* __restrict__ keep, int64_t keep_stride) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ unsigned long long bad;
   __shared__ unsigned counter;
+  __shared__ uint32_t tile_max[kSpanTiles];
   const int64_t h = blockIdx.x;
   const int64_t num_rest = window_begin - rest_begin;
   const int64_t count = rest_begin + pick + (num_candidates - window_begin);
@@ -474,7 +551,22 @@ __global__ void __launch_bounds__(kSelectThreads)
     if (threadIdx.x == 0) out[count] = static_cast<int32_t>(rest_begin + static_cast<int64_t>(bad));
     return;
   }
-  if (pick > 0) {
+  if (pick > 0 && span > 1) {
+    // Spans: the walk marks what it takes (key 0, which no vote has),
+    // written in index order after it.
+    TakeSpans(keys, num_rest, pick, span, tile_max);
+    __syncthreads();
+    int64_t written = 0;
+    for (int64_t base = 0; base < num_rest; base += blockDim.x) {
+      const int64_t i = base + threadIdx.x;
+      const int take = i < num_rest && keys[i] == 0u;
+      int rank = 0, total = 0;
+      Scan(scan).ExclusiveSum(take, rank, total);
+      __syncthreads();
+      if (take) out[rest_begin + written + rank] = static_cast<int32_t>(rest_begin + i);
+      written += total;
+    }
+  } else if (pick > 0) {
     // The pick-th largest key, a bit at a time from the top: the largest
     // t with at least `pick` keys >= t.
     uint32_t kth = 0;
@@ -674,13 +766,13 @@ size_t SelectHeadsScratchBytes(int64_t num_heads, int64_t num_rest) {
 
 cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                         int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                        void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
+                        int64_t span, void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
   if (num_heads <= 0) return cudaSuccess;
-  if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || window_begin - rest_begin > INT32_MAX) {
+  if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || span < 1 || window_begin - rest_begin > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
   SelectHeadsKernel<<<static_cast<unsigned>(num_heads), kSelectThreads, 0, stream>>>(
-      votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool,
+      votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool, span,
       static_cast<uint32_t*>(scratch), keep, keep_stride);
   return cudaGetLastError();
 }

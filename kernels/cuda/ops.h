@@ -125,17 +125,18 @@ cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void*
 // SnapKV's selection for num_heads KV heads at once, one block each
 // (Backend::SelectHeads; twin ref::SelectHeads): R = [rest_begin,
 // window_begin) of each head's votes, pooled over R alone in f32 as the
-// CPU pools; the pick-th largest pooled vote found by a radix select over
-// their order-preserving bits, then every entry above it and the lowest
-// indices equal to it, in index order (a block scan), between the sinks
-// [0, rest_begin) and the window [window_begin, num_candidates); then -1,
-// or the first candidate of R with a non-finite vote (the row then [0,
-// count)). scratch: SelectHeadsScratchBytes(num_heads, window_begin -
-// rest_begin) bytes.
+// CPU pools; with span 1 the pick-th largest pooled vote found by a radix
+// select over their order-preserving bits, then every entry above it and
+// the lowest indices equal to it, in index order (a block scan); with a
+// larger span, the spans' walk (cpu::TopSpanIndices' rule) by one warp
+// over per-tile maxima; between the sinks [0, rest_begin) and the window
+// [window_begin, num_candidates); then -1, or the first candidate of R
+// with a non-finite vote (the row then [0, count)). scratch:
+// SelectHeadsScratchBytes(num_heads, window_begin - rest_begin) bytes.
 size_t SelectHeadsScratchBytes(int64_t num_heads, int64_t num_rest);
 cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                         int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                        void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
+                        int64_t span, void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
 
 // y[i] += x[i] over n values.
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);

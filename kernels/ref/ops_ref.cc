@@ -269,9 +269,35 @@ void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_
   std::copy(idx.begin(), idx.begin() + k, out_sorted_positions);
 }
 
+void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions) {
+  k = std::min(k, n);
+  std::vector<bool> taken(std::max<int64_t>(n, 0), false);
+  const int64_t half = std::max<int64_t>(span, 1) / 2;
+  for (int64_t left = k; left > 0;) {
+    int64_t peak = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!taken[i] && (peak < 0 || scores[i] > scores[peak])) peak = i;
+    }
+    taken[peak] = true;
+    --left;
+    for (int64_t d = 1; d <= half && left > 0; ++d) {
+      for (const int64_t j : {peak - d, peak + d}) {
+        if (left > 0 && j >= 0 && j < n && !taken[j]) {
+          taken[j] = true;
+          --left;
+        }
+      }
+    }
+  }
+  int64_t o = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (taken[i]) out_sorted_positions[o++] = static_cast<int32_t>(i);
+  }
+}
+
 void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                  int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                 int32_t* keep, int64_t keep_stride) {
+                 int64_t span, int32_t* keep, int64_t keep_stride) {
   const int64_t num_rest = window_begin - rest_begin;
   const int64_t count = rest_begin + pick + (num_candidates - window_begin);
   std::vector<float> pooled(num_rest);
@@ -298,7 +324,7 @@ void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, in
       for (int64_t t = max_pool ? lo + 1 : lo; t <= hi; ++t) acc = max_pool ? std::max(acc, rest[t]) : acc + rest[t];
       pooled[i] = max_pool ? acc : acc * inv;
     }
-    TopKIndices(pooled.data(), num_rest, pick, top.data());
+    TopSpanIndices(pooled.data(), num_rest, pick, span, top.data());
     int64_t o = 0;
     for (int64_t j = 0; j < rest_begin; ++j) out[o++] = static_cast<int32_t>(j);
     for (int64_t t = 0; t < pick; ++t) out[o++] = static_cast<int32_t>(rest_begin + top[t]);

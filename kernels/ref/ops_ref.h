@@ -89,18 +89,25 @@ void MaxPool1d(const float* in, float* out, int64_t n, int64_t kernel);
 // first, ties broken by lower position. Full sort. k is clamped to n.
 void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_positions);
 
+// The k entries taken as spans around the highest scores (cpu::TopSpanIndices'
+// rule), ascending: while fewer than k are taken, the highest score not
+// taken (the lower position among equals) and then its untaken neighbours
+// within span/2, nearest first, the lower side first. A search of every
+// entry per peak, no sort. span <= 1 gives TopKIndices' entries.
+void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions);
+
 // SnapKV's selection of one layer, every KV head (Backend::SelectHeads):
 // for head h, R = candidates [rest_begin, window_begin), pooled over R
 // alone (the mean or the largest of each entry's kernel/2 neighbours on
 // either side, the mean's pads counted as zeros, in f32 as kernels/cpu
 // pools; kernel odd); keep[h] =
-// [0, rest_begin), the `pick` of R with the highest pooled vote (higher,
-// then lower index) and [window_begin, num_candidates), ascending, then
-// one word: -1, or the first candidate of R with a non-finite vote (the
-// row then [0, count)).
+// [0, rest_begin), the `pick` of R taken by TopSpanIndices(pooled, span)
+// (with span 1: the highest pooled votes, higher, then lower index) and
+// [window_begin, num_candidates), ascending, then one word: -1, or the
+// first candidate of R with a non-finite vote (the row then [0, count)).
 void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                  int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                 int32_t* keep, int64_t keep_stride);
+                 int64_t span, int32_t* keep, int64_t keep_stride);
 
 // In place softmax over x[0..n), in double.
 void Softmax(float* x, int64_t n);

@@ -66,6 +66,14 @@ absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positi
   return absl::OkStatus();
 }
 
+absl::Status HostTopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions) {
+  if (k < 0 || k > n || span < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("top_spans: k = ", k, " of ", n, ", span ", span));
+  }
+  cpu::TopSpanIndices(scores, n, k, span, positions);
+  return absl::OkStatus();
+}
+
 absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
   if (s.num_heads < 0 || s.rest_begin < 0 || s.window_begin < s.rest_begin || s.num_candidates < s.window_begin ||
       s.pick < 0 || s.pick > s.window_begin - s.rest_begin) {
@@ -76,6 +84,7 @@ absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
   if (s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
     return absl::InvalidArgumentError(absl::StrCat("select_heads: pool kernel ", s.pool_kernel, " is not odd"));
   }
+  if (s.span < 1) return absl::InvalidArgumentError(absl::StrCat("select_heads: span ", s.span, " < 1"));
   if (s.num_heads > 0 && (s.keep == nullptr || s.keep_stride <= s.count() ||
                           (s.window_begin > s.rest_begin && (s.votes == nullptr || s.votes_stride < s.window_begin)))) {
     return absl::InvalidArgumentError(absl::StrCat("select_heads: keep stride ", s.keep_stride, " for ", s.count(),
@@ -114,7 +123,7 @@ absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) 
       pooled.resize(num_rest);
       // (Their checks cannot fail here: CheckHeadSelection made them.)
       SNAPFILL_CHECK(HostPool1d(rest, pooled.data(), num_rest, s.pool_kernel, s.pool).ok());
-      SNAPFILL_CHECK(HostTopK(pooled.data(), num_rest, s.pick, top).ok());
+      SNAPFILL_CHECK(HostTopSpans(pooled.data(), num_rest, s.pick, s.span, top).ok());
     }
     std::iota(out, out + s.rest_begin, 0);
     for (int64_t t = 0; t < s.pick; ++t) top[t] += static_cast<int32_t>(s.rest_begin);

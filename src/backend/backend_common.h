@@ -29,10 +29,11 @@ std::vector<std::pair<std::string, double>> OpTablePairs(const char* const* name
 // queries than keys.
 absl::Status CheckQueries(const char* op, const Queries& q, const KvView& kv, bool causal);
 
-// Backend::Pool1d and Backend::TopK over host memory, with their checks,
-// on the CPU's kernels.
+// Backend::Pool1d, Backend::TopK and Backend::TopSpans over host memory,
+// with their checks, on the CPU's kernels.
 absl::Status HostPool1d(const float* in, float* out, int64_t n, int64_t kernel, Backend::PoolOp op);
 absl::Status HostTopK(const float* scores, int64_t n, int64_t k, int32_t* positions);
+absl::Status HostTopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions);
 
 // Backend::SelectHeads' checks (InvalidArgument naming the size that does
 // not fit), and the selection on the host: each head's votes checked,

@@ -848,6 +848,12 @@ absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
 
 absl::Status Backend::SelectHeads(const HeadSelection& s) { return HostSelectHeads(s, *this); }
 
+absl::Status Backend::TopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions) {
+  // (Single entries are the backend's TopK, which a device runs where it pays.)
+  if (span == 1) return TopK(scores, n, k, positions);
+  return HostTopSpans(scores, n, k, span, positions);
+}
+
 absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewBuffer(uint64_t bytes) {
   auto buffer = std::make_unique<HostBuffer>();
   SNAPFILL_ASSIGN_OR_RETURN(buffer->pages, MapPages(bytes));

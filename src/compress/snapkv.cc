@@ -25,9 +25,8 @@
 // spans of --score_span entries around the highest (single entries at 1).
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <numeric>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -57,25 +56,33 @@ class SnapKvPruner final : public Pruner {
   PrunerKind kind() const override { return config_.kind; }
   bool needs_votes() const override { return true; }
 
+  // The rule is one op (Backend::SelectHeads) where one row of votes per
+  // head picks: the window's, or a question's with the whole share (each
+  // head its own), whose votes the op then reads in their place.
   bool PlanInBackend(const SelectionInput& in, Backend::HeadSelection* op) const override {
-    if (config_.kind != PrunerKind::kSnapKv || in.query_votes != nullptr || in.num_kv_heads <= 0) return false;
+    const bool question = in.query_votes != nullptr;
+    if (config_.kind != PrunerKind::kSnapKv || in.num_kv_heads <= 0) return false;
+    if (question && (config_.query_share < 1.0 || (config_.shared_query_votes && in.num_kv_heads > 1))) return false;
     const int64_t n = in.num_candidates;
     const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
     if (in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;
     const absl::StatusOr<int64_t> num_sinks = CountSinks(in, config_.sink_tokens);
     if (!num_sinks.ok() || n - *num_sinks <= in.budget) return false;
+    // The window's entries kept as they are (Select's w): none under a
+    // question with the whole share, except at the input's last step.
+    const int64_t w = question && !in.final_step ? 0 : window;
     // Positions ascend in every head (the candidate order, pruner.h), so
     // its sinks are its first candidates, all before the window (n - sinks
-    // > budget >= window): R is [sinks, window) and the window's entries
+    // > budget >= window): R is [sinks, n - w) and the window's entries
     // all count against the budget.
-    const int64_t window_begin = n - window;
     op->num_heads = in.num_kv_heads;
     op->num_candidates = n;
     op->rest_begin = *num_sinks;
-    op->window_begin = window_begin;
-    op->pick = in.budget - window;
+    op->window_begin = n - w;
+    op->pick = in.budget - w;
     op->pool_kernel = config_.pool_kernel;
     op->pool = config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax;
+    op->span = question && config_.query_select == Selection::kSpan ? config_.span : 1;
     return true;
   }
 
@@ -150,9 +157,7 @@ class SnapKvPruner final : public Pruner {
     std::vector<float> rest_votes;    // [num_rest] (with sinks)
     std::vector<float> pooled;        // [num_rest]
     std::vector<int32_t> top;         // [k] indices into R, ascending
-    // Question-guided selection only.
-    std::vector<int32_t> order;       // [num_rest] R by pooled question vote, best first
-    std::vector<uint8_t> taken;       // [num_rest]
+    std::vector<uint8_t> taken;       // [num_rest] question-guided selection only
   };
 
   // R's votes from `all` (KV head h's votes over every candidate), in
@@ -182,43 +187,12 @@ class SnapKvPruner final : public Pruner {
                            config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax);
   }
 
-  // Marks `quota` entries of R in sc.taken by sc.pooled (the question's,
-  // or the stored scores): the highest single entries (token), or around
-  // the highest entries not yet taken, every entry within span/2 of it,
-  // nearest first (span).
-  absl::Status PickQuestion(int64_t num_rest, int64_t quota, Selection select, int64_t span, Scratch& sc) const {
-    if (select == Selection::kToken) {
-      sc.top.resize(quota);
-      SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, quota, sc.top.data()));
-      for (int32_t i : sc.top) sc.taken[i] = 1;
-      return absl::OkStatus();
-    }
-    sc.order.resize(num_rest);
-    std::iota(sc.order.begin(), sc.order.end(), 0);
-    const float* pooled = sc.pooled.data();
-    // Higher vote first, then lower index (the ranking TopKIndices uses).
-    std::sort(sc.order.begin(), sc.order.end(), [pooled](int32_t a, int32_t b) {
-      return pooled[a] > pooled[b] || (pooled[a] == pooled[b] && a < b);
-    });
-    const int64_t half = span / 2;
-    int64_t left = quota;
-    for (int64_t r = 0; r < num_rest && left > 0; ++r) {
-      const int64_t peak = sc.order[r];
-      if (sc.taken[peak]) continue;
-      sc.taken[peak] = 1;
-      --left;
-      for (int64_t d = 1; d <= half && left > 0; ++d) {
-        if (peak - d >= 0 && !sc.taken[peak - d]) {
-          sc.taken[peak - d] = 1;
-          --left;
-        }
-        if (left > 0 && peak + d < num_rest && !sc.taken[peak + d]) {
-          sc.taken[peak + d] = 1;
-          --left;
-        }
-      }
-    }
-    return absl::OkStatus();
+  // sc.top = `quota` entries of R by sc.pooled (the question's, or the
+  // stored scores), ascending: the highest single entries (span 1), or
+  // spans around the highest (Backend::TopSpans).
+  absl::Status Pick(int64_t num_rest, int64_t quota, int64_t span, Scratch& sc) const {
+    sc.top.resize(quota);
+    return backend_.TopSpans(sc.pooled.data(), num_rest, quota, span, sc.top.data());
   }
 
   // sc.top = the entries of R marked in sc.taken, ascending (k of them).
@@ -264,23 +238,18 @@ class SnapKvPruner final : public Pruner {
     if (in.query_votes == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
       SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
-      if (KeepsEntryScores(config_.kind) && config_.score_span > 1) {
-        // Stored scores (gate, reconstruct) picked as spans around their
-        // peaks, as a question's are: a kept fact keeps its neighbours.
-        sc.taken.assign(num_rest, 0);
-        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k, Selection::kSpan, config_.score_span, sc));
-        TakenToTop(num_rest, k, sc);
-      } else {
-        sc.top.resize(k);
-        SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k, sc.top.data()));
-      }
+      // Stored scores (gate, reconstruct) picked as spans around their
+      // peaks, as a question's are: a kept fact keeps its neighbours.
+      SNAPFILL_RETURN_IF_ERROR(Pick(num_rest, k, KeepsEntryScores(config_.kind) ? config_.score_span : 1, sc));
     } else {
       sc.taken.assign(num_rest, 0);
       if (k_query > 0) {
         SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
                                   RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
         SNAPFILL_RETURN_IF_ERROR(Pool(query_votes, num_rest, sc));
-        SNAPFILL_RETURN_IF_ERROR(PickQuestion(num_rest, k_query, config_.query_select, config_.span, sc));
+        SNAPFILL_RETURN_IF_ERROR(
+            Pick(num_rest, k_query, config_.query_select == Selection::kSpan ? config_.span : 1, sc));
+        for (int32_t i : sc.top) sc.taken[i] = 1;
       }
       if (k > k_query) {
         // The window's top among what the question left.

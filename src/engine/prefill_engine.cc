@@ -406,6 +406,10 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   in.final_step = final_step;
   in.positions = cand_pos_.data();
   in.positions_stride = cand_capacity_;
+  if (question) {  // (computed in select(), or into sel_votes_ for the backend's op)
+    in.query_votes = query_votes_.data();
+    in.query_votes_stride = cand_capacity_;
+  }
   // SnapKV's votes, [num_kv_heads][cand_capacity_] from `votes` on: a
   // separate small pass over the chunk's last w queries only.
   auto window_votes = [&](float* votes) {
@@ -414,9 +418,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   };
   auto select = [&]() -> absl::Status {
     if (question) {
-      SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step));
-      in.query_votes = query_votes_.data();
-      in.query_votes_stride = cand_capacity_;
+      SNAPFILL_RETURN_IF_ERROR(
+          QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step, query_votes_.data()));
     }
     if (reconstruct) {
       // Context reconstruction (DESIGN.md §9): each chunk entry's largest
@@ -478,7 +481,10 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                                             local ? window_capacity_ : prefill_capacity_));
   }
   if (in_backend) {  // (its rows hold prefill_capacity_ indices, checked above)
-    SNAPFILL_RETURN_IF_ERROR(window_votes(sel_votes_->f32()));
+    // (The question's votes where it asks one: then they pick alone.)
+    SNAPFILL_RETURN_IF_ERROR(
+        question ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step, sel_votes_->f32())
+                 : window_votes(sel_votes_->f32()));
     op.votes = sel_votes_->f32();
     op.votes_stride = cand_capacity_;
     op.keep = keep_rows;
@@ -552,10 +558,10 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
 }
 
 absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
-                                          const KvView& seen, const KvView& view, bool final_step) {
+                                              const KvView& seen, const KvView& view, bool final_step, float* votes) {
   const Queries queries = LlamaQueries(c, q, q_stride, num_q);
   if (config_.pruner.query_votes == QueryVotes::kSum) {
-    return backend_->WindowScores(queries, seen, query_votes_.data(), cand_capacity_);
+    return backend_->WindowScores(queries, seen, votes, cand_capacity_);
   }
   // The largest softmax weight: each query's denominator over what it saw,
   // then every candidate all the queries see. After the chunk that is every
@@ -566,10 +572,10 @@ absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float*
   KvView keys = view;
   if (final_step) keys.num_keys -= num_q;
   SNAPFILL_RETURN_IF_ERROR(
-      backend_->RecallScores(queries, query_lse_.data(), keys, query_votes_.data(), cand_capacity_, /*max_weight=*/true));
+      backend_->RecallScores(queries, query_lse_.data(), keys, votes, cand_capacity_, /*max_weight=*/true));
   if (final_step) {
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      float* row = query_votes_.data() + h * cand_capacity_;
+      float* row = votes + h * cand_capacity_;
       std::fill(row + keys.num_keys, row + view.num_keys, 1.0f);
     }
   }

@@ -61,11 +61,12 @@ class PrefillEngineImpl final : public PrefillEngine {
   // Frees every buffer the chunk loop writes (TakeDecoderCache).
   void ReleaseScratch();
   // The question's votes on a layer's num = view.num_keys candidates into
-  // query_votes_ (PrunerConfig::query_votes): its num_q queries q (rotated),
-  // which saw `seen`. At the last step the queries are the chunk's own last
-  // rows, whose keys are the candidates' last num_q.
-  absl::Status QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
-                             const KvView& seen, const KvView& view, bool final_step);
+  // votes ([num_kv_heads][cand_capacity_]; PrunerConfig::query_votes; the
+  // largest weights on the host only): its num_q queries q (rotated),
+  // which saw `seen`. At the last step the queries are the chunk's own
+  // last rows, whose keys are the candidates' last num_q.
+  absl::Status QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen,
+                             const KvView& view, bool final_step, float* votes);
   // The recall tier at the last step, for `layer` (whose memory holds the
   // step's kept entries): scores the store with the question's num_q
   // queries q (rotated), which saw `seen`, and merges the best into the

@@ -34,11 +34,15 @@ std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
 // Whether the engine makes SnapKV's selection a backend op where it can
-// (PrefillConfig::select_in_backend, the SnapKV pruner, no question's
-// rows): it then holds the window's votes and each global layer's kept
-// indices in backend buffers.
+// (PrefillConfig::select_in_backend, the SnapKV pruner, no recall tier;
+// no question's rows, or a question whose votes pick alone, each head by
+// its own sum of weights, the defaults): it then holds the votes and each
+// global layer's kept indices in backend buffers.
 inline bool SelectsInBackend(const PrefillConfig& c, int64_t query_rows) {
-  return c.select_in_backend && c.pruner.kind == PrunerKind::kSnapKv && query_rows == 0;
+  const PrunerConfig& p = c.pruner;
+  const bool question_op = p.query_share >= 1.0 && p.query_votes == QueryVotes::kSum && !p.shared_query_votes;
+  return c.select_in_backend && p.kind == PrunerKind::kSnapKv && c.recall_budget == 0 &&
+         (query_rows == 0 || question_op);
 }
 // Words of those kept indices per global layer and KV head: the most a
 // layer keeps, and the op's status word.

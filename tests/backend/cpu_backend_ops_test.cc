@@ -59,14 +59,23 @@ TEST(CpuBackendOps, PoolAndTopKMatchTheTwins) {
       ASSERT_TRUE(b.TopK(votes.data(), n, k, got.data()).ok());
       ref::TopKIndices(votes.data(), n, k, want.data());
       EXPECT_EQ(got, want) << n << " " << k;
+      for (int64_t span : {1, 2, 9}) {
+        ASSERT_TRUE(b.TopSpans(votes.data(), n, k, span, got.data()).ok());
+        ref::TopSpanIndices(votes.data(), n, k, span, want.data());
+        EXPECT_EQ(got, want) << n << " " << k << " span " << span;
+      }
     }
+    std::vector<int32_t> top(n);
+    EXPECT_FALSE(b.TopSpans(votes.data(), n, n + 1, 3, top.data()).ok());
+    EXPECT_FALSE(b.TopSpans(votes.data(), n, 1, 0, top.data()).ok());
   }
 }
 
 // SelectHeads (SnapKV's selection of a layer as one op) against its twin
 // on odd shapes: sinks or none, windows of 0 to every candidate, picks of
 // none to all of the rest, ties (broken towards the lower index) and
-// zeros of both signs, both poolings at kernels 1, 3 and 7; the unguarded
+// zeros of both signs, both poolings at kernels 1, 3 and 7, single entries
+// and spans of 3 and 33 (a question's rule); the unguarded
 // CPU backend in place, the guarded one through its buffers, and the test
 // twin backend. The word after each row's status is left alone.
 TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
@@ -91,43 +100,52 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
           const int64_t window_begin = n - window, rest = window_begin - sinks;
           for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 2, rest}) {
             for (const int64_t kernel : {1, 3, 7}) {
-              for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
-                Backend::HeadSelection s{.votes = votes.data(), .votes_stride = stride, .num_heads = heads,
-                                         .num_candidates = n, .rest_begin = sinks, .window_begin = window_begin,
-                                         .pick = pick, .pool_kernel = kernel, .pool = op};
-                s.keep_stride = s.count() + 2;
-                std::vector<int32_t> want(heads * s.keep_stride, -9);
-                ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
-                                 op == Backend::PoolOp::kMax, want.data(), s.keep_stride);
-                const std::string where =
-                    ::testing::PrintToString(std::vector<int64_t>{heads, n, sinks, window, pick, kernel});
-                for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+              for (const int64_t span : {1, 3, 33}) {
+                for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
+                  Backend::HeadSelection s{.votes = votes.data(),
+                                           .votes_stride = stride,
+                                           .num_heads = heads,
+                                           .num_candidates = n,
+                                           .rest_begin = sinks,
+                                           .window_begin = window_begin,
+                                           .pick = pick,
+                                           .pool_kernel = kernel,
+                                           .pool = op,
+                                           .span = span};
+                  s.keep_stride = s.count() + 2;
+                  std::vector<int32_t> want(heads * s.keep_stride, -9);
+                  ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
+                                   op == Backend::PoolOp::kMax, span, want.data(), s.keep_stride);
+                  const std::string where =
+                      ::testing::PrintToString(std::vector<int64_t>{heads, n, sinks, window, pick, kernel, span});
+                  for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+                    std::vector<int32_t> got(want.size(), -9);
+                    s.keep = got.data();
+                    ASSERT_TRUE(b->SelectHeads(s).ok()) << where;
+                    ASSERT_EQ(got, want) << where;
+                  }
+                  // Guarded: votes and result in the backend's buffers.
+                  Backend& g = **guarded;
+                  auto votes_buffer = g.NewBuffer(votes.size() * sizeof(float));
+                  auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
+                  ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
                   std::vector<int32_t> got(want.size(), -9);
-                  s.keep = got.data();
-                  ASSERT_TRUE(b->SelectHeads(s).ok()) << where;
+                  ASSERT_TRUE(g.Upload(votes.data(), (*votes_buffer)->data(), votes.size() * sizeof(float)).ok());
+                  ASSERT_TRUE(g.Upload(got.data(), (*keep_buffer)->data(), got.size() * sizeof(int32_t)).ok());
+                  Backend::HeadSelection in_buffers = s;
+                  in_buffers.votes = (*votes_buffer)->f32();
+                  in_buffers.keep = static_cast<int32_t*>((*keep_buffer)->data());
+                  ASSERT_TRUE(g.SelectHeads(in_buffers).ok()) << where;
+                  ASSERT_TRUE(g.Download((*keep_buffer)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
                   ASSERT_EQ(got, want) << where;
+                  for (int64_t h = 0; h < heads; ++h) {
+                    const int32_t* row = want.data() + h * s.keep_stride;
+                    ASSERT_EQ(row[s.count()], -1) << where;
+                    ASSERT_EQ(row[s.count() + 1], -9) << where;
+                    ASSERT_TRUE(std::is_sorted(row, row + s.count())) << where;
+                  }
+                  ++cases;
                 }
-                // Guarded: votes and result in the backend's buffers.
-                Backend& g = **guarded;
-                auto votes_buffer = g.NewBuffer(votes.size() * sizeof(float));
-                auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
-                ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
-                std::vector<int32_t> got(want.size(), -9);
-                ASSERT_TRUE(g.Upload(votes.data(), (*votes_buffer)->data(), votes.size() * sizeof(float)).ok());
-                ASSERT_TRUE(g.Upload(got.data(), (*keep_buffer)->data(), got.size() * sizeof(int32_t)).ok());
-                Backend::HeadSelection in_buffers = s;
-                in_buffers.votes = (*votes_buffer)->f32();
-                in_buffers.keep = static_cast<int32_t*>((*keep_buffer)->data());
-                ASSERT_TRUE(g.SelectHeads(in_buffers).ok()) << where;
-                ASSERT_TRUE(g.Download((*keep_buffer)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
-                ASSERT_EQ(got, want) << where;
-                for (int64_t h = 0; h < heads; ++h) {
-                  const int32_t* row = want.data() + h * s.keep_stride;
-                  ASSERT_EQ(row[s.count()], -1) << where;
-                  ASSERT_EQ(row[s.count() + 1], -9) << where;
-                  ASSERT_TRUE(std::is_sorted(row, row + s.count())) << where;
-                }
-                ++cases;
               }
             }
           }
@@ -135,19 +153,26 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
       }
     }
   }
-  EXPECT_GT(cases, 500);
+  EXPECT_GT(cases, 1500);
   // Ties and zeros: equal pooled votes keep the lower indices, and -0
   // ranks with +0 (index 1 is kept before index 3).
   const std::vector<float> tied = {0.5f, -0.0f, 0.5f, 0.0f, 0.5f, 0.0f, 1.0f};
   std::vector<int32_t> keep(6, -9);
   Backend::HeadSelection s{.votes = tied.data(), .votes_stride = 7, .num_heads = 1, .num_candidates = 7,
                            .window_begin = 6, .pick = 4, .keep_stride = 6};
-  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, keep.data(), 6);
+  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, 1, keep.data(), 6);
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
   std::fill(keep.begin(), keep.end(), -9);
   s.keep = keep.data();
   ASSERT_TRUE(testing::SharedCpuBackend().SelectHeads(s).ok());
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
+  // Spans of 3 over the same votes: the first 0.5 (index 0) takes 1 with
+  // it; the next peak, index 2, takes 3 (its lower side is taken), which
+  // makes four: the 0.5 at index 4 goes.
+  std::fill(keep.begin(), keep.end(), -9);
+  s.span = 3;
+  ASSERT_TRUE(testing::SharedCpuBackend().SelectHeads(s).ok());
+  EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 3, 6, -1}));
 }
 
 // A vote that is not finite: the row is [0, count) (a gather by it stays

@@ -347,8 +347,10 @@ TEST(CudaBackend, SelectionMatchesTheTwins) {
 
 // SelectHeads on the device (votes and kept indices in its buffers, one
 // block per head) keeps the twin's indices exactly: the same f32 pooling,
-// ties to the lower index, -0 with +0; from one candidate to the 7B
-// shape's 32 heads over 2,048; a non-finite vote named, its row [0, count).
+// ties to the lower index, -0 with +0, single entries and a question's
+// spans of 32 (the warp's walk over tile maxima); from one candidate to
+// the 7B shape's 32 heads over 2,048; a non-finite vote named, its row
+// [0, count).
 // Host operands take the host's selection, the same indices. (Named
 // Selection* so that tools/gpu_check.sh's memcheck and racecheck run it.)
 TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
@@ -372,35 +374,47 @@ TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
     for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 3, rest}) {
       for (const int64_t kernel : {1, 7}) {
         for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
-          SCOPED_TRACE(::testing::Message() << sh.heads << " heads, " << sh.n << " candidates, pick " << pick
-                                            << ", kernel " << kernel << (op == Backend::PoolOp::kMax ? " max" : ""));
-          Backend::HeadSelection s{.votes_stride = stride, .num_heads = sh.heads, .num_candidates = sh.n,
-                                   .rest_begin = sh.sinks, .window_begin = window_begin, .pick = pick,
-                                   .pool_kernel = kernel, .pool = op};
-          s.keep_stride = s.count() + 2;
-          std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
-          ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
-                           op == Backend::PoolOp::kMax, want.data(), s.keep_stride);
-          auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
-          SNAPFILL_ASSERT_OK(keep_d);
-          SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
-          Backend::HeadSelection on_device = s;
-          on_device.votes = (*votes_d)->f32();
-          on_device.keep = static_cast<int32_t*>((*keep_d)->data());
-          SNAPFILL_ASSERT_OK(b->SelectHeads(on_device));
-          SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
-          ASSERT_EQ(got, want);
-          Backend::HeadSelection on_host = s;
-          on_host.votes = votes.data();
-          on_host.keep = host.data();
-          SNAPFILL_ASSERT_OK(b->SelectHeads(on_host));
-          ASSERT_EQ(host, want);
-          ++cases;
+          for (const int64_t span : {1, 32}) {
+            // (A question's spans at 70,000 candidates, whose tiles hold 64
+            // keys, once per pick: the twin searches every entry per peak.)
+            if (span > 1 && sh.n > 10000 && (kernel != 7 || op != Backend::PoolOp::kAvg)) continue;
+            SCOPED_TRACE(::testing::Message()
+                         << sh.heads << " heads, " << sh.n << " candidates, pick " << pick << ", kernel " << kernel
+                         << (op == Backend::PoolOp::kMax ? " max" : "") << ", span " << span);
+            Backend::HeadSelection s{.votes_stride = stride,
+                                     .num_heads = sh.heads,
+                                     .num_candidates = sh.n,
+                                     .rest_begin = sh.sinks,
+                                     .window_begin = window_begin,
+                                     .pick = pick,
+                                     .pool_kernel = kernel,
+                                     .pool = op,
+                                     .span = span};
+            s.keep_stride = s.count() + 2;
+            std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
+            ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
+                             op == Backend::PoolOp::kMax, span, want.data(), s.keep_stride);
+            auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
+            SNAPFILL_ASSERT_OK(keep_d);
+            SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
+            Backend::HeadSelection on_device = s;
+            on_device.votes = (*votes_d)->f32();
+            on_device.keep = static_cast<int32_t*>((*keep_d)->data());
+            SNAPFILL_ASSERT_OK(b->SelectHeads(on_device));
+            SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
+            ASSERT_EQ(got, want);
+            Backend::HeadSelection on_host = s;
+            on_host.votes = votes.data();
+            on_host.keep = host.data();
+            SNAPFILL_ASSERT_OK(b->SelectHeads(on_host));
+            ASSERT_EQ(host, want);
+            ++cases;
+          }
         }
       }
     }
   }
-  EXPECT_EQ(cases, 6 * 4 * 2 * 2);
+  EXPECT_EQ(cases, 6 * 4 * 2 * 2 + 5 * 4 * 2 * 2 + 4);
   // A non-finite vote in head 1 (and a later one): named, the row [0, count).
   std::vector<float> votes = Normal(2 * 50, 3);
   for (float& x : votes) x = std::fabs(x);
@@ -1069,8 +1083,9 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
 // eviction and 8 decoded tokens, for each architecture's extra ops (Qwen's
 // biases, Gemma's embedding scale and sliding-window layers), the recall
 // tier (its store reads the candidates through copies), the gate, and the
-// window's votes alone (the selection on the device, its kept indices
-// there: the host's selection's indices, to the bit).
+// window's votes alone. The question's runs (spans of 32) and the window's
+// select on the device, their kept indices there: the host's selection's
+// indices, to the bit.
 TEST(CudaBackend, DeviceBuffersComputeWhatHostBuffersDo) {
   struct Case {
     const char* architecture;

@@ -323,14 +323,16 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
 
 // PlanInBackend: where SnapKV's rule is one Backend::SelectHeads, that op
 // keeps exactly what Select keeps (random inputs with many ties, sinks,
-// both poolings, memories and chunks of every size); and it declines what
-// is not one: nothing to evict, a question's votes, the stored-score
-// pruners, streaming and full.
+// both poolings, memories and chunks of every size; the window's votes,
+// or a question's alone as single tokens or spans, at the last step or
+// before it); and it declines what is not one: nothing to evict, a
+// question sharing its votes over the heads or leaving the window a share,
+// the stored-score pruners, streaming and full.
 TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  int planned = 0;
-  for (int trial = 0; trial < 200; ++trial) {
+  int planned = 0, asked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
     const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
     const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
     const int64_t n = m + c, budget = window + trial % 13;
@@ -340,9 +342,20 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t j = 0; j < n; ++j) positions[h * (n + 1) + j] = static_cast<int32_t>(j * 2);
     }
-    const SelectionInput in = Heads(heads, n, m, budget, votes, n + 3, positions, n + 1);
-    auto pruner =
-        MakePruner(SnapKv(window, 1 + 2 * (trial % 4), trial % 5 == 0 ? Pooling::kMax : Pooling::kAvg, sinks));
+    SelectionInput in = Heads(heads, n, m, budget, votes, n + 3, positions, n + 1);
+    PrunerConfig config = SnapKv(window, 1 + 2 * (trial % 4), trial % 5 == 0 ? Pooling::kMax : Pooling::kAvg, sinks);
+    // Two trials of three: a question's votes (the same values) pick
+    // alone, spans of 3 or 8, or single tokens; at the last step or not.
+    const bool question = trial % 3 != 0;
+    if (question) {
+      config.query_select = trial % 4 == 1 ? Selection::kToken : Selection::kSpan;
+      config.span = trial % 2 == 0 ? 3 : 8;
+      in.query_votes = votes.data();
+      in.query_votes_stride = n + 3;
+      in.votes = nullptr;  // (not read with the question's whole share)
+      in.final_step = trial % 5 < 2;
+    }
+    auto pruner = MakePruner(config);
     Keep keep;
     SNAPFILL_ASSERT_OK(pruner->Select(in, &keep));
     Backend::HeadSelection op;
@@ -353,6 +366,7 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
       continue;
     }
     ++planned;
+    asked += question;
     op.votes = votes.data();
     op.votes_stride = n + 3;
     op.keep_stride = op.count() + 1;
@@ -365,20 +379,40 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
       EXPECT_EQ(row[op.count()], -1);
     }
   }
-  EXPECT_GT(planned, 100);
+  EXPECT_GT(planned, 150);
+  EXPECT_GT(asked, 100);
 
-  // Declined inputs.
+  // What the op is told, and declined inputs.
   const std::vector<float> votes(20, 0.5f);
   std::vector<int32_t> positions(20);
   std::iota(positions.begin(), positions.end(), 0);
   Backend::HeadSelection op;
   EXPECT_TRUE(MakePruner(SnapKv(4, 3))->PlanInBackend(OneHead(votes, 10, 8), &op));
   EXPECT_EQ(op.count(), 8);
+  EXPECT_EQ(op.span, 1);
   EXPECT_FALSE(MakePruner(SnapKv(4, 3))->PlanInBackend(OneHead(votes, 10, 20), &op)) << "nothing evicted";
-  SelectionInput asked = OneHead(votes, 10, 8);
-  asked.query_votes = votes.data();
-  asked.query_votes_stride = 20;
-  EXPECT_FALSE(MakePruner(SnapKv(4, 3))->PlanInBackend(asked, &op)) << "a question's votes";
+  // A question (the defaults: its votes alone, spans of 32): no window
+  // before the last step, the whole window at it.
+  SelectionInput question = OneHead(votes, 10, 8);
+  question.query_votes = votes.data();
+  question.query_votes_stride = 20;
+  EXPECT_TRUE(MakePruner(SnapKv(4, 3))->PlanInBackend(question, &op));
+  EXPECT_EQ(op.window_begin, 20);
+  EXPECT_EQ(op.pick, 8);
+  EXPECT_EQ(op.span, 32);
+  question.final_step = true;
+  EXPECT_TRUE(MakePruner(SnapKv(4, 3))->PlanInBackend(question, &op));
+  EXPECT_EQ(op.window_begin, 16);
+  EXPECT_EQ(op.pick, 4);
+  PrunerConfig shares = SnapKv(4, 3);
+  shares.query_share = 0.5;
+  EXPECT_FALSE(MakePruner(shares)->PlanInBackend(question, &op)) << "the window's share picks too";
+  PrunerConfig shared = SnapKv(4, 3);
+  shared.shared_query_votes = true;
+  EXPECT_TRUE(MakePruner(shared)->PlanInBackend(question, &op)) << "one head: its own votes are the sum";
+  SelectionInput two_heads = question;
+  two_heads.num_kv_heads = 2;
+  EXPECT_FALSE(MakePruner(shared)->PlanInBackend(two_heads, &op)) << "the heads' votes summed";
   for (const PrunerKind kind :
        {PrunerKind::kGate, PrunerKind::kReconstruct, PrunerKind::kStreaming, PrunerKind::kFull}) {
     PrunerConfig config = SnapKv(4, 3);

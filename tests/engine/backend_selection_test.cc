@@ -1,13 +1,14 @@
 // SnapKV's selection as one backend op (PrefillConfig::select_in_backend,
-// Backend::SelectHeads, DESIGN.md §14): the window's votes and the kept
-// indices stay in the backend's memory, the kept rows are gathered by them
-// there, and the positions and telemetry follow at the chunk's end. The
-// run must be the host selection's, bit for bit: the memory (keys, values,
-// positions), the logits, and every step's telemetry (the adaptive
-// schedule's budgets follow its retention), with sinks, original or
-// re-encoded positions, every schedule, a hybrid model's sliding-window
-// layers beside its global ones, and with the backend's buffers guarded
-// (the host reads the kept indices through a copy, as from a device).
+// Backend::SelectHeads, DESIGN.md §14): the votes (the window's, or a
+// question's) and the kept indices stay in the backend's memory, the kept
+// rows are gathered by them there, and the positions and telemetry follow
+// at the chunk's end. The run must be the host selection's, bit for bit:
+// the memory (keys, values, positions), the logits, and every step's
+// telemetry (the adaptive schedule's budgets follow its retention), with
+// sinks, original or re-encoded positions, every schedule, a hybrid
+// model's sliding-window layers beside its global ones, a question's
+// spans or single tokens, and with the backend's buffers guarded (the
+// host reads the kept indices through a copy, as from a device).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +34,11 @@ struct Case {
   int64_t sinks = 0;
   bool original_positions = false;
   Pooling pooling = Pooling::kAvg;
+  // A question of this many tokens guides the compression (its defaults:
+  // its votes alone, spans of `span`); 0: none.
+  int question = 0;
+  Selection select = Selection::kSpan;
+  int64_t span = 32;
 };
 
 struct Outcome {
@@ -63,6 +69,12 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
   config.schedule.sink_tokens = c.sinks;
   config.keep_original_positions = c.original_positions;
   config.select_in_backend = in_backend;
+  if (c.question > 0) {
+    config.query_tokens = testing::TestTokens(c.question + 5, mc.vocab_size);
+    config.query_tokens.erase(config.query_tokens.begin(), config.query_tokens.begin() + 5);
+    config.pruner.query_select = c.select;
+    config.pruner.span = c.span;
+  }
   auto engine = PrefillEngine::Create(model, backend->get(), config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();
   Outcome r;
@@ -129,19 +141,28 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
   EXPECT_GE(selections, global_layers * (static_cast<int64_t>(host.memory.size()) - 2)) << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, BackendSelectionTest,
-                         ::testing::Values(Case{.name = "imdc"}, Case{.name = "imdc_sinks", .sinks = 4},
-                                           Case{.name = "fm_original_max",
-                                                .schedule = ScheduleKind::kFixed,
-                                                .original_positions = true,
-                                                .pooling = Pooling::kMax},
-                                           Case{.name = "im_adaptive_sinks",
-                                                .schedule = ScheduleKind::kIncremental,
-                                                .growth = Growth::kAdaptive,
-                                                .sinks = 2},
-                                           Case{.name = "gemma3_hybrid", .architecture = "gemma3", .sinks = 4},
-                                           Case{.name = "qwen2", .architecture = "qwen2"}),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BackendSelectionTest,
+    ::testing::Values(
+        Case{.name = "imdc"}, Case{.name = "imdc_sinks", .sinks = 4},
+        Case{.name = "fm_original_max",
+             .schedule = ScheduleKind::kFixed,
+             .original_positions = true,
+             .pooling = Pooling::kMax},
+        Case{.name = "im_adaptive_sinks",
+             .schedule = ScheduleKind::kIncremental,
+             .growth = Growth::kAdaptive,
+             .sinks = 2},
+        Case{.name = "gemma3_hybrid", .architecture = "gemma3", .sinks = 4},
+        Case{.name = "qwen2", .architecture = "qwen2"}, Case{.name = "question_spans", .question = 9},
+        Case{.name = "question_tokens_sinks", .sinks = 4, .question = 6, .select = Selection::kToken},
+        Case{.name = "question_fm_original",
+             .schedule = ScheduleKind::kFixed,
+             .original_positions = true,
+             .question = 12,
+             .span = 5},
+        Case{.name = "question_gemma3_hybrid", .architecture = "gemma3", .sinks = 4, .question = 7, .span = 8}),
+    [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace snapfill

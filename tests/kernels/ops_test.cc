@@ -525,6 +525,73 @@ TEST(TopKTies, LowerPositionWinsAmongEqualScores) {
 }
 
 // ---------------------------------------------------------------------------
+// TopSpanIndices: the lazily sorted walk against the twin's search of
+// every entry per peak, on continuous scores and on few levels (ties, and
+// spans that meet), spans from 1 (TopKIndices' entries) to wider than n.
+
+TEST(TopSpanTest, TheWalkTakesWhatTheTwinTakes) {
+  int cases = 0;
+  for (const int64_t n : {1, 2, 7, 64, 65, 300, 2049}) {
+    for (const int levels : {0, 2, 5}) {
+      std::vector<float> s = RandomVector(n, -1.0f, 1.0f, static_cast<uint32_t>(n * 7 + levels));
+      if (levels > 0) {
+        for (float& x : s) x = std::floor((x + 1.0f) * 0.5f * levels);
+      }
+      for (const int64_t k : {int64_t{0}, int64_t{1}, n / 3, n / 2 + 1, n - 1, n}) {
+        for (const int64_t span : {1, 2, 3, 32, 33, 5000}) {
+          if (k < 0) continue;
+          std::vector<int32_t> got(k, -1), want(k, -2);
+          cpu::TopSpanIndices(s.data(), n, k, span, got.data());
+          ref::TopSpanIndices(s.data(), n, k, span, want.data());
+          const std::string where = ::testing::PrintToString(std::vector<int64_t>{n, levels, k, span});
+          ASSERT_EQ(got, want) << where;
+          ASSERT_TRUE(std::is_sorted(got.begin(), got.end())) << where;
+          ASSERT_EQ(std::set<int32_t>(got.begin(), got.end()).size(), static_cast<size_t>(k)) << where;
+          if (span == 1) {
+            std::vector<int32_t> top(k);
+            cpu::TopKIndices(s.data(), n, k, top.data());
+            ASSERT_EQ(got, top) << where;
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 700);
+  // Past 65,536 entries the tiles hold 64 (at most 2,048 tiles).
+  const int64_t n = 70000;
+  std::vector<float> s = RandomVector(n, -1.0f, 1.0f, 5);
+  for (float& x : s) x = std::floor((x + 1.0f) * 40.0f);
+  for (const int64_t k : {int64_t{100}, n / 3}) {
+    std::vector<int32_t> got(k), want(k);
+    cpu::TopSpanIndices(s.data(), n, k, 33, got.data());
+    ref::TopSpanIndices(s.data(), n, k, 33, want.data());
+    EXPECT_EQ(got, want) << k;
+  }
+}
+
+TEST(TopSpanTest, NearestFirstLowerSideFirst) {
+  //                             0  1  2  3  4  5  6  7  8  9
+  const std::vector<float> s = {0, 1, 0, 0, 9, 0, 0, 0, 8, 0};
+  std::vector<int32_t> out(4);
+  // Spans of 5 (two each side): 4, then 3 before 5 at distance 1, then 2.
+  cpu::TopSpanIndices(s.data(), 10, 4, 5, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 4, 5}));
+  // Seven: 4's span of five, then the next peak, 8 (not 1: 8 scores more).
+  out.resize(7);
+  cpu::TopSpanIndices(s.data(), 10, 7, 5, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 3, 4, 5, 6, 7, 8}));
+  // Nine: 8 takes 7 and 9 (6 is 4's already), then the next peak is 1, not
+  // the 0 before 2.
+  out.resize(9);
+  cpu::TopSpanIndices(s.data(), 10, 9, 5, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  std::vector<int32_t> twin(9);
+  ref::TopSpanIndices(s.data(), 10, 9, 5, twin.data());
+  EXPECT_EQ(twin, out);
+}
+
+// ---------------------------------------------------------------------------
 // Softmax and Argmax
 
 class SoftmaxTest : public ::testing::TestWithParam<int64_t> {};

@@ -94,10 +94,14 @@ class RefBackend final : public Backend {
     ref::TopKIndices(scores, n, k, positions);
     return absl::OkStatus();
   }
+  absl::Status TopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions) override {
+    ref::TopSpanIndices(scores, n, k, span, positions);
+    return absl::OkStatus();
+  }
   absl::Status SelectHeads(const HeadSelection& s) override {
     SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
     ref::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
-                     s.pool_kernel, s.pool == PoolOp::kMax, s.keep, s.keep_stride);
+                     s.pool_kernel, s.pool == PoolOp::kMax, s.span, s.keep, s.keep_stride);
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -813,7 +813,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_ASSIGN_OR_RETURN(char* scratch, Buffer<char>(kPositions, static_cast<int64_t>(bytes)));
     SNAPFILL_CUDA(
         cuda::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
-                          s.pool_kernel, s.pool == PoolOp::kMax, scratch, s.keep, s.keep_stride, stream_),
+                          s.pool_kernel, s.pool == PoolOp::kMax, s.span, scratch, s.keep, s.keep_stride, stream_),
         "select_heads");
     return Finish("select_heads", s.keep);
   }
