@@ -356,9 +356,12 @@ __global__ void DequantizeQ8_0Kernel(const uint8_t* __restrict__ raw, int64_t ro
   }
 }
 
+// kernels/cpu's arithmetic (an f32 sum in index order times 1/kernel, no
+// contraction), so that a selection over it keeps the CPU's entries.
 __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int64_t kernel,
                            bool max_pool) {
   const int64_t pad = kernel / 2;
+  const float inv = __fdiv_rn(1.0f, static_cast<float>(kernel));
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t lo = i - pad < 0 ? 0 : i - pad;
     const int64_t hi = i + pad >= n ? n - 1 : i + pad;
@@ -367,9 +370,9 @@ __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out
       for (int64_t t = lo; t <= hi; ++t) m = fmaxf(m, in[t]);
       out[i] = m;
     } else {
-      double sum = 0.0;
-      for (int64_t t = lo; t <= hi; ++t) sum += in[t];
-      out[i] = static_cast<float>(sum / static_cast<double>(kernel));
+      float sum = 0.0f;
+      for (int64_t t = lo; t <= hi; ++t) sum = __fadd_rn(sum, in[t]);
+      out[i] = __fmul_rn(sum, inv);
     }
   }
 }

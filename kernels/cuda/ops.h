@@ -111,7 +111,8 @@ cudaError_t VotesFromScores(const float* scores, int64_t num_q, int64_t num_keys
                             int64_t num_kv_heads, float scale, float* lse, float* votes, int64_t votes_stride,
                             cudaStream_t stream);
 
-// Stride-1 pooling with kernel/2 padding (ref::AvgPool1d / ref::MaxPool1d).
+// Stride-1 pooling with kernel/2 padding (ref::AvgPool1d / ref::MaxPool1d),
+// the average in kernels/cpu's f32 arithmetic: the CPU's bits.
 cudaError_t Pool1d(const float* in, float* out, int64_t n, int64_t kernel, bool max, cudaStream_t stream);
 
 // The k largest of scores[0, n): their positions, higher score first, ties
