@@ -110,6 +110,11 @@ fi
 # The same with the f32 attention kernel: what the tensor cores bring, measured in one run.
 step 7b_imdc_f32_attention 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc --kernels attention=f32
 step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
+# A question's run (its spans selected on the device, one wait per chunk):
+# backend_selections in the telemetry's last record counts the layers.
+step smollm2_question_64k 60 bash -c '"$BIN/snapfill" run --device cuda --model "$0" --input "$TEXT" \
+  --max_tokens 65536 --memory 1024 --chunk 1024 --question "Who built the ark?" -n 8 --progress=false \
+  --timing --telemetry "$WORK/question.jsonl" && tail -c 400 "$WORK/question.jsonl"' "$SMOL"
 step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
 step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im
 say "== done in $((SECONDS - START)) s"
