@@ -304,17 +304,26 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   auto engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(engine);
   EXPECT_GE((*engine)->scratch_bytes(), guided->candidate_bytes + guided->activation_bytes);
-  // The largest weights need each question query's log-denominator.
+  // The summed votes select in one backend op (its votes and kept indices
+  // counted); the largest weights select on the host, and need each
+  // question query's log-denominator.
+  PrefillConfig on_host = config;
+  on_host.select_in_backend = false;
+  auto host_guided = PrefillEngine::Footprint(model->config(), on_host, 2000);
+  SNAPFILL_ASSERT_OK(host_guided);
+  EXPECT_GT(guided->candidate_bytes, host_guided->candidate_bytes);
+  auto host_engine = PrefillEngine::Create(*model, backend->get(), on_host, 2000);
+  SNAPFILL_ASSERT_OK(host_engine);
   config.pruner.query_votes = QueryVotes::kMax;
   auto largest = PrefillEngine::Footprint(model->config(), config, 2000);
   SNAPFILL_ASSERT_OK(largest);
   EXPECT_EQ(largest->candidate_bytes,
-            guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
+            host_guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
   auto largest_engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(largest_engine);
   EXPECT_GE((*largest_engine)->scratch_bytes(), largest->candidate_bytes + largest->activation_bytes);
   EXPECT_EQ((*largest_engine)->scratch_bytes(),
-            (*engine)->scratch_bytes() + model->config().num_heads * 40 * sizeof(float));
+            (*host_engine)->scratch_bytes() + model->config().num_heads * 40 * sizeof(float));
   config.pruner.query_votes = QueryVotes::kSum;
   // Pruners that read no votes run no question.
   config.pruner.kind = PrunerKind::kStreaming;
