@@ -439,6 +439,11 @@ __device__ __forceinline__ unsigned BlockCount(unsigned local, unsigned* shared)
 
 // The most tiles TakeSpans keeps a maximum of (8 KiB of shared memory).
 constexpr int64_t kSpanTiles = 2048;
+// Up to this many candidates a head's keys are in shared memory (32 KiB;
+// with the tiles and the scan, within the 48 KiB a block has without
+// opting in): the spans' walk is a chain of dependent reads, and the
+// radix select reads them 33 times. Past it, the scratch in device memory.
+constexpr int64_t kSharedSelectKeys = 8192;
 
 // cpu::TopSpanIndices' walk over one head's n keys (OrderedKey, none 0),
 // by the calling block: the taken ones become 0. Walking the ranking and
@@ -513,7 +518,8 @@ __device__ void TakeSpans(uint32_t* keys, int64_t n, int64_t pick, int64_t span,
   }
 }
 
-// One block per KV head (SelectHeads in ops.h). keys: [heads][num_rest].
+// One block per KV head (SelectHeads in ops.h). keys: [heads][num_rest],
+// unless the launch gives num_rest keys of shared memory.
 __global__ void __launch_bounds__(kSelectThreads)
     SelectHeadsKernel(const float* __restrict__ votes, int64_t votes_stride, int64_t num_candidates, int64_t rest_begin,
                       int64_t window_begin, int64_t pick, int64_t kernel, bool max_pool, int64_t span,
@@ -523,11 +529,12 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ unsigned long long bad;
   __shared__ unsigned counter;
   __shared__ uint32_t tile_max[kSpanTiles];
+  extern __shared__ uint32_t shared_keys[];
   const int64_t h = blockIdx.x;
   const int64_t num_rest = window_begin - rest_begin;
   const int64_t count = rest_begin + pick + (num_candidates - window_begin);
   const float* rest = votes + h * votes_stride + rest_begin;
-  uint32_t* keys = keys_all + h * num_rest;
+  uint32_t* keys = num_rest <= kSharedSelectKeys ? shared_keys : keys_all + h * num_rest;
   int32_t* out = keep + h * keep_stride;
   if (threadIdx.x == 0) bad = ~0ull;
   __syncthreads();
@@ -774,7 +781,9 @@ cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_he
   if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || span < 1 || window_begin - rest_begin > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
-  SelectHeadsKernel<<<static_cast<unsigned>(num_heads), kSelectThreads, 0, stream>>>(
+  const int64_t num_rest = window_begin - rest_begin;
+  const size_t shared = num_rest <= kSharedSelectKeys ? static_cast<size_t>(num_rest) * sizeof(uint32_t) : 0;
+  SelectHeadsKernel<<<static_cast<unsigned>(num_heads), kSelectThreads, shared, stream>>>(
       votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool, span,
       static_cast<uint32_t*>(scratch), keep, keep_stride);
   return cudaGetLastError();

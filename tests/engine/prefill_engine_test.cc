@@ -317,8 +317,7 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   config.pruner.query_votes = QueryVotes::kMax;
   auto largest = PrefillEngine::Footprint(model->config(), config, 2000);
   SNAPFILL_ASSERT_OK(largest);
-  EXPECT_EQ(largest->candidate_bytes,
-            host_guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
+  EXPECT_EQ(largest->candidate_bytes, host_guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
   auto largest_engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(largest_engine);
   EXPECT_GE((*largest_engine)->scratch_bytes(), largest->candidate_bytes + largest->activation_bytes);
