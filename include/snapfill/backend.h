@@ -562,7 +562,7 @@ class Backend {
   // ParallelFor; InvalidArgument for inconsistent sizes.
   struct HeadSelection {
     const float* votes = nullptr;  // [num_heads][votes_stride]
-    int64_t votes_stride = 0;
+    int64_t votes_stride = 0;      // 0: one row that every head reads
     int64_t num_heads = 0;
     int64_t num_candidates = 0;
     int64_t rest_begin = 0;  // 0 <= rest_begin <= window_begin <= num_candidates

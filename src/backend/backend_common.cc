@@ -86,7 +86,8 @@ absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
   }
   if (s.span < 1) return absl::InvalidArgumentError(absl::StrCat("select_heads: span ", s.span, " < 1"));
   if (s.num_heads > 0 && (s.keep == nullptr || s.keep_stride <= s.count() ||
-                          (s.window_begin > s.rest_begin && (s.votes == nullptr || s.votes_stride < s.window_begin)))) {
+                          (s.window_begin > s.rest_begin &&
+                           (s.votes == nullptr || (s.votes_stride != 0 && s.votes_stride < s.window_begin))))) {
     return absl::InvalidArgumentError(absl::StrCat("select_heads: keep stride ", s.keep_stride, " for ", s.count(),
                                                    " kept and a status word, votes stride ", s.votes_stride, " for ",
                                                    s.window_begin, " candidates"));

@@ -147,9 +147,9 @@ class Pruner {
   // Whether Select's rule for this input is one Backend::SelectHeads:
   // SnapKV, evicting, with its sinks (if any) before the window, over the
   // window's votes (no question), or over a question's alone (query_share
-  // 1; each head its own votes). Then *op holds that op's arguments but
-  // for the votes (the window's, or the question's where query_votes is
-  // set) and the kept indices, which the engine places in the backend's
+  // 1; with shared_query_votes every head reads the heads' sum, votes_stride
+  // 0). Then *op holds that op's arguments but for the votes (the window's,
+  // or the question's where query_votes is set) and the kept indices, which the engine places in the backend's
   // memory, so that neither comes to the host (DESIGN.md §14); the op
   // keeps the entries Select would, op->count() of them per head. No
   // votes are read (query_votes only says there is a question). False for

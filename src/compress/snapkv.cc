@@ -58,11 +58,12 @@ class SnapKvPruner final : public Pruner {
 
   // The rule is one op (Backend::SelectHeads) where one row of votes per
   // head picks: the window's, or a question's with the whole share (each
-  // head its own), whose votes the op then reads in their place.
+  // head's own, or their sum read by every head), whose votes the op then
+  // reads in their place.
   bool PlanInBackend(const SelectionInput& in, Backend::HeadSelection* op) const override {
     const bool question = in.query_votes != nullptr;
     if (config_.kind != PrunerKind::kSnapKv || in.num_kv_heads <= 0) return false;
-    if (question && (config_.query_share < 1.0 || (config_.shared_query_votes && in.num_kv_heads > 1))) return false;
+    if (question && config_.query_share < 1.0) return false;
     const int64_t n = in.num_candidates;
     const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
     if (in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;

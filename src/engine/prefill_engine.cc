@@ -487,6 +487,14 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                  : window_votes(sel_votes_->f32()));
     op.votes = sel_votes_->f32();
     op.votes_stride = cand_capacity_;
+    if (question && config_.pruner.shared_query_votes && c.num_kv_heads > 1) {
+      // (--query_heads shared: head 0's row becomes the heads' sum, in
+      // head order as the pruner sums them, and every head reads it.)
+      for (int64_t h = 1; h < c.num_kv_heads; ++h) {
+        SNAPFILL_RETURN_IF_ERROR(backend_->Add(sel_votes_->f32(), sel_votes_->f32() + h * cand_capacity_, num));
+      }
+      op.votes_stride = 0;
+    }
     op.keep = keep_rows;
     op.keep_stride = keep_stride_;
     SNAPFILL_RETURN_IF_ERROR(backend_->SelectHeads(op));

@@ -35,12 +35,12 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
 // Whether the engine makes SnapKV's selection a backend op where it can
 // (PrefillConfig::select_in_backend, the SnapKV pruner, no recall tier;
-// no question's rows, or a question whose votes pick alone, each head by
-// its own sum of weights, the defaults): it then holds the votes and each
-// global layer's kept indices in backend buffers.
+// no question's rows, or a question whose summed weights pick alone, the
+// defaults): it then holds the votes and each global layer's kept indices
+// in backend buffers.
 inline bool SelectsInBackend(const PrefillConfig& c, int64_t query_rows) {
   const PrunerConfig& p = c.pruner;
-  const bool question_op = p.query_share >= 1.0 && p.query_votes == QueryVotes::kSum && !p.shared_query_votes;
+  const bool question_op = p.query_share >= 1.0 && p.query_votes == QueryVotes::kSum;
   return c.select_in_backend && p.kind == PrunerKind::kSnapKv && c.recall_budget == 0 &&
          (query_rows == 0 || question_op);
 }

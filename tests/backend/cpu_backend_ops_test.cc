@@ -175,6 +175,38 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 3, 6, -1}));
 }
 
+// votes_stride 0: every head reads one row (a question's votes summed
+// over the heads) and keeps what one head over it keeps.
+TEST(CpuBackendOps, SelectHeadsReadsOneRowForEveryHead) {
+  const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
+  const std::vector<float> votes = Votes(300, 9);
+  Backend::HeadSelection one{.votes = votes.data(),
+                             .votes_stride = 300,
+                             .num_heads = 1,
+                             .num_candidates = 300,
+                             .rest_begin = 4,
+                             .window_begin = 300,
+                             .pick = 100,
+                             .pool_kernel = 7,
+                             .span = 8};
+  one.keep_stride = one.count() + 1;
+  std::vector<int32_t> want(one.keep_stride);
+  one.keep = want.data();
+  ASSERT_TRUE(testing::SharedCpuBackend().SelectHeads(one).ok());
+  for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+    Backend::HeadSelection all = one;
+    all.num_heads = 3;
+    all.votes_stride = 0;
+    std::vector<int32_t> got(3 * all.keep_stride, -9);
+    all.keep = got.data();
+    ASSERT_TRUE(b->SelectHeads(all).ok());
+    for (int64_t h = 0; h < 3; ++h) {
+      EXPECT_EQ(std::vector<int32_t>(got.begin() + h * all.keep_stride, got.begin() + (h + 1) * all.keep_stride), want)
+          << h;
+    }
+  }
+}
+
 // A vote that is not finite: the row is [0, count) (a gather by it stays
 // in bounds) and the status word names the first such candidate of R.
 TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
@@ -527,6 +559,7 @@ TEST(CpuBackendOps, BadArgumentsAreRefused) {
            [](Backend::HeadSelection& x) { x.keep_stride = 6; },  // no room for the status word
            [](Backend::HeadSelection& x) { x.votes_stride = 5; },
            [](Backend::HeadSelection& x) { x.keep = nullptr; },
+           [](Backend::HeadSelection& x) { x.span = 0; },
        }) {
     Backend::HeadSelection x = s;
     bad(x);

@@ -324,14 +324,14 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
 // PlanInBackend: where SnapKV's rule is one Backend::SelectHeads, that op
 // keeps exactly what Select keeps (random inputs with many ties, sinks,
 // both poolings, memories and chunks of every size; the window's votes,
-// or a question's alone as single tokens or spans, at the last step or
-// before it); and it declines what is not one: nothing to evict, a
-// question sharing its votes over the heads or leaving the window a share,
-// the stored-score pruners, streaming and full.
+// or a question's alone as single tokens or spans, each head's or their
+// sum, at the last step or before it); and it declines what is not one:
+// nothing to evict, a question leaving the window a share, the
+// stored-score pruners, streaming and full.
 TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  int planned = 0, asked = 0;
+  int planned = 0, asked = 0, summed_heads = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
     const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
@@ -347,9 +347,17 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     // Two trials of three: a question's votes (the same values) pick
     // alone, spans of 3 or 8, or single tokens; at the last step or not.
     const bool question = trial % 3 != 0;
+    // Some of them with the heads' votes summed, which the op reads as one
+    // row (the engine sums them in head order, as Select does).
+    const bool shared = question && trial % 7 < 2 && heads > 1;
+    std::vector<float> summed(n, 0.0f);
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < n; ++j) summed[j] += votes[h * (n + 3) + j];
+    }
     if (question) {
       config.query_select = trial % 4 == 1 ? Selection::kToken : Selection::kSpan;
       config.span = trial % 2 == 0 ? 3 : 8;
+      config.shared_query_votes = shared;
       in.query_votes = votes.data();
       in.query_votes_stride = n + 3;
       in.votes = nullptr;  // (not read with the question's whole share)
@@ -367,8 +375,9 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     }
     ++planned;
     asked += question;
-    op.votes = votes.data();
-    op.votes_stride = n + 3;
+    summed_heads += shared;
+    op.votes = shared ? summed.data() : votes.data();
+    op.votes_stride = shared ? 0 : n + 3;
     op.keep_stride = op.count() + 1;
     std::vector<int32_t> rows(heads * op.keep_stride);
     op.keep = rows.data();
@@ -381,6 +390,7 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   }
   EXPECT_GT(planned, 150);
   EXPECT_GT(asked, 100);
+  EXPECT_GT(summed_heads, 20);
 
   // What the op is told, and declined inputs.
   const std::vector<float> votes(20, 0.5f);
@@ -409,10 +419,9 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   EXPECT_FALSE(MakePruner(shares)->PlanInBackend(question, &op)) << "the window's share picks too";
   PrunerConfig shared = SnapKv(4, 3);
   shared.shared_query_votes = true;
-  EXPECT_TRUE(MakePruner(shared)->PlanInBackend(question, &op)) << "one head: its own votes are the sum";
   SelectionInput two_heads = question;
   two_heads.num_kv_heads = 2;
-  EXPECT_FALSE(MakePruner(shared)->PlanInBackend(two_heads, &op)) << "the heads' votes summed";
+  EXPECT_TRUE(MakePruner(shared)->PlanInBackend(two_heads, &op)) << "the heads' votes summed";
   for (const PrunerKind kind :
        {PrunerKind::kGate, PrunerKind::kReconstruct, PrunerKind::kStreaming, PrunerKind::kFull}) {
     PrunerConfig config = SnapKv(4, 3);

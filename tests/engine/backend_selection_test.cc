@@ -7,7 +7,7 @@
 // telemetry (the adaptive schedule's budgets follow its retention), with
 // sinks, original or re-encoded positions, every schedule, a hybrid
 // model's sliding-window layers beside its global ones, a question's
-// spans or single tokens, and with the backend's buffers guarded (the
+// spans or single tokens (each head's votes, or their sum), and with the backend's buffers guarded (the
 // host reads the kept indices through a copy, as from a device).
 #include <cstdint>
 #include <memory>
@@ -39,6 +39,7 @@ struct Case {
   int question = 0;
   Selection select = Selection::kSpan;
   int64_t span = 32;
+  bool shared_votes = false;  // --query_heads shared
 };
 
 struct Outcome {
@@ -74,6 +75,7 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
     config.query_tokens.erase(config.query_tokens.begin(), config.query_tokens.begin() + 5);
     config.pruner.query_select = c.select;
     config.pruner.span = c.span;
+    config.pruner.shared_query_votes = c.shared_votes;
   }
   auto engine = PrefillEngine::Create(model, backend->get(), config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();
@@ -161,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
              .original_positions = true,
              .question = 12,
              .span = 5},
-        Case{.name = "question_gemma3_hybrid", .architecture = "gemma3", .sinks = 4, .question = 7, .span = 8}),
+        Case{.name = "question_gemma3_hybrid", .architecture = "gemma3", .sinks = 4, .question = 7, .span = 8},
+        Case{.name = "question_shared_sinks", .sinks = 4, .question = 8, .span = 6, .shared_votes = true}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace
