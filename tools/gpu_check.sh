@@ -111,10 +111,10 @@ fi
 step 7b_imdc_f32_attention 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc --kernels attention=f32
 step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
 # A question's run (its spans selected on the device, one wait per chunk):
-# backend_selections in the telemetry's last record counts the layers.
+# backend_selections in the telemetry counts the layers that took the op.
 step smollm2_question_64k 60 bash -c '"$BIN/snapfill" run --device cuda --model "$0" --input "$TEXT" \
   --max_tokens 65536 --memory 1024 --chunk 1024 --question "Who built the ark?" -n 8 --progress=false \
-  --timing --telemetry "$WORK/question.jsonl" && tail -c 400 "$WORK/question.jsonl"' "$SMOL"
+  --timing --telemetry "$WORK/question.jsonl" && grep -o "\"backend_selections\":[0-9]*" "$WORK/question.jsonl" | tail -1' "$SMOL"
 step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
 step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im
 say "== done in $((SECONDS - START)) s"
