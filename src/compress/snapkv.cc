@@ -243,16 +243,19 @@ class SnapKvPruner final : public Pruner {
       // peaks, as a question's are: a kept fact keeps its neighbours.
       SNAPFILL_RETURN_IF_ERROR(Pick(num_rest, k, KeepsEntryScores(config_.kind) ? config_.score_span : 1, sc));
     } else {
-      sc.taken.assign(num_rest, 0);
       if (k_query > 0) {
         SNAPFILL_ASSIGN_OR_RETURN(const float* query_votes,
                                   RestVotes(in.query_votes + h * in.query_votes_stride, h, num_rest, sc));
         SNAPFILL_RETURN_IF_ERROR(Pool(query_votes, num_rest, sc));
         SNAPFILL_RETURN_IF_ERROR(
             Pick(num_rest, k_query, config_.query_select == Selection::kSpan ? config_.span : 1, sc));
-        for (int32_t i : sc.top) sc.taken[i] = 1;
       }
+      // (With the whole share, the default, sc.top is already the k.)
       if (k > k_query) {
+        sc.taken.assign(num_rest, 0);
+        if (k_query > 0) {
+          for (int32_t i : sc.top) sc.taken[i] = 1;
+        }
         // The window's top among what the question left.
         SNAPFILL_ASSIGN_OR_RETURN(const float* rest_votes, RestVotes(in.votes + h * in.votes_stride, h, num_rest, sc));
         SNAPFILL_RETURN_IF_ERROR(Pool(rest_votes, num_rest, sc));
@@ -262,8 +265,8 @@ class SnapKvPruner final : public Pruner {
         sc.top.resize(k - k_query);
         SNAPFILL_RETURN_IF_ERROR(backend_.TopK(sc.pooled.data(), num_rest, k - k_query, sc.top.data()));
         for (int32_t i : sc.top) sc.taken[i] = 1;
+        TakenToTop(num_rest, k, sc);
       }
-      TakenToTop(num_rest, k, sc);
     }
 
     // Merge sinks, the top-k of R and the window in ascending order: R's
