@@ -527,12 +527,14 @@ class Backend {
   // residual stream where no product adds into it); x[r, i] += bias[i] for
   // rows r < rows and i < dim, rows `stride` floats apart (Qwen's Q/K/V
   // biases; the bias in host memory); and x[i] *= s for i < n (Gemma's
-  // embedding scale). The base class runs them on the host, over
-  // ParallelFor where there are more than 64 Ki values (a parallel region
-  // costs more than a smaller add).
+  // embedding scale); and x[i] = value for i < n (a question's own keys'
+  // votes at the last step, the largest there is). The base class runs
+  // them on the host, over ParallelFor where there are more than 64 Ki
+  // values (a parallel region costs more than a smaller add).
   virtual absl::Status Add(float* x, const float* y, int64_t n);
   virtual absl::Status AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim);
   virtual absl::Status Scale(float* x, int64_t n, float s);
+  virtual absl::Status Fill(float* x, int64_t n, float value);
   enum class PoolOp { kAvg, kMax };
   virtual absl::Status Pool1d(const float* in, float* out, int64_t n, int64_t kernel, PoolOp op) = 0;
   virtual absl::Status TopK(const float* scores, int64_t n, int64_t k, int32_t* positions) = 0;
@@ -553,11 +555,15 @@ class Backend {
   // rest_begin) (the sinks), the `pick` entries of R taken by TopSpans
   // over the pooled votes (`span`; with 1, the highest pooled votes,
   // higher, then lower index) and [window_begin, num_candidates) (the
-  // window): count() indices. One more word follows
-  // them: -1, or the first candidate of R whose vote is not finite (every
-  // vote of R is checked, whatever `pick`); the row
-  // is then [0, count()), so that a gather by it stays in bounds, and the
-  // caller reports the vote. Twin: ref::SelectHeads. The base class runs
+  // window): count() indices. Where `then_pick` > 0 (a question that
+  // leaves the window's votes a share, --query_share < 1), that many more
+  // entries of R are kept after those: the highest of Pool1d over
+  // then_votes[h][R] (the same pooling) among the entries the first pick
+  // left (higher, then lower index), both picks merged ascending. One more
+  // word follows them: -1, or the first candidate of R whose vote (in
+  // either row) is not finite (every vote of R is checked, whatever the
+  // picks); the row is then [0, count()), so that a gather by it stays in
+  // bounds, and the caller reports the vote. Twin: ref::SelectHeads. The base class runs
   // on the host (kernels/cpu's pooling and top-k), head by head over
   // ParallelFor; InvalidArgument for inconsistent sizes.
   struct HeadSelection {
@@ -571,9 +577,12 @@ class Backend {
     int64_t pool_kernel = 1;  // odd; 1 pools nothing
     PoolOp pool = PoolOp::kAvg;
     int64_t span = 1;         // >= 1
-    int32_t* keep = nullptr;  // [num_heads][keep_stride], keep_stride > count()
+    const float* then_votes = nullptr;  // [num_heads][then_votes_stride] where then_pick > 0
+    int64_t then_votes_stride = 0;      // 0: one row that every head reads
+    int64_t then_pick = 0;              // pick + then_pick at most window_begin - rest_begin
+    int32_t* keep = nullptr;            // [num_heads][keep_stride], keep_stride > count()
     int64_t keep_stride = 0;
-    int64_t count() const { return rest_begin + pick + (num_candidates - window_begin); }
+    int64_t count() const { return rest_begin + pick + then_pick + (num_candidates - window_begin); }
   };
   virtual absl::Status SelectHeads(const HeadSelection& s);
   // Bytes of scratch WindowScores holds for num_q queries of num_heads heads

@@ -404,6 +404,12 @@ __global__ void ScaleKernel(float* __restrict__ x, int64_t n, float s) {
   }
 }
 
+__global__ void FillKernel(float* __restrict__ x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = value;
+  }
+}
+
 // One block per gathered row (a grid-stride loop over them), its threads
 // over the row's words.
 template <typename Word>
@@ -518,41 +524,99 @@ __device__ void TakeSpans(uint32_t* keys, int64_t n, int64_t pick, int64_t span,
   }
 }
 
+using SelectScan = cub::BlockScan<int, kSelectThreads>;
+
+// keys[i] = OrderedKey of rest[0, num_rest)'s pooled vote i, by the block,
+// pooled as kernels/cpu pools: an f32 sum in index order times 1/kernel,
+// or the largest (no contraction, no reordering: the same bits).
+__device__ void PoolKeys(const float* rest, int64_t num_rest, int64_t kernel, bool max_pool, uint32_t* keys) {
+  const int64_t pad = kernel / 2;
+  const float inv = __fdiv_rn(1.0f, static_cast<float>(kernel));
+  for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) {
+    const int64_t lo = i - pad < 0 ? 0 : i - pad;
+    const int64_t hi = i + pad >= num_rest ? num_rest - 1 : i + pad;
+    float acc = max_pool ? rest[lo] : 0.0f;
+    for (int64_t t = max_pool ? lo + 1 : lo; t <= hi; ++t) {
+      acc = max_pool ? fmaxf(acc, rest[t]) : __fadd_rn(acc, rest[t]);
+    }
+    keys[i] = OrderedKey(max_pool ? acc : __fmul_rn(acc, inv));
+  }
+}
+
+// The pick largest keys that are not 0 (higher, then lower index) become
+// 0, by the block: the pick-th largest found a bit at a time from the top
+// (the largest t with at least `pick` keys >= t; the keys already 0 never
+// count, as t >= 1), then every key above it and, of those equal to it,
+// the lowest indices, as many as are left. At least `pick` keys are not 0.
+__device__ void TakeHighest(uint32_t* keys, int64_t n, int64_t pick, unsigned* counter,
+                            typename SelectScan::TempStorage& scan) {
+  uint32_t kth = 0;
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t t = kth | (1u << bit);
+    unsigned local = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local += keys[i] >= t;
+    if (BlockCount(local, counter) >= pick) kth = t;
+  }
+  unsigned local = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) local += keys[i] > kth;
+  const int64_t ties = pick - static_cast<int64_t>(BlockCount(local, counter));
+  int64_t ties_before = 0;
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const uint32_t key = i < n ? keys[i] : 0u;
+    const int tie = i < n && key == kth;
+    int tie_rank = 0, tie_total = 0;
+    SelectScan(scan).ExclusiveSum(tie, tie_rank, tie_total);
+    __syncthreads();
+    if (i < n && (key > kth || (tie && ties_before + tie_rank < ties))) keys[i] = 0u;
+    ties_before += tie_total;
+  }
+}
+
+// The entries whose key is 0 (taken), in index order, to out[rest_begin,
+// ...) as candidate indices (rest_begin + i), by the block (a scan).
+__device__ void WriteTaken(const uint32_t* keys, int64_t n, int64_t rest_begin, int32_t* out,
+                           typename SelectScan::TempStorage& scan) {
+  int64_t written = 0;
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const int take = i < n && keys[i] == 0u;
+    int rank = 0, total = 0;
+    SelectScan(scan).ExclusiveSum(take, rank, total);
+    __syncthreads();
+    if (take) out[rest_begin + written + rank] = static_cast<int32_t>(rest_begin + i);
+    written += total;
+  }
+}
+
 // One block per KV head (SelectHeads in ops.h). keys: [heads][num_rest],
-// unless the launch gives num_rest keys of shared memory.
+// unless the launch gives num_rest keys of shared memory. What a pick
+// takes is marked by key 0 (which no vote has) and written in index order
+// after it.
 __global__ void __launch_bounds__(kSelectThreads)
     SelectHeadsKernel(const float* __restrict__ votes, int64_t votes_stride, int64_t num_candidates, int64_t rest_begin,
                       int64_t window_begin, int64_t pick, int64_t kernel, bool max_pool, int64_t span,
+                      const float* __restrict__ then_votes, int64_t then_votes_stride, int64_t then_pick,
                       uint32_t* __restrict__ keys_all, int32_t* __restrict__ keep, int64_t keep_stride) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
-  __shared__ typename Scan::TempStorage scan;
+  __shared__ typename SelectScan::TempStorage scan;
   __shared__ unsigned long long bad;
   __shared__ unsigned counter;
   __shared__ uint32_t tile_max[kSpanTiles];
   extern __shared__ uint32_t shared_keys[];
   const int64_t h = blockIdx.x;
   const int64_t num_rest = window_begin - rest_begin;
-  const int64_t count = rest_begin + pick + (num_candidates - window_begin);
+  const int64_t picked = pick + then_pick;
+  const int64_t count = rest_begin + picked + (num_candidates - window_begin);
   const float* rest = votes + h * votes_stride + rest_begin;
+  const float* then_rest = then_pick > 0 ? then_votes + h * then_votes_stride + rest_begin : nullptr;
   uint32_t* keys = num_rest <= kSharedSelectKeys ? shared_keys : keys_all + h * num_rest;
   int32_t* out = keep + h * keep_stride;
   if (threadIdx.x == 0) bad = ~0ull;
   __syncthreads();
-  // Every vote of R checked; pooled as kernels/cpu pools where some are
-  // picked: an f32 sum in index order times 1/kernel, or the largest (no
-  // contraction, no reordering: the same bits).
-  const int64_t pad = kernel / 2;
-  const float inv = __fdiv_rn(1.0f, static_cast<float>(kernel));
+  // Every vote of R checked (of both rows).
   for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) {
-    if (!isfinite(rest[i])) atomicMin(&bad, static_cast<unsigned long long>(i));
-    if (pick > 0) {
-      const int64_t lo = i - pad < 0 ? 0 : i - pad;
-      const int64_t hi = i + pad >= num_rest ? num_rest - 1 : i + pad;
-      float acc = max_pool ? rest[lo] : 0.0f;
-      for (int64_t t = max_pool ? lo + 1 : lo; t <= hi; ++t) {
-        acc = max_pool ? fmaxf(acc, rest[t]) : __fadd_rn(acc, rest[t]);
-      }
-      keys[i] = OrderedKey(max_pool ? acc : __fmul_rn(acc, inv));
+    if (!isfinite(rest[i]) || (then_rest != nullptr && !isfinite(then_rest[i]))) {
+      atomicMin(&bad, static_cast<unsigned long long>(i));
     }
   }
   __syncthreads();
@@ -561,56 +625,32 @@ __global__ void __launch_bounds__(kSelectThreads)
     if (threadIdx.x == 0) out[count] = static_cast<int32_t>(rest_begin + static_cast<int64_t>(bad));
     return;
   }
-  if (pick > 0 && span > 1) {
-    // Spans: the walk marks what it takes (key 0, which no vote has),
-    // written in index order after it.
-    TakeSpans(keys, num_rest, pick, span, tile_max);
+  if (pick > 0) {
+    PoolKeys(rest, num_rest, kernel, max_pool, keys);
     __syncthreads();
-    int64_t written = 0;
-    for (int64_t base = 0; base < num_rest; base += blockDim.x) {
-      const int64_t i = base + threadIdx.x;
-      const int take = i < num_rest && keys[i] == 0u;
-      int rank = 0, total = 0;
-      Scan(scan).ExclusiveSum(take, rank, total);
-      __syncthreads();
-      if (take) out[rest_begin + written + rank] = static_cast<int32_t>(rest_begin + i);
-      written += total;
+    if (span > 1) {
+      TakeSpans(keys, num_rest, pick, span, tile_max);
+    } else {
+      TakeHighest(keys, num_rest, pick, &counter, scan);
     }
-  } else if (pick > 0) {
-    // The pick-th largest key, a bit at a time from the top: the largest
-    // t with at least `pick` keys >= t.
-    uint32_t kth = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t t = kth | (1u << bit);
-      unsigned local = 0;
-      for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) local += keys[i] >= t;
-      if (BlockCount(local, &counter) >= pick) kth = t;
-    }
-    unsigned local = 0;
-    for (int64_t i = threadIdx.x; i < num_rest; i += blockDim.x) local += keys[i] > kth;
-    // Every key above the pick-th, and of those equal to it the lowest
-    // indices, as many as are left.
-    const int64_t ties = pick - static_cast<int64_t>(BlockCount(local, &counter));
-    int64_t ties_before = 0, written = 0;
-    for (int64_t base = 0; base < num_rest; base += blockDim.x) {
-      const int64_t i = base + threadIdx.x;
-      const uint32_t key = i < num_rest ? keys[i] : 0u;
-      const int tie = i < num_rest && key == kth;
-      int tie_rank = 0, tie_total = 0;
-      Scan(scan).ExclusiveSum(tie, tie_rank, tie_total);
-      __syncthreads();
-      const int take = i < num_rest && (key > kth || (tie && ties_before + tie_rank < ties));
-      int rank = 0, total = 0;
-      Scan(scan).ExclusiveSum(take, rank, total);
-      __syncthreads();
-      if (take) out[rest_begin + written + rank] = static_cast<int32_t>(rest_begin + i);
-      ties_before += tie_total;
-      written += total;
-    }
+    __syncthreads();
   }
+  if (then_pick > 0) {
+    // The first pick's entries (in out for now), then the second votes'
+    // keys with those 0, so that the second takes among the others.
+    if (pick > 0) WriteTaken(keys, num_rest, rest_begin, out, scan);
+    __syncthreads();
+    PoolKeys(then_rest, num_rest, kernel, max_pool, keys);
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < pick; t += blockDim.x) keys[out[rest_begin + t] - rest_begin] = 0u;
+    __syncthreads();
+    TakeHighest(keys, num_rest, then_pick, &counter, scan);
+    __syncthreads();
+  }
+  if (picked > 0) WriteTaken(keys, num_rest, rest_begin, out, scan);
   for (int64_t j = threadIdx.x; j < rest_begin; j += blockDim.x) out[j] = static_cast<int32_t>(j);
   for (int64_t j = window_begin + threadIdx.x; j < num_candidates; j += blockDim.x) {
-    out[rest_begin + pick + (j - window_begin)] = static_cast<int32_t>(j);
+    out[rest_begin + picked + (j - window_begin)] = static_cast<int32_t>(j);
   }
   if (threadIdx.x == 0) out[count] = -1;
 }
@@ -776,7 +816,8 @@ size_t SelectHeadsScratchBytes(int64_t num_heads, int64_t num_rest) {
 
 cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                         int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                        int64_t span, void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
+                        int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick,
+                        void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
   if (num_heads <= 0) return cudaSuccess;
   if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || span < 1 || window_begin - rest_begin > INT32_MAX) {
     return cudaErrorInvalidValue;
@@ -784,8 +825,8 @@ cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_he
   const int64_t num_rest = window_begin - rest_begin;
   const size_t shared = num_rest <= kSharedSelectKeys ? static_cast<size_t>(num_rest) * sizeof(uint32_t) : 0;
   SelectHeadsKernel<<<static_cast<unsigned>(num_heads), kSelectThreads, shared, stream>>>(
-      votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool, span,
-      static_cast<uint32_t*>(scratch), keep, keep_stride);
+      votes, votes_stride, num_candidates, rest_begin, window_begin, pick, pool_kernel, max_pool, span, then_votes,
+      then_votes_stride, then_pick, static_cast<uint32_t*>(scratch), keep, keep_stride);
   return cudaGetLastError();
 }
 
@@ -804,6 +845,12 @@ cudaError_t AddRows(float* x, int64_t stride, const float* bias, int64_t rows, i
 cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ScaleKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, n, s);
+  return cudaGetLastError();
+}
+
+cudaError_t Fill(float* x, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  FillKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, n, value);
   return cudaGetLastError();
 }
 

@@ -131,13 +131,17 @@ cudaError_t SortDescending(const float* scores, int64_t n, int32_t* order, void*
 // the lowest indices equal to it, in index order (a block scan); with a
 // larger span, the spans' walk (cpu::TopSpanIndices' rule) by one warp
 // over per-tile maxima; between the sinks [0, rest_begin) and the window
-// [window_begin, num_candidates); then -1, or the first candidate of R
-// with a non-finite vote (the row then [0, count)). scratch:
-// SelectHeadsScratchBytes(num_heads, window_begin - rest_begin) bytes.
+// [window_begin, num_candidates); with then_pick > 0, then_pick more of R
+// by the radix select over then_votes' pooled keys, those the first pick
+// took set to 0, both picks merged in index order; then -1, or the first
+// candidate of R with a non-finite vote in either row (the row then [0,
+// count)). scratch: SelectHeadsScratchBytes(num_heads, window_begin -
+// rest_begin) bytes.
 size_t SelectHeadsScratchBytes(int64_t num_heads, int64_t num_rest);
 cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                         int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                        int64_t span, void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
+                        int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick,
+                        void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
 
 // y[i] += x[i] over n values.
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);
@@ -145,6 +149,8 @@ cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream)
 cudaError_t AddRows(float* x, int64_t stride, const float* bias, int64_t rows, int64_t dim, cudaStream_t stream);
 // x[i] *= s over n values (Gemma's embedding scale).
 cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream);
+// x[i] = value over n values.
+cudaError_t Fill(float* x, int64_t n, float value, cudaStream_t stream);
 // dst + i * dst_stride <- src + rows[i] * src_stride, row_bytes each, for
 // i < count (Backend::Gather's indexed rows; rows on the device). Bytes,
 // read as 4-byte words where every address and size allows.

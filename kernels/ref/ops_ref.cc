@@ -297,37 +297,57 @@ void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int
 
 void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                  int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                 int64_t span, int32_t* keep, int64_t keep_stride) {
+                 int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick, int32_t* keep,
+                 int64_t keep_stride) {
   const int64_t num_rest = window_begin - rest_begin;
-  const int64_t count = rest_begin + pick + (num_candidates - window_begin);
-  std::vector<float> pooled(num_rest);
+  const int64_t count = rest_begin + pick + then_pick + (num_candidates - window_begin);
+  std::vector<float> pooled(num_rest), then_pooled(num_rest);
   std::vector<int32_t> top(pick);
-  for (int64_t h = 0; h < num_heads; ++h) {
-    const float* rest = votes + h * votes_stride + rest_begin;
-    int32_t* out = keep + h * keep_stride;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < num_rest && bad < 0; ++i) {
-      if (!std::isfinite(rest[i])) bad = rest_begin + i;
-    }
-    out[count] = static_cast<int32_t>(bad);
-    if (bad >= 0) {
-      std::iota(out, out + count, 0);
-      continue;
-    }
-    // (Pooled in f32, in index order, the sum times 1/kernel, as
-    // kernels/cpu's AvgPool1d: every backend keeps the same entries.)
+  // (Pooled in f32, in index order, the sum times 1/kernel, as
+  // kernels/cpu's AvgPool1d: every backend keeps the same entries.)
+  auto pool = [&](const float* rest, std::vector<float>& out) {
     const int64_t pad = pool_kernel / 2;
     const float inv = 1.0f / static_cast<float>(pool_kernel);
     for (int64_t i = 0; i < num_rest; ++i) {
       const int64_t lo = std::max<int64_t>(0, i - pad), hi = std::min(num_rest - 1, i + pad);
       float acc = max_pool ? rest[lo] : 0.0f;
       for (int64_t t = max_pool ? lo + 1 : lo; t <= hi; ++t) acc = max_pool ? std::max(acc, rest[t]) : acc + rest[t];
-      pooled[i] = max_pool ? acc : acc * inv;
+      out[i] = max_pool ? acc : acc * inv;
     }
+  };
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* rest = votes + h * votes_stride + rest_begin;
+    const float* then_rest = then_pick > 0 ? then_votes + h * then_votes_stride + rest_begin : nullptr;
+    int32_t* out = keep + h * keep_stride;
+    int64_t bad = -1;
+    for (int64_t i = 0; i < num_rest && bad < 0; ++i) {
+      if (!std::isfinite(rest[i]) || (then_rest != nullptr && !std::isfinite(then_rest[i]))) bad = rest_begin + i;
+    }
+    out[count] = static_cast<int32_t>(bad);
+    if (bad >= 0) {
+      std::iota(out, out + count, 0);
+      continue;
+    }
+    pool(rest, pooled);
     TopSpanIndices(pooled.data(), num_rest, pick, span, top.data());
+    std::vector<bool> kept(num_rest, false);
+    for (int32_t i : top) kept[i] = true;
+    if (then_pick > 0) {
+      // The untaken entries ranked by the second pooled votes, in full.
+      pool(then_rest, then_pooled);
+      std::vector<int32_t> order;
+      for (int64_t i = 0; i < num_rest; ++i) {
+        if (!kept[i]) order.push_back(static_cast<int32_t>(i));
+      }
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t a, int32_t b) { return then_pooled[a] > then_pooled[b]; });
+      for (int64_t t = 0; t < then_pick; ++t) kept[order[t]] = true;
+    }
     int64_t o = 0;
     for (int64_t j = 0; j < rest_begin; ++j) out[o++] = static_cast<int32_t>(j);
-    for (int64_t t = 0; t < pick; ++t) out[o++] = static_cast<int32_t>(rest_begin + top[t]);
+    for (int64_t i = 0; i < num_rest; ++i) {
+      if (kept[i]) out[o++] = static_cast<int32_t>(rest_begin + i);
+    }
     for (int64_t j = window_begin; j < num_candidates; ++j) out[o++] = static_cast<int32_t>(j);
   }
 }

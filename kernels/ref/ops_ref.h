@@ -105,9 +105,13 @@ void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int
 // (with span 1: the highest pooled votes, higher, then lower index) and
 // [window_begin, num_candidates), ascending, then one word: -1, or the
 // first candidate of R with a non-finite vote (the row then [0, count)).
+// With then_pick > 0, then_pick more of R, ascending among the others: the
+// highest of then_votes' pooled votes among the entries the first pick
+// did not take (higher, then lower index); a vote of either row checked.
 void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                  int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
-                 int64_t span, int32_t* keep, int64_t keep_stride);
+                 int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick, int32_t* keep,
+                 int64_t keep_stride);
 
 // In place softmax over x[0..n), in double.
 void Softmax(float* x, int64_t n);

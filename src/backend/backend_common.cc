@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -76,10 +77,10 @@ absl::Status HostTopSpans(const float* scores, int64_t n, int64_t k, int64_t spa
 
 absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
   if (s.num_heads < 0 || s.rest_begin < 0 || s.window_begin < s.rest_begin || s.num_candidates < s.window_begin ||
-      s.pick < 0 || s.pick > s.window_begin - s.rest_begin) {
+      s.pick < 0 || s.then_pick < 0 || s.pick + s.then_pick > s.window_begin - s.rest_begin) {
     return absl::InvalidArgumentError(absl::StrCat("select_heads: bad ranges: ", s.num_candidates,
                                                    " candidates, the rest [", s.rest_begin, ", ", s.window_begin, "), ",
-                                                   s.pick, " picked"));
+                                                   s.pick, " then ", s.then_pick, " picked"));
   }
   if (s.pool_kernel < 1 || s.pool_kernel % 2 == 0) {
     return absl::InvalidArgumentError(absl::StrCat("select_heads: pool kernel ", s.pool_kernel, " is not odd"));
@@ -92,6 +93,12 @@ absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
                                                    " kept and a status word, votes stride ", s.votes_stride, " for ",
                                                    s.window_begin, " candidates"));
   }
+  if (s.num_heads > 0 && s.then_pick > 0 &&
+      (s.then_votes == nullptr || (s.then_votes_stride != 0 && s.then_votes_stride < s.window_begin))) {
+    return absl::InvalidArgumentError(absl::StrCat("select_heads: ", s.then_pick,
+                                                   " picked by second votes, which are missing or have stride ",
+                                                   s.then_votes_stride, " for ", s.window_begin, " candidates"));
+  }
   return absl::OkStatus();
 }
 
@@ -99,12 +106,15 @@ absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) 
   SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
   const int64_t num_rest = s.window_begin - s.rest_begin;
   const int64_t count = s.count();
+  const int64_t picked = s.pick + s.then_pick;
   auto head = [&](int64_t h) {
     int32_t* out = s.keep + h * s.keep_stride;
     const float* rest = num_rest > 0 ? s.votes + h * s.votes_stride + s.rest_begin : nullptr;
+    const float* then_rest =
+        num_rest > 0 && s.then_pick > 0 ? s.then_votes + h * s.then_votes_stride + s.rest_begin : nullptr;
     int64_t bad = -1;
     for (int64_t i = 0; i < num_rest; ++i) {
-      if (!std::isfinite(rest[i])) {
+      if (!std::isfinite(rest[i]) || (then_rest != nullptr && !std::isfinite(then_rest[i]))) {
         bad = s.rest_begin + i;
         break;
       }
@@ -117,18 +127,31 @@ absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) 
     // R's top entries land ascending after the sinks; their indices are
     // R's, shifted to the candidates' after.
     int32_t* top = out + s.rest_begin;
+    // (Each thread's pooled votes and second pick kept from call to call,
+    // as the pruner's per-head scratch is.)
+    thread_local std::vector<float> pooled;
+    thread_local std::vector<int32_t> first, second;
     if (s.pick > 0) {
-      // (Each thread's pooled votes kept from call to call, as the
-      // pruner's per-head scratch is.)
-      thread_local std::vector<float> pooled;
       pooled.resize(num_rest);
       // (Their checks cannot fail here: CheckHeadSelection made them.)
       SNAPFILL_CHECK(HostPool1d(rest, pooled.data(), num_rest, s.pool_kernel, s.pool).ok());
       SNAPFILL_CHECK(HostTopSpans(pooled.data(), num_rest, s.pick, s.span, top).ok());
     }
+    if (s.then_pick > 0) {
+      // The second votes' highest among what the first pick left (the
+      // SnapKV pruner's rule: what the question took scores -inf), then
+      // both lists merged.
+      pooled.resize(num_rest);
+      SNAPFILL_CHECK(HostPool1d(then_rest, pooled.data(), num_rest, s.pool_kernel, s.pool).ok());
+      first.assign(top, top + s.pick);
+      second.resize(s.then_pick);
+      for (int32_t i : first) pooled[i] = -std::numeric_limits<float>::infinity();
+      SNAPFILL_CHECK(HostTopK(pooled.data(), num_rest, s.then_pick, second.data()).ok());
+      std::merge(first.begin(), first.end(), second.begin(), second.end(), top);
+    }
     std::iota(out, out + s.rest_begin, 0);
-    for (int64_t t = 0; t < s.pick; ++t) top[t] += static_cast<int32_t>(s.rest_begin);
-    std::iota(top + s.pick, out + count, static_cast<int32_t>(s.window_begin));
+    for (int64_t t = 0; t < picked; ++t) top[t] += static_cast<int32_t>(s.rest_begin);
+    std::iota(top + picked, out + count, static_cast<int32_t>(s.window_begin));
   };
   // (As SnapKV's host selection: below 256 candidates a parallel region
   // costs more than the heads.)

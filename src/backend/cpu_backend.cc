@@ -208,6 +208,10 @@ class CpuBackend final : public Backend, public BackendProfile {
     const OpScope op(*team_, guard_.get());
     return Backend::Scale(x, n, s);
   }
+  absl::Status Fill(float* x, int64_t n, float value) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Fill(x, n, value);
+  }
   uint64_t KernelScratchBytes() const override { return team_->ScratchBytes(); }
   void ReleaseKernelScratch() override { team_->ReleaseScratch(); }
 
@@ -899,6 +903,12 @@ absl::Status Backend::Scale(float* x, int64_t n, float s) {
   ParallelFor((n + kPiece - 1) / kPiece, [&](int64_t p) {
     for (int64_t i = p * kPiece; i < std::min(n, (p + 1) * kPiece); ++i) x[i] *= s;
   });
+  return absl::OkStatus();
+}
+
+absl::Status Backend::Fill(float* x, int64_t n, float value) {
+  if (n > 0 && x == nullptr) return absl::InvalidArgumentError("fill: no destination");
+  if (n > 0) std::fill(x, x + n, value);
   return absl::OkStatus();
 }
 

@@ -56,22 +56,23 @@ class SnapKvPruner final : public Pruner {
   PrunerKind kind() const override { return config_.kind; }
   bool needs_votes() const override { return true; }
 
-  // The rule is one op (Backend::SelectHeads) where one row of votes per
-  // head picks: the window's, or a question's with the whole share (each
-  // head's own, or their sum read by every head), whose votes the op then
-  // reads in their place.
+  // The rule is one op (Backend::SelectHeads): its votes are the window's,
+  // or a question's (each head's own, or their sum read by every head),
+  // which the op then reads in their place; where the question leaves the
+  // window's votes a share (--query_share < 1), those pick after it
+  // (HeadSelection::then_pick, the op's second row).
   bool PlanInBackend(const SelectionInput& in, Backend::HeadSelection* op) const override {
     const bool question = in.query_votes != nullptr;
     if (config_.kind != PrunerKind::kSnapKv || in.num_kv_heads <= 0) return false;
-    if (question && config_.query_share < 1.0) return false;
     const int64_t n = in.num_candidates;
     const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
     if (in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;
     const absl::StatusOr<int64_t> num_sinks = CountSinks(in, config_.sink_tokens);
     if (!num_sinks.ok() || n - *num_sinks <= in.budget) return false;
-    // The window's entries kept as they are (Select's w): none under a
-    // question with the whole share, except at the input's last step.
-    const int64_t w = question && !in.final_step ? 0 : window;
+    // The window's entries kept as they are (Select's w): under a question
+    // only the window's share, except at the input's last step.
+    const int64_t w =
+        !question || in.final_step ? window : std::llround((1.0 - config_.query_share) * static_cast<double>(window));
     // Positions ascend in every head (the candidate order, pruner.h), so
     // its sinks are its first candidates, all before the window (n - sinks
     // > budget >= window): R is [sinks, n - w) and the window's entries
@@ -80,7 +81,12 @@ class SnapKvPruner final : public Pruner {
     op->num_candidates = n;
     op->rest_begin = *num_sinks;
     op->window_begin = n - w;
-    op->pick = in.budget - w;
+    // R's k entries: the question's share of them first, as Select splits them.
+    const int64_t k = in.budget - w;
+    const int64_t k_query =
+        question ? std::clamp<int64_t>(std::llround(config_.query_share * static_cast<double>(k)), 0, k) : k;
+    op->pick = k_query;
+    op->then_pick = k - k_query;
     op->pool_kernel = config_.pool_kernel;
     op->pool = config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax;
     op->span = question && config_.query_select == Selection::kSpan ? config_.span : 1;

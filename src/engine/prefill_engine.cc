@@ -22,6 +22,8 @@ using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::SelectionLseFloats;
+using prefill_internal::SelectionVoteRows;
 using prefill_internal::SelectsInBackend;
 
 namespace {
@@ -98,10 +100,13 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     }
     *b = std::move(*made);
   }
-  if (SelectsInBackend(e->config_, e->query_rows_)) {
+  if (SelectsInBackend(e->config_)) {
     e->keep_stride_ = KeepStride(capacity);
     const uint64_t keep_words = static_cast<uint64_t>(global.size()) * mc.num_kv_heads * e->keep_stride_;
-    absl::StatusOr<std::unique_ptr<BackendBuffer>> votes = e->backend_->NewBuffer(cand * sizeof(float));
+    const int64_t vote_floats = SelectionVoteRows(e->config_, e->query_rows_) * cand;
+    const int64_t lse_floats = SelectionLseFloats(e->config_, mc.num_heads, e->query_rows_);
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> votes =
+        e->backend_->NewBuffer((vote_floats + lse_floats) * sizeof(float));
     absl::StatusOr<std::unique_ptr<BackendBuffer>> keep = e->backend_->NewBuffer(keep_words * sizeof(int32_t));
     if (!votes.ok() || !keep.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the selection's votes and kept indices: ",
@@ -109,6 +114,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     }
     e->sel_votes_ = std::move(*votes);
     e->sel_keep_ = std::move(*keep);
+    if (lse_floats > 0) e->sel_lse_ = e->sel_votes_->f32() + vote_floats;
   }
   e->pending_memory_.assign(mc.num_layers, -1);
   if (!e->cand_pos_.Allocate(cand) ||
@@ -418,8 +424,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   };
   auto select = [&]() -> absl::Status {
     if (question) {
-      SNAPFILL_RETURN_IF_ERROR(
-          QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step, query_votes_.data()));
+      SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
+                                             query_votes_.data(), query_lse_.data()));
     }
     if (reconstruct) {
       // Context reconstruction (DESIGN.md §9): each chunk entry's largest
@@ -481,10 +487,17 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                                             local ? window_capacity_ : prefill_capacity_));
   }
   if (in_backend) {  // (its rows hold prefill_capacity_ indices, checked above)
-    // (The question's votes where it asks one: then they pick alone.)
-    SNAPFILL_RETURN_IF_ERROR(
-        question ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step, sel_votes_->f32())
-                 : window_votes(sel_votes_->f32()));
+    // The question's votes where it asks one, and the window's where they
+    // pick after it; else the window's.
+    float* const then_votes = sel_votes_->f32() + c.num_kv_heads * cand_capacity_;
+    SNAPFILL_RETURN_IF_ERROR(question ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
+                                                      sel_votes_->f32(), sel_lse_)
+                                      : window_votes(sel_votes_->f32()));
+    if (op.then_pick > 0) {
+      SNAPFILL_RETURN_IF_ERROR(window_votes(then_votes));
+      op.then_votes = then_votes;
+      op.then_votes_stride = cand_capacity_;
+    }
     op.votes = sel_votes_->f32();
     op.votes_stride = cand_capacity_;
     if (question && config_.pruner.shared_query_votes && c.num_kv_heads > 1) {
@@ -566,7 +579,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
 }
 
 absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,
-                                              const KvView& seen, const KvView& view, bool final_step, float* votes) {
+                                              const KvView& seen, const KvView& view, bool final_step, float* votes,
+                                              float* lse) {
   const Queries queries = LlamaQueries(c, q, q_stride, num_q);
   if (config_.pruner.query_votes == QueryVotes::kSum) {
     return backend_->WindowScores(queries, seen, votes, cand_capacity_);
@@ -576,15 +590,13 @@ absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float*
   // candidate; at the last step the queries' own keys (the candidates' last
   // num_q) are not seen by the queries before them, and get the largest
   // vote there is, 1, so the question the decoder goes on from stays whole.
-  SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(queries, seen, query_lse_.data()));
+  SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(queries, seen, lse));
   KvView keys = view;
   if (final_step) keys.num_keys -= num_q;
-  SNAPFILL_RETURN_IF_ERROR(
-      backend_->RecallScores(queries, query_lse_.data(), keys, votes, cand_capacity_, /*max_weight=*/true));
+  SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(queries, lse, keys, votes, cand_capacity_, /*max_weight=*/true));
   if (final_step) {
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-      float* row = votes + h * cand_capacity_;
-      std::fill(row + keys.num_keys, row + view.num_keys, 1.0f);
+      SNAPFILL_RETURN_IF_ERROR(backend_->Fill(votes + h * cand_capacity_ + keys.num_keys, num_q, 1.0f));
     }
   }
   return absl::OkStatus();

@@ -61,12 +61,13 @@ class PrefillEngineImpl final : public PrefillEngine {
   // Frees every buffer the chunk loop writes (TakeDecoderCache).
   void ReleaseScratch();
   // The question's votes on a layer's num = view.num_keys candidates into
-  // votes ([num_kv_heads][cand_capacity_]; PrunerConfig::query_votes; the
-  // largest weights on the host only): its num_q queries q (rotated),
-  // which saw `seen`. At the last step the queries are the chunk's own
-  // last rows, whose keys are the candidates' last num_q.
+  // votes ([num_kv_heads][cand_capacity_]; PrunerConfig::query_votes, the
+  // largest weights through the log-denominators in lse, [num_heads][num_q]):
+  // its num_q queries q (rotated), which saw `seen`. At the last step the
+  // queries are the chunk's own last rows, whose keys are the candidates'
+  // last num_q. votes and lse are both host memory or both the backend's.
   absl::Status QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen,
-                             const KvView& view, bool final_step, float* votes);
+                             const KvView& view, bool final_step, float* votes, float* lse);
   // The recall tier at the last step, for `layer` (whose memory holds the
   // step's kept entries): scores the store with the question's num_q
   // queries q (rotated), which saw `seen`, and merges the best into the
@@ -130,13 +131,17 @@ class PrefillEngineImpl final : public PrefillEngine {
   PagedArray<float> query_votes_;    // [num_kv_heads, cand_capacity] the question's votes
   std::vector<std::vector<int32_t>> keep_;
   // The selection as a backend op (PrefillConfig::select_in_backend): the
-  // window's votes [num_kv_heads, cand_capacity] and every global layer's
-  // kept indices [global layers][num_kv_heads][keep_stride_] (each row
-  // followed by SelectHeads' status word), backend buffers; the latter's
-  // copy on the host where it cannot read them in place; and per layer
-  // whose positions wait for the chunk's end, its memory's size before the
-  // step (its candidates [0, m) are that memory; -1: nothing pending).
+  // votes [SelectionVoteRows][num_kv_heads, cand_capacity] (the window's or
+  // the question's; the window's second where they pick after it) with a
+  // question's log-denominators after them (sel_lse_, or null), and every
+  // global layer's kept indices [global layers][num_kv_heads][keep_stride_]
+  // (each row followed by SelectHeads' status word), backend buffers; the
+  // latter's copy on the host where it cannot read them in place; and per
+  // layer whose positions wait for the chunk's end, its memory's size
+  // before the step (its candidates [0, m) are that memory; -1: nothing
+  // pending).
   std::unique_ptr<BackendBuffer> sel_votes_, sel_keep_;
+  float* sel_lse_ = nullptr;
   int64_t keep_stride_ = 0;
   std::vector<int32_t> host_keep_;
   std::vector<int64_t> pending_memory_;

@@ -34,15 +34,22 @@ std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
 // Whether the engine makes SnapKV's selection a backend op where it can
-// (PrefillConfig::select_in_backend, the SnapKV pruner, no recall tier;
-// no question's rows, or a question whose summed weights pick alone, the
-// defaults): it then holds the votes and each global layer's kept indices
-// in backend buffers.
-inline bool SelectsInBackend(const PrefillConfig& c, int64_t query_rows) {
-  const PrunerConfig& p = c.pruner;
-  const bool question_op = p.query_share >= 1.0 && p.query_votes == QueryVotes::kSum;
-  return c.select_in_backend && p.kind == PrunerKind::kSnapKv && c.recall_budget == 0 &&
-         (query_rows == 0 || question_op);
+// (PrefillConfig::select_in_backend, the SnapKV pruner, no recall tier):
+// it then holds the votes and each global layer's kept indices in backend
+// buffers.
+inline bool SelectsInBackend(const PrefillConfig& c) {
+  return c.select_in_backend && c.pruner.kind == PrunerKind::kSnapKv && c.recall_budget == 0;
+}
+// Rows of votes of that op's buffer, per KV head: the window's or a
+// question's, and where a question leaves the window's votes a share
+// (--query_share < 1), the window's after the question's.
+inline int64_t SelectionVoteRows(const PrefillConfig& c, int64_t query_rows) {
+  return query_rows > 0 && c.pruner.query_share < 1.0 ? 2 : 1;
+}
+// Floats after those rows: a question's log-denominators (one per query
+// row and head) where its largest weights vote (--query_votes max).
+inline int64_t SelectionLseFloats(const PrefillConfig& c, int64_t num_heads, int64_t query_rows) {
+  return query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax ? num_heads * query_rows : 0;
 }
 // Words of those kept indices per global layer and KV head: the most a
 // layer keeps, and the op's status word.

@@ -127,6 +127,8 @@ using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::SelectionLseFloats;
+using prefill_internal::SelectionVoteRows;
 using prefill_internal::SelectsInBackend;
 
 absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
@@ -183,16 +185,18 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // The selection as a backend op (SelectsInBackend): the votes again, in
   // a backend buffer, and each global layer's kept indices, which the host
   // reads once per chunk (in place, or a copy of them from a device).
-  const bool in_backend = SelectsInBackend(c, query_rows);
+  const bool in_backend = SelectsInBackend(c);
   const int64_t vote_floats = query_rows > 0 && !reconstruct ? 2 : 1;
-  const int64_t backend_votes = in_backend ? 1 : 0;
+  const int64_t backend_votes = in_backend ? SelectionVoteRows(c, query_rows) : 0;
   const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats + backend_votes) * sizeof(float) +
                                     (mc.num_kv_heads + 1) * sizeof(int32_t);
   const uint64_t cand_kv_bytes = mc.num_kv_heads * (3 * mc.head_dim + backend_votes) * sizeof(float);
   const uint64_t cand_host_bytes = buffers_on_device ? cand_entry_bytes - cand_kv_bytes : cand_entry_bytes;
+  // (With a question's log-denominators where its largest weights vote.)
+  const uint64_t keep_words =
+      in_backend ? static_cast<uint64_t>(num_global) * mc.num_kv_heads * KeepStride(f.memory_capacity) : 0;
   const uint64_t keep_bytes =
-      in_backend ? static_cast<uint64_t>(num_global) * mc.num_kv_heads * KeepStride(f.memory_capacity) * sizeof(int32_t)
-                 : 0;
+      keep_words * sizeof(int32_t) + (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float);
   f.candidate_bytes = cand * cand_entry_bytes + keep_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {

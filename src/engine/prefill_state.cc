@@ -117,6 +117,7 @@ void PrefillEngineImpl::ReleaseScratch() {
   forward_.reset();
   recaller_.reset();
   for (std::unique_ptr<BackendBuffer>* b : {&cand_k_raw_, &cand_k_rot_, &cand_v_, &sel_votes_, &sel_keep_}) b->reset();
+  sel_lse_ = nullptr;
   host_keep_ = {};
   host_k_ = {};
   host_v_ = {};

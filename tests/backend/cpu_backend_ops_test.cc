@@ -84,67 +84,81 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
   auto guarded = CreateBackend(Device::kCpu, guarded_options);
   ASSERT_TRUE(guarded.ok()) << guarded.status();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
-  int cases = 0;
+  int cases = 0, then_cases = 0;
   for (const int64_t heads : {1, 3}) {
     for (const int64_t n : {1, 9, 300, 1201}) {
       const int64_t stride = n + 5;
-      std::vector<float> votes(heads * stride, -7.0f);
+      // (The second row, for a second pick: other votes, with ties.)
+      std::vector<float> votes(heads * stride, -7.0f), then_votes(heads * stride, -7.0f);
       for (int64_t h = 0; h < heads; ++h) {
         const std::vector<float> v = Votes(n, static_cast<uint32_t>(n * 10 + h));
         std::copy(v.begin(), v.end(), votes.begin() + h * stride);
         for (int64_t j = 3; j < n; j += 11) votes[h * stride + j] = (j % 2 == 0) ? 0.0f : -0.0f;
+        const std::vector<float> t = Votes(n, static_cast<uint32_t>(n * 10 + h + 5));
+        std::copy(t.begin(), t.end(), then_votes.begin() + h * stride);
+        for (int64_t j = 2; j < n; j += 5) then_votes[h * stride + j] = 0.25f;
       }
       for (const int64_t sinks : {int64_t{0}, std::min<int64_t>(4, n)}) {
         for (const int64_t window :
              {int64_t{0}, std::min<int64_t>(1, n - sinks), std::min<int64_t>(8, n - sinks), n - sinks}) {
           const int64_t window_begin = n - window, rest = window_begin - sinks;
           for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 2, rest}) {
-            for (const int64_t kernel : {1, 3, 7}) {
-              for (const int64_t span : {1, 3, 33}) {
-                for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
-                  Backend::HeadSelection s{.votes = votes.data(),
-                                           .votes_stride = stride,
-                                           .num_heads = heads,
-                                           .num_candidates = n,
-                                           .rest_begin = sinks,
-                                           .window_begin = window_begin,
-                                           .pick = pick,
-                                           .pool_kernel = kernel,
-                                           .pool = op,
-                                           .span = span};
-                  s.keep_stride = s.count() + 2;
-                  std::vector<int32_t> want(heads * s.keep_stride, -9);
-                  ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
-                                   op == Backend::PoolOp::kMax, span, want.data(), s.keep_stride);
-                  const std::string where =
-                      ::testing::PrintToString(std::vector<int64_t>{heads, n, sinks, window, pick, kernel, span});
-                  for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+            for (const int64_t then : {int64_t{0}, std::min<int64_t>(1, rest - pick), (rest - pick) / 2}) {
+              for (const int64_t kernel : {1, 3, 7}) {
+                for (const int64_t span : {1, 3, 33}) {
+                  for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
+                    Backend::HeadSelection s{.votes = votes.data(),
+                                             .votes_stride = stride,
+                                             .num_heads = heads,
+                                             .num_candidates = n,
+                                             .rest_begin = sinks,
+                                             .window_begin = window_begin,
+                                             .pick = pick,
+                                             .pool_kernel = kernel,
+                                             .pool = op,
+                                             .span = span,
+                                             .then_votes = then > 0 ? then_votes.data() : nullptr,
+                                             .then_votes_stride = stride,
+                                             .then_pick = then};
+                    s.keep_stride = s.count() + 2;
+                    std::vector<int32_t> want(heads * s.keep_stride, -9);
+                    ref::SelectHeads(votes.data(), stride, heads, n, sinks, window_begin, pick, kernel,
+                                     op == Backend::PoolOp::kMax, span, s.then_votes, stride, then, want.data(),
+                                     s.keep_stride);
+                    const std::string where = ::testing::PrintToString(
+                        std::vector<int64_t>{heads, n, sinks, window, pick, then, kernel, span});
+                    for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+                      std::vector<int32_t> got(want.size(), -9);
+                      s.keep = got.data();
+                      ASSERT_TRUE(b->SelectHeads(s).ok()) << where;
+                      ASSERT_EQ(got, want) << where;
+                    }
+                    // Guarded: votes and result in the backend's buffers.
+                    Backend& g = **guarded;
+                    auto votes_buffer = g.NewBuffer(2 * votes.size() * sizeof(float));
+                    auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
+                    ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
                     std::vector<int32_t> got(want.size(), -9);
-                    s.keep = got.data();
-                    ASSERT_TRUE(b->SelectHeads(s).ok()) << where;
+                    float* const then_in_buffer = (*votes_buffer)->f32() + votes.size();
+                    ASSERT_TRUE(g.Upload(votes.data(), (*votes_buffer)->data(), votes.size() * sizeof(float)).ok());
+                    ASSERT_TRUE(g.Upload(then_votes.data(), then_in_buffer, votes.size() * sizeof(float)).ok());
+                    ASSERT_TRUE(g.Upload(got.data(), (*keep_buffer)->data(), got.size() * sizeof(int32_t)).ok());
+                    Backend::HeadSelection in_buffers = s;
+                    in_buffers.votes = (*votes_buffer)->f32();
+                    if (then > 0) in_buffers.then_votes = then_in_buffer;
+                    in_buffers.keep = static_cast<int32_t*>((*keep_buffer)->data());
+                    ASSERT_TRUE(g.SelectHeads(in_buffers).ok()) << where;
+                    ASSERT_TRUE(g.Download((*keep_buffer)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
                     ASSERT_EQ(got, want) << where;
+                    for (int64_t h = 0; h < heads; ++h) {
+                      const int32_t* row = want.data() + h * s.keep_stride;
+                      ASSERT_EQ(row[s.count()], -1) << where;
+                      ASSERT_EQ(row[s.count() + 1], -9) << where;
+                      ASSERT_TRUE(std::is_sorted(row, row + s.count())) << where;
+                    }
+                    ++cases;
+                    then_cases += then > 0;
                   }
-                  // Guarded: votes and result in the backend's buffers.
-                  Backend& g = **guarded;
-                  auto votes_buffer = g.NewBuffer(votes.size() * sizeof(float));
-                  auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
-                  ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
-                  std::vector<int32_t> got(want.size(), -9);
-                  ASSERT_TRUE(g.Upload(votes.data(), (*votes_buffer)->data(), votes.size() * sizeof(float)).ok());
-                  ASSERT_TRUE(g.Upload(got.data(), (*keep_buffer)->data(), got.size() * sizeof(int32_t)).ok());
-                  Backend::HeadSelection in_buffers = s;
-                  in_buffers.votes = (*votes_buffer)->f32();
-                  in_buffers.keep = static_cast<int32_t*>((*keep_buffer)->data());
-                  ASSERT_TRUE(g.SelectHeads(in_buffers).ok()) << where;
-                  ASSERT_TRUE(g.Download((*keep_buffer)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
-                  ASSERT_EQ(got, want) << where;
-                  for (int64_t h = 0; h < heads; ++h) {
-                    const int32_t* row = want.data() + h * s.keep_stride;
-                    ASSERT_EQ(row[s.count()], -1) << where;
-                    ASSERT_EQ(row[s.count() + 1], -9) << where;
-                    ASSERT_TRUE(std::is_sorted(row, row + s.count())) << where;
-                  }
-                  ++cases;
                 }
               }
             }
@@ -153,14 +167,15 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
       }
     }
   }
-  EXPECT_GT(cases, 1500);
+  EXPECT_GT(cases, 4000);
+  EXPECT_GT(then_cases, 1500);
   // Ties and zeros: equal pooled votes keep the lower indices, and -0
   // ranks with +0 (index 1 is kept before index 3).
   const std::vector<float> tied = {0.5f, -0.0f, 0.5f, 0.0f, 0.5f, 0.0f, 1.0f};
   std::vector<int32_t> keep(6, -9);
   Backend::HeadSelection s{.votes = tied.data(), .votes_stride = 7, .num_heads = 1, .num_candidates = 7,
                            .window_begin = 6, .pick = 4, .keep_stride = 6};
-  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, 1, keep.data(), 6);
+  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 4, 1, false, 1, nullptr, 0, 0, keep.data(), 6);
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 4, 6, -1}));
   std::fill(keep.begin(), keep.end(), -9);
   s.keep = keep.data();
@@ -173,6 +188,25 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
   s.span = 3;
   ASSERT_TRUE(testing::SharedCpuBackend().SelectHeads(s).ok());
   EXPECT_EQ(keep, (std::vector<int32_t>{0, 1, 2, 3, 6, -1}));
+  // Two single entries by the first votes (0 and 2), then two by the
+  // second among the others: 0 and 2 score 9 there but are taken; 3 and 5
+  // tie at 3 above 4's 2 and 1's 1.
+  const std::vector<float> second = {9.0f, 1.0f, 9.0f, 3.0f, 2.0f, 3.0f, 0.0f};
+  for (Backend* b : {&testing::SharedCpuBackend(), twin.get()}) {
+    Backend::HeadSelection two = s;
+    two.span = 1;
+    two.pick = 2;
+    two.then_votes = second.data();
+    two.then_votes_stride = 7;
+    two.then_pick = 2;
+    std::fill(keep.begin(), keep.end(), -9);
+    two.keep = keep.data();
+    ASSERT_TRUE(b->SelectHeads(two).ok());
+    EXPECT_EQ(keep, (std::vector<int32_t>{0, 2, 3, 5, 6, -1}));
+  }
+  std::fill(keep.begin(), keep.end(), -9);
+  ref::SelectHeads(tied.data(), 7, 1, 7, 0, 6, 2, 1, false, 1, second.data(), 7, 2, keep.data(), 6);
+  EXPECT_EQ(keep, (std::vector<int32_t>{0, 2, 3, 5, 6, -1}));
 }
 
 // votes_stride 0: every head reads one row (a question's votes summed
@@ -228,6 +262,18 @@ TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
       const int32_t* row = keep.data() + s.keep_stride;
       EXPECT_EQ(row[s.count()], 17);
       for (int64_t t = 0; t < s.count(); ++t) EXPECT_EQ(row[t], t);
+      // A second row's vote is checked too, whatever the first's.
+      std::vector<float> then_votes = Votes(80, 4);
+      then_votes[9] = bad;  // head 0, candidate 9
+      s.then_votes = then_votes.data();
+      s.then_votes_stride = 40;
+      s.then_pick = 5;
+      s.keep_stride = s.count() + 1;
+      keep.assign(2 * s.keep_stride, -9);
+      s.keep = keep.data();
+      ASSERT_TRUE(b->SelectHeads(s).ok());
+      EXPECT_EQ(keep[s.count()], 9);
+      EXPECT_EQ(keep[s.keep_stride + s.count()], 17);
     }
   }
 }
@@ -528,8 +574,11 @@ TEST(CpuBackendOps, GuardedBuffersOpenOnlyInsideOps) {
     ASSERT_TRUE(backend.Scale(buffer.f32(), kN, 2.0f).ok());
     ASSERT_TRUE(backend.Add(buffer.f32(), buffer.f32(), kN).ok());
     ASSERT_TRUE(backend.AddRows(buffer.f32(), kDim, bias.data(), kRows, kDim).ok());
+    ASSERT_TRUE(backend.Fill(buffer.f32() + 5, 7, -3.5f).ok());
     ASSERT_TRUE(backend.Download(buffer.data(), back.data(), kN * sizeof(float)).ok());
-    for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(back[i], 4.0f * host[i] + bias[i % kDim]) << i;
+    for (int64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(back[i], i >= 5 && i < 12 ? -3.5f : 4.0f * host[i] + bias[i % kDim]) << i;
+    }
     const float* bytes = buffer.f32();
     if (guard) {
       EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*(volatile const float*)bytes)); }, "")
@@ -560,6 +609,20 @@ TEST(CpuBackendOps, BadArgumentsAreRefused) {
            [](Backend::HeadSelection& x) { x.votes_stride = 5; },
            [](Backend::HeadSelection& x) { x.keep = nullptr; },
            [](Backend::HeadSelection& x) { x.span = 0; },
+           [](Backend::HeadSelection& x) { x.then_pick = 1; },  // no second votes
+           [&](Backend::HeadSelection& x) {                     // more than the rest, both picks
+             x.then_votes = v.data();
+             x.then_votes_stride = 8;
+             x.then_pick = 3;
+             x.keep_stride = 10;
+           },
+           [&](Backend::HeadSelection& x) {
+             x.then_votes = v.data();
+             x.then_votes_stride = 5;
+             x.then_pick = 1;
+             x.keep_stride = 9;
+           },
+           [](Backend::HeadSelection& x) { x.then_pick = -1; },
        }) {
     Backend::HeadSelection x = s;
     bad(x);

@@ -347,7 +347,8 @@ TEST(CudaBackend, SelectionMatchesTheTwins) {
 // SelectHeads on the device (votes and kept indices in its buffers, one
 // block per head) keeps the twin's indices exactly: the same f32 pooling,
 // ties to the lower index, -0 with +0, single entries and a question's
-// spans of 32 (the warp's walk over tile maxima); from one candidate to
+// spans of 32 (the warp's walk over tile maxima), each also followed by a
+// second pick over other votes among what it left; from one candidate to
 // the 7B shape's 32 heads over 2,048; a non-finite vote named, its row
 // [0, count).
 // Host operands take the host's selection, the same indices. (Named
@@ -357,7 +358,7 @@ TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
   struct Shape {
     int64_t heads, n, sinks, window;
   };
-  int cases = 0;
+  int cases = 0, then_cases = 0;
   for (const Shape sh : {Shape{1, 1, 0, 0}, Shape{3, 9, 0, 1}, Shape{3, 300, 4, 8}, Shape{5, 1201, 0, 32},
                          Shape{32, 2048, 4, 32}, Shape{2, 70000, 4, 64}}) {
     const int64_t stride = sh.n + 3, window_begin = sh.n - sh.window, rest = window_begin - sh.sinks;
@@ -367,53 +368,71 @@ TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
       votes[i] = std::floor(std::fabs(votes[i]) * 8) / 8;
       if (votes[i] == 0.0f && i % 2 == 1) votes[i] = -0.0f;
     }
-    auto votes_d = b->NewBuffer(votes.size() * sizeof(float));
+    // (A second row, for a second pick: the window's votes after a question's.)
+    std::vector<float> then_votes = Normal(sh.heads * stride, static_cast<uint32_t>(sh.n + 1));
+    for (float& x : then_votes) x = std::floor(std::fabs(x) * 4) / 4;
+    auto votes_d = b->NewBuffer(2 * votes.size() * sizeof(float));
     SNAPFILL_ASSERT_OK(votes_d);
     SNAPFILL_ASSERT_OK(b->Upload(votes.data(), (*votes_d)->data(), votes.size() * sizeof(float)));
+    float* const then_d = (*votes_d)->f32() + votes.size();
+    SNAPFILL_ASSERT_OK(b->Upload(then_votes.data(), then_d, votes.size() * sizeof(float)));
     for (const int64_t pick : {int64_t{0}, std::min<int64_t>(1, rest), rest / 3, rest}) {
       for (const int64_t kernel : {1, 7}) {
         for (const Backend::PoolOp op : {Backend::PoolOp::kAvg, Backend::PoolOp::kMax}) {
           for (const int64_t span : {1, 32}) {
-            // (A question's spans at 70,000 candidates, whose tiles hold 64
-            // keys, once per pick: the twin searches every entry per peak.)
-            if (span > 1 && sh.n > 10000 && (kernel != 7 || op != Backend::PoolOp::kAvg)) continue;
-            SCOPED_TRACE(::testing::Message()
-                         << sh.heads << " heads, " << sh.n << " candidates, pick " << pick << ", kernel " << kernel
-                         << (op == Backend::PoolOp::kMax ? " max" : "") << ", span " << span);
-            Backend::HeadSelection s{.votes_stride = stride,
-                                     .num_heads = sh.heads,
-                                     .num_candidates = sh.n,
-                                     .rest_begin = sh.sinks,
-                                     .window_begin = window_begin,
-                                     .pick = pick,
-                                     .pool_kernel = kernel,
-                                     .pool = op,
-                                     .span = span};
-            s.keep_stride = s.count() + 2;
-            std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
-            ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
-                             op == Backend::PoolOp::kMax, span, want.data(), s.keep_stride);
-            auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
-            SNAPFILL_ASSERT_OK(keep_d);
-            SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
-            Backend::HeadSelection on_device = s;
-            on_device.votes = (*votes_d)->f32();
-            on_device.keep = static_cast<int32_t*>((*keep_d)->data());
-            SNAPFILL_ASSERT_OK(b->SelectHeads(on_device));
-            SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
-            ASSERT_EQ(got, want);
-            Backend::HeadSelection on_host = s;
-            on_host.votes = votes.data();
-            on_host.keep = host.data();
-            SNAPFILL_ASSERT_OK(b->SelectHeads(on_host));
-            ASSERT_EQ(host, want);
-            ++cases;
+            const int64_t half = (rest - pick) / 2;
+            for (const int64_t then : half > 0 ? std::vector<int64_t>{0, half} : std::vector<int64_t>{0}) {
+              // (A question's spans at 70,000 candidates, whose tiles hold 64
+              // keys, once per pick: the twin searches every entry per peak.)
+              if (span > 1 && sh.n > 10000 && (kernel != 7 || op != Backend::PoolOp::kAvg)) continue;
+              SCOPED_TRACE(::testing::Message() << sh.heads << " heads, " << sh.n << " candidates, pick " << pick
+                                                << " then " << then << ", kernel " << kernel
+                                                << (op == Backend::PoolOp::kMax ? " max" : "") << ", span " << span);
+              Backend::HeadSelection s{.votes_stride = stride,
+                                       .num_heads = sh.heads,
+                                       .num_candidates = sh.n,
+                                       .rest_begin = sh.sinks,
+                                       .window_begin = window_begin,
+                                       .pick = pick,
+                                       .pool_kernel = kernel,
+                                       .pool = op,
+                                       .span = span,
+                                       .then_votes_stride = stride,
+                                       .then_pick = then};
+              s.keep_stride = s.count() + 2;
+              std::vector<int32_t> want(sh.heads * s.keep_stride, -9), got(want.size(), -9), host(want.size(), -9);
+              ref::SelectHeads(votes.data(), stride, sh.heads, sh.n, sh.sinks, window_begin, pick, kernel,
+                               op == Backend::PoolOp::kMax, span, then_votes.data(), stride, then, want.data(),
+                               s.keep_stride);
+              auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
+              SNAPFILL_ASSERT_OK(keep_d);
+              SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
+              Backend::HeadSelection on_device = s;
+              on_device.votes = (*votes_d)->f32();
+              if (then > 0) on_device.then_votes = then_d;
+              on_device.keep = static_cast<int32_t*>((*keep_d)->data());
+              SNAPFILL_ASSERT_OK(b->SelectHeads(on_device));
+              SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
+              ASSERT_EQ(got, want);
+              Backend::HeadSelection on_host = s;
+              on_host.votes = votes.data();
+              if (then > 0) on_host.then_votes = then_votes.data();
+              on_host.keep = host.data();
+              SNAPFILL_ASSERT_OK(b->SelectHeads(on_host));
+              ASSERT_EQ(host, want);
+              if (then > 0) {
+                ++then_cases;
+              } else {
+                ++cases;
+              }
+            }
           }
         }
       }
     }
   }
   EXPECT_EQ(cases, 6 * 4 * 2 * 2 + 5 * 4 * 2 * 2 + 4);
+  EXPECT_GT(then_cases, 100);
   // A non-finite vote in head 1 (and a later one): named, the row [0, count).
   std::vector<float> votes = Normal(2 * 50, 3);
   for (float& x : votes) x = std::fabs(x);
@@ -992,6 +1011,14 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
     EXPECT_EQ(DownloadAll(*b, xd->data(), n), want) << "scale";
   }
   {
+    // Fill: a range inside a buffer, the rest untouched.
+    std::vector<float> want = x;
+    std::fill(want.begin() + 3, want.end() - 5, 1.0f);
+    auto xd = buffer(x);
+    SNAPFILL_ASSERT_OK(b->Fill(xd->f32() + 3, n - 8, 1.0f));
+    EXPECT_EQ(DownloadAll(*b, xd->data(), n), want) << "fill";
+  }
+  {
     // RmsNorm from a buffer into another, and on the host.
     std::vector<float> want(n, -3.0f);
     SNAPFILL_ASSERT_OK(b->RmsNorm(x.data(), stride, bias.data(), want.data(), stride, rows, dim, 1e-5f));
@@ -1081,10 +1108,12 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
 // how the backend ran before): a question-guided IMDC prefill with
 // eviction and 8 decoded tokens, for each architecture's extra ops (Qwen's
 // biases, Gemma's embedding scale and sliding-window layers), the recall
-// tier (its store reads the candidates through copies), the gate, and the
-// window's votes alone. The question's runs (spans of 32) and the window's
-// select on the device, their kept indices there: the host's selection's
-// indices, to the bit.
+// tier (its store reads the candidates through copies), the gate, the
+// window's votes alone, and a question's largest weights with half the
+// share (the log-denominators, the last step's Fill and the second pick on
+// the device). The question's runs (spans of 32) and the window's select
+// on the device, their kept indices there: the host's selection's indices,
+// to the bit.
 TEST(CudaBackend, DeviceBuffersComputeWhatHostBuffersDo) {
   struct Case {
     const char* architecture;
@@ -1094,7 +1123,7 @@ TEST(CudaBackend, DeviceBuffersComputeWhatHostBuffersDo) {
        {Case{"llama", testing::EngineScores::kGuided}, Case{"qwen2", testing::EngineScores::kGuided},
         Case{"gemma3", testing::EngineScores::kGuided}, Case{"llama", testing::EngineScores::kGuidedRecall},
         Case{"llama", testing::EngineScores::kGate}, Case{"llama", testing::EngineScores::kWindow},
-        Case{"gemma3", testing::EngineScores::kWindow}}) {
+        Case{"gemma3", testing::EngineScores::kWindow}, Case{"qwen2", testing::EngineScores::kGuidedShareMax}}) {
     SCOPED_TRACE(::testing::Message() << c.architecture << ", scores " << static_cast<int>(c.scores));
     CUDA_BACKEND_OR_SKIP(device, true);
     std::string why;

@@ -292,8 +292,9 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
     const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
     const int64_t n = m + c;
     const int64_t budget = window + trial % 13;
-    std::vector<float> votes(heads * (n + 3));
-    for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;  // many ties
+    std::vector<float> votes(heads * (n + 3)), window_votes(heads * (n + 3));
+    for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;
+    for (float& v : window_votes) v = std::floor(unif(rng) * 4) / 4;  // many ties
     std::vector<int32_t> positions(heads * (n + 1));
     for (int64_t h = 0; h < heads; ++h) {
       // Memory: the sinks, then increasing positions; chunk after them.
@@ -325,19 +326,20 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
 // keeps exactly what Select keeps (random inputs with many ties, sinks,
 // both poolings, memories and chunks of every size; the window's votes,
 // or a question's alone as single tokens or spans, each head's or their
-// sum, at the last step or before it); and it declines what is not one:
-// nothing to evict, a question leaving the window a share, the
-// stored-score pruners, streaming and full.
+// sum, at the last step or before it; a question leaving the window's
+// votes a share, which pick after it); and it declines what is not one:
+// nothing to evict, the stored-score pruners, streaming and full.
 TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  int planned = 0, asked = 0, summed_heads = 0;
+  int planned = 0, asked = 0, summed_heads = 0, shared_out = 0, both_picked = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
     const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
     const int64_t n = m + c, budget = window + trial % 13;
-    std::vector<float> votes(heads * (n + 3));
+    std::vector<float> votes(heads * (n + 3)), window_votes(heads * (n + 3));
     for (float& v : votes) v = std::floor(unif(rng) * 8) / 8;
+    for (float& v : window_votes) v = std::floor(unif(rng) * 4) / 4;
     std::vector<int32_t> positions(heads * (n + 1));
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t j = 0; j < n; ++j) positions[h * (n + 1) + j] = static_cast<int32_t>(j * 2);
@@ -362,6 +364,12 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
       in.query_votes_stride = n + 3;
       in.votes = nullptr;  // (not read with the question's whole share)
       in.final_step = trial % 5 < 2;
+      // Some leave the window's votes a share (none, or 30%, 60%, 90%).
+      if (trial % 11 < 4) {
+        config.query_share = 0.3 * (trial % 11);
+        in.votes = window_votes.data();
+        in.votes_stride = n + 3;
+      }
     }
     auto pruner = MakePruner(config);
     Keep keep;
@@ -378,6 +386,12 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     summed_heads += shared;
     op.votes = shared ? summed.data() : votes.data();
     op.votes_stride = shared ? 0 : n + 3;
+    if (op.then_pick > 0) {
+      op.then_votes = window_votes.data();
+      op.then_votes_stride = n + 3;
+    }
+    shared_out += question && config.query_share < 1.0;
+    both_picked += op.pick > 0 && op.then_pick > 0;
     op.keep_stride = op.count() + 1;
     std::vector<int32_t> rows(heads * op.keep_stride);
     op.keep = rows.data();
@@ -391,6 +405,8 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   EXPECT_GT(planned, 150);
   EXPECT_GT(asked, 100);
   EXPECT_GT(summed_heads, 20);
+  EXPECT_GT(shared_out, 40);
+  EXPECT_GT(both_picked, 20);
 
   // What the op is told, and declined inputs.
   const std::vector<float> votes(20, 0.5f);
@@ -414,9 +430,21 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   EXPECT_TRUE(MakePruner(SnapKv(4, 3))->PlanInBackend(question, &op));
   EXPECT_EQ(op.window_begin, 16);
   EXPECT_EQ(op.pick, 4);
+  // Half the share: at the last step the whole window, R's 4 split 2 and
+  // 2; before it half the window (2), R's 6 split 3 and 3.
   PrunerConfig shares = SnapKv(4, 3);
   shares.query_share = 0.5;
-  EXPECT_FALSE(MakePruner(shares)->PlanInBackend(question, &op)) << "the window's share picks too";
+  EXPECT_TRUE(MakePruner(shares)->PlanInBackend(question, &op));
+  EXPECT_EQ(op.window_begin, 16);
+  EXPECT_EQ(op.pick, 2);
+  EXPECT_EQ(op.then_pick, 2);
+  question.final_step = false;
+  EXPECT_TRUE(MakePruner(shares)->PlanInBackend(question, &op));
+  EXPECT_EQ(op.window_begin, 18);
+  EXPECT_EQ(op.pick, 3);
+  EXPECT_EQ(op.then_pick, 3);
+  EXPECT_EQ(op.count(), 8);
+  question.final_step = true;
   PrunerConfig shared = SnapKv(4, 3);
   shared.shared_query_votes = true;
   SelectionInput two_heads = question;

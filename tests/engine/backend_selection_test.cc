@@ -7,8 +7,10 @@
 // telemetry (the adaptive schedule's budgets follow its retention), with
 // sinks, original or re-encoded positions, every schedule, a hybrid
 // model's sliding-window layers beside its global ones, a question's
-// spans or single tokens (each head's votes, or their sum), and with the backend's buffers guarded (the
-// host reads the kept indices through a copy, as from a device).
+// spans or single tokens (each head's votes, or their sum; its summed or
+// largest weights; alone, or with the window's votes picking after them),
+// and with the backend's buffers guarded (the host reads the kept indices
+// through a copy, as from a device).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,6 +42,8 @@ struct Case {
   Selection select = Selection::kSpan;
   int64_t span = 32;
   bool shared_votes = false;  // --query_heads shared
+  double share = 1.0;         // --query_share
+  QueryVotes votes = QueryVotes::kSum;
 };
 
 struct Outcome {
@@ -76,6 +80,8 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
     config.pruner.query_select = c.select;
     config.pruner.span = c.span;
     config.pruner.shared_query_votes = c.shared_votes;
+    config.pruner.query_share = c.share;
+    config.pruner.query_votes = c.votes;
   }
   auto engine = PrefillEngine::Create(model, backend->get(), config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();
@@ -164,7 +170,26 @@ INSTANTIATE_TEST_SUITE_P(
              .question = 12,
              .span = 5},
         Case{.name = "question_gemma3_hybrid", .architecture = "gemma3", .sinks = 4, .question = 7, .span = 8},
-        Case{.name = "question_shared_sinks", .sinks = 4, .question = 8, .span = 6, .shared_votes = true}),
+        Case{.name = "question_shared_sinks", .sinks = 4, .question = 8, .span = 6, .shared_votes = true},
+        // The window's votes pick after the question's (a second row).
+        Case{.name = "question_share_half", .sinks = 4, .question = 9, .span = 5, .share = 0.5},
+        Case{.name = "question_share_tokens_im",
+             .schedule = ScheduleKind::kIncremental,
+             .question = 6,
+             .select = Selection::kToken,
+             .share = 0.3},
+        // The largest weights: log-denominators in the backend's buffer,
+        // and at the last step the question's own 12 keys (more than the
+        // window of 8) voted 1 by Backend::Fill.
+        Case{.name = "question_max", .question = 12, .span = 4, .votes = QueryVotes::kMax},
+        Case{.name = "question_max_shared_share",
+             .architecture = "gemma3",
+             .sinks = 2,
+             .question = 10,
+             .span = 3,
+             .shared_votes = true,
+             .share = 0.6,
+             .votes = QueryVotes::kMax}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace

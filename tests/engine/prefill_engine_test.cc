@@ -304,26 +304,41 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   auto engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(engine);
   EXPECT_GE((*engine)->scratch_bytes(), guided->candidate_bytes + guided->activation_bytes);
-  // The summed votes select in one backend op (its votes and kept indices
-  // counted); the largest weights select on the host, and need each
-  // question query's log-denominator.
+  // The question's votes select in one backend op (its votes and kept
+  // indices counted).
   PrefillConfig on_host = config;
   on_host.select_in_backend = false;
   auto host_guided = PrefillEngine::Footprint(model->config(), on_host, 2000);
   SNAPFILL_ASSERT_OK(host_guided);
   EXPECT_GT(guided->candidate_bytes, host_guided->candidate_bytes);
-  auto host_engine = PrefillEngine::Create(*model, backend->get(), on_host, 2000);
-  SNAPFILL_ASSERT_OK(host_engine);
+  // The largest weights need each question query's log-denominator: on
+  // the host, and in the op's buffer beside its votes.
+  const uint64_t lse_bytes = model->config().num_heads * 40 * sizeof(float);
   config.pruner.query_votes = QueryVotes::kMax;
   auto largest = PrefillEngine::Footprint(model->config(), config, 2000);
   SNAPFILL_ASSERT_OK(largest);
-  EXPECT_EQ(largest->candidate_bytes, host_guided->candidate_bytes + model->config().num_heads * 40 * sizeof(float));
+  EXPECT_EQ(largest->candidate_bytes, guided->candidate_bytes + 2 * lse_bytes);
   auto largest_engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
   SNAPFILL_ASSERT_OK(largest_engine);
   EXPECT_GE((*largest_engine)->scratch_bytes(), largest->candidate_bytes + largest->activation_bytes);
-  EXPECT_EQ((*largest_engine)->scratch_bytes(),
-            (*host_engine)->scratch_bytes() + model->config().num_heads * 40 * sizeof(float));
+  EXPECT_EQ((*largest_engine)->scratch_bytes(), (*engine)->scratch_bytes() + 2 * lse_bytes);
+  on_host.pruner.query_votes = QueryVotes::kMax;
+  auto host_largest = PrefillEngine::Footprint(model->config(), on_host, 2000);
+  SNAPFILL_ASSERT_OK(host_largest);
+  EXPECT_EQ(host_largest->candidate_bytes, host_guided->candidate_bytes + lse_bytes);
   config.pruner.query_votes = QueryVotes::kSum;
+  // A share for the window's votes: a second row of them per candidate in
+  // the op's buffer, as predicted.
+  config.pruner.query_share = 0.5;
+  auto halves = PrefillEngine::Footprint(model->config(), config, 2000);
+  SNAPFILL_ASSERT_OK(halves);
+  auto halves_engine = PrefillEngine::Create(*model, backend->get(), config, 2000);
+  SNAPFILL_ASSERT_OK(halves_engine);
+  EXPECT_GT(halves->candidate_bytes, guided->candidate_bytes);
+  EXPECT_EQ(halves->candidate_bytes - guided->candidate_bytes,
+            (*halves_engine)->scratch_bytes() - (*engine)->scratch_bytes());
+  EXPECT_EQ((halves->candidate_bytes - guided->candidate_bytes) % (model->config().num_kv_heads * sizeof(float)), 0u);
+  config.pruner.query_share = 1.0;
   // Pruners that read no votes run no question.
   config.pruner.kind = PrunerKind::kStreaming;
   auto streaming = PrefillEngine::Footprint(model->config(), config, 2000);

@@ -40,6 +40,10 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   } else {
     config.query_tokens = TestTokens(6, c.vocab_size);
   }
+  if (scores == EngineScores::kGuidedShareMax) {
+    config.pruner.query_share = 0.5;
+    config.pruner.query_votes = QueryVotes::kMax;
+  }
   if (scores == EngineScores::kGuidedRecall) config.recall_budget = 24;
   auto engine = PrefillEngine::Create(model, backend, config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();

@@ -25,8 +25,10 @@ struct EngineOutcome {
 // tier (a store in a temporary directory); SmartKV's gate (zero gates: the
 // chunk's entries tie, and the keys still go through the gate's arithmetic
 // on the host); the window's votes alone, with 4 sinks (no question: the
-// selection is one backend op, Backend::SelectHeads).
-enum class EngineScores { kGuided, kGuidedRecall, kGate, kWindow };
+// selection is one backend op, Backend::SelectHeads); the question's
+// largest weights with half the share, the window's votes picking after
+// them (the op's second row, the log-denominators in its buffer).
+enum class EngineScores { kGuided, kGuidedRecall, kGate, kWindow, kGuidedShareMax };
 
 // 300 test tokens through IMDC (chunk 48, memory 40, window 8) with SnapKV
 // or the gate (with recall: a later question recalls into the decoder's

@@ -101,7 +101,8 @@ class RefBackend final : public Backend {
   absl::Status SelectHeads(const HeadSelection& s) override {
     SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
     ref::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
-                     s.pool_kernel, s.pool == PoolOp::kMax, s.span, s.keep, s.keep_stride);
+                     s.pool_kernel, s.pool == PoolOp::kMax, s.span, s.then_votes, s.then_votes_stride, s.then_pick,
+                     s.keep, s.keep_stride);
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -250,8 +250,8 @@ TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
 
 // A question guides every chunk unless --query_aware=false: the plan says
 // so and counts its rows; telemetry records them (and the layers whose
-// selection was a backend op: with a question's votes alone, the
-// defaults, or none); bad settings name the flag.
+// selection was a backend op: all but with the recall tier); bad settings
+// name the flag.
 TEST_F(CliTest, AQuestionGuidesTheCompression) {
   const std::string base = "run --model " + tiny_ + " --input " + text_ +
                            " --memory 64 --chunk 128 --window 8 -n 2 --progress=false ";
@@ -267,14 +267,23 @@ TEST_F(CliTest, AQuestionGuidesTheCompression) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const std::string records = testing::ReadAll(telemetry);
   EXPECT_NE(records.find("\"query_rows\":"), std::string::npos) << records;
-  // (A question that leaves the window a share selects on the host; one
-  // whose votes pick alone, as SnapKV without one, in one backend op per
-  // layer, and telemetry counts the layers.)
-  EXPECT_EQ(records.find("\"backend_selections\":"), std::string::npos) << records;
+  // (A question's selection is one backend op per layer, as SnapKV's
+  // without one, whatever its rule, and telemetry counts the layers; with
+  // the recall tier, whose store takes what each step evicts, the host's.)
+  EXPECT_NE(records.find("\"backend_selections\":"), std::string::npos) << records;
   const std::string alone = dir_ + "/alone.jsonl";
   r = Run(base + "--question 'what is it' --telemetry " + alone);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(testing::ReadAll(alone).find("\"backend_selections\":"), std::string::npos);
+  const std::string largest = dir_ + "/largest.jsonl";
+  r = Run(base + "--question 'what is it' --query_votes max --query_heads shared --telemetry " + largest);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(testing::ReadAll(largest).find("\"backend_selections\":"), std::string::npos);
+  const std::string recalled = dir_ + "/recalled.jsonl";
+  r = Run(base + "--question 'what is it' --recall_dir " + dir_ + "/store --recall 16 --telemetry " + recalled);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(testing::ReadAll(recalled).find("\"recalled\":"), std::string::npos);
+  EXPECT_EQ(testing::ReadAll(recalled).find("\"backend_selections\":"), std::string::npos);
   const std::string unguided = dir_ + "/unguided.jsonl";
   r = Run(base + "--question 'what is it' --query_aware=false --telemetry " + unguided);
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -548,6 +548,13 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_CUDA(cuda::Scale(x, n, s, stream_), "scale");
     return Finish("scale", x);
   }
+  absl::Status Fill(float* x, int64_t n, float value) override {
+    if (n <= 0) return absl::OkStatus();
+    if (!Owns(x)) return Backend::Fill(x, n, value);
+    Timer t(this, kSwiGlu);
+    SNAPFILL_CUDA(cuda::Fill(x, n, value, stream_), "fill");
+    return Finish("fill", x);
+  }
 
   absl::Status RmsNorm(const float* x, int64_t x_stride, const float* weight, float* y, int64_t y_stride,
                        int64_t rows, int64_t dim, float eps) override {
@@ -800,10 +807,12 @@ class CudaBackend final : public Backend, public BackendProfile {
     SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
     if (s.num_heads == 0) return absl::OkStatus();
     const bool reads_votes = s.window_begin > s.rest_begin;
+    const bool reads_then = reads_votes && s.then_pick > 0;
     const bool keep_device = Owns(s.keep), votes_device = reads_votes && Owns(s.votes);
-    if (!keep_device && !votes_device) return HostSelectHeads(s, *this);
-    if (!keep_device || (reads_votes && !votes_device)) {
-      return absl::InvalidArgumentError("select_heads: the votes and the kept indices must both be the device's");
+    const bool then_device = reads_then && Owns(s.then_votes);
+    if (!keep_device && !votes_device && !then_device) return HostSelectHeads(s, *this);
+    if (!keep_device || (reads_votes && !votes_device) || (reads_then && !then_device)) {
+      return absl::InvalidArgumentError("select_heads: the votes and the kept indices must all be the device's");
     }
     std::lock_guard<std::mutex> lock(select_mutex_);
     Timer t(this, kSelect);
@@ -811,10 +820,10 @@ class CudaBackend final : public Backend, public BackendProfile {
     // (The positions' slot: num_kv_heads × candidates words, as the RoPE
     // of the candidates, so the device's prediction holds it.)
     SNAPFILL_ASSIGN_OR_RETURN(char* scratch, Buffer<char>(kPositions, static_cast<int64_t>(bytes)));
-    SNAPFILL_CUDA(
-        cuda::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin, s.window_begin, s.pick,
-                          s.pool_kernel, s.pool == PoolOp::kMax, s.span, scratch, s.keep, s.keep_stride, stream_),
-        "select_heads");
+    SNAPFILL_CUDA(cuda::SelectHeads(s.votes, s.votes_stride, s.num_heads, s.num_candidates, s.rest_begin,
+                                    s.window_begin, s.pick, s.pool_kernel, s.pool == PoolOp::kMax, s.span, s.then_votes,
+                                    s.then_votes_stride, s.then_pick, scratch, s.keep, s.keep_stride, stream_),
+                  "select_heads");
     return Finish("select_heads", s.keep);
   }
 
