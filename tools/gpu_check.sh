@@ -115,6 +115,12 @@ step smollm2_imdc_long 150 prefill "$SMOL" "$LONG_TOKENS" imdc
 step smollm2_question_64k 60 bash -c '"$BIN/snapfill" run --device cuda --model "$0" --input "$TEXT" \
   --max_tokens 65536 --memory 1024 --chunk 1024 --question "Who built the ark?" -n 8 --progress=false \
   --timing --telemetry "$WORK/question.jsonl" && grep -o "\"backend_selections\":[0-9]*" "$WORK/question.jsonl" | tail -1' "$SMOL"
+# The question's other rules (half the share left to the window's votes,
+# the largest weights), also one op per layer: a shorter run.
+step smollm2_question_share_max 40 bash -c '"$BIN/snapfill" run --device cuda --model "$0" --input "$TEXT" \
+  --max_tokens 16384 --memory 1024 --chunk 1024 --question "Who built the ark?" --query_share 0.5 \
+  --query_votes max -n 8 --progress=false --timing --telemetry "$WORK/question_rules.jsonl" \
+  && grep -o "\"backend_selections\":[0-9]*" "$WORK/question_rules.jsonl" | tail -1' "$SMOL"
 step 7b_fm 90 prefill "$MODEL_7B" "$TOKENS_7B" fm
 step 7b_im 90 prefill "$MODEL_7B" "$TOKENS_7B" im
 say "== done in $((SECONDS - START)) s"
