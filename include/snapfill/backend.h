@@ -563,9 +563,9 @@ class Backend {
   // word follows them: -1, or the first candidate of R whose vote (in
   // either row) is not finite (every vote of R is checked, whatever the
   // picks); the row is then [0, count()), so that a gather by it stays in
-  // bounds, and the caller reports the vote. Twin: ref::SelectHeads. The base class runs
-  // on the host (kernels/cpu's pooling and top-k), head by head over
-  // ParallelFor; InvalidArgument for inconsistent sizes.
+  // bounds, and the caller reports the vote. Twin: ref::SelectHeads. The
+  // base class runs on the host (kernels/cpu's pooling and top-k), head by
+  // head over ParallelFor; InvalidArgument for inconsistent sizes.
   struct HeadSelection {
     const float* votes = nullptr;  // [num_heads][votes_stride]
     int64_t votes_stride = 0;      // 0: one row that every head reads
@@ -573,7 +573,7 @@ class Backend {
     int64_t num_candidates = 0;
     int64_t rest_begin = 0;  // 0 <= rest_begin <= window_begin <= num_candidates
     int64_t window_begin = 0;
-    int64_t pick = 0;         // at most window_begin - rest_begin
+    int64_t pick = 0;         // at most window_begin - rest_begin (with then_pick)
     int64_t pool_kernel = 1;  // odd; 1 pools nothing
     PoolOp pool = PoolOp::kAvg;
     int64_t span = 1;         // >= 1

@@ -489,11 +489,11 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   if (in_backend) {  // (its rows hold prefill_capacity_ indices, checked above)
     // The question's votes where it asks one, and the window's where they
     // pick after it; else the window's.
-    float* const then_votes = sel_votes_->f32() + c.num_kv_heads * cand_capacity_;
     SNAPFILL_RETURN_IF_ERROR(question ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
                                                       sel_votes_->f32(), sel_lse_)
                                       : window_votes(sel_votes_->f32()));
-    if (op.then_pick > 0) {
+    if (op.then_pick > 0) {  // (the buffer's second row: SelectionVoteRows)
+      float* const then_votes = sel_votes_->f32() + c.num_kv_heads * cand_capacity_;
       SNAPFILL_RETURN_IF_ERROR(window_votes(then_votes));
       op.then_votes = then_votes;
       op.then_votes_stride = cand_capacity_;
