@@ -585,6 +585,33 @@ class Backend {
     int64_t count() const { return rest_begin + pick + then_pick + (num_candidates - window_begin); }
   };
   virtual absl::Status SelectHeads(const HeadSelection& s);
+  // SmartKV's learned gates (DESIGN.md §9) on a layer's keys before RoPE,
+  // every KV head in one op, so that a gate pruner's scores are made where
+  // the keys are: for head h < num_heads and key i < n,
+  //   y[h * y_stride + i] = w2 · relu(w1 x̂ + b1) + b2,
+  //   x̂ = (k - mean) ⊙ inv_std, k = keys[h * keys_head_stride + i * key_stride, + head_dim),
+  // with head h's parameters at params + h * params_stride, packed as
+  // mean[head_dim], inv_std[head_dim], w1[hidden][head_dim], b1[hidden],
+  // w2[hidden], b2 (GateParamFloats of them). Twin: ref::GateForward. The
+  // base class runs on the host (kernels/cpu); InvalidArgument for
+  // inconsistent sizes or a missing operand.
+  struct GateScoring {
+    int64_t num_heads = 0;
+    int64_t head_dim = 0;
+    int64_t hidden = 0;
+    int64_t n = 0;  // keys per head
+    const float* params = nullptr;
+    int64_t params_stride = 0;  // >= GateParamFloats(head_dim, hidden)
+    const float* keys = nullptr;
+    int64_t keys_head_stride = 0;
+    int64_t key_stride = 0;  // >= head_dim
+    float* y = nullptr;
+    int64_t y_stride = 0;  // >= n
+  };
+  static int64_t GateParamFloats(int64_t head_dim, int64_t hidden) {
+    return 2 * head_dim + hidden * head_dim + 2 * hidden + 1;
+  }
+  virtual absl::Status GateScores(const GateScoring& g);
   // Bytes of scratch WindowScores holds for num_q queries of num_heads heads
   // over num_keys keys (its scores kept for a second pass), for memory
   // predictions. The base class keeps none.

@@ -211,6 +211,15 @@ void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_
 // it is a few passes over a few thousand keys.
 void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions);
 
+// SmartKV's gate on n keys (Backend::GateScores, one head; gate.cc):
+// y[i] = w2 · relu(w1 ((k_i - mean) ⊙ inv_std) + b1) + b2 with the
+// parameters packed at `params` (mean, inv_std, w1 [hidden][head_dim], b1,
+// w2, b2) and k_i = keys[i * key_stride, + head_dim). Eigen's products, in
+// the order src/compress/gate.cc predicts with, so that a pruner's scores
+// are the gate's as it was fitted and evaluated. Twin: ref::GateForward.
+void GateScores(const float* params, int64_t head_dim, int64_t hidden, const float* keys, int64_t key_stride, int64_t n,
+                float* y);
+
 // In place softmax over x[0..n): exp(x - max) / Σ, f32 with f32 sum.
 void Softmax(float* x, int64_t n);
 

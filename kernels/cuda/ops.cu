@@ -410,6 +410,33 @@ __global__ void FillKernel(float* __restrict__ x, int64_t n, float value) {
   }
 }
 
+// One thread per (head, key), heads on the grid's y: each hidden unit
+// reads the key again and normalizes it on the way (head_dim registers
+// would not fit at 256), and a warp's threads read every parameter at the
+// same address at once (one broadcast).
+__global__ void GateScoresKernel(const float* __restrict__ params, int64_t params_stride,
+                                 const float* __restrict__ keys, int64_t keys_head_stride, int64_t key_stride,
+                                 int64_t n, int head_dim, int hidden, float* __restrict__ y, int64_t y_stride) {
+  const int64_t h = blockIdx.y;
+  const float* mean = params + h * params_stride;
+  const float* inv_std = mean + head_dim;
+  const float* w1 = inv_std + head_dim;
+  const float* b1 = w1 + int64_t{hidden} * head_dim;
+  const float* w2 = b1 + hidden;
+  const float b2 = w2[hidden];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float* k = keys + h * keys_head_stride + i * key_stride;
+    float out = b2;
+    for (int j = 0; j < hidden; ++j) {
+      const float* w = w1 + int64_t{j} * head_dim;
+      float z = b1[j];
+      for (int t = 0; t < head_dim; ++t) z = fmaf(w[t], (k[t] - mean[t]) * inv_std[t], z);
+      out = fmaf(w2[j], fmaxf(z, 0.0f), out);
+    }
+    y[h * y_stride + i] = out;
+  }
+}
+
 // One block per gathered row (a grid-stride loop over them), its threads
 // over the row's words.
 template <typename Word>
@@ -851,6 +878,17 @@ cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream) {
 cudaError_t Fill(float* x, int64_t n, float value, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   FillKernel<<<StrideBlocks(n), 256, 0, stream>>>(x, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t GateScores(const float* params, int64_t params_stride, int64_t num_heads, int64_t head_dim, int64_t hidden,
+                       const float* keys, int64_t keys_head_stride, int64_t key_stride, int64_t n, float* y,
+                       int64_t y_stride, cudaStream_t stream) {
+  if (num_heads <= 0 || n <= 0) return cudaSuccess;
+  if (num_heads > 65535 || head_dim > INT32_MAX || hidden > INT32_MAX) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(Blocks(n, 128), 65536)), static_cast<unsigned>(num_heads));
+  GateScoresKernel<<<grid, 128, 0, stream>>>(params, params_stride, keys, keys_head_stride, key_stride, n,
+                                             static_cast<int>(head_dim), static_cast<int>(hidden), y, y_stride);
   return cudaGetLastError();
 }
 

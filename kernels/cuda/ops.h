@@ -143,6 +143,15 @@ cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_he
                         int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick,
                         void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
 
+// SmartKV's gates (Backend::GateScores) for every head h < num_heads and
+// key i < n, all operands on the device: params + h * params_stride packed
+// as mean, inv_std, w1 [hidden][head_dim], b1, w2, b2; the key at keys +
+// h * keys_head_stride + i * key_stride; the score to y[h * y_stride + i].
+// f32 with fused multiply-adds (the twin, ref::GateForward, sums in double).
+cudaError_t GateScores(const float* params, int64_t params_stride, int64_t num_heads, int64_t head_dim, int64_t hidden,
+                       const float* keys, int64_t keys_head_stride, int64_t key_stride, int64_t n, float* y,
+                       int64_t y_stride, cudaStream_t stream);
+
 // y[i] += x[i] over n values.
 cudaError_t AddInPlace(float* y, const float* x, int64_t n, cudaStream_t stream);
 // x[r * stride + i] += bias[i] for r < rows, i < dim (Qwen's Q/K/V biases).

@@ -102,6 +102,26 @@ absl::Status CheckHeadSelection(const Backend::HeadSelection& s) {
   return absl::OkStatus();
 }
 
+absl::Status CheckGateScoring(const Backend::GateScoring& g) {
+  if (g.num_heads < 0 || g.n < 0 || g.head_dim < 1 || g.hidden < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("gate_scores: ", g.num_heads, " heads of ", g.n, " keys, head_dim ",
+                                                   g.head_dim, ", hidden ", g.hidden));
+  }
+  if (g.num_heads == 0 || g.n == 0) return absl::OkStatus();
+  if (g.params == nullptr || g.keys == nullptr || g.y == nullptr) {
+    return absl::InvalidArgumentError("gate_scores: missing parameters, keys or scores");
+  }
+  if ((g.num_heads > 1 && g.params_stride < Backend::GateParamFloats(g.head_dim, g.hidden)) ||
+      g.key_stride < g.head_dim || g.y_stride < g.n ||
+      (g.num_heads > 1 && g.keys_head_stride < (g.n - 1) * g.key_stride + g.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gate_scores: strides of parameters ", g.params_stride, ", heads ", g.keys_head_stride, ", keys ",
+                     g.key_stride, ", scores ", g.y_stride, " for ", g.n, " keys of ", g.head_dim, " and ", g.hidden,
+                     " hidden units (", Backend::GateParamFloats(g.head_dim, g.hidden), " parameters a head)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) {
   SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
   const int64_t num_rest = s.window_begin - s.rest_begin;

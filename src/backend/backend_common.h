@@ -42,6 +42,9 @@ absl::Status HostTopSpans(const float* scores, int64_t n, int64_t k, int64_t spa
 absl::Status CheckHeadSelection(const Backend::HeadSelection& s);
 absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend);
 
+// Backend::GateScores' checks (InvalidArgument naming what does not fit).
+absl::Status CheckGateScoring(const Backend::GateScoring& g);
+
 // Backend::Gather's checks (no negative counts, no null ends), and rows
 // [r0, r1) of one gather done by the host.
 absl::Status CheckGathers(const std::vector<Backend::RowGather>& gathers);

@@ -212,6 +212,10 @@ class CpuBackend final : public Backend, public BackendProfile {
     const OpScope op(*team_, guard_.get());
     return Backend::Fill(x, n, value);
   }
+  absl::Status GateScores(const GateScoring& g) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::GateScores(g);
+  }
   uint64_t KernelScratchBytes() const override { return team_->ScratchBytes(); }
   void ReleaseKernelScratch() override { team_->ReleaseScratch(); }
 
@@ -851,6 +855,23 @@ absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
 }
 
 absl::Status Backend::SelectHeads(const HeadSelection& s) { return HostSelectHeads(s, *this); }
+
+absl::Status Backend::GateScores(const GateScoring& g) {
+  SNAPFILL_RETURN_IF_ERROR(CheckGateScoring(g));
+  if (g.n == 0) return absl::OkStatus();
+  // (A head is n × hidden × head_dim multiply-adds, 2M for 2,048 keys of
+  // SmolLM2: the heads share the threads where there are several.)
+  auto head = [&](int64_t h) {
+    cpu::GateScores(g.params + h * g.params_stride, g.head_dim, g.hidden, g.keys + h * g.keys_head_stride, g.key_stride,
+                    g.n, g.y + h * g.y_stride);
+  };
+  if (g.num_heads > 1 && g.n >= 256) {
+    ParallelFor(g.num_heads, head);
+  } else {
+    for (int64_t h = 0; h < g.num_heads; ++h) head(h);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Backend::TopSpans(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* positions) {
   // (Single entries are the backend's TopK, which a device runs where it pays.)

@@ -145,12 +145,13 @@ class Pruner {
                               std::vector<std::vector<int32_t>>* keep) = 0;
 
   // Whether Select's rule for this input is one Backend::SelectHeads:
-  // SnapKV, evicting, with its sinks (if any) before the window. Then *op
-  // holds that op's arguments but for the votes and the kept indices, which
-  // the engine places in the backend's memory, so that neither comes to the
-  // host (DESIGN.md §14): op->votes are the question's where query_votes is
-  // set (with shared_query_votes, their sum over the heads, which every
-  // head reads: votes_stride 0), else the window's; where a question leaves
+  // SnapKV's rule (snapkv, gate, reconstruct), evicting, with its sinks (if
+  // any) before the window. Then *op holds that op's arguments but for the
+  // votes and the kept indices, which the engine places in the backend's
+  // memory, so that neither comes to the host (DESIGN.md §14): op->votes
+  // are the question's where query_votes is set (with shared_query_votes,
+  // their sum over the heads, which every head reads: votes_stride 0), else
+  // the window's (the stored scores, for gate and reconstruct); where a question leaves
   // the window's votes a share (query_share < 1), those are op->then_votes,
   // picking op->then_pick entries after it. The op keeps the entries Select
   // would, op->count() of them per head. No votes are read (query_votes

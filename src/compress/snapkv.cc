@@ -57,13 +57,14 @@ class SnapKvPruner final : public Pruner {
   bool needs_votes() const override { return true; }
 
   // The rule is one op (Backend::SelectHeads): its votes are the window's,
-  // or a question's (each head's own, or their sum read by every head),
-  // which the op then reads in their place; where the question leaves the
-  // window's votes a share (--query_share < 1), those pick after it
-  // (HeadSelection::then_pick, the op's second row).
+  // the entries' stored scores (gate, reconstruct; picked in spans of
+  // --score_span), or a question's (each head's own, or their sum read by
+  // every head), which the op then reads in their place; where the
+  // question leaves the window's votes a share (--query_share < 1), those
+  // pick after it (HeadSelection::then_pick, the op's second row).
   bool PlanInBackend(const SelectionInput& in, Backend::HeadSelection* op) const override {
     const bool question = in.query_votes != nullptr;
-    if (config_.kind != PrunerKind::kSnapKv || in.num_kv_heads <= 0) return false;
+    if (!RanksByScores(config_.kind) || in.num_kv_heads <= 0) return false;
     const int64_t n = in.num_candidates;
     const int64_t window = EffectiveWindow(config_.window, n - in.num_memory);
     if (in.budget < window || (config_.sink_tokens > 0 && in.positions == nullptr)) return false;
@@ -89,7 +90,9 @@ class SnapKvPruner final : public Pruner {
     op->then_pick = k - k_query;
     op->pool_kernel = config_.pool_kernel;
     op->pool = config_.pooling == Pooling::kAvg ? Backend::PoolOp::kAvg : Backend::PoolOp::kMax;
-    op->span = question && config_.query_select == Selection::kSpan ? config_.span : 1;
+    // (Stored scores are picked in spans, as Select's step 4 takes them.)
+    op->span = question ? (config_.query_select == Selection::kSpan ? config_.span : 1)
+                        : (KeepsEntryScores(config_.kind) ? config_.score_span : 1);
     return true;
   }
 

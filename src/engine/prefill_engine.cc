@@ -22,6 +22,7 @@ using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::ScoresInBackend;
 using prefill_internal::SelectionLseFloats;
 using prefill_internal::SelectionVoteRows;
 using prefill_internal::SelectsInBackend;
@@ -115,6 +116,38 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     e->sel_votes_ = std::move(*votes);
     e->sel_keep_ = std::move(*keep);
     if (lse_floats > 0) e->sel_lse_ = e->sel_votes_->f32() + vote_floats;
+    if (ScoresInBackend(e->config_)) {
+      absl::StatusOr<std::unique_ptr<BackendBuffer>> scores = e->backend_->NewBuffer(keep_words * sizeof(float));
+      if (!scores.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate the memory's stored scores: ", scores.status().message()));
+      }
+      e->sel_scores_ = std::move(*scores);
+    }
+  }
+  if (const GateModel* gates = e->config_.gate; e->config_.pruner.kind == PrunerKind::kGate) {
+    // Packed per layer and KV head as Backend::GateScores reads them, and
+    // uploaded once.
+    e->gate_param_floats_ = Backend::GateParamFloats(gates->head_dim(), gates->hidden());
+    std::vector<float> packed;
+    packed.reserve(mc.num_layers * mc.num_kv_heads * e->gate_param_floats_);
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+        const GateParams& p = gates->params(l, h);
+        for (const std::vector<float>* part : {&p.mean, &p.inv_std, &p.w1, &p.b1, &p.w2}) {
+          packed.insert(packed.end(), part->begin(), part->end());
+        }
+        packed.push_back(p.b2);
+      }
+    }
+    SNAPFILL_CHECK(static_cast<int64_t>(packed.size()) == mc.num_layers * mc.num_kv_heads * e->gate_param_floats_);
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> params = e->backend_->NewBuffer(packed.size() * sizeof(float));
+    if (!params.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the gates: ", params.status().message()));
+    }
+    e->gate_params_ = std::move(*params);
+    SNAPFILL_RETURN_IF_ERROR(
+        e->backend_->Upload(packed.data(), e->gate_params_->data(), packed.size() * sizeof(float)));
   }
   e->pending_memory_.assign(mc.num_layers, -1);
   if (!e->cand_pos_.Allocate(cand) ||
@@ -155,7 +188,8 @@ uint64_t PrefillEngineImpl::scratch_bytes() const {
   return (forward_ != nullptr ? forward_->scratch_bytes() : 0) +
          (cand_k_raw_ != nullptr ? cand_k_raw_->bytes() + cand_k_rot_->bytes() + cand_v_->bytes() : 0) +
          (sel_votes_ != nullptr ? sel_votes_->bytes() + sel_keep_->bytes() : 0) +
-         host_keep_.capacity() * sizeof(int32_t) +
+         (sel_scores_ != nullptr ? sel_scores_->bytes() : 0) + (gate_params_ != nullptr ? gate_params_->bytes() : 0) +
+         host_scores_.capacity() * sizeof(float) + host_keep_.capacity() * sizeof(int32_t) +
          (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -192,6 +226,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     memory_->Clear();
     retention_.assign(mc.num_layers, 0.0);
   }
+  SNAPFILL_RETURN_IF_ERROR(UploadScores());
   // The first token of the first chunk run here has no score carried over
   // (the start of the input, or a run resumed after its predictor ran).
   has_carry_nll_ = false;
@@ -281,6 +316,10 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   const bool gate = !local && config_.pruner.kind == PrunerKind::kGate;
   const bool stored_scores = KeepsEntryScores(config_.pruner.kind);
   const bool question = !local && qn > 0 && config_.pruner.kind != PrunerKind::kReconstruct;
+  // A global layer's candidates' stored scores as the backend's op reads
+  // them (ScoresInBackend): the votes buffer's row, the memory's from
+  // sel_scores_, the chunk's made there.
+  float* const scores_row = !local && sel_scores_ != nullptr ? sel_votes_->f32() : nullptr;
   const int64_t n = rows - qn;
   const int64_t num = m + n;  // candidates: memory first, in original order, then the chunk
   // The question's keys follow the candidates, at rows [num, num + qn).
@@ -320,6 +359,10 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     if (stored_scores) {
       gathers.push_back({mem_score_[h], sizeof(float), nullptr, votes_.data() + h * cand_capacity_, sizeof(float), m,
                          sizeof(float)});
+    }
+    if (scores_row != nullptr) {
+      gathers.push_back({StoredScoreRows(layer) + h * keep_stride_, sizeof(float), nullptr,
+                         scores_row + h * cand_capacity_, sizeof(float), m, sizeof(float)});
     }
     // Chunk token t (batch row qn + t) at m + t; question token i (batch
     // row i, at the input position after the chunk's) at num + i.
@@ -422,40 +465,55 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     const int64_t w = std::min<int64_t>(plan_.config.window, n);
     return backend_->WindowScores(LlamaQueries(c, chunk_q, q_stride, n).From(n - w), view, votes, cand_capacity_);
   };
+  // The chunk entries' stored scores (reconstruct, gate) after the
+  // memory's in each head's row of `scores` ([num_kv_heads][cand_capacity_]),
+  // through the backend wherever the rows are; lse: the repetition's
+  // log-denominators ([num_heads][qn]).
+  auto chunk_scores = [&](float* scores, float* lse) -> absl::Status {
+    Stopwatch watch;
+    if (reconstruct) {
+      // Context reconstruction (DESIGN.md §9): each chunk entry's largest
+      // weight from the repeated tokens' queries (not the prompt's), over
+      // every key they see (the real denominators). They are the batch's
+      // last rows of with_question.
+      const Queries repeat =
+          LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
+      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, lse));
+      KvView chunk_keys = view;
+      chunk_keys.k += m * d;
+      chunk_keys.v += m * d;
+      chunk_keys.num_keys = n;
+      SNAPFILL_RETURN_IF_ERROR(
+          backend_->RecallScores(repeat, lse, chunk_keys, scores + m, cand_capacity_, /*max_weight=*/true));
+    } else {
+      // SmartKV: each chunk entry's predicted lifespan from its key before
+      // RoPE, every head in one op where the keys are.
+      Backend::GateScoring g;
+      g.num_heads = c.num_kv_heads;
+      g.head_dim = d;
+      g.hidden = config_.gate->hidden();
+      g.n = n;
+      g.params = gate_params_->f32() + layer * c.num_kv_heads * gate_param_floats_;
+      g.params_stride = gate_param_floats_;
+      g.keys = cand_k_raw_->f32() + m * d;
+      g.keys_head_stride = head_stride;
+      g.key_stride = d;
+      g.y = scores + m;
+      g.y_stride = cand_capacity_;
+      SNAPFILL_RETURN_IF_ERROR(backend_->GateScores(g));
+    }
+    telemetry_.score_seconds += watch.Seconds();
+    return absl::OkStatus();
+  };
   auto select = [&]() -> absl::Status {
     if (question) {
       SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
                                              query_votes_.data(), query_lse_.data()));
     }
-    if (reconstruct) {
-      // Context reconstruction (DESIGN.md §9): each chunk entry's largest
-      // weight from the repeated tokens' queries (not the prompt's), over
-      // every key they see (the real denominators), beside the memory's
-      // stored scores. They are the batch's last rows of with_question.
-      Stopwatch watch;
-      const Queries repeat =
-          LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
-      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, query_lse_.data()));
-      KvView chunk_keys = view;
-      chunk_keys.k += m * d;
-      chunk_keys.v += m * d;
-      chunk_keys.num_keys = n;
-      SNAPFILL_RETURN_IF_ERROR(backend_->RecallScores(repeat, query_lse_.data(), chunk_keys, votes_.data() + m,
-                                                      cand_capacity_, /*max_weight=*/true));
+    if (reconstruct || gate) {  // (beside the memory's stored scores, gathered above)
+      SNAPFILL_RETURN_IF_ERROR(chunk_scores(votes_.data(), query_lse_.data()));
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;
-      telemetry_.score_seconds += watch.Seconds();
-    } else if (gate) {
-      // SmartKV: each chunk entry's predicted lifespan from its key before
-      // RoPE, beside the memory's stored predictions.
-      Stopwatch watch;
-      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
-        SNAPFILL_ASSIGN_OR_RETURN(const float* keys, HostFloats(*cand_k_raw_, h * head_stride + m * d, n * d, host_k_));
-        config_.gate->Predict(layer, h, keys, d, n, votes_.data() + h * cand_capacity_ + m);
-      }
-      in.votes = votes_.data();
-      in.votes_stride = cand_capacity_;
-      telemetry_.score_seconds += watch.Seconds();
     } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
       SNAPFILL_RETURN_IF_ERROR(window_votes(votes_.data()));
       in.votes = votes_.data();
@@ -487,11 +545,13 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                                             local ? window_capacity_ : prefill_capacity_));
   }
   if (in_backend) {  // (its rows hold prefill_capacity_ indices, checked above)
-    // The question's votes where it asks one, and the window's where they
-    // pick after it; else the window's.
-    SNAPFILL_RETURN_IF_ERROR(question ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
-                                                      sel_votes_->f32(), sel_lse_)
-                                      : window_votes(sel_votes_->f32()));
+    // The question's votes where it asks one (the window's after them where
+    // they pick second), the stored scores (the memory's gathered above)
+    // for gate and reconstruct, else the window's.
+    SNAPFILL_RETURN_IF_ERROR(question        ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
+                                                             sel_votes_->f32(), sel_lse_)
+                             : stored_scores ? chunk_scores(sel_votes_->f32(), sel_lse_)
+                                             : window_votes(sel_votes_->f32()));
     if (op.then_pick > 0) {  // (the buffer's second row: SelectionVoteRows)
       float* const then_votes = sel_votes_->f32() + c.num_kv_heads * cand_capacity_;
       SNAPFILL_RETURN_IF_ERROR(window_votes(then_votes));
@@ -521,6 +581,13 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     const int32_t* keep = in_backend ? keep_rows + h * keep_stride_ : keep_[h].data();
     gathers.push_back({cand_k_raw_->f32() + h * head_stride, row, keep, mem_k_[h], row, kept, row});
     gathers.push_back({cand_v_->f32() + h * head_stride, row, keep, mem_v_[h], row, kept, row});
+    // The kept entries' scores into the backend's copy of the memory's
+    // (their host copy follows at the chunk's end), or from the host's votes.
+    if (scores_row != nullptr) {
+      gathers.push_back({in_backend ? scores_row + h * cand_capacity_ : votes_.data() + h * cand_capacity_,
+                         sizeof(float), keep, StoredScoreRows(layer) + h * keep_stride_, sizeof(float), kept,
+                         sizeof(float)});
+    }
     if (in_backend) continue;
     gathers.push_back({cand_pos_.data() + h * cand_capacity_, sizeof(int32_t), keep, mem_pos_[h], sizeof(int32_t),
                        kept, sizeof(int32_t)});
@@ -614,6 +681,29 @@ int32_t* PrefillEngineImpl::KeepRows(int64_t layer) const {
   return static_cast<int32_t*>(sel_keep_->data()) + global_index_[layer] * model_.config().num_kv_heads * keep_stride_;
 }
 
+float* PrefillEngineImpl::StoredScoreRows(int64_t layer) const {
+  return sel_scores_->f32() + global_index_[layer] * model_.config().num_kv_heads * keep_stride_;
+}
+
+absl::Status PrefillEngineImpl::UploadScores() {
+  if (sel_scores_ == nullptr) return absl::OkStatus();
+  const LlamaConfig& c = model_.config();
+  gathers_.clear();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (global_index_[l] < 0) continue;
+    const int64_t size = memory_->size(l);
+    if (size >= keep_stride_) {
+      return absl::InternalError(
+          absl::StrCat("layer ", l, " holds ", size, " entries, the prefill keeps at most ", keep_stride_ - 1));
+    }
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      gathers_.push_back({memory_->score(l, h), sizeof(float), nullptr, StoredScoreRows(l) + h * keep_stride_,
+                          sizeof(float), size, sizeof(float)});
+    }
+  }
+  return backend_->Gather(gathers_);
+}
+
 absl::Status PrefillEngineImpl::ApplyBackendSelections() {
   const LlamaConfig& c = model_.config();
   // The global layers whose selection the backend made this chunk: their
@@ -636,6 +726,18 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
                                                 host_keep_.data(), words * sizeof(int32_t)));
     rows = host_keep_.data();
   }
+  // The kept entries' stored scores likewise (gate, reconstruct).
+  const float* scores = nullptr;
+  if (sel_scores_ != nullptr) {
+    const float* first_row = sel_scores_->f32() + first * layer_words;
+    if (sel_scores_->host() != nullptr) {
+      scores = first_row;
+    } else {
+      host_scores_.resize(words);
+      SNAPFILL_RETURN_IF_ERROR(backend_->Download(first_row, host_scores_.data(), words * sizeof(float)));
+      scores = host_scores_.data();
+    }
+  }
   const int64_t start = plan_.steps[step_].start_token;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const int64_t m = pending_memory_[l], kept = memory_->size(l);
@@ -656,6 +758,10 @@ absl::Status PrefillEngineImpl::ApplyBackendSelections() {
       for (int64_t t = 0; t < kept; ++t) {
         const int32_t j = keep[t];
         pos[t] = j < m ? pos[j] : static_cast<int32_t>(start + (j - m));
+      }
+      if (scores != nullptr) {
+        const float* row = scores + (global_index_[l] - first) * layer_words + h * keep_stride_;
+        std::copy(row, row + kept, memory_->score(l, h));
       }
     }
     CountKept(l, m, kept_rows_.data());

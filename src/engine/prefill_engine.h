@@ -73,12 +73,16 @@ class PrefillEngineImpl final : public PrefillEngine {
   // queries q (rotated), which saw `seen`, and merges the best into the
   // memory.
   absl::Status Recall(int64_t layer, const float* q, int64_t q_stride, int64_t num_q, const KvView& seen);
-  // Layer's rows of sel_keep_ ([num_kv_heads][keep_stride_]).
+  // Layer's rows of sel_keep_ and of sel_scores_ ([num_kv_heads][keep_stride_]).
   int32_t* KeepRows(int64_t layer) const;
+  float* StoredScoreRows(int64_t layer) const;
+  // The memory's stored scores into sel_scores_ (ScoresInBackend), where a
+  // run starts: the memory a checkpoint restored, or none.
+  absl::Status UploadScores();
   // The chunk's end for the layers whose selection was a backend op
   // (pending_memory_): their kept indices to the host in one copy, the memory's
-  // positions, the retention and the origin from them; Internal for a
-  // vote that was not finite.
+  // positions (and stored scores, from sel_scores_), the retention and the
+  // origin from them; Internal for a vote that was not finite.
   absl::Status ApplyBackendSelections();
   // Layer's retention and origin telemetry, once its memory holds the kept
   // entries (their positions too): keep[h] is KV head h's kept candidate
@@ -144,6 +148,16 @@ class PrefillEngineImpl final : public PrefillEngine {
   float* sel_lse_ = nullptr;
   int64_t keep_stride_ = 0;
   std::vector<int32_t> host_keep_;
+  // For gate and reconstruct (ScoresInBackend): the memory's stored scores
+  // as the op's votes read them, [global layers][num_kv_heads][keep_stride_],
+  // a backend buffer kept equal to KvCache's (the host's, which follow at
+  // the chunk's end); and its copy on the host where it cannot read it.
+  std::unique_ptr<BackendBuffer> sel_scores_;
+  std::vector<float> host_scores_;
+  // The gates' parameters, [num_layers][num_kv_heads][GateParamFloats],
+  // a backend buffer for Backend::GateScores (the gate pruner).
+  std::unique_ptr<BackendBuffer> gate_params_;
+  int64_t gate_param_floats_ = 0;
   std::vector<int64_t> pending_memory_;
   std::vector<const int32_t*> kept_rows_;    // CountKept's rows, per KV head
   std::vector<Backend::RowGather> gathers_;  // the backend's copies of a step, reused

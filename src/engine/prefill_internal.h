@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "src/compress/pruner.h"
 #include "src/engine/prefill_engine.h"
 #include "src/model/llama_model.h"
 
@@ -34,22 +35,31 @@ std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
 // Whether the engine makes SnapKV's selection a backend op where it can
-// (PrefillConfig::select_in_backend, the SnapKV pruner, no recall tier):
-// it then holds the votes and each global layer's kept indices in backend
-// buffers.
+// (PrefillConfig::select_in_backend, a pruner with SnapKV's rule: snapkv,
+// gate, reconstruct; no recall tier): it then holds the votes and each
+// global layer's kept indices in backend buffers, and for gate and
+// reconstruct a copy of the memory's stored scores (ScoresInBackend).
 inline bool SelectsInBackend(const PrefillConfig& c) {
-  return c.select_in_backend && c.pruner.kind == PrunerKind::kSnapKv && c.recall_budget == 0;
+  return c.select_in_backend && RanksByScores(c.pruner.kind) && c.recall_budget == 0;
 }
-// Rows of votes of that op's buffer, per KV head: the window's or a
-// question's, and where a question leaves the window's votes a share
-// (--query_share < 1), the window's after the question's.
+inline bool ScoresInBackend(const PrefillConfig& c) { return SelectsInBackend(c) && KeepsEntryScores(c.pruner.kind); }
+// Whether the batch's extra rows are a question's (else, for reconstruct,
+// the repetition's).
+inline bool AsksQuestion(const PrefillConfig& c, int64_t query_rows) {
+  return query_rows > 0 && c.pruner.kind != PrunerKind::kReconstruct;
+}
+// Rows of votes of that op's buffer, per KV head: the window's, the
+// stored scores or a question's, and where a question leaves the window's
+// votes a share (--query_share < 1), the window's after the question's.
 inline int64_t SelectionVoteRows(const PrefillConfig& c, int64_t query_rows) {
-  return query_rows > 0 && c.pruner.query_share < 1.0 ? 2 : 1;
+  return AsksQuestion(c, query_rows) && c.pruner.query_share < 1.0 ? 2 : 1;
 }
-// Floats after those rows: a question's log-denominators (one per query
-// row and head) where its largest weights vote (--query_votes max).
+// Floats after those rows: log-denominators (one per extra row and head)
+// of a question's queries where its largest weights vote (--query_votes
+// max), or of the repetition's (reconstruct).
 inline int64_t SelectionLseFloats(const PrefillConfig& c, int64_t num_heads, int64_t query_rows) {
-  return query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax ? num_heads * query_rows : 0;
+  const bool max_votes = AsksQuestion(c, query_rows) && c.pruner.query_votes == QueryVotes::kMax;
+  return max_votes || (query_rows > 0 && c.pruner.kind == PrunerKind::kReconstruct) ? num_heads * query_rows : 0;
 }
 // Words of those kept indices per global layer and KV head: the most a
 // layer keeps, and the op's status word.

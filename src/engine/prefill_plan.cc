@@ -127,6 +127,7 @@ using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
 using prefill_internal::Resolve;
 using prefill_internal::ScoreRows;
+using prefill_internal::ScoresInBackend;
 using prefill_internal::SelectionLseFloats;
 using prefill_internal::SelectionVoteRows;
 using prefill_internal::SelectsInBackend;
@@ -195,8 +196,16 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // (With a question's log-denominators where its largest weights vote.)
   const uint64_t keep_words =
       in_backend ? static_cast<uint64_t>(num_global) * mc.num_kv_heads * KeepStride(f.memory_capacity) : 0;
-  const uint64_t keep_bytes =
-      keep_words * sizeof(int32_t) + (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float);
+  // (For gate and reconstruct a float beside each index: the memory's
+  // stored scores, ScoresInBackend; and the gate's parameters, a backend
+  // buffer whichever way it selects.)
+  const uint64_t gate_bytes = c.pruner.kind == PrunerKind::kGate && c.gate != nullptr
+                                  ? static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
+                                        Backend::GateParamFloats(c.gate->head_dim(), c.gate->hidden()) * sizeof(float)
+                                  : 0;
+  const uint64_t keep_bytes = keep_words * sizeof(int32_t) + (ScoresInBackend(c) ? keep_words * sizeof(float) : 0) +
+                              (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float) +
+                              gate_bytes;
   f.candidate_bytes = cand * cand_entry_bytes + keep_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {

@@ -116,9 +116,13 @@ void PrefillEngineImpl::ReleaseScratch() {
   // then the larger of the two phases, not their sum.
   forward_.reset();
   recaller_.reset();
-  for (std::unique_ptr<BackendBuffer>* b : {&cand_k_raw_, &cand_k_rot_, &cand_v_, &sel_votes_, &sel_keep_}) b->reset();
+  for (std::unique_ptr<BackendBuffer>* b :
+       {&cand_k_raw_, &cand_k_rot_, &cand_v_, &sel_votes_, &sel_keep_, &sel_scores_, &gate_params_}) {
+    b->reset();
+  }
   sel_lse_ = nullptr;
   host_keep_ = {};
+  host_scores_ = {};
   host_k_ = {};
   host_v_ = {};
   for (PagedArray<float>* a : {&votes_, &query_votes_}) *a = {};

@@ -327,12 +327,13 @@ TEST(SnapKvPrunerTest, RandomInvariants) {
 // both poolings, memories and chunks of every size; the window's votes,
 // or a question's alone as single tokens or spans, each head's or their
 // sum, at the last step or before it; a question leaving the window's
-// votes a share, which pick after it); and it declines what is not one:
-// nothing to evict, the stored-score pruners, streaming and full.
+// votes a share, which pick after it; the stored scores of gate and
+// reconstruct, in spans of --score_span); and it declines what is not
+// one: nothing to evict, streaming and full.
 TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> unif(0.0f, 1.0f);
-  int planned = 0, asked = 0, summed_heads = 0, shared_out = 0, both_picked = 0;
+  int planned = 0, asked = 0, summed_heads = 0, shared_out = 0, both_picked = 0, stored = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int64_t heads = 1 + trial % 4, m = trial % 3 == 0 ? 0 : 3 + trial, c = 9 + trial % 11;
     const int64_t window = 1 + trial % 8, sinks = trial % 2 == 0 ? 0 : 1 + trial % 4;
@@ -355,6 +356,13 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     std::vector<float> summed(n, 0.0f);
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t j = 0; j < n; ++j) summed[j] += votes[h * (n + 3) + j];
+    }
+    // Half of the others rank stored scores (the same rule over them, in
+    // spans of 1 to 5).
+    const bool stored_scores = !question && trial % 2 == 1;
+    if (stored_scores) {
+      config.kind = trial % 4 == 1 ? PrunerKind::kGate : PrunerKind::kReconstruct;
+      config.score_span = 1 + trial % 5;
     }
     if (question) {
       config.query_select = trial % 4 == 1 ? Selection::kToken : Selection::kSpan;
@@ -383,6 +391,7 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
     }
     ++planned;
     asked += question;
+    stored += stored_scores;
     summed_heads += shared;
     op.votes = shared ? summed.data() : votes.data();
     op.votes_stride = shared ? 0 : n + 3;
@@ -407,6 +416,7 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   EXPECT_GT(summed_heads, 20);
   EXPECT_GT(shared_out, 40);
   EXPECT_GT(both_picked, 20);
+  EXPECT_GT(stored, 20);
 
   // What the op is told, and declined inputs.
   const std::vector<float> votes(20, 0.5f);
@@ -450,8 +460,18 @@ TEST(SnapKvPrunerTest, TheBackendOpKeepsWhatSelectKeeps) {
   SelectionInput two_heads = question;
   two_heads.num_kv_heads = 2;
   EXPECT_TRUE(MakePruner(shared)->PlanInBackend(two_heads, &op)) << "the heads' votes summed";
-  for (const PrunerKind kind :
-       {PrunerKind::kGate, PrunerKind::kReconstruct, PrunerKind::kStreaming, PrunerKind::kFull}) {
+  // Stored scores are picked in spans of --score_span.
+  for (const PrunerKind kind : {PrunerKind::kGate, PrunerKind::kReconstruct}) {
+    PrunerConfig config = SnapKv(4, 3);
+    config.kind = kind;
+    config.score_span = 5;
+    auto made = CreatePruner(config, testing::SharedCpuBackend());
+    SNAPFILL_ASSERT_OK(made.status());
+    EXPECT_TRUE((*made)->PlanInBackend(OneHead(votes, 10, 8), &op)) << PrunerKindName(kind);
+    EXPECT_EQ(op.count(), 8);
+    EXPECT_EQ(op.span, 5);
+  }
+  for (const PrunerKind kind : {PrunerKind::kStreaming, PrunerKind::kFull}) {
     PrunerConfig config = SnapKv(4, 3);
     config.kind = kind;
     auto made = CreatePruner(config, testing::SharedCpuBackend());

@@ -5,9 +5,10 @@
 // (question-guided, with eviction) and the decoding after it compute the
 // same bits with the guard as without, for each architecture's extra ops
 // (Qwen's biases, Gemma's embedding scale and sliding-window layers), and
-// where the host reads the candidates (SmartKV's gates, the recall tier's
-// store) through copies, and where the selection is a backend op whose
-// kept indices the host reads once per chunk.
+// where the host reads the candidates (the recall tier's store) through
+// copies, and where the selection is a backend op whose kept indices (and
+// for SmartKV's gates and context reconstruction, kept scores) the host
+// reads once per chunk.
 // (testing::PrefillAndDecode is the run.)
 #include <memory>
 #include <string>
@@ -53,12 +54,13 @@ INSTANTIATE_TEST_SUITE_P(Cases, BackendMemoryTest,
                          ::testing::Values(Case{"llama", Scores::kGuided}, Case{"qwen2", Scores::kGuided},
                                            Case{"gemma3", Scores::kGuided}, Case{"llama", Scores::kGuidedRecall},
                                            Case{"llama", Scores::kGate}, Case{"llama", Scores::kWindow},
-                                           Case{"gemma3", Scores::kWindow}),
+                                           Case{"gemma3", Scores::kWindow}, Case{"llama", Scores::kReconstruct}),
                          [](const ::testing::TestParamInfo<Case>& i) {
-                           return i.param.architecture + (i.param.scores == Scores::kGuidedRecall ? "_recall"
-                                                          : i.param.scores == Scores::kGate       ? "_gate"
-                                                          : i.param.scores == Scores::kWindow     ? "_window"
-                                                                                                  : "_guided");
+                           return i.param.architecture + (i.param.scores == Scores::kGuidedRecall  ? "_recall"
+                                                          : i.param.scores == Scores::kGate        ? "_gate"
+                                                          : i.param.scores == Scores::kWindow      ? "_window"
+                                                          : i.param.scores == Scores::kReconstruct ? "_reconstruct"
+                                                                                                   : "_guided");
                          });
 
 }  // namespace

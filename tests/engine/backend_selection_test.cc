@@ -9,10 +9,14 @@
 // model's sliding-window layers beside its global ones, a question's
 // spans or single tokens (each head's votes, or their sum; its summed or
 // largest weights; alone, or with the window's votes picking after them),
-// and with the backend's buffers guarded (the host reads the kept indices
-// through a copy, as from a device).
+// the stored scores of gate and reconstruct (made where the keys are, kept
+// in the backend's copy of the memory's and brought to the host at the
+// chunk's end), and with the backend's buffers guarded (the host reads the
+// kept indices and scores through a copy, as from a device).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "snapfill/backend.h"
 #include "snapfill/engine.h"
 #include "snapfill/status.h"
+#include "src/compress/gate.h"
 #include "src/kv/kv_cache.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
@@ -44,12 +49,17 @@ struct Case {
   bool shared_votes = false;  // --query_heads shared
   double share = 1.0;         // --query_share
   QueryVotes votes = QueryVotes::kSum;
+  // gate or reconstruct: SnapKV's rule over the entries' stored scores,
+  // picked in spans of score_span.
+  PrunerKind pruner = PrunerKind::kSnapKv;
+  int64_t score_span = 1;
 };
 
 struct Outcome {
   std::vector<float> last_logits;
   std::vector<float> k, v;
   std::vector<int32_t> pos;
+  std::vector<float> scores;  // the memory's stored scores (gate, reconstruct)
   std::vector<std::vector<int64_t>> memory, origin;
   std::vector<std::vector<double>> retention;
   std::vector<int64_t> attention_length, window_attention_length, backend_selections;
@@ -64,7 +74,23 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
   auto backend = CreateBackend(Device::kCpu, o);
   SNAPFILL_CHECK(backend.ok()) << backend.status();
   PrefillConfig config;
-  config.pruner.kind = PrunerKind::kSnapKv;
+  config.pruner.kind = c.pruner;
+  config.pruner.score_span = c.score_span;
+  if (c.pruner == PrunerKind::kReconstruct) config.repeat_prompt = {5, 9, 2, 11};
+  // Gates with random weights, so that entries are ranked apart.
+  GateModel gates = GateModel::Create(mc.num_layers, mc.num_kv_heads, mc.head_dim, 8).value();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int64_t l = 0; l < mc.num_layers; ++l) {
+    for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+      GateParams& p = gates.params(l, h);
+      for (std::vector<float>* part : {&p.mean, &p.w1, &p.b1, &p.w2}) {
+        for (float& x : *part) x = dist(rng);
+      }
+      p.b2 = dist(rng);
+    }
+  }
+  if (c.pruner == PrunerKind::kGate) config.gate = &gates;
   config.pruner.pooling = c.pooling;
   config.schedule.kind = c.schedule;
   config.schedule.growth = c.growth;
@@ -106,6 +132,7 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
       SNAPFILL_CHECK(memory.CopyOut(l, h, memory.size(l), r.k.data() + at, r.v.data() + at).ok());
       const int32_t* pos = memory.pos(l, h);
       r.pos.insert(r.pos.end(), pos, pos + memory.size(l));
+      if (memory.has_scores()) r.scores.insert(r.scores.end(), memory.score(l, h), memory.score(l, h) + memory.size(l));
     }
   }
   return r;
@@ -127,6 +154,11 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
   const Outcome host = Prefill(*model, c, /*in_backend=*/false, /*guard=*/false);
   int64_t selections = 0;
   for (int64_t s : host.backend_selections) EXPECT_EQ(s, 0);
+  if (c.pruner != PrunerKind::kSnapKv) {  // (scores that are there to compare)
+    EXPECT_EQ(host.scores.size(), host.pos.size());
+    EXPECT_GT(std::count_if(host.scores.begin(), host.scores.end(), [](float x) { return x != 0.0f; }),
+              static_cast<int64_t>(host.scores.size() / 4));  // (a local layer's are 0)
+  }
   for (const bool guard : {false, true}) {
     const Outcome op = Prefill(*model, c, /*in_backend=*/true, guard);
     SCOPED_TRACE(guard ? "guarded" : "plain");
@@ -134,6 +166,7 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
     EXPECT_EQ(op.k, host.k);
     EXPECT_EQ(op.v, host.v);
     EXPECT_EQ(op.pos, host.pos);
+    EXPECT_EQ(op.scores, host.scores);
     EXPECT_EQ(op.memory, host.memory);
     EXPECT_EQ(op.retention, host.retention);
     EXPECT_EQ(op.origin, host.origin);
@@ -189,7 +222,31 @@ INSTANTIATE_TEST_SUITE_P(
              .span = 3,
              .shared_votes = true,
              .share = 0.6,
-             .votes = QueryVotes::kMax}),
+             .votes = QueryVotes::kMax},
+        // Stored scores: the gate's predictions (one op for every head)
+        // and reconstruction's largest weights, each kept with its entry.
+        Case{.name = "gate", .pruner = PrunerKind::kGate},
+        Case{.name = "gate_sinks_spans_im",
+             .schedule = ScheduleKind::kIncremental,
+             .sinks = 4,
+             .pruner = PrunerKind::kGate,
+             .score_span = 5},
+        Case{.name = "gate_gemma3_hybrid",
+             .architecture = "gemma3",
+             .sinks = 2,
+             .pruner = PrunerKind::kGate,
+             .score_span = 3},
+        Case{.name = "reconstruct", .pruner = PrunerKind::kReconstruct, .score_span = 4},
+        Case{.name = "reconstruct_fm_original_sinks",
+             .schedule = ScheduleKind::kFixed,
+             .sinks = 4,
+             .original_positions = true,
+             .pruner = PrunerKind::kReconstruct},
+        Case{.name = "reconstruct_gemma3_hybrid",
+             .architecture = "gemma3",
+             .sinks = 4,
+             .pruner = PrunerKind::kReconstruct,
+             .score_span = 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace

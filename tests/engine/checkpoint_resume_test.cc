@@ -245,8 +245,12 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
   auto model = testing::LoadTinyModel(hybrid ? testing::TinyHybridOptions(200) : opts);
   auto backend = CreateBackend(Device::kCpu, {});
   SNAPFILL_ASSERT_OK(backend);
+  // (Gate and reconstruct: the memory's stored scores in the selection's
+  // buffer too, and the gates' parameters in one of their own.)
+  const GateModel gates =
+      GateModel::Create(model->config().num_layers, model->config().num_kv_heads, model->config().head_dim, 8).value();
   for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncremental, ScheduleKind::kIncrementalDecremental}) {
-    for (PrunerKind pruner : {PrunerKind::kSnapKv, PrunerKind::kFull}) {
+    for (PrunerKind pruner : {PrunerKind::kSnapKv, PrunerKind::kFull, PrunerKind::kReconstruct, PrunerKind::kGate}) {
       for (int64_t sinks : {0, 4}) {
         PrefillConfig config;
         config.schedule.kind = kind;
@@ -255,6 +259,8 @@ TEST(FootprintTest, MatchesWhatCreateAllocates) {
         config.schedule.window = 8;
         config.schedule.sink_tokens = sinks;
         config.pruner.kind = pruner;
+        if (pruner == PrunerKind::kGate) config.gate = &gates;
+        if (pruner == PrunerKind::kReconstruct) config.repeat_prompt = {5, 9, 2, 11};
         auto fp = PrefillEngine::Footprint(model->config(), config, 1000);
         SNAPFILL_ASSERT_OK(fp);
         auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
@@ -290,7 +296,10 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
   for (bool hybrid : {false, true}) {
     auto model = testing::LoadTinyModel(hybrid ? testing::TinyHybridOptions(200) : opts);
     const int64_t vocab = model->config().vocab_size;
-    for (int variant = 0; variant < 4; ++variant) {
+    const GateModel gates =
+        GateModel::Create(model->config().num_layers, model->config().num_kv_heads, model->config().head_dim, 8)
+            .value();
+    for (int variant = 0; variant < 6; ++variant) {
       PrefillConfig config;
       config.schedule.kind = variant == 1 ? ScheduleKind::kFixed : ScheduleKind::kIncrementalDecremental;
       config.schedule.memory = 128;
@@ -300,6 +309,14 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       config.decode_reserve = 16;
       if (variant == 2) config.query_tokens = testing::TestTokens(12, vocab);  // the question's rows
       if (variant == 3) config.score_tokens = true;
+      if (variant == 4) {  // the stored scores' copy, and the gates' parameters
+        config.pruner.kind = PrunerKind::kGate;
+        config.gate = &gates;
+      }
+      if (variant == 5) {  // the stored scores' copy, and the repetition's log-denominators
+        config.pruner.kind = PrunerKind::kReconstruct;
+        config.repeat_prompt = {5, 9, 2, 11};
+      }
       SCOPED_TRACE(::testing::Message() << (hybrid ? "hybrid" : "llama") << ", variant " << variant);
       BackendOptions o;
       o.guard_buffers = true;
@@ -324,7 +341,11 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       EXPECT_EQ(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
       EXPECT_LT(on_device->resident_peak, on_host->resident_peak);
       EXPECT_LT(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's cache stays on the device
-      EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
+      if (variant == 5) {                                     // (the repetition's rows: the prompt and the chunk again)
+        EXPECT_GT(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + 4);
+      } else {
+        EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
+      }
       // The decoder's caches stay in the device's memory: the copy and the
       // memory itself, rotated alike.
       auto copy = (*engine)->MakeDecoderCache(4);

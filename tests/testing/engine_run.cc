@@ -35,6 +35,10 @@ EngineOutcome PrefillAndDecode(const LlamaModel& model, Backend* backend, Engine
   if (scores == EngineScores::kGate) {
     config.pruner.kind = PrunerKind::kGate;
     config.gate = &gates;
+  } else if (scores == EngineScores::kReconstruct) {
+    config.pruner.kind = PrunerKind::kReconstruct;
+    config.pruner.score_span = 3;
+    config.repeat_prompt = {5, 9, 2, 11};
   } else if (scores == EngineScores::kWindow) {
     config.schedule.sink_tokens = 4;
   } else {

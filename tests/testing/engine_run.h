@@ -28,7 +28,7 @@ struct EngineOutcome {
 // selection is one backend op, Backend::SelectHeads); the question's
 // largest weights with half the share, the window's votes picking after
 // them (the op's second row, the log-denominators in its buffer).
-enum class EngineScores { kGuided, kGuidedRecall, kGate, kWindow, kGuidedShareMax };
+enum class EngineScores { kGuided, kGuidedRecall, kGate, kWindow, kGuidedShareMax, kReconstruct };
 
 // 300 test tokens through IMDC (chunk 48, memory 40, window 8) with SnapKV
 // or the gate (with recall: a later question recalls into the decoder's

@@ -105,6 +105,16 @@ class RefBackend final : public Backend {
                      s.keep, s.keep_stride);
     return absl::OkStatus();
   }
+  absl::Status GateScores(const GateScoring& g) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckGateScoring(g));
+    for (int64_t h = 0; h < g.num_heads && g.n > 0; ++h) {
+      const float* p = g.params + h * g.params_stride;
+      const int64_t d = g.head_dim, u = g.hidden;
+      ref::GateForward(p, p + d, p + 2 * d, p + 2 * d + u * d, p + 2 * d + u * d + u, p[2 * d + u * d + 2 * u], d, u,
+                       g.keys + h * g.keys_head_stride, g.key_stride, g.n, g.y + h * g.y_stride);
+    }
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:

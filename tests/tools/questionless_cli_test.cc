@@ -36,8 +36,11 @@ TEST_F(QuestionlessCliTest, TrainedGatesRunAndOthersAreRefused) {
   // It is not replaced without --force.
   EXPECT_FAILS_WITH(Run("train-gate --model " + tiny_ + " --input " + text_ + " --out " + gates), 1, "--force");
 
-  r = Run(Prefill("--pruner gate --gates " + gates + " --out " + dir_ + "/g.kv"));
+  // (Its selection is one backend op per layer, its scores made there:
+  // telemetry counts the layers.)
+  r = Run(Prefill("--pruner gate --gates " + gates + " --out " + dir_ + "/g.kv --telemetry " + dir_ + "/g.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(testing::ReadAll(dir_ + "/g.jsonl").find("\"backend_selections\":"), std::string::npos);
   EXPECT_FAILS_WITH(Run(Prefill("--pruner gate --out " + dir_ + "/g2.kv")), 2, "--gates");
 
   // Gates of another model: the tiny model with its weights changed.
@@ -108,8 +111,10 @@ TEST_F(QuestionlessCliTest, AutoTakesTheModelsGatesWithoutAQuestion) {
 }
 
 TEST_F(QuestionlessCliTest, ReconstructRunsAndChecksItsFlags) {
-  Result r = Run(Prefill("--pruner reconstruct --repeat_stride 2 --out " + dir_ + "/r.kv --verbosity 1"));
+  Result r = Run(Prefill("--pruner reconstruct --repeat_stride 2 --out " + dir_ + "/r.kv --verbosity 1 --telemetry " +
+                         dir_ + "/r.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(testing::ReadAll(dir_ + "/r.jsonl").find("\"backend_selections\":"), std::string::npos);
   EXPECT_FAILS_WITH(Run(Prefill("--pruner reconstruct --repeat_stride 0 --out " + dir_ + "/bad.kv")), 2,
                     "--repeat_stride");
   EXPECT_FAILS_WITH(Run(Prefill("--pruner reconstruct --repeat_prompt= --out " + dir_ + "/bad.kv")), 2,

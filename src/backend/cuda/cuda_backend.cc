@@ -765,6 +765,42 @@ class CudaBackend final : public Backend, public BackendProfile {
     return Finish("recall_scores", scores);
   }
 
+  // The gate pruner's scores where the keys are (the chunk loop's: every
+  // operand the device's, nothing waited for); host operands are copied
+  // in, a host result out, so that the scores are the device's arithmetic
+  // wherever the operands are.
+  absl::Status GateScores(const GateScoring& g) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckGateScoring(g));
+    if (g.num_heads == 0 || g.n == 0) return absl::OkStatus();
+    Timer t(this, kRecall);  // (the scores' row of the profile)
+    const int64_t param_floats = GateParamFloats(g.head_dim, g.hidden);
+    const float* pd = g.params;
+    int64_t params_stride = g.params_stride;
+    if (!Owns(pd)) {
+      SNAPFILL_ASSIGN_OR_RETURN(pd, UploadRows(kGate, g.params, g.num_heads, param_floats, g.params_stride));
+      params_stride = param_floats;
+    }
+    const float* kd = g.keys;
+    int64_t keys_head_stride = g.keys_head_stride;
+    if (!Owns(kd)) {
+      const int64_t head_floats = (g.n - 1) * g.key_stride + g.head_dim;
+      SNAPFILL_ASSIGN_OR_RETURN(kd, UploadRows(kK, g.keys, g.num_heads, head_floats, g.keys_head_stride));
+      keys_head_stride = head_floats;
+    }
+    float* yd = g.y;
+    int64_t y_stride = g.y_stride;
+    if (!Owns(yd)) {
+      SNAPFILL_ASSIGN_OR_RETURN(yd, Buffer<float>(kOut, g.num_heads * g.n));
+      y_stride = g.n;
+    }
+    SNAPFILL_CUDA(cuda::GateScores(pd, params_stride, g.num_heads, g.head_dim, g.hidden, kd, keys_head_stride,
+                                   g.key_stride, g.n, yd, y_stride, stream_),
+                  "gate_scores");
+    if (yd != g.y) SNAPFILL_RETURN_IF_ERROR(DownloadRows(yd, g.num_heads, g.n, g.y, g.y_stride));
+    if (profile_) ops_[kRecall] += 2.0 * g.num_heads * g.n * g.hidden * g.head_dim;
+    return Finish("gate_scores", g.y);
+  }
+
   // ---- The selection.
 
   // One head's votes are a few thousand values in host memory, where a
