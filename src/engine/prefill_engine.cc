@@ -117,6 +117,12 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     e->sel_keep_ = std::move(*keep);
     if (lse_floats > 0) e->sel_lse_ = e->sel_votes_->f32() + vote_floats;
     if (ScoresInBackend(e->config_)) {
+      // (Their scores are row 0 of the votes, where a question's would be:
+      // Resolve refuses a question with the gate, and reconstruction's
+      // extra rows are its repetition.)
+      if (prefill_internal::AsksQuestion(e->config_, e->query_rows_)) {
+        return absl::InternalError("a question with stored scores");
+      }
       absl::StatusOr<std::unique_ptr<BackendBuffer>> scores = e->backend_->NewBuffer(keep_words * sizeof(float));
       if (!scores.ok()) {
         return absl::ResourceExhaustedError(

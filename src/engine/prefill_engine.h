@@ -123,7 +123,7 @@ class PrefillEngineImpl final : public PrefillEngine {
   std::unique_ptr<BackendBuffer> cand_v_;      // [num_kv_heads, cand_capacity, head_dim]
   // Floats [first, first + count) of a backend buffer for the host to
   // read: in place where the host can address it, else copied into
-  // `staging` (the gate's keys, the entries the recall store keeps).
+  // `staging` (the entries the recall store keeps).
   absl::StatusOr<const float*> HostFloats(BackendBuffer& b, int64_t first, int64_t count,
                                           std::vector<float>& staging);
   std::vector<float> host_k_, host_v_;  // HostFloats' copies (a device's buffers only)

@@ -21,6 +21,7 @@
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
 #include "tests/testing/files.h"
+#include "tests/testing/gate_data.h"
 #include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 
@@ -223,71 +224,24 @@ TEST(CpuBackendOps, GateScoresMatchTheTwin) {
   auto guarded = CreateBackend(Device::kCpu, guarded_options);
   ASSERT_TRUE(guarded.ok()) << guarded.status();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
   int64_t cases = 0;
   for (const int64_t heads : {1, 3}) {
-    for (const auto [d, hidden] : {std::pair<int64_t, int64_t>{64, 16}, {5, 1}, {256, 8}, {17, 33}}) {
+    for (const auto& [d, hidden] : {std::pair<int64_t, int64_t>{64, 16}, {5, 1}, {256, 8}, {17, 33}}) {
       for (const int64_t n : {0, 1, 7, 300}) {
-        const int64_t pf = Backend::GateParamFloats(d, hidden);
-        const int64_t params_stride = pf + 3, key_stride = d + 2, head_stride = n * key_stride + 5, y_stride = n + 4;
-        std::vector<float> params(heads * params_stride), keys(heads * head_stride);
-        for (float& x : params) x = dist(rng);
-        for (int64_t h = 0; h < heads; ++h) {  // inverse deviations are positive
-          for (int64_t t = 0; t < d; ++t) params[h * params_stride + d + t] = 0.5f + std::fabs(dist(rng));
-        }
-        for (float& x : keys) x = dist(rng);
-        std::vector<float> want(heads * y_stride, -9.0f);
-        std::vector<double> bound(heads * y_stride, 0.0);
-        for (int64_t h = 0; h < heads; ++h) {
-          const float* p = params.data() + h * params_stride;
-          ref::GateForward(p, p + d, p + 2 * d, p + 2 * d + hidden * d, p + 2 * d + hidden * d + hidden, p[pf - 1], d,
-                           hidden, keys.data() + h * head_stride, key_stride, n, want.data() + h * y_stride);
-          for (int64_t i = 0; i < n; ++i) {
-            const float* k = keys.data() + h * head_stride + i * key_stride;
-            double m = std::fabs(p[pf - 1]);
-            for (int64_t j = 0; j < hidden; ++j) {
-              double z = std::fabs(p[2 * d + hidden * d + j]);
-              for (int64_t t = 0; t < d; ++t) z += std::fabs(p[2 * d + j * d + t] * (k[t] - p[t]) * p[d + t]);
-              m += std::fabs(p[2 * d + hidden * d + hidden + j]) * z;
-            }
-            bound[h * y_stride + i] = 4e-6 * static_cast<double>(d + hidden) * m;
-          }
-        }
+        const testing::GateData data = testing::MakeGateData(heads, d, hidden, n, static_cast<uint32_t>(5 + cases));
         for (Backend* b : {&testing::SharedCpuBackend(), guarded->get(), twin.get()}) {
           // (Operands in the backend's buffers: guarded, only its ops reach them.)
-          auto pb = b->NewBuffer(params.size() * sizeof(float));
-          auto kb = b->NewBuffer(keys.size() * sizeof(float));
-          auto yb = b->NewBuffer(want.size() * sizeof(float));
+          auto pb = b->NewBuffer(data.params.size() * sizeof(float));
+          auto kb = b->NewBuffer(data.keys.size() * sizeof(float));
+          auto yb = b->NewBuffer(data.want.size() * sizeof(float));
           ASSERT_TRUE(pb.ok() && kb.ok() && yb.ok());
-          ASSERT_TRUE(b->Upload(params.data(), (*pb)->data(), params.size() * sizeof(float)).ok());
-          ASSERT_TRUE(b->Upload(keys.data(), (*kb)->data(), keys.size() * sizeof(float)).ok());
-          std::vector<float> got(want.size(), -9.0f);
+          std::vector<float> got(data.want.size(), -9.0f);
+          ASSERT_TRUE(b->Upload(data.params.data(), (*pb)->data(), data.params.size() * sizeof(float)).ok());
+          ASSERT_TRUE(b->Upload(data.keys.data(), (*kb)->data(), data.keys.size() * sizeof(float)).ok());
           ASSERT_TRUE(b->Upload(got.data(), (*yb)->data(), got.size() * sizeof(float)).ok());
-          Backend::GateScoring g{.num_heads = heads,
-                                 .head_dim = d,
-                                 .hidden = hidden,
-                                 .n = n,
-                                 .params = (*pb)->f32(),
-                                 .params_stride = params_stride,
-                                 .keys = (*kb)->f32(),
-                                 .keys_head_stride = head_stride,
-                                 .key_stride = key_stride,
-                                 .y = (*yb)->f32(),
-                                 .y_stride = y_stride};
-          ASSERT_TRUE(b->GateScores(g).ok());
+          ASSERT_TRUE(b->GateScores(data.Op((*pb)->f32(), (*kb)->f32(), (*yb)->f32())).ok());
           ASSERT_TRUE(b->Download((*yb)->data(), got.data(), got.size() * sizeof(float)).ok());
-          for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 0; i < y_stride; ++i) {
-              const int64_t at = h * y_stride + i;
-              if (i >= n) {
-                ASSERT_EQ(got[at], -9.0f) << "wrote past the keys: head " << h << " row " << i;
-              } else {
-                ASSERT_NEAR(got[at], want[at], bound[at]) << heads << " heads, d " << d << ", hidden " << hidden
-                                                          << ", n " << n << ": head " << h << " key " << i;
-              }
-            }
-          }
+          testing::ExpectGateScores(data, got, b == twin.get() ? "twin" : b == guarded->get() ? "guarded" : "cpu");
           ++cases;
         }
       }

@@ -37,6 +37,7 @@
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
 #include "tests/testing/engine_run.h"
+#include "tests/testing/gate_data.h"
 #include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
@@ -1110,65 +1111,19 @@ TEST(CudaBackend, OpsTakeTheBuffersAsTheyTakeHostMemory) {
 // f32 rounding of the terms' magnitudes, as on the CPU.
 TEST(CudaBackend, GateScoresMatchTheTwin) {
   CUDA_BACKEND_OR_SKIP(b, false);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
+  uint32_t seed = 5;
   for (const int64_t heads : {1, 3}) {
-    for (const auto [d, hidden] : {std::pair<int64_t, int64_t>{64, 16}, {5, 1}, {256, 8}, {17, 33}}) {
+    for (const auto& [d, hidden] : {std::pair<int64_t, int64_t>{64, 16}, {5, 1}, {256, 8}, {17, 33}}) {
       for (const int64_t n : {1, 7, 300, 5000}) {
-        const int64_t pf = Backend::GateParamFloats(d, hidden);
-        const int64_t params_stride = pf + 3, key_stride = d + 2, head_stride = n * key_stride + 5, y_stride = n + 4;
-        std::vector<float> params(heads * params_stride), keys(heads * head_stride);
-        for (float& x : params) x = dist(rng);
-        for (int64_t h = 0; h < heads; ++h) {
-          for (int64_t t = 0; t < d; ++t) params[h * params_stride + d + t] = 0.5f + std::fabs(dist(rng));
-        }
-        for (float& x : keys) x = dist(rng);
-        std::vector<float> want(heads * y_stride, -9.0f);
-        std::vector<double> bound(want.size(), 0.0);
-        for (int64_t h = 0; h < heads; ++h) {
-          const float* p = params.data() + h * params_stride;
-          ref::GateForward(p, p + d, p + 2 * d, p + 2 * d + hidden * d, p + 2 * d + hidden * d + hidden, p[pf - 1], d,
-                           hidden, keys.data() + h * head_stride, key_stride, n, want.data() + h * y_stride);
-          for (int64_t i = 0; i < n; ++i) {
-            const float* k = keys.data() + h * head_stride + i * key_stride;
-            double m = std::fabs(p[pf - 1]);
-            for (int64_t j = 0; j < hidden; ++j) {
-              double z = std::fabs(p[2 * d + hidden * d + j]);
-              for (int64_t t = 0; t < d; ++t) z += std::fabs(p[2 * d + j * d + t] * (k[t] - p[t]) * p[d + t]);
-              m += std::fabs(p[2 * d + hidden * d + hidden + j]) * z;
-            }
-            bound[h * y_stride + i] = 4e-6 * static_cast<double>(d + hidden) * m;
-          }
-        }
-        auto pd = Uploaded(*b, params), kd = Uploaded(*b, keys),
-             yd = Uploaded(*b, std::vector<float>(want.size(), -9.0f));
-        Backend::GateScoring g{.num_heads = heads,
-                               .head_dim = d,
-                               .hidden = hidden,
-                               .n = n,
-                               .params = pd->f32(),
-                               .params_stride = params_stride,
-                               .keys = kd->f32(),
-                               .keys_head_stride = head_stride,
-                               .key_stride = key_stride,
-                               .y = yd->f32(),
-                               .y_stride = y_stride};
-        SNAPFILL_ASSERT_OK(b->GateScores(g));
-        const std::vector<float> on_device = DownloadAll(*b, yd->data(), want.size());
-        std::vector<float> on_host(want.size(), -9.0f);
-        g.params = params.data();
-        g.keys = keys.data();
-        g.y = on_host.data();
-        SNAPFILL_ASSERT_OK(b->GateScores(g));
+        const testing::GateData data = testing::MakeGateData(heads, d, hidden, n, seed++);
+        auto pd = Uploaded(*b, data.params), kd = Uploaded(*b, data.keys);
+        auto yd = Uploaded(*b, std::vector<float>(data.want.size(), -9.0f));
+        SNAPFILL_ASSERT_OK(b->GateScores(data.Op(pd->f32(), kd->f32(), yd->f32())));
+        const std::vector<float> on_device = DownloadAll(*b, yd->data(), data.want.size());
+        testing::ExpectGateScores(data, on_device, "device operands");
+        std::vector<float> on_host(data.want.size(), -9.0f);
+        SNAPFILL_ASSERT_OK(b->GateScores(data.Op(data.params.data(), data.keys.data(), on_host.data())));
         EXPECT_EQ(on_host, on_device) << "the same launch, wherever the operands are";
-        for (size_t at = 0; at < want.size(); ++at) {
-          if (static_cast<int64_t>(at % y_stride) >= n) {
-            ASSERT_EQ(on_device[at], -9.0f) << "wrote past the keys at " << at;
-          } else {
-            ASSERT_NEAR(on_device[at], want[at], bound[at])
-                << heads << " heads, d " << d << ", hidden " << hidden << ", n " << n << " at " << at;
-          }
-        }
       }
     }
   }
