@@ -13,6 +13,7 @@
 #include "Eigen/Core"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "snapfill/backend.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
 
@@ -137,6 +138,19 @@ uint64_t GateModel::file_bytes() const {
 void GateModel::Predict(int64_t layer, int64_t head, const float* keys, int64_t key_stride, int64_t n,
                         float* y) const {
   PredictGate(params(layer, head), head_dim_, keys, key_stride, n, y);
+}
+
+std::vector<float> GateModel::Packed() const {
+  std::vector<float> packed;
+  packed.reserve(gates_.size() * Backend::GateParamFloats(head_dim_, hidden_));
+  for (const GateParams& p : gates_) {
+    for (const std::vector<float>* part : {&p.mean, &p.inv_std, &p.w1, &p.b1, &p.w2}) {
+      packed.insert(packed.end(), part->begin(), part->end());
+    }
+    packed.push_back(p.b2);
+  }
+  SNAPFILL_CHECK(packed.size() == gates_.size() * Backend::GateParamFloats(head_dim_, hidden_));
+  return packed;
 }
 
 std::string GateModel::Serialize() const {

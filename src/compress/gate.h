@@ -73,6 +73,11 @@ class GateModel {
   // for i < n (Eigen products; ref::GateForward is the scalar twin).
   void Predict(int64_t layer, int64_t head, const float* keys, int64_t key_stride, int64_t n, float* y) const;
 
+  // Every gate's parameters as Backend::GateScores reads them: per layer,
+  // per KV head, mean, inv_std, w1, b1, w2, b2 (GateParamFloats(head_dim,
+  // hidden) floats a gate).
+  std::vector<float> Packed() const;
+
   // The file's bytes, and its checksum (the XXH3-64 trailer): what a
   // checkpoint records of the gates its scores came from.
   std::string Serialize() const;

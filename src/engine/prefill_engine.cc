@@ -135,18 +135,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     // Packed per layer and KV head as Backend::GateScores reads them, and
     // uploaded once.
     e->gate_param_floats_ = Backend::GateParamFloats(gates->head_dim(), gates->hidden());
-    std::vector<float> packed;
-    packed.reserve(mc.num_layers * mc.num_kv_heads * e->gate_param_floats_);
-    for (int64_t l = 0; l < mc.num_layers; ++l) {
-      for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
-        const GateParams& p = gates->params(l, h);
-        for (const std::vector<float>* part : {&p.mean, &p.inv_std, &p.w1, &p.b1, &p.w2}) {
-          packed.insert(packed.end(), part->begin(), part->end());
-        }
-        packed.push_back(p.b2);
-      }
-    }
-    SNAPFILL_CHECK(static_cast<int64_t>(packed.size()) == mc.num_layers * mc.num_kv_heads * e->gate_param_floats_);
+    const std::vector<float> packed = gates->Packed();
     absl::StatusOr<std::unique_ptr<BackendBuffer>> params = e->backend_->NewBuffer(packed.size() * sizeof(float));
     if (!params.ok()) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the gates: ", params.status().message()));
@@ -319,7 +308,6 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   // keeps its last W entries, a ring: no votes, no pruner, no recall.
   const bool local = global_index_[layer] < 0;
   const bool reconstruct = !local && config_.pruner.kind == PrunerKind::kReconstruct;
-  const bool gate = !local && config_.pruner.kind == PrunerKind::kGate;
   const bool stored_scores = KeepsEntryScores(config_.pruner.kind);
   const bool question = !local && qn > 0 && config_.pruner.kind != PrunerKind::kReconstruct;
   // A global layer's candidates' stored scores as the backend's op reads
@@ -358,14 +346,12 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     float* kr = cand_k_raw_->f32() + h * head_stride;
     float* vv = cand_v_->f32() + h * head_stride;
     int32_t* pp = cand_pos_.data() + h * cand_capacity_;
-    // The memory, rows [0, m); its stored scores beside (reconstruct, gate).
+    // The memory, rows [0, m); its stored scores beside (reconstruct, gate:
+    // from the backend's copy into the op's row; the host selection reads
+    // the host's, select() below).
     gathers.push_back({mem_k_[h], row, nullptr, kr, row, m, row});
     gathers.push_back({mem_v_[h], row, nullptr, vv, row, m, row});
     gathers.push_back({mem_pos_[h], sizeof(int32_t), nullptr, pp, sizeof(int32_t), m, sizeof(int32_t)});
-    if (stored_scores) {
-      gathers.push_back({mem_score_[h], sizeof(float), nullptr, votes_.data() + h * cand_capacity_, sizeof(float), m,
-                         sizeof(float)});
-    }
     if (scores_row != nullptr) {
       gathers.push_back({StoredScoreRows(layer) + h * keep_stride_, sizeof(float), nullptr,
                          scores_row + h * cand_capacity_, sizeof(float), m, sizeof(float)});
@@ -516,7 +502,13 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       SNAPFILL_RETURN_IF_ERROR(QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
                                              query_votes_.data(), query_lse_.data()));
     }
-    if (reconstruct || gate) {  // (beside the memory's stored scores, gathered above)
+    if (stored_scores) {  // the memory's stored scores, then the chunk's
+      gathers.clear();
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        gathers.push_back({mem_score_[h], sizeof(float), nullptr, votes_.data() + h * cand_capacity_, sizeof(float), m,
+                           sizeof(float)});
+      }
+      SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
       SNAPFILL_RETURN_IF_ERROR(chunk_scores(votes_.data(), query_lse_.data()));
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
+#include "snapfill/backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -61,13 +62,10 @@ TEST(GateTest, PredictMatchesScalarTwin) {
         EXPECT_EQ(got[n], -7.0f) << "wrote past the rows";
         // The pruner's scores (Backend::GateScores, kernels/cpu) are the
         // gate's as it was fitted, bit for bit.
-        std::vector<float> packed;
-        for (const std::vector<float>* part : {&p.mean, &p.inv_std, &p.w1, &p.b1, &p.w2}) {
-          packed.insert(packed.end(), part->begin(), part->end());
-        }
-        packed.push_back(p.b2);
+        const std::vector<float> packed = g.Packed();
         std::vector<float> kernel(n);
-        cpu::GateScores(packed.data(), d, hidden, keys.data(), stride, n, kernel.data());
+        cpu::GateScores(packed.data() + (l * 3 + h) * Backend::GateParamFloats(d, hidden), d, hidden, keys.data(),
+                        stride, n, kernel.data());
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(kernel[i], got[i]) << d << "/" << hidden << " row " << i;
       }
     }
