@@ -523,6 +523,20 @@ class Backend {
   // host's. The base class: memcpy.
   virtual absl::Status Download(const void* src, void* host, uint64_t bytes);
   virtual absl::Status Upload(const void* host, void* dst, uint64_t bytes);
+  // Copies to the host that run beside the backend's ops, so that the host
+  // reads a layer's results while the next layer computes (the recall
+  // tier's evicted rows, DESIGN.md §14). NewHostBuffer: host memory for
+  // them (page-locked on a device, where a copy into pageable memory would
+  // wait for the queue; the base class's plain pages), host() and data()
+  // its address, which no op reads. DownloadAsync: queues a copy of
+  // `bytes` from the backend's memory `src` into such a buffer's `host`
+  // behind the ops queued so far and returns a fence; the bytes are the
+  // copy's once WaitDownload returns for that fence (or a later one), and
+  // the caller neither reads nor writes them before. The base class copies
+  // at once (Download) and its fences are 0.
+  virtual absl::StatusOr<std::unique_ptr<BackendBuffer>> NewHostBuffer(uint64_t bytes);
+  virtual absl::StatusOr<uint64_t> DownloadAsync(const void* src, void* host, uint64_t bytes);
+  virtual absl::Status WaitDownload(uint64_t fence) { return absl::OkStatus(); }
   // Element-wise ops of the forward pass: x[i] += y[i] for i < n (the
   // residual stream where no product adds into it); x[r, i] += bias[i] for
   // rows r < rows and i < dim, rows `stride` floats apart (Qwen's Q/K/V
@@ -585,6 +599,15 @@ class Backend {
     int64_t count() const { return rest_begin + pick + then_pick + (num_candidates - window_begin); }
   };
   virtual absl::Status SelectHeads(const HeadSelection& s);
+  // The candidates that a selection left (the recall tier's evicted rows,
+  // found where SelectHeads' kept indices are, DESIGN.md §14): for head
+  // h < num_heads, out[h * out_stride + i] for i < num_candidates - kept
+  // are the indices of [0, num_candidates) that keep[h * keep_stride, +
+  // kept) does not hold, ascending; the kept indices ascending, distinct and
+  // below num_candidates. Twin: ref::Complement. The base class runs on the
+  // host; InvalidArgument for inconsistent sizes.
+  virtual absl::Status Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                                  int64_t num_candidates, int32_t* out, int64_t out_stride);
   // SmartKV's learned gates (DESIGN.md §9) on a layer's keys before RoPE,
   // every KV head in one op, so that a gate pruner's scores are made where
   // the keys are: for head h < num_heads and key i < n,

@@ -51,11 +51,13 @@ struct PrefillConfig {
   ScheduleConfig schedule;
   PrunerConfig pruner;
   bool keep_original_positions = false;
-  // SnapKV's selection as one backend op where it can be (no question, no
-  // recall store attached): the window's votes and the kept indices stay
-  // in the backend's memory, and each layer's positions and telemetry
-  // follow once per chunk (DESIGN.md §14). The same entries either way;
-  // false keeps every selection on the host (the tests compare the two).
+  // SnapKV's selection as one backend op where it can be (SnapKV's rule,
+  // its votes a window's, a question's or stored scores; with a recall
+  // store only on a device, and not at the step that recalls): the votes
+  // and the kept indices stay in the backend's memory, and each layer's
+  // positions and telemetry follow once per chunk (DESIGN.md §14). The same
+  // entries either way; false keeps every selection on the host (the tests
+  // compare the two).
   bool select_in_backend = true;
   // Score every input token (`snapfill ppl`, DESIGN.md §7): its negative
   // log-likelihood given what precedes it as this run sees it (the memory
@@ -102,6 +104,11 @@ struct PrefillConfig {
   // memory by position. Needs query_tokens and the SnapKV pruner; 0: off.
   int64_t recall_budget = 0;
   RecallFormat recall_format = RecallFormat::kF16;  // for Footprint's disk figure
+  // A recall store will be attached (AttachRecallStore) to take every
+  // step's evicted entries, with or without a recall budget (which implies
+  // it): planned here so that Footprint counts what carries them to the
+  // host from a device. AttachRecallStore refuses a store otherwise.
+  bool store_evicted = false;
 };
 
 // What happened at one step (one chunk), for progress and --telemetry.
@@ -222,7 +229,8 @@ class PrefillEngine {
   // is appended to, and that config().recall_budget > 0 recalls from (Run
   // refuses to start without one then). A run resumed with Restore() takes
   // the store cut back to the checkpoint (RecallStore::Reopen).
-  // InvalidArgument if it is shaped for another model.
+  // InvalidArgument if it is shaped for another model; FailedPrecondition
+  // for an engine planned without one (PrefillConfig::store_evicted).
   virtual absl::Status AttachRecallStore(RecallStore* store) = 0;
 
   // Streams `tokens` (exactly total_tokens) through the model, from step

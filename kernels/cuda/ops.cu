@@ -892,6 +892,39 @@ cudaError_t GateScores(const float* params, int64_t params_stride, int64_t num_h
   return cudaGetLastError();
 }
 
+__global__ void ComplementKernel(const int32_t* __restrict__ keep, int64_t keep_stride, int64_t kept,
+                                 int64_t num_candidates, int32_t* __restrict__ out, int64_t out_stride) {
+  const int32_t* k = keep + blockIdx.y * keep_stride;
+  int32_t* o = out + blockIdx.y * out_stride;
+  const int64_t left = num_candidates - kept;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < num_candidates;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t lo = 0, hi = kept;  // below: the kept indices less than j
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (k[mid] < j) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo < kept && k[lo] == j) continue;
+    // (In bounds whatever the rows hold.)
+    const int64_t at = j - lo;
+    if (at >= 0 && at < left) o[at] = static_cast<int32_t>(j);
+  }
+}
+
+cudaError_t Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                       int64_t num_candidates, int32_t* out, int64_t out_stride, cudaStream_t stream) {
+  if (num_heads <= 0 || num_candidates <= kept) return cudaSuccess;
+  if (num_heads > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(Blocks(num_candidates, 256), 1024)),
+                  static_cast<unsigned>(num_heads));
+  ComplementKernel<<<grid, 256, 0, stream>>>(keep, keep_stride, kept, num_candidates, out, out_stride);
+  return cudaGetLastError();
+}
+
 cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
                        int64_t count, size_t row_bytes, cudaStream_t stream) {
   if (count <= 0 || row_bytes == 0) return cudaSuccess;

@@ -143,6 +143,14 @@ cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_he
                         int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick,
                         void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream);
 
+// The candidates a selection left (Backend::Complement; twin
+// ref::Complement), on the device: for head h < num_heads (grid y), each
+// candidate j finds by a binary search how many kept indices lie below it
+// and, where it is not one of them, writes itself there: out[h * out_stride
+// + j - below] = j. keep's rows ascending, distinct, below num_candidates.
+cudaError_t Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                       int64_t num_candidates, int32_t* out, int64_t out_stride, cudaStream_t stream);
+
 // SmartKV's gates (Backend::GateScores) for every head h < num_heads and
 // key i < n, all operands on the device: params + h * params_stride packed
 // as mean, inv_std, w1 [hidden][head_dim], b1, w2, b2; the key at keys +

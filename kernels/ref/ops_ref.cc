@@ -295,6 +295,19 @@ void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int
   }
 }
 
+void Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads, int64_t num_candidates,
+                int32_t* out, int64_t out_stride) {
+  std::vector<bool> kept_mark(num_candidates);
+  for (int64_t h = 0; h < num_heads; ++h) {
+    std::fill(kept_mark.begin(), kept_mark.end(), false);
+    for (int64_t i = 0; i < kept; ++i) kept_mark[keep[h * keep_stride + i]] = true;
+    int64_t n = 0;
+    for (int64_t j = 0; j < num_candidates; ++j) {
+      if (!kept_mark[j]) out[h * out_stride + n++] = static_cast<int32_t>(j);
+    }
+  }
+}
+
 void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, int64_t num_candidates,
                  int64_t rest_begin, int64_t window_begin, int64_t pick, int64_t pool_kernel, bool max_pool,
                  int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick, int32_t* keep,

@@ -113,6 +113,13 @@ void SelectHeads(const float* votes, int64_t votes_stride, int64_t num_heads, in
                  int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick, int32_t* keep,
                  int64_t keep_stride);
 
+// The candidates a selection left (Backend::Complement): for head h, the
+// indices of [0, num_candidates) that keep[h * keep_stride, + kept) does
+// not hold, ascending, into out + h * out_stride. A mark per candidate, then
+// the unmarked ones in order.
+void Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads, int64_t num_candidates,
+                int32_t* out, int64_t out_stride);
+
 // In place softmax over x[0..n), in double.
 void Softmax(float* x, int64_t n);
 

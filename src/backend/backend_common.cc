@@ -122,6 +122,46 @@ absl::Status CheckGateScoring(const Backend::GateScoring& g) {
   return absl::OkStatus();
 }
 
+absl::Status CheckComplement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                             int64_t num_candidates, const int32_t* out, int64_t out_stride) {
+  if (num_heads < 0 || kept < 0 || kept > num_candidates) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("complement: ", num_heads, " heads keeping ", kept, " of ", num_candidates, " candidates"));
+  }
+  const int64_t left = num_candidates - kept;
+  if (num_heads == 0 || num_candidates == 0) return absl::OkStatus();
+  if ((kept > 0 && keep == nullptr) || (left > 0 && out == nullptr)) {
+    return absl::InvalidArgumentError("complement: missing kept indices or output");
+  }
+  if (num_heads > 1 && (keep_stride < kept || out_stride < left)) {
+    return absl::InvalidArgumentError(absl::StrCat("complement: strides ", keep_stride, " (kept) and ", out_stride,
+                                                   " (left) for ", kept, " and ", left, " indices"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostComplement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                            int64_t num_candidates, int32_t* out, int64_t out_stride) {
+  SNAPFILL_RETURN_IF_ERROR(CheckComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride));
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const int32_t* k = keep + h * keep_stride;
+    int32_t* o = out + h * out_stride;
+    int64_t t = 0, n = 0;
+    for (int32_t j = 0; j < num_candidates; ++j) {
+      if (t < kept && k[t] == j) {
+        ++t;
+      } else {
+        o[n++] = j;
+      }
+    }
+    if (t != kept) {
+      return absl::InvalidArgumentError(absl::StrCat("complement: head ", h, "'s kept indices are not ascending below ",
+                                                     num_candidates, " (index ", t, " is ", k[t], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend) {
   SNAPFILL_RETURN_IF_ERROR(CheckHeadSelection(s));
   const int64_t num_rest = s.window_begin - s.rest_begin;

@@ -42,6 +42,14 @@ absl::Status HostTopSpans(const float* scores, int64_t n, int64_t k, int64_t spa
 absl::Status CheckHeadSelection(const Backend::HeadSelection& s);
 absl::Status HostSelectHeads(const Backend::HeadSelection& s, Backend& backend);
 
+// Backend::Complement's checks (InvalidArgument naming the sizes), and
+// the complement on the host: each head's kept indices walked beside the
+// candidates, which are checked to be ascending and in range.
+absl::Status CheckComplement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                             int64_t num_candidates, const int32_t* out, int64_t out_stride);
+absl::Status HostComplement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                            int64_t num_candidates, int32_t* out, int64_t out_stride);
+
 // Backend::GateScores' checks (InvalidArgument naming what does not fit).
 absl::Status CheckGateScoring(const Backend::GateScoring& g);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -195,6 +196,34 @@ class CpuBackend final : public Backend, public BackendProfile {
   absl::Status Upload(const void* host, void* dst, uint64_t bytes) override {
     const OpScope op(*team_, guard_.get());
     return Backend::Upload(host, dst, bytes);
+  }
+  // Guarded, a copy behaves as a device's queued one would before its
+  // fence is waited for: the bytes are read now (the queue's order), and
+  // the host's are garbage until WaitDownload, so that a caller that reads
+  // them early computes with NaNs and a test sees it.
+  absl::StatusOr<uint64_t> DownloadAsync(const void* src, void* host, uint64_t bytes) override {
+    if (guard_ == nullptr) return Backend::DownloadAsync(src, host, bytes);
+    PendingCopy copy{++last_fence_, host, std::vector<uint8_t>(bytes)};
+    {
+      const OpScope op(*team_, guard_.get());
+      if (bytes > 0) std::memcpy(copy.bytes.data(), src, bytes);
+    }
+    if (bytes > 0) std::memset(host, 0xff, bytes);
+    pending_copies_.push_back(std::move(copy));
+    return last_fence_;
+  }
+  absl::Status WaitDownload(uint64_t fence) override {
+    while (!pending_copies_.empty() && pending_copies_.front().fence <= fence) {
+      PendingCopy& c = pending_copies_.front();
+      if (!c.bytes.empty()) std::memcpy(c.host, c.bytes.data(), c.bytes.size());
+      pending_copies_.pop_front();
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                          int64_t num_candidates, int32_t* out, int64_t out_stride) override {
+    const OpScope op(*team_, guard_.get());
+    return Backend::Complement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride);
   }
   absl::Status Add(float* x, const float* y, int64_t n) override {
     const OpScope op(*team_, guard_.get());
@@ -814,6 +843,15 @@ class CpuBackend final : public Backend, public BackendProfile {
   // buffers may be freed with it).
   std::unique_ptr<cpu::ThreadTeam> team_;
   std::unique_ptr<BufferGuard> guard_;  // BackendOptions::guard_buffers
+  // Guarded: the copies DownloadAsync queued, in fence order, their bytes
+  // held until WaitDownload puts them in place.
+  struct PendingCopy {
+    uint64_t fence;
+    void* host;
+    std::vector<uint8_t> bytes;
+  };
+  std::deque<PendingCopy> pending_copies_;
+  uint64_t last_fence_ = 0;
   int num_threads_;
   bool exact_;
   bool profile_;
@@ -856,6 +894,11 @@ absl::Status Backend::Gather(const std::vector<RowGather>& gathers) {
 
 absl::Status Backend::SelectHeads(const HeadSelection& s) { return HostSelectHeads(s, *this); }
 
+absl::Status Backend::Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                                 int64_t num_candidates, int32_t* out, int64_t out_stride) {
+  return HostComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride);
+}
+
 absl::Status Backend::GateScores(const GateScoring& g) {
   SNAPFILL_RETURN_IF_ERROR(CheckGateScoring(g));
   if (g.n == 0) return absl::OkStatus();
@@ -883,6 +926,17 @@ absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewBuffer(uint64_t bytes
   auto buffer = std::make_unique<HostBuffer>();
   SNAPFILL_ASSIGN_OR_RETURN(buffer->pages, MapPages(bytes));
   return std::unique_ptr<BackendBuffer>(std::move(buffer));
+}
+
+absl::StatusOr<std::unique_ptr<BackendBuffer>> Backend::NewHostBuffer(uint64_t bytes) {
+  auto buffer = std::make_unique<HostBuffer>();
+  SNAPFILL_ASSIGN_OR_RETURN(buffer->pages, MapPages(bytes));
+  return std::unique_ptr<BackendBuffer>(std::move(buffer));
+}
+
+absl::StatusOr<uint64_t> Backend::DownloadAsync(const void* src, void* host, uint64_t bytes) {
+  SNAPFILL_RETURN_IF_ERROR(Download(src, host, bytes));
+  return uint64_t{0};
 }
 
 absl::Status Backend::Download(const void* src, void* host, uint64_t bytes) {

@@ -17,6 +17,8 @@
 
 namespace snapfill {
 
+using prefill_internal::EvictedBytes;
+using prefill_internal::EvictsInBackend;
 using prefill_internal::GlobalLayers;
 using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
@@ -26,6 +28,7 @@ using prefill_internal::ScoresInBackend;
 using prefill_internal::SelectionLseFloats;
 using prefill_internal::SelectionVoteRows;
 using prefill_internal::SelectsInBackend;
+using prefill_internal::StoresEvicted;
 
 namespace {
 
@@ -101,7 +104,8 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     }
     *b = std::move(*made);
   }
-  if (SelectsInBackend(e->config_)) {
+  const bool on_device = !backend->HostReachesBuffers();
+  if (SelectsInBackend(e->config_, on_device)) {
     e->keep_stride_ = KeepStride(capacity);
     const uint64_t keep_words = static_cast<uint64_t>(global.size()) * mc.num_kv_heads * e->keep_stride_;
     const int64_t vote_floats = SelectionVoteRows(e->config_, e->query_rows_) * cand;
@@ -116,7 +120,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
     e->sel_votes_ = std::move(*votes);
     e->sel_keep_ = std::move(*keep);
     if (lse_floats > 0) e->sel_lse_ = e->sel_votes_->f32() + vote_floats;
-    if (ScoresInBackend(e->config_)) {
+    if (ScoresInBackend(e->config_, on_device)) {
       // (Their scores are row 0 of the votes, where a question's would be:
       // Resolve refuses a question with the gate, and reconstruction's
       // extra rows are its repetition.)
@@ -130,6 +134,28 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
       }
       e->sel_scores_ = std::move(*scores);
     }
+  }
+  if (EvictsInBackend(e->config_, on_device)) {
+    // (Sized for every candidate: a step evicts at most all of them.)
+    const uint64_t bytes = EvictedBytes(mc.num_kv_heads, mc.head_dim, e->cand_capacity_);
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> evicted = e->backend_->NewBuffer(bytes);
+    if (!evicted.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate the recall tier's evicted rows: ", evicted.status().message()));
+    }
+    e->evicted_ = std::move(*evicted);
+    for (auto& slot : e->evict_slots_) {
+      absl::StatusOr<std::unique_ptr<BackendBuffer>> host = e->backend_->NewHostBuffer(bytes);
+      if (!host.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate the host's copy of the evicted rows: ", host.status().message()));
+      }
+      slot.host = std::move(*host);
+      slot.cand_pos.resize(cand);
+    }
+    e->evict_pos_.resize(cand);
+    e->evict_rows_.resize(e->cand_capacity_);
+    std::iota(e->evict_rows_.begin(), e->evict_rows_.end(), 0);
   }
   if (const GateModel* gates = e->config_.gate; e->config_.pruner.kind == PrunerKind::kGate) {
     // Packed per layer and KV head as Backend::GateScores reads them, and
@@ -170,6 +196,10 @@ absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
                                                      mc.num_kv_heads, " x ", mc.head_dim));
     }
   }
+  if (store != nullptr && !StoresEvicted(config_)) {
+    return absl::FailedPreconditionError(
+        "the engine was planned without a recall store: set PrefillConfig::store_evicted (or a recall budget)");
+  }
   recall_store_ = store;
   if (store != nullptr) {
     // Whole blocks through the backend's vectorized conversions.
@@ -185,6 +215,9 @@ uint64_t PrefillEngineImpl::scratch_bytes() const {
          (sel_votes_ != nullptr ? sel_votes_->bytes() + sel_keep_->bytes() : 0) +
          (sel_scores_ != nullptr ? sel_scores_->bytes() : 0) + (gate_params_ != nullptr ? gate_params_->bytes() : 0) +
          host_scores_.capacity() * sizeof(float) + host_keep_.capacity() * sizeof(int32_t) +
+         (evicted_ != nullptr ? evicted_->bytes() * 3 : 0) +
+         (evict_slots_[0].cand_pos.size() + evict_slots_[1].cand_pos.size() + evict_pos_.size() + evict_rows_.size()) *
+             sizeof(int32_t) +
          (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -227,6 +260,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
   has_carry_nll_ = false;
   // (A run that stopped on an error mid-chunk leaves nothing to apply.)
   std::fill(pending_memory_.begin(), pending_memory_.end(), -1);
+  for (EvictSlot& slot : evict_slots_) slot.layer = -1;
   Stopwatch total;
   for (step_ = steps_done_; step_ < static_cast<int64_t>(plan_.steps.size()); ++step_) {
     const ScheduleStep& step = plan_.steps[step_];
@@ -280,6 +314,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     SNAPFILL_RETURN_IF_ERROR(forward_->ForwardWithAttention(
         batch, step_query_rows_ + step.chunk_tokens, attend, logits_rows, last_logits_.data(),
         config_.score_tokens ? step.chunk_tokens : logits_rows));
+    SNAPFILL_RETURN_IF_ERROR(StoreQueuedEvictions());
     SNAPFILL_RETURN_IF_ERROR(ApplyBackendSelections());
     if (config_.score_tokens) SNAPFILL_RETURN_IF_ERROR(ScoreChunk(tokens.size(), step));
     retention_ = telemetry_.retention;
@@ -523,9 +558,11 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   // SnapKV's rule as one backend op where it is one (DESIGN.md §14): the
   // votes and the kept indices stay in the backend's memory, the kept rows
   // are gathered by them there, and the positions and the telemetry follow
-  // at the chunk's end (ApplyBackendSelections).
+  // at the chunk's end (ApplyBackendSelections). Not at the step that
+  // recalls: Recall reads this layer's memory on the host.
   Backend::HeadSelection op;
-  const bool in_backend = !local && sel_keep_ != nullptr && recall_store_ == nullptr && pruner_->PlanInBackend(in, &op);
+  const bool recalls = final_step && config_.recall_budget > 0;
+  const bool in_backend = !local && sel_keep_ != nullptr && !recalls && pruner_->PlanInBackend(in, &op);
   int32_t* const keep_rows = in_backend ? KeepRows(layer) : nullptr;
   if (local) {
     const int64_t keep = std::min(window_capacity_, num);
@@ -606,6 +643,8 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   if (in_backend) {
     pending_memory_[layer] = m;
     ++telemetry_.backend_selections;
+    // The recall tier: the evicted rows go to the store a layer behind.
+    if (recall_store_ != nullptr && kept < num) SNAPFILL_RETURN_IF_ERROR(QueueEvicted(layer, num, kept, keep_rows));
     return absl::OkStatus();
   }
   kept_rows_.resize(c.num_kv_heads);
@@ -641,6 +680,70 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     SNAPFILL_RETURN_IF_ERROR(Recall(layer, voter_q, q_stride, voters, voter_seen));
   }
   return absl::OkStatus();
+}
+
+absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t kept, const int32_t* keep_rows) {
+  const LlamaConfig& c = model_.config();
+  const int64_t heads = c.num_kv_heads, d = c.head_dim, e = num - kept;
+  const size_t row = d * sizeof(float);
+  // Packed by e: every head's indices, then keys, then values.
+  int32_t* rows = static_cast<int32_t*>(evicted_->data());
+  float* k = evicted_->f32() + heads * e;
+  float* v = k + heads * e * d;
+  SNAPFILL_RETURN_IF_ERROR(backend_->Complement(keep_rows, keep_stride_, kept, heads, num, rows, e));
+  gathers_.clear();
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t from = h * cand_capacity_ * d;
+    gathers_.push_back({cand_k_raw_->f32() + from, row, rows + h * e, k + h * e * d, row, e, row});
+    gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * e * d, row, e, row});
+  }
+  SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers_));
+  // The older slot's layer to the store first (its copy was queued a layer
+  // ago, so this waits for little); the backend's queue orders this
+  // layer's gathers after that copy's reads.
+  EvictSlot& slot = evict_slots_[next_evict_slot_];
+  next_evict_slot_ ^= 1;
+  SNAPFILL_RETURN_IF_ERROR(StoreSlot(slot));
+  slot.layer = layer;
+  slot.num = num;
+  slot.count = e;
+  for (int64_t h = 0; h < heads; ++h) {
+    std::copy(cand_pos_.data() + h * cand_capacity_, cand_pos_.data() + h * cand_capacity_ + num,
+              slot.cand_pos.data() + h * num);
+  }
+  SNAPFILL_ASSIGN_OR_RETURN(slot.fence,
+                            backend_->DownloadAsync(evicted_->data(), slot.host->host(), EvictedBytes(heads, d, e)));
+  return absl::OkStatus();
+}
+
+absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
+  if (slot.layer < 0) return absl::OkStatus();
+  const int64_t layer = slot.layer;
+  slot.layer = -1;
+  SNAPFILL_RETURN_IF_ERROR(backend_->WaitDownload(slot.fence));
+  const LlamaConfig& c = model_.config();
+  const int64_t heads = c.num_kv_heads, d = c.head_dim, e = slot.count, num = slot.num;
+  const auto* rows = static_cast<const int32_t*>(slot.host->host());
+  const auto* k = reinterpret_cast<const float*>(rows + heads * e);
+  const float* v = k + heads * e * d;
+  std::vector<const int32_t*> lists(heads, evict_rows_.data());
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < e; ++i) {
+      const int32_t r = rows[h * e + i];
+      if (r < 0 || r >= num) {
+        return absl::InternalError(
+            absl::StrCat("layer ", layer, " evicted candidate ", r, " of ", num, " (KV head ", h, ")"));
+      }
+      evict_pos_[h * e + i] = slot.cand_pos[h * num + r];
+    }
+  }
+  // (Each head's rows are its entries 0, 1, ...: the copy is packed.)
+  return recall_store_->Append(layer, e, lists.data(), k, v, e * d, evict_pos_.data(), e);
+}
+
+absl::Status PrefillEngineImpl::StoreQueuedEvictions() {
+  SNAPFILL_RETURN_IF_ERROR(StoreSlot(evict_slots_[next_evict_slot_]));
+  return StoreSlot(evict_slots_[next_evict_slot_ ^ 1]);
 }
 
 absl::Status PrefillEngineImpl::QuestionVotes(const LlamaConfig& c, const float* q, int64_t q_stride, int64_t num_q,

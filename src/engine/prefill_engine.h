@@ -84,6 +84,15 @@ class PrefillEngineImpl final : public PrefillEngine {
   // positions (and stored scores, from sel_scores_), the retention and the
   // origin from them; Internal for a vote that was not finite.
   absl::Status ApplyBackendSelections();
+  // The recall tier where the selection was a backend op (EvictsInBackend):
+  // the layer's num - kept evicted candidates found by the kept indices
+  // keep_rows and gathered where they are, and their copy to a host slot
+  // queued (DownloadAsync), after the slot's earlier layer went to the
+  // store; candidates [0, num) of cand_pos_ are the layer's.
+  absl::Status QueueEvicted(int64_t layer, int64_t num, int64_t kept, const int32_t* keep_rows);
+  // The slots' layers to the store, the older first (the chunk's end): each
+  // waits for its copy.
+  absl::Status StoreQueuedEvictions();
   // Layer's retention and origin telemetry, once its memory holds the kept
   // entries (their positions too): keep[h] is KV head h's kept candidate
   // indices, ascending; candidates [0, m) were the memory.
@@ -166,6 +175,26 @@ class PrefillEngineImpl final : public PrefillEngine {
   RecallStore* recall_store_ = nullptr;
   std::vector<std::vector<int32_t>> evict_;
   std::unique_ptr<Recaller> recaller_;
+  // EvictsInBackend: a layer's evicted candidates as the backend gathers
+  // them (EvictedBytes: indices [num_kv_heads][e], keys and values
+  // [num_kv_heads][e][head_dim], e evicted), and two host slots that its
+  // copies fill a layer behind the kernels, each with its layer's candidate
+  // positions ([num_kv_heads][num]); the positions of the entries being
+  // stored, and the rows 0, 1, ... that index them.
+  struct EvictSlot {
+    std::unique_ptr<BackendBuffer> host;
+    std::vector<int32_t> cand_pos;
+    int64_t layer = -1;  // -1: empty
+    int64_t num = 0, count = 0;
+    uint64_t fence = 0;
+  };
+  std::unique_ptr<BackendBuffer> evicted_;
+  EvictSlot evict_slots_[2];
+  int next_evict_slot_ = 0;  // the older slot, filled next
+  std::vector<int32_t> evict_pos_, evict_rows_;
+  // A slot's layer to the store, once its copy is the host's; the slot is
+  // empty after.
+  absl::Status StoreSlot(EvictSlot& slot);
   // Question-guided: the question's rows per batch (0 without one), and the
   // batch of a step: the question's tokens, then the chunk's (and the token
   // after the chunk, read with it for ScoreChunk). The question

@@ -34,15 +34,34 @@ std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 // PrunerConfig::repeat_stride-th one).
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
+// Whether a recall store takes every step's evicted entries
+// (PrefillConfig::store_evicted, or a recall budget).
+inline bool StoresEvicted(const PrefillConfig& c) { return c.store_evicted || c.recall_budget > 0; }
 // Whether the engine makes SnapKV's selection a backend op where it can
 // (PrefillConfig::select_in_backend, a pruner with SnapKV's rule: snapkv,
-// gate, reconstruct; no recall tier): it then holds the votes and each
-// global layer's kept indices in backend buffers, and for gate and
-// reconstruct a copy of the memory's stored scores (ScoresInBackend).
-inline bool SelectsInBackend(const PrefillConfig& c) {
-  return c.select_in_backend && RanksByScores(c.pruner.kind) && c.recall_budget == 0;
+// gate, reconstruct): it then holds the votes and each global layer's kept
+// indices in backend buffers, and for gate and reconstruct a copy of the
+// memory's stored scores (ScoresInBackend). With a recall store, only where
+// the backend's buffers are a device's (buffers_on_device): the evicted
+// rows are then found and gathered there, and reach the host a layer
+// behind the kernels (EvictsInBackend); on the CPU the host's selection
+// hands the store its rows in place. (The input's last step recalls on the
+// host: Recall reads the host's memory.)
+inline bool SelectsInBackend(const PrefillConfig& c, bool buffers_on_device) {
+  return c.select_in_backend && RanksByScores(c.pruner.kind) && (!StoresEvicted(c) || buffers_on_device);
 }
-inline bool ScoresInBackend(const PrefillConfig& c) { return SelectsInBackend(c) && KeepsEntryScores(c.pruner.kind); }
+inline bool ScoresInBackend(const PrefillConfig& c, bool buffers_on_device) {
+  return SelectsInBackend(c, buffers_on_device) && KeepsEntryScores(c.pruner.kind);
+}
+inline bool EvictsInBackend(const PrefillConfig& c, bool buffers_on_device) {
+  return SelectsInBackend(c, buffers_on_device) && StoresEvicted(c);
+}
+// Bytes of one layer's evicted rows as EvictsInBackend carries them, for
+// candidates of `cand` entries: every KV head's indices, then its keys, then
+// its values (f32), packed by the count evicted.
+inline uint64_t EvictedBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand) {
+  return static_cast<uint64_t>(num_kv_heads) * cand * (1 + 2 * head_dim) * sizeof(float);
+}
 // Whether the batch's extra rows are a question's (else, for reconstruct,
 // the repetition's).
 inline bool AsksQuestion(const PrefillConfig& c, int64_t query_rows) {

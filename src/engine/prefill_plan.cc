@@ -122,6 +122,8 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
 
 }  // namespace prefill_internal
 
+using prefill_internal::EvictedBytes;
+using prefill_internal::EvictsInBackend;
 using prefill_internal::GlobalLayers;
 using prefill_internal::KeepStride;
 using prefill_internal::QueryRows;
@@ -186,7 +188,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // The selection as a backend op (SelectsInBackend): the votes again, in
   // a backend buffer, and each global layer's kept indices, which the host
   // reads once per chunk (in place, or a copy of them from a device).
-  const bool in_backend = SelectsInBackend(c);
+  const bool in_backend = SelectsInBackend(c, buffers_on_device);
   const int64_t vote_floats = query_rows > 0 && !reconstruct ? 2 : 1;
   const int64_t backend_votes = in_backend ? SelectionVoteRows(c, query_rows) : 0;
   const uint64_t cand_entry_bytes = mc.num_kv_heads * (3 * mc.head_dim + vote_floats + backend_votes) * sizeof(float) +
@@ -203,10 +205,18 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                   ? static_cast<uint64_t>(mc.num_layers) * mc.num_kv_heads *
                                         Backend::GateParamFloats(c.gate->head_dim(), c.gate->hidden()) * sizeof(float)
                                   : 0;
-  const uint64_t keep_bytes = keep_words * sizeof(int32_t) + (ScoresInBackend(c) ? keep_words * sizeof(float) : 0) +
-                              (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float) +
-                              gate_bytes;
-  f.candidate_bytes = cand * cand_entry_bytes + keep_bytes;
+  const uint64_t keep_bytes =
+      keep_words * sizeof(int32_t) + (ScoresInBackend(c, buffers_on_device) ? keep_words * sizeof(float) : 0) +
+      (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float) + gate_bytes;
+  // The recall tier from a device (EvictsInBackend): a layer's evicted rows
+  // in a backend buffer, two host slots for their copies with the layer's
+  // candidate positions, and the positions and rows of an append.
+  const uint64_t evict_bytes =
+      EvictsInBackend(c, buffers_on_device) ? EvictedBytes(mc.num_kv_heads, mc.head_dim, cand) : 0;
+  const uint64_t evict_host_bytes = evict_bytes > 0 ? 2 * (evict_bytes + mc.num_kv_heads * cand * sizeof(int32_t)) +
+                                                          (mc.num_kv_heads + 1) * cand * sizeof(int32_t)
+                                                    : 0;
+  f.candidate_bytes = cand * cand_entry_bytes + keep_bytes + evict_bytes + evict_host_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {
     f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
@@ -225,7 +235,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       static_cast<uint64_t>(batch_rows) *
           (2 * mc.model_dim + 2 * mc.num_heads * mc.head_dim + 2 * mc.num_kv_heads * mc.head_dim + 2 * mc.ffn_dim) *
           sizeof(float) +
-      cand * cand_kv_bytes + keep_bytes;
+      cand * cand_kv_bytes + keep_bytes + evict_bytes;
   if (buffers_on_device) f.buffer_bytes += f.memory_bytes / layer_entry_bytes * layer_kv_bytes;
   f.ops.tokens = batch_rows;
   f.ops.model_dim = mc.model_dim;
@@ -278,7 +288,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   }
   // The last step's recall: its scratch and the entries it adds (global
   // layers only).
-  f.resident_peak += f.recall_bytes + c.recall_budget * num_global * layer_host_bytes;
+  f.resident_peak += f.recall_bytes + c.recall_budget * num_global * layer_host_bytes + evict_host_bytes;
   // The plan as the engine keeps it: the steps, and each step's budgets in
   // an allocation of their own (glibc: 8 bytes of header, 16-byte granules,
   // 32 at least).

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -314,6 +315,113 @@ TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
       EXPECT_EQ(keep[s.count()], 9);
       EXPECT_EQ(keep[s.keep_stride + s.count()], 17);
     }
+  }
+}
+
+// Complement: the candidates a selection left, every head, as the twin
+// finds them: none kept, all kept, random subsets of odd sizes, strides
+// wider than the rows; in the CPU's host memory, in guarded buffers, and on
+// the RefBackend. Kept indices out of order are refused, naming the head.
+TEST(CpuBackendOps, ComplementMatchesTheTwin) {
+  BackendOptions guarded_options;
+  guarded_options.guard_buffers = true;
+  auto guarded = CreateBackend(Device::kCpu, guarded_options);
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
+  std::mt19937 rng(11);
+  int64_t cases = 0;
+  for (const int64_t heads : {1, 3}) {
+    for (const int64_t num : {1, 2, 37, 300, 2049}) {
+      for (const int64_t kept : {int64_t{0}, num / 3, num - 1, num}) {
+        const int64_t keep_stride = kept + 2, out_stride = num - kept + 3;
+        std::vector<int32_t> keep(heads * keep_stride, -7);
+        for (int64_t h = 0; h < heads; ++h) {
+          std::vector<int32_t> all(num);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          std::sort(all.begin(), all.begin() + kept);
+          std::copy(all.begin(), all.begin() + kept, keep.begin() + h * keep_stride);
+        }
+        std::vector<int32_t> want(heads * out_stride, -5);
+        ref::Complement(keep.data(), keep_stride, kept, heads, num, want.data(), out_stride);
+        for (int64_t h = 0; h < heads; ++h) {  // (the twin itself: the rest of 0..num, ascending)
+          const int32_t* row = want.data() + h * out_stride;
+          EXPECT_TRUE(std::is_sorted(row, row + num - kept));
+          if (num > kept) EXPECT_TRUE(row[0] >= 0 && row[num - kept - 1] < num);
+        }
+        for (Backend* b : {&testing::SharedCpuBackend(), guarded->get(), twin.get()}) {
+          auto kb = b->NewBuffer(keep.size() * sizeof(int32_t));
+          auto ob = b->NewBuffer(want.size() * sizeof(int32_t));
+          ASSERT_TRUE(kb.ok() && ob.ok());
+          std::vector<int32_t> got(want.size(), -5);
+          ASSERT_TRUE(b->Upload(keep.data(), (*kb)->data(), keep.size() * sizeof(int32_t)).ok());
+          ASSERT_TRUE(b->Upload(got.data(), (*ob)->data(), got.size() * sizeof(int32_t)).ok());
+          ASSERT_TRUE(b->Complement(static_cast<const int32_t*>((*kb)->data()), keep_stride, kept, heads, num,
+                                    static_cast<int32_t*>((*ob)->data()), out_stride)
+                          .ok());
+          ASSERT_TRUE(b->Download((*ob)->data(), got.data(), got.size() * sizeof(int32_t)).ok());
+          EXPECT_EQ(got, want) << heads << " heads, " << kept << " of " << num;
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 2 * 5 * 4 * 3);
+  Backend& b = testing::SharedCpuBackend();
+  std::vector<int32_t> keep = {0, 2, 5, 1, 4, 3}, out(8);
+  const absl::Status unordered = b.Complement(keep.data(), 3, 3, 2, 7, out.data(), 4);
+  EXPECT_EQ(unordered.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unordered.message().find("head 1"), std::string::npos) << unordered;
+  const std::vector<int32_t> past = {0, 2, 9};
+  EXPECT_EQ(b.Complement(past.data(), 3, 3, 1, 7, out.data(), 4).code(), absl::StatusCode::kInvalidArgument)
+      << "a kept index past the candidates";
+  EXPECT_EQ(b.Complement(keep.data(), 3, 4, 1, 3, out.data(), 4).code(), absl::StatusCode::kInvalidArgument)
+      << "more kept than candidates";
+  EXPECT_EQ(b.Complement(keep.data(), 2, 3, 2, 7, out.data(), 4).code(), absl::StatusCode::kInvalidArgument)
+      << "kept rows wider than their stride";
+  EXPECT_EQ(b.Complement(keep.data(), 3, 3, 2, 7, out.data(), 3).code(), absl::StatusCode::kInvalidArgument)
+      << "the left rows wider than their stride";
+  EXPECT_EQ(b.Complement(nullptr, 3, 3, 1, 7, out.data(), 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// DownloadAsync: the bytes are the host's once the fence is waited for,
+// in queue order (a later fence covers the earlier copies); guarded, as a
+// device's queued copy, they are not before (the engine's use is checked
+// by backend_selection_test); a host buffer is plain host memory.
+TEST(CpuBackendOps, DownloadAsyncHoldsTheBytesAfterItsFence) {
+  BackendOptions guarded_options;
+  guarded_options.guard_buffers = true;
+  auto guarded = CreateBackend(Device::kCpu, guarded_options);
+  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  for (Backend* b : {&testing::SharedCpuBackend(), guarded->get()}) {
+    const bool guard = b == guarded->get();
+    std::vector<float> a(1000), c(77);
+    std::iota(a.begin(), a.end(), 1.0f);
+    std::iota(c.begin(), c.end(), -50.0f);
+    auto src = b->NewBuffer((a.size() + c.size()) * sizeof(float));
+    auto host = b->NewHostBuffer((a.size() + c.size()) * sizeof(float));
+    ASSERT_TRUE(src.ok() && host.ok());
+    ASSERT_NE((*host)->host(), nullptr);
+    EXPECT_EQ((*host)->data(), (*host)->host());
+    ASSERT_TRUE(b->Upload(a.data(), (*src)->data(), a.size() * sizeof(float)).ok());
+    ASSERT_TRUE(b->Upload(c.data(), (*src)->f32() + a.size(), c.size() * sizeof(float)).ok());
+    float* h = static_cast<float*>((*host)->host());
+    auto first = b->DownloadAsync((*src)->data(), h, a.size() * sizeof(float));
+    ASSERT_TRUE(first.ok());
+    // The source written after the copy was queued: the copy has the bytes
+    // as they were (the queue's order).
+    std::vector<float> later(c.size(), 9.0f);
+    auto second = b->DownloadAsync((*src)->f32() + a.size(), h + a.size(), c.size() * sizeof(float));
+    ASSERT_TRUE(second.ok());
+    ASSERT_TRUE(b->Upload(later.data(), (*src)->f32() + a.size(), later.size() * sizeof(float)).ok());
+    if (guard) {
+      EXPECT_GT(*second, *first);
+      EXPECT_TRUE(std::isnan(h[0])) << "a queued copy's bytes before its fence";
+    }
+    ASSERT_TRUE(b->WaitDownload(*second).ok());
+    EXPECT_EQ(std::vector<float>(h, h + a.size()), a) << (guard ? "guarded" : "cpu");
+    EXPECT_EQ(std::vector<float>(h + a.size(), h + a.size() + c.size()), c) << (guard ? "guarded" : "cpu");
+    ASSERT_TRUE(b->WaitDownload(*second).ok());  // (again: nothing left to wait for)
   }
 }
 

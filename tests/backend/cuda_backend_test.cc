@@ -1129,12 +1129,89 @@ TEST(CudaBackend, GateScoresMatchTheTwin) {
   }
 }
 
+// The candidates a selection left, every head in one launch, against the
+// twin: none kept, all kept, random subsets up to 70,000 candidates (many
+// blocks a head), strides wider than the rows; device operands (the chunk
+// loop's) and host operands (the host's walk) give the same indices.
+TEST(CudaBackend, ComplementMatchesTheTwin) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  std::mt19937 rng(13);
+  for (const int64_t heads : {1, 3}) {
+    for (const int64_t num : {1, 37, 2049, 70000}) {
+      for (const int64_t kept : {int64_t{0}, num / 3, num - 1, num}) {
+        const int64_t keep_stride = kept + 2, out_stride = num - kept + 3;
+        std::vector<int32_t> keep(heads * keep_stride, -7);
+        for (int64_t h = 0; h < heads; ++h) {
+          std::vector<int32_t> all(num);
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          std::sort(all.begin(), all.begin() + kept);
+          std::copy(all.begin(), all.begin() + kept, keep.begin() + h * keep_stride);
+        }
+        std::vector<int32_t> want(heads * out_stride, -5);
+        ref::Complement(keep.data(), keep_stride, kept, heads, num, want.data(), out_stride);
+        auto kd = b->NewBuffer(keep.size() * sizeof(int32_t));
+        auto od = b->NewBuffer(want.size() * sizeof(int32_t));
+        SNAPFILL_ASSERT_OK(kd);
+        SNAPFILL_ASSERT_OK(od);
+        std::vector<int32_t> got(want.size(), -5);
+        SNAPFILL_ASSERT_OK(b->Upload(keep.data(), (*kd)->data(), keep.size() * sizeof(int32_t)));
+        SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*od)->data(), got.size() * sizeof(int32_t)));
+        SNAPFILL_ASSERT_OK(b->Complement(static_cast<const int32_t*>((*kd)->data()), keep_stride, kept, heads, num,
+                                         static_cast<int32_t*>((*od)->data()), out_stride));
+        SNAPFILL_ASSERT_OK(b->Download((*od)->data(), got.data(), got.size() * sizeof(int32_t)));
+        EXPECT_EQ(got, want) << heads << " heads, " << kept << " of " << num << " kept, device operands";
+        std::vector<int32_t> on_host(want.size(), -5);
+        SNAPFILL_ASSERT_OK(b->Complement(keep.data(), keep_stride, kept, heads, num, on_host.data(), out_stride));
+        EXPECT_EQ(on_host, want) << heads << " heads, " << kept << " of " << num << " kept, host operands";
+      }
+    }
+  }
+}
+
+// DownloadAsync into page-locked memory: each copy holds the source as it
+// was when queued (a kernel that rewrites the source after it is ordered
+// after it), the bytes are there once a fence at or after the copy's is
+// waited for, and fences grow; many copies in flight recycle their events.
+TEST(CudaBackend, DownloadAsyncHoldsTheBytesAfterItsFence) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  const int64_t n = 1 << 20;
+  std::vector<float> x = Normal(n, 3);
+  auto src = Uploaded(*b, x);
+  auto host = b->NewHostBuffer(2 * n * sizeof(float));
+  SNAPFILL_ASSERT_OK(host);
+  ASSERT_NE((*host)->host(), nullptr);
+  float* h = static_cast<float*>((*host)->host());
+  auto first = b->DownloadAsync(src->data(), h, n * sizeof(float));
+  SNAPFILL_ASSERT_OK(first);
+  SNAPFILL_ASSERT_OK(b->Scale(src->f32(), n, 2.0f));  // (queued after the copy)
+  auto second = b->DownloadAsync(src->data(), h + n, n * sizeof(float));
+  SNAPFILL_ASSERT_OK(second);
+  EXPECT_GT(*second, *first);
+  SNAPFILL_ASSERT_OK(b->WaitDownload(*second));
+  EXPECT_EQ(std::vector<float>(h, h + n), x);
+  for (float& v : x) v *= 2.0f;
+  EXPECT_EQ(std::vector<float>(h + n, h + 2 * n), x);
+  uint64_t last = 0;
+  for (int i = 0; i < 100; ++i) {
+    auto f = b->DownloadAsync(src->f32() + i, h + i, sizeof(float));
+    SNAPFILL_ASSERT_OK(f);
+    EXPECT_GT(*f, last);
+    last = *f;
+    if (i % 7 == 0) SNAPFILL_ASSERT_OK(b->WaitDownload(*f));
+  }
+  SNAPFILL_ASSERT_OK(b->WaitDownload(last));
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(h[i], x[i]) << i;
+}
+
 // The whole engine with the backend's buffers on the device computes the
 // bits it computes with them in host memory (BackendOptions::host_buffers,
 // how the backend ran before): a question-guided IMDC prefill with
 // eviction and 8 decoded tokens, for each architecture's extra ops (Qwen's
 // biases, Gemma's embedding scale and sliding-window layers), the recall
-// tier (its store reads the candidates through copies), the gate, the
+// tier (the evicted rows found and gathered on the device, copied to the
+// host a layer behind; the host buffers' run selects on the host and hands
+// the store its rows), the gate, the
 // window's votes alone, and a question's largest weights with half the
 // share (the log-denominators, the last step's Fill and the second pick on
 // the device), and context reconstruction. The question's runs (spans of

@@ -11,8 +11,12 @@
 // largest weights; alone, or with the window's votes picking after them),
 // the stored scores of gate and reconstruct (made where the keys are, kept
 // in the backend's copy of the memory's and brought to the host at the
-// chunk's end), and with the backend's buffers guarded (the host reads the
-// kept indices and scores through a copy, as from a device).
+// chunk's end), the recall tier (with its buffers on a device, the evicted
+// rows found and gathered there and copied to the host a layer behind; the
+// store must hold the host selection's entries, and a question recall
+// from it as there), and with the backend's buffers guarded (the host
+// reads the kept indices and scores through a copy, as from a device; its
+// queued copies hold garbage until waited for).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -25,7 +29,10 @@
 #include "snapfill/engine.h"
 #include "snapfill/status.h"
 #include "src/compress/gate.h"
+#include "src/engine/recall.h"
 #include "src/kv/kv_cache.h"
+#include "src/kv/recall_store.h"
+#include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 #include "tools/testmodel/tiny_llama.h"
@@ -53,6 +60,9 @@ struct Case {
   // picked in spans of score_span.
   PrunerKind pruner = PrunerKind::kSnapKv;
   int64_t score_span = 1;
+  // A recall store takes what every step evicts (-1: none), and at the
+  // last step the question brings back this many per layer and KV head.
+  int64_t recall = -1;
 };
 
 struct Outcome {
@@ -63,6 +73,12 @@ struct Outcome {
   std::vector<std::vector<int64_t>> memory, origin;
   std::vector<std::vector<double>> retention;
   std::vector<int64_t> attention_length, window_attention_length, backend_selections;
+  // The recall store: each layer's slots, and every slot's positions, keys
+  // and values (as stored); the entries recalled.
+  std::vector<int64_t> store_slots;
+  std::vector<int32_t> store_pos;
+  std::vector<float> store_k, store_v;
+  int64_t recalled = 0;
 };
 
 Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool guard) {
@@ -109,10 +125,22 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
     config.pruner.query_share = c.share;
     config.pruner.query_votes = c.votes;
   }
+  config.store_evicted = c.recall >= 0;
+  config.recall_budget = std::max<int64_t>(c.recall, 0);
   auto engine = PrefillEngine::Create(model, backend->get(), config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();
+  std::unique_ptr<RecallStore> store;
+  if (c.recall >= 0) {
+    RecallStoreInfo info = RecallShape(mc, RecallFormat::kF16);
+    info.input_tokens = n;
+    auto made = RecallStore::Create(testing::MakeTempDir("backend_selection") + "/store", info);
+    SNAPFILL_CHECK(made.ok()) << made.status();
+    store = std::move(*made);
+    SNAPFILL_CHECK((*engine)->AttachRecallStore(store.get()).ok());
+  }
   Outcome r;
   const absl::Status run = (*engine)->Run(ids, [&](const StepTelemetry& t) {
+    r.recalled = std::max(r.recalled, t.recalled);
     r.memory.push_back(t.memory);
     r.retention.push_back(t.retention);
     for (const std::vector<int64_t>& o : t.origin) r.origin.push_back(o);
@@ -135,6 +163,25 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
       if (memory.has_scores()) r.scores.insert(r.scores.end(), memory.score(l, h), memory.score(l, h) + memory.size(l));
     }
   }
+  if (store != nullptr) {
+    const int64_t d = mc.head_dim;
+    for (int64_t l = 0; l < mc.num_layers; ++l) {
+      const int64_t slots = store->slots(l);
+      r.store_slots.push_back(slots);
+      std::vector<int32_t> pos(slots * mc.num_kv_heads);
+      std::vector<float> k(pos.size() * d), v(d);
+      SNAPFILL_CHECK(store->ReadKeys(l, 0, slots, k.data(), pos.data()).ok());
+      r.store_pos.insert(r.store_pos.end(), pos.begin(), pos.end());
+      r.store_k.insert(r.store_k.end(), k.begin(), k.end());
+      int32_t p = 0;
+      for (int64_t i = 0; i < slots; ++i) {
+        for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+          SNAPFILL_CHECK(store->ReadEntry(l, h, i, k.data(), v.data(), &p).ok());
+          r.store_v.insert(r.store_v.end(), v.begin(), v.end());
+        }
+      }
+    }
+  }
   return r;
 }
 
@@ -154,6 +201,12 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
   const Outcome host = Prefill(*model, c, /*in_backend=*/false, /*guard=*/false);
   int64_t selections = 0;
   for (int64_t s : host.backend_selections) EXPECT_EQ(s, 0);
+  if (c.recall >= 0) {  // (a store that holds what the steps evicted)
+    int64_t stored = 0;
+    for (int64_t slots : host.store_slots) stored += slots;
+    EXPECT_GT(stored, 500);  // (one global layer of 700 tokens at least)
+    if (c.recall > 0) EXPECT_GT(host.recalled, 0);
+  }
   if (c.pruner != PrunerKind::kSnapKv) {  // (scores that are there to compare)
     EXPECT_EQ(host.scores.size(), host.pos.size());
     EXPECT_GT(std::count_if(host.scores.begin(), host.scores.end(), [](float x) { return x != 0.0f; }),
@@ -172,12 +225,21 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
     EXPECT_EQ(op.origin, host.origin);
     EXPECT_EQ(op.attention_length, host.attention_length);
     EXPECT_EQ(op.window_attention_length, host.window_attention_length);
+    EXPECT_EQ(op.store_slots, host.store_slots);
+    EXPECT_EQ(op.store_pos, host.store_pos);
+    EXPECT_EQ(op.store_k, host.store_k);
+    EXPECT_EQ(op.store_v, host.store_v);
+    EXPECT_EQ(op.recalled, host.recalled);
     selections = 0;
     for (int64_t s : op.backend_selections) selections += s;
+    // With a store, the CPU's own buffers keep the host's selection, which
+    // hands the store its rows in place; a device's (guarded) take the op.
+    if (c.recall >= 0 && !guard) EXPECT_EQ(selections, 0);
   }
   // Every evicting step of every global layer took the op: 700 tokens in
   // chunks of 64 evict from the second step on (the first keeps at most
-  // its chunk where the memory holds more).
+  // its chunk where the memory holds more); with a recall budget, all but
+  // the last step, which recalls on the host.
   const int64_t global_layers = c.architecture == "gemma3" ? 1 : 3;
   EXPECT_GE(selections, global_layers * (static_cast<int64_t>(host.memory.size()) - 2)) << c.name;
 }
@@ -246,7 +308,26 @@ INSTANTIATE_TEST_SUITE_P(
              .architecture = "gemma3",
              .sinks = 4,
              .pruner = PrunerKind::kReconstruct,
-             .score_span = 2}),
+             .score_span = 2},
+        // The recall tier: a store alone (the window's votes), a question
+        // that recalls (spans; single tokens with the window's votes after
+        // the question's), a hybrid model's global layer, and the gate's
+        // stored scores beside a store.
+        Case{.name = "store", .sinks = 4, .recall = 0},
+        Case{.name = "recall_question_spans", .question = 9, .recall = 12},
+        Case{.name = "recall_tokens_share_im",
+             .schedule = ScheduleKind::kIncremental,
+             .question = 6,
+             .select = Selection::kToken,
+             .share = 0.5,
+             .recall = 20},
+        Case{.name = "recall_gemma3_hybrid",
+             .architecture = "gemma3",
+             .sinks = 4,
+             .question = 7,
+             .span = 8,
+             .recall = 10},
+        Case{.name = "store_gate", .pruner = PrunerKind::kGate, .score_span = 3, .recall = 0}),
     [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
 }  // namespace

@@ -9,11 +9,14 @@
 
 #include "gtest/gtest.h"
 #include "snapfill/engine.h"
-#include "src/model/llama_forward.h"
 #include "src/compress/gate.h"
+#include "src/engine/recall.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/kv_cache.h"
+#include "src/kv/recall_store.h"
+#include "src/model/llama_forward.h"
+#include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
 
@@ -299,7 +302,7 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
     const GateModel gates =
         GateModel::Create(model->config().num_layers, model->config().num_kv_heads, model->config().head_dim, 8)
             .value();
-    for (int variant = 0; variant < 6; ++variant) {
+    for (int variant = 0; variant < 7; ++variant) {
       PrefillConfig config;
       config.schedule.kind = variant == 1 ? ScheduleKind::kFixed : ScheduleKind::kIncrementalDecremental;
       config.schedule.memory = 128;
@@ -307,7 +310,10 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       config.schedule.window = 8;
       config.schedule.sink_tokens = 4;
       config.decode_reserve = 16;
-      if (variant == 2) config.query_tokens = testing::TestTokens(12, vocab);  // the question's rows
+      // The question's rows; with a recall store, the evicted rows on their
+      // way to the host.
+      if (variant == 2 || variant == 6) config.query_tokens = testing::TestTokens(12, vocab);
+      if (variant == 6) config.recall_budget = 8;
       if (variant == 3) config.score_tokens = true;
       if (variant == 4) {  // the stored scores' copy, and the gates' parameters
         config.pruner.kind = PrunerKind::kGate;
@@ -329,6 +335,15 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       SNAPFILL_ASSERT_OK(on_host);
       auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
       SNAPFILL_ASSERT_OK(engine);
+      std::unique_ptr<RecallStore> store;
+      if (variant == 6) {
+        RecallStoreInfo info = RecallShape(model->config(), RecallFormat::kF16);
+        info.input_tokens = 1000;
+        auto made = RecallStore::Create(testing::MakeTempDir("footprint") + "/store", info);
+        SNAPFILL_ASSERT_OK(made);
+        store = std::move(*made);
+        SNAPFILL_ASSERT_OK((*engine)->AttachRecallStore(store.get()));
+      }
       EXPECT_EQ((*backend)->DevicePeakBytes(), on_device->buffer_bytes);
       SNAPFILL_ASSERT_OK((*engine)->Run(testing::TestTokens(1000, vocab), nullptr));
       EXPECT_EQ((*backend)->DevicePeakBytes(), on_device->buffer_bytes) << "the run allocated more";
@@ -338,13 +353,22 @@ TEST(FootprintTest, BuffersOnADeviceAreWhatTheBackendHolds) {
       for (int64_t l = 0; l < mc.num_layers; ++l) {
         kv_bytes += static_cast<uint64_t>((*engine)->memory().capacity(l)) * mc.num_kv_heads * mc.head_dim * 8;
       }
-      EXPECT_EQ(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
+      if (variant == 6) {
+        // (The selection's buffers and the evicted rows besides: the CPU's
+        // own buffers select on the host, which hands the store its rows.)
+        EXPECT_GT(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
+        int64_t stored = 0;
+        for (int64_t l = 0; l < mc.num_layers; ++l) stored += store->slots(l);
+        EXPECT_GT(stored, 0);
+      } else {
+        EXPECT_EQ(on_device->buffer_bytes - on_host->buffer_bytes, kv_bytes);
+      }
       EXPECT_LT(on_device->resident_peak, on_host->resident_peak);
       EXPECT_LT(on_device->kept_bytes, on_host->kept_bytes);  // the decoder's cache stays on the device
       if (variant == 5) {                                     // (the repetition's rows: the prompt and the chunk again)
         EXPECT_GT(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + 4);
       } else {
-        EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 ? 12 : 0));
+        EXPECT_EQ(on_device->ops.tokens, (*engine)->plan().max_chunk_tokens + (variant == 2 || variant == 6 ? 12 : 0));
       }
       // The decoder's caches stay in the device's memory: the copy and the
       // memory itself, rotated alike.

@@ -107,7 +107,9 @@ void ExpectSameMemory(const KvCache& a, const KvCache& b) {
 TEST_F(RecallTest, AStoreAloneChangesNothingAndHoldsEveryEvictedEntry) {
   const auto plain = Run(Config());
   auto store = NewStore("s");
-  const auto stored = Run(Config(), store.get());
+  PrefillConfig storing = Config();
+  storing.store_evicted = true;
+  const auto stored = Run(storing, store.get());
   ExpectSameMemory(plain->memory(), stored->memory());
   const LlamaConfig& mc = model_->config();
   for (int64_t l = 0; l < mc.num_layers; ++l) {
@@ -228,6 +230,7 @@ TEST_F(RecallTest, AQuestionOverASavedCacheBringsBackStoredEntries) {
   const int64_t d = mc.head_dim;
   PrefillConfig config = Config();
   config.query_tokens.clear();
+  config.store_evicted = true;
   PrefillConfig full_config = config;
   full_config.pruner.kind = PrunerKind::kFull;
   const auto full = Run(full_config);  // layer 0's keys before RoPE, every position
@@ -323,6 +326,15 @@ TEST_F(RecallTest, IsCountedAndChecked) {
   const absl::Status shaped = (*no_store)->AttachRecallStore(wrong->get());
   ASSERT_FALSE(shaped.ok());
   EXPECT_THAT(shaped.message(), HasSubstr("is shaped"));
+  // A store for an engine planned without one (no budget, no
+  // store_evicted): its footprint left the store's copies out.
+  auto unplanned = PrefillEngine::Create(*model_, backend_.get(), Config(), kTokens);
+  SNAPFILL_ASSERT_OK(unplanned);
+  auto store = NewStore("unplanned");
+  const absl::Status refused = (*unplanned)->AttachRecallStore(store.get());
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("store_evicted"));
+  SNAPFILL_EXPECT_OK((*unplanned)->AttachRecallStore(nullptr));
 }
 
 }  // namespace

@@ -105,6 +105,12 @@ class RefBackend final : public Backend {
                      s.keep, s.keep_stride);
     return absl::OkStatus();
   }
+  absl::Status Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                          int64_t num_candidates, int32_t* out, int64_t out_stride) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride));
+    ref::Complement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride);
+    return absl::OkStatus();
+  }
   absl::Status GateScores(const GateScoring& g) override {
     SNAPFILL_RETURN_IF_ERROR(CheckGateScoring(g));
     for (int64_t h = 0; h < g.num_heads && g.n > 0; ++h) {

@@ -97,6 +97,7 @@ class BatchRunner {
     config.schedule.memory = d.settings.memory;
     config.schedule.chunk = d.settings.chunk;
     config.recall_budget = 0;
+    config.store_evicted = false;
     SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config, /*question_guided=*/d.settings.guided));
     GenerateOptions gopts;
     gopts.max_new_tokens = d.settings.n;

@@ -303,6 +303,7 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
   SNAPFILL_ASSIGN_OR_RETURN(c.pruner.query_votes, ParseQueryVotes(absl::GetFlag(FLAGS_query_votes)));
   c.keep_original_positions = absl::GetFlag(FLAGS_original_positions);
   if (!absl::GetFlag(FLAGS_recall_dir).empty()) {
+    c.store_evicted = true;
     c.recall_budget = absl::GetFlag(FLAGS_recall);
     if (c.recall_budget < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 1"));

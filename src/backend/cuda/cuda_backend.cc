@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -231,6 +232,25 @@ class DeviceBuffer final : public BackendBuffer {
   cudaStream_t stream_;
 };
 
+// Page-locked host memory (Backend::NewHostBuffer): the device's copies
+// into it run beside its kernels, where a copy into pageable memory would
+// be staged and wait for the queue.
+class PinnedBuffer final : public BackendBuffer {
+ public:
+  PinnedBuffer(void* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  ~PinnedBuffer() override { cudaFreeHost(data_); }
+  void* data() override { return bytes_ > 0 ? data_ : nullptr; }
+  uint64_t bytes() const override { return bytes_; }
+  void* host() override { return data(); }
+  void ReleaseFrom(uint64_t offset) override {
+    if (offset < bytes_) std::memset(static_cast<char*>(data_) + offset, 0, bytes_ - offset);
+  }
+
+ private:
+  void* data_;
+  uint64_t bytes_;
+};
+
 class CudaBackend final : public Backend, public BackendProfile {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop, bool exact, bool profile, int host_threads, bool host_buffers,
@@ -248,6 +268,9 @@ class CudaBackend final : public Backend, public BackendProfile {
     for (auto& [data, w] : weights_) memory_->Free(w.data);
     for (auto& [data, v] : vectors_) memory_->Free(v);
     for (auto& s : scratch_) s.reset();
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto& [fence, e] : copy_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (cublas_ != nullptr) lib_->destroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -444,6 +467,44 @@ class CudaBackend final : public Backend, public BackendProfile {
     Timer t(this, kCopy);
     SNAPFILL_CUDA(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream_), "upload");
     return Sync("upload");
+  }
+
+  absl::StatusOr<std::unique_ptr<BackendBuffer>> NewHostBuffer(uint64_t bytes) override {
+    void* data = nullptr;
+    SNAPFILL_CUDA(cudaHostAlloc(&data, std::max<uint64_t>(bytes, 1), cudaHostAllocDefault),
+                  absl::StrCat("page-locked host memory of ", bytes, " bytes"));
+    std::memset(data, 0, bytes);
+    return std::unique_ptr<BackendBuffer>(new PinnedBuffer(data, bytes));
+  }
+  // The copy queued behind the stream's work, and an event after it: the
+  // fence. (One stream: an event covers every copy queued before it.)
+  absl::StatusOr<uint64_t> DownloadAsync(const void* src, void* host, uint64_t bytes) override {
+    if (bytes == 0) return last_fence_;
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream_), "download");
+    cudaEvent_t e = nullptr;
+    if (free_events_.empty()) {
+      SNAPFILL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "download's event");
+    } else {
+      e = free_events_.back();
+      free_events_.pop_back();
+    }
+    copy_events_.emplace_back(++last_fence_, e);
+    SNAPFILL_CUDA(cudaEventRecord(e, stream_), "download's event");
+    return last_fence_;
+  }
+  absl::Status WaitDownload(uint64_t fence) override {
+    cudaEvent_t last = nullptr;  // the latest event at or before the fence
+    while (!copy_events_.empty() && copy_events_.front().first <= fence) {
+      if (last != nullptr) free_events_.push_back(last);
+      last = copy_events_.front().second;
+      copy_events_.pop_front();
+    }
+    if (last == nullptr) return absl::OkStatus();
+    const cudaError_t waited = cudaEventSynchronize(last);
+    free_events_.push_back(last);
+    SNAPFILL_CUDA(waited, "download");
+    return absl::OkStatus();
   }
 
   // Rows between the backend's memory and the host's in any direction:
@@ -765,6 +826,25 @@ class CudaBackend final : public Backend, public BackendProfile {
     return Finish("recall_scores", scores);
   }
 
+  // The candidates a selection left, where its kept indices are (the
+  // chunk loop's: nothing waited for); host operands take the host's walk.
+  absl::Status Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
+                          int64_t num_candidates, int32_t* out, int64_t out_stride) override {
+    SNAPFILL_RETURN_IF_ERROR(CheckComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride));
+    if (num_heads == 0 || num_candidates == kept) return absl::OkStatus();
+    const bool keep_device = kept == 0 || Owns(keep), out_device = Owns(out);
+    if (!keep_device && !out_device) {
+      return HostComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride);
+    }
+    if (!keep_device || !out_device) {
+      return absl::InvalidArgumentError("complement: the kept indices and the output must both be the device's");
+    }
+    Timer t(this, kSelect);
+    SNAPFILL_CUDA(cuda::Complement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride, stream_),
+                  "complement");
+    return Finish("complement", true);
+  }
+
   // The gate pruner's scores where the keys are (the chunk loop's: every
   // operand the device's, nothing waited for); host operands are copied
   // in, a host result out, so that the scores are the device's arithmetic
@@ -1050,7 +1130,8 @@ class CudaBackend final : public Backend, public BackendProfile {
   // host reads results only through Download (which waits) or an op that
   // writes host memory (which waits here). Host operands were consumed
   // when their copies were queued (pageable memory is staged at once; the
-  // engine pins none). So only the launch is checked; an error inside a
+  // engine's page-locked buffers are for DownloadAsync, whose fences it
+  // waits for). So only the launch is checked; an error inside a
   // kernel surfaces at the next wait. Profiling waits, to time the op.
   absl::Status Launched(absl::string_view what) {
     SNAPFILL_CUDA(cudaGetLastError(), what);
@@ -1350,6 +1431,10 @@ class CudaBackend final : public Backend, public BackendProfile {
   std::unordered_map<const void*, DeviceWeight> weights_;
   std::unordered_map<const void*, void*> vectors_;
   std::mutex select_mutex_;  // the device's selection, from ParallelFor's threads
+  // DownloadAsync's events by fence, oldest first, and those free again.
+  std::deque<std::pair<uint64_t, cudaEvent_t>> copy_events_;
+  std::vector<cudaEvent_t> free_events_;
+  uint64_t last_fence_ = 0;
   std::vector<float> host_rows_;   // GetRows' rows on their way to the device
   std::vector<char> host_pack_;    // Gather's host rows on their way to the device
   int timer_depth_ = 0;
