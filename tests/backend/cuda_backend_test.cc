@@ -1198,7 +1198,9 @@ TEST(CudaBackend, DownloadAsyncHoldsTheBytesAfterItsFence) {
     SNAPFILL_ASSERT_OK(f);
     EXPECT_GT(*f, last);
     last = *f;
-    if (i % 7 == 0) SNAPFILL_ASSERT_OK(b->WaitDownload(*f));
+    if (i % 7 == 0) {
+      SNAPFILL_ASSERT_OK(b->WaitDownload(*f));
+    }
   }
   SNAPFILL_ASSERT_OK(b->WaitDownload(last));
   for (int i = 0; i < 100; ++i) ASSERT_EQ(h[i], x[i]) << i;
