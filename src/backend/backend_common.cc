@@ -143,6 +143,7 @@ absl::Status CheckComplement(const int32_t* keep, int64_t keep_stride, int64_t k
 absl::Status HostComplement(const int32_t* keep, int64_t keep_stride, int64_t kept, int64_t num_heads,
                             int64_t num_candidates, int32_t* out, int64_t out_stride) {
   SNAPFILL_RETURN_IF_ERROR(CheckComplement(keep, keep_stride, kept, num_heads, num_candidates, out, out_stride));
+  const int64_t left = num_candidates - kept;
   for (int64_t h = 0; h < num_heads; ++h) {
     const int32_t* k = keep + h * keep_stride;
     int32_t* o = out + h * out_stride;
@@ -150,8 +151,10 @@ absl::Status HostComplement(const int32_t* keep, int64_t keep_stride, int64_t ke
     for (int32_t j = 0; j < num_candidates; ++j) {
       if (t < kept && k[t] == j) {
         ++t;
-      } else {
+      } else if (n < left) {
         o[n++] = j;
+      } else {
+        break;  // (more left than there is room for: some kept index was not met, reported below)
       }
     }
     if (t != kept) {
