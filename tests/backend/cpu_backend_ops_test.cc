@@ -21,6 +21,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
+#include "tests/testing/complement_data.h"
 #include "tests/testing/files.h"
 #include "tests/testing/gate_data.h"
 #include "tests/testing/matmul_data.h"
@@ -328,26 +329,20 @@ TEST(CpuBackendOps, ComplementMatchesTheTwin) {
   auto guarded = CreateBackend(Device::kCpu, guarded_options);
   ASSERT_TRUE(guarded.ok()) << guarded.status();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
-  std::mt19937 rng(11);
   int64_t cases = 0;
   for (const int64_t heads : {1, 3}) {
     for (const int64_t num : {1, 2, 37, 300, 2049}) {
       for (const int64_t kept : {int64_t{0}, num / 3, num - 1, num}) {
-        const int64_t keep_stride = kept + 2, out_stride = num - kept + 3;
-        std::vector<int32_t> keep(heads * keep_stride, -7);
-        for (int64_t h = 0; h < heads; ++h) {
-          std::vector<int32_t> all(num);
-          std::iota(all.begin(), all.end(), 0);
-          std::shuffle(all.begin(), all.end(), rng);
-          std::sort(all.begin(), all.begin() + kept);
-          std::copy(all.begin(), all.begin() + kept, keep.begin() + h * keep_stride);
-        }
-        std::vector<int32_t> want(heads * out_stride, -5);
-        ref::Complement(keep.data(), keep_stride, kept, heads, num, want.data(), out_stride);
+        const testing::ComplementData data = testing::MakeComplementData(heads, num, kept, 11 + cases);
+        const std::vector<int32_t>& keep = data.keep;
+        const std::vector<int32_t>& want = data.want;
+        const int64_t keep_stride = data.keep_stride, out_stride = data.out_stride;
         for (int64_t h = 0; h < heads; ++h) {  // (the twin itself: the rest of 0..num, ascending)
           const int32_t* row = want.data() + h * out_stride;
           EXPECT_TRUE(std::is_sorted(row, row + num - kept));
-          if (num > kept) EXPECT_TRUE(row[0] >= 0 && row[num - kept - 1] < num);
+          if (num > kept) {
+            EXPECT_TRUE(row[0] >= 0 && row[num - kept - 1] < num);
+          }
         }
         for (Backend* b : {&testing::SharedCpuBackend(), guarded->get(), twin.get()}) {
           auto kb = b->NewBuffer(keep.size() * sizeof(int32_t));

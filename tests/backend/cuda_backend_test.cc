@@ -36,6 +36,7 @@
 #include "src/kv/cache_file.h"
 #include "src/kv/kv_cache.h"
 #include "src/model/llama_forward.h"
+#include "tests/testing/complement_data.h"
 #include "tests/testing/engine_run.h"
 #include "tests/testing/gate_data.h"
 #include "tests/testing/matmul_data.h"
@@ -1135,21 +1136,14 @@ TEST(CudaBackend, GateScoresMatchTheTwin) {
 // loop's) and host operands (the host's walk) give the same indices.
 TEST(CudaBackend, ComplementMatchesTheTwin) {
   CUDA_BACKEND_OR_SKIP(b, false);
-  std::mt19937 rng(13);
+  uint32_t seed = 13;
   for (const int64_t heads : {1, 3}) {
     for (const int64_t num : {1, 37, 2049, 70000}) {
       for (const int64_t kept : {int64_t{0}, num / 3, num - 1, num}) {
-        const int64_t keep_stride = kept + 2, out_stride = num - kept + 3;
-        std::vector<int32_t> keep(heads * keep_stride, -7);
-        for (int64_t h = 0; h < heads; ++h) {
-          std::vector<int32_t> all(num);
-          std::iota(all.begin(), all.end(), 0);
-          std::shuffle(all.begin(), all.end(), rng);
-          std::sort(all.begin(), all.begin() + kept);
-          std::copy(all.begin(), all.begin() + kept, keep.begin() + h * keep_stride);
-        }
-        std::vector<int32_t> want(heads * out_stride, -5);
-        ref::Complement(keep.data(), keep_stride, kept, heads, num, want.data(), out_stride);
+        const testing::ComplementData data = testing::MakeComplementData(heads, num, kept, seed++);
+        const std::vector<int32_t>& keep = data.keep;
+        const std::vector<int32_t>& want = data.want;
+        const int64_t keep_stride = data.keep_stride, out_stride = data.out_stride;
         auto kd = b->NewBuffer(keep.size() * sizeof(int32_t));
         auto od = b->NewBuffer(want.size() * sizeof(int32_t));
         SNAPFILL_ASSERT_OK(kd);

@@ -205,7 +205,9 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
     int64_t stored = 0;
     for (int64_t slots : host.store_slots) stored += slots;
     EXPECT_GT(stored, 500);  // (one global layer of 700 tokens at least)
-    if (c.recall > 0) EXPECT_GT(host.recalled, 0);
+    if (c.recall > 0) {
+      EXPECT_GT(host.recalled, 0);
+    }
   }
   if (c.pruner != PrunerKind::kSnapKv) {  // (scores that are there to compare)
     EXPECT_EQ(host.scores.size(), host.pos.size());
@@ -234,7 +236,9 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
     for (int64_t s : op.backend_selections) selections += s;
     // With a store, the CPU's own buffers keep the host's selection, which
     // hands the store its rows in place; a device's (guarded) take the op.
-    if (c.recall >= 0 && !guard) EXPECT_EQ(selections, 0);
+    if (c.recall >= 0 && !guard) {
+      EXPECT_EQ(selections, 0);
+    }
   }
   // Every evicting step of every global layer took the op: 700 tokens in
   // chunks of 64 evict from the second step on (the first keeps at most
