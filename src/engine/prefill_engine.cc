@@ -215,7 +215,7 @@ uint64_t PrefillEngineImpl::scratch_bytes() const {
          (sel_votes_ != nullptr ? sel_votes_->bytes() + sel_keep_->bytes() : 0) +
          (sel_scores_ != nullptr ? sel_scores_->bytes() : 0) + (gate_params_ != nullptr ? gate_params_->bytes() : 0) +
          host_scores_.capacity() * sizeof(float) + host_keep_.capacity() * sizeof(int32_t) +
-         (evicted_ != nullptr ? evicted_->bytes() * 3 : 0) +
+         (evicted_ != nullptr ? evicted_->bytes() + evict_slots_[0].host->bytes() + evict_slots_[1].host->bytes() : 0) +
          (evict_slots_[0].cand_pos.size() + evict_slots_[1].cand_pos.size() + evict_pos_.size() + evict_rows_.size()) *
              sizeof(int32_t) +
          (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +

@@ -21,6 +21,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/backend.h"
+#include "snapfill/status.h"
 #include "tests/testing/complement_data.h"
 #include "tests/testing/files.h"
 #include "tests/testing/gate_data.h"
@@ -29,6 +30,16 @@
 
 namespace snapfill {
 namespace {
+
+// The CPU backend with its buffers guarded: only its ops reach them, as
+// on a device.
+std::unique_ptr<Backend> GuardedCpuBackend() {
+  BackendOptions o;
+  o.guard_buffers = true;
+  auto b = CreateBackend(Device::kCpu, o);
+  SNAPFILL_CHECK(b.ok()) << b.status();
+  return std::move(*b);
+}
 
 std::vector<float> Votes(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -83,10 +94,7 @@ TEST(CpuBackendOps, PoolAndTopKMatchTheTwins) {
 // CPU backend in place, the guarded one through its buffers, and the test
 // twin backend. The word after each row's status is left alone.
 TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
-  BackendOptions guarded_options;
-  guarded_options.guard_buffers = true;
-  auto guarded = CreateBackend(Device::kCpu, guarded_options);
-  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  const std::unique_ptr<Backend> guarded = GuardedCpuBackend();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
   int cases = 0, then_cases = 0;
   for (const int64_t heads : {1, 3}) {
@@ -138,7 +146,7 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
                       ASSERT_EQ(got, want) << where;
                     }
                     // Guarded: votes and result in the backend's buffers.
-                    Backend& g = **guarded;
+                    Backend& g = *guarded;
                     auto votes_buffer = g.NewBuffer(2 * votes.size() * sizeof(float));
                     auto keep_buffer = g.NewBuffer(want.size() * sizeof(int32_t));
                     ASSERT_TRUE(votes_buffer.ok() && keep_buffer.ok());
@@ -221,17 +229,14 @@ TEST(CpuBackendOps, SelectHeadsMatchesTheTwin) {
 // device) and on the RefBackend. The bound is f32 rounding of the terms'
 // magnitudes: a misread parameter or key is off by the order of them.
 TEST(CpuBackendOps, GateScoresMatchTheTwin) {
-  BackendOptions guarded_options;
-  guarded_options.guard_buffers = true;
-  auto guarded = CreateBackend(Device::kCpu, guarded_options);
-  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  const std::unique_ptr<Backend> guarded = GuardedCpuBackend();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
   int64_t cases = 0;
   for (const int64_t heads : {1, 3}) {
     for (const auto& [d, hidden] : {std::pair<int64_t, int64_t>{64, 16}, {5, 1}, {256, 8}, {17, 33}}) {
       for (const int64_t n : {0, 1, 7, 300}) {
         const testing::GateData data = testing::MakeGateData(heads, d, hidden, n, static_cast<uint32_t>(5 + cases));
-        for (Backend* b : {&testing::SharedCpuBackend(), guarded->get(), twin.get()}) {
+        for (Backend* b : {&testing::SharedCpuBackend(), guarded.get(), twin.get()}) {
           // (Operands in the backend's buffers: guarded, only its ops reach them.)
           auto pb = b->NewBuffer(data.params.size() * sizeof(float));
           auto kb = b->NewBuffer(data.keys.size() * sizeof(float));
@@ -243,7 +248,7 @@ TEST(CpuBackendOps, GateScoresMatchTheTwin) {
           ASSERT_TRUE(b->Upload(got.data(), (*yb)->data(), got.size() * sizeof(float)).ok());
           ASSERT_TRUE(b->GateScores(data.Op((*pb)->f32(), (*kb)->f32(), (*yb)->f32())).ok());
           ASSERT_TRUE(b->Download((*yb)->data(), got.data(), got.size() * sizeof(float)).ok());
-          testing::ExpectGateScores(data, got, b == twin.get() ? "twin" : b == guarded->get() ? "guarded" : "cpu");
+          testing::ExpectGateScores(data, got, b == twin.get() ? "twin" : b == guarded.get() ? "guarded" : "cpu");
           ++cases;
         }
       }
@@ -324,10 +329,7 @@ TEST(CpuBackendOps, SelectHeadsNamesANonFiniteVote) {
 // wider than the rows; in the CPU's host memory, in guarded buffers, and on
 // the RefBackend. Kept indices out of order are refused, naming the head.
 TEST(CpuBackendOps, ComplementMatchesTheTwin) {
-  BackendOptions guarded_options;
-  guarded_options.guard_buffers = true;
-  auto guarded = CreateBackend(Device::kCpu, guarded_options);
-  ASSERT_TRUE(guarded.ok()) << guarded.status();
+  const std::unique_ptr<Backend> guarded = GuardedCpuBackend();
   const std::unique_ptr<Backend> twin = testing::CreateRefBackend(/*quantized_activations=*/false);
   int64_t cases = 0;
   for (const int64_t heads : {1, 3}) {
@@ -344,7 +346,7 @@ TEST(CpuBackendOps, ComplementMatchesTheTwin) {
             EXPECT_TRUE(row[0] >= 0 && row[num - kept - 1] < num);
           }
         }
-        for (Backend* b : {&testing::SharedCpuBackend(), guarded->get(), twin.get()}) {
+        for (Backend* b : {&testing::SharedCpuBackend(), guarded.get(), twin.get()}) {
           auto kb = b->NewBuffer(keep.size() * sizeof(int32_t));
           auto ob = b->NewBuffer(want.size() * sizeof(int32_t));
           ASSERT_TRUE(kb.ok() && ob.ok());
@@ -384,12 +386,9 @@ TEST(CpuBackendOps, ComplementMatchesTheTwin) {
 // device's queued copy, they are not before (the engine's use is checked
 // by backend_selection_test); a host buffer is plain host memory.
 TEST(CpuBackendOps, DownloadAsyncHoldsTheBytesAfterItsFence) {
-  BackendOptions guarded_options;
-  guarded_options.guard_buffers = true;
-  auto guarded = CreateBackend(Device::kCpu, guarded_options);
-  ASSERT_TRUE(guarded.ok()) << guarded.status();
-  for (Backend* b : {&testing::SharedCpuBackend(), guarded->get()}) {
-    const bool guard = b == guarded->get();
+  const std::unique_ptr<Backend> guarded = GuardedCpuBackend();
+  for (Backend* b : {&testing::SharedCpuBackend(), guarded.get()}) {
+    const bool guard = b == guarded.get();
     std::vector<float> a(1000), c(77);
     std::iota(a.begin(), a.end(), 1.0f);
     std::iota(c.begin(), c.end(), -50.0f);
