@@ -154,8 +154,6 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
       slot.cand_pos.resize(cand);
     }
     e->evict_pos_.resize(cand);
-    e->evict_rows_.resize(e->cand_capacity_);
-    std::iota(e->evict_rows_.begin(), e->evict_rows_.end(), 0);
   }
   if (const GateModel* gates = e->config_.gate; e->config_.pruner.kind == PrunerKind::kGate) {
     // Packed per layer and KV head as Backend::GateScores reads them, and
@@ -216,8 +214,7 @@ uint64_t PrefillEngineImpl::scratch_bytes() const {
          (sel_scores_ != nullptr ? sel_scores_->bytes() : 0) + (gate_params_ != nullptr ? gate_params_->bytes() : 0) +
          host_scores_.capacity() * sizeof(float) + host_keep_.capacity() * sizeof(int32_t) +
          (evicted_ != nullptr ? evicted_->bytes() + evict_slots_[0].host->bytes() + evict_slots_[1].host->bytes() : 0) +
-         (evict_slots_[0].cand_pos.size() + evict_slots_[1].cand_pos.size() + evict_pos_.size() + evict_rows_.size()) *
-             sizeof(int32_t) +
+         (evict_slots_[0].cand_pos.size() + evict_slots_[1].cand_pos.size() + evict_pos_.size()) * sizeof(int32_t) +
          (votes_.size() + query_votes_.size() + query_lse_.size()) * sizeof(float) +
          (cand_pos_.size() + rot_pos_.size()) * sizeof(int32_t);
 }
@@ -686,7 +683,10 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
   const LlamaConfig& c = model_.config();
   const int64_t heads = c.num_kv_heads, d = c.head_dim, e = num - kept;
   const size_t row = d * sizeof(float);
-  // Packed by e: every head's indices, then keys, then values.
+  // Packed by e: every head's indices ([heads][e]), then the keys and the
+  // values in the store's slot order ([e][heads][d]: slot i holds each
+  // head's i-th evicted row), so that the host converts and writes them
+  // where they land, with no gather of its own.
   int32_t* rows = static_cast<int32_t*>(evicted_->data());
   float* k = evicted_->f32() + heads * e;
   float* v = k + heads * e * d;
@@ -694,8 +694,8 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
   gathers_.clear();
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t from = h * cand_capacity_ * d;
-    gathers_.push_back({cand_k_raw_->f32() + from, row, rows + h * e, k + h * e * d, row, e, row});
-    gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * e * d, row, e, row});
+    gathers_.push_back({cand_k_raw_->f32() + from, row, rows + h * e, k + h * d, heads * row, e, row});
+    gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * d, heads * row, e, row});
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers_));
   // The older slot's layer to the store first (its copy was queued a layer
@@ -726,7 +726,7 @@ absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
   const auto* rows = static_cast<const int32_t*>(slot.host->host());
   const auto* k = reinterpret_cast<const float*>(rows + heads * e);
   const float* v = k + heads * e * d;
-  std::vector<const int32_t*> lists(heads, evict_rows_.data());
+  // The positions in the store's slot order, as the keys and values are.
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < e; ++i) {
       const int32_t r = rows[h * e + i];
@@ -734,11 +734,10 @@ absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
         return absl::InternalError(
             absl::StrCat("layer ", layer, " evicted candidate ", r, " of ", num, " (KV head ", h, ")"));
       }
-      evict_pos_[h * e + i] = slot.cand_pos[h * num + r];
+      evict_pos_[i * heads + h] = slot.cand_pos[h * num + r];
     }
   }
-  // (Each head's rows are its entries 0, 1, ...: the copy is packed.)
-  return recall_store_->Append(layer, e, lists.data(), k, v, e * d, evict_pos_.data(), e);
+  return recall_store_->AppendSlots(layer, e, evict_pos_.data(), k, v);
 }
 
 absl::Status PrefillEngineImpl::StoreQueuedEvictions() {

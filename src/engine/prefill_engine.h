@@ -176,11 +176,11 @@ class PrefillEngineImpl final : public PrefillEngine {
   std::vector<std::vector<int32_t>> evict_;
   std::unique_ptr<Recaller> recaller_;
   // EvictsInBackend: a layer's evicted candidates as the backend gathers
-  // them (EvictedBytes: indices [num_kv_heads][e], keys and values
-  // [num_kv_heads][e][head_dim], e evicted), and two host slots that its
-  // copies fill a layer behind the kernels, each with its layer's candidate
-  // positions ([num_kv_heads][num]); the positions of the entries being
-  // stored, and the rows 0, 1, ... that index them.
+  // them (EvictedBytes: indices [num_kv_heads][e], keys and values in the
+  // store's slot order [e][num_kv_heads][head_dim], e evicted), and two
+  // host slots that its copies fill a layer behind the kernels, each with
+  // its layer's candidate positions ([num_kv_heads][num]); the positions of
+  // the entries being stored, in slot order.
   struct EvictSlot {
     std::unique_ptr<BackendBuffer> host;
     std::vector<int32_t> cand_pos;
@@ -191,7 +191,7 @@ class PrefillEngineImpl final : public PrefillEngine {
   std::unique_ptr<BackendBuffer> evicted_;
   EvictSlot evict_slots_[2];
   int next_evict_slot_ = 0;  // the older slot, filled next
-  std::vector<int32_t> evict_pos_, evict_rows_;
+  std::vector<int32_t> evict_pos_;
   // A slot's layer to the store, once its copy is the host's; the slot is
   // empty after.
   absl::Status StoreSlot(EvictSlot& slot);

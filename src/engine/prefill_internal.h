@@ -57,8 +57,9 @@ inline bool EvictsInBackend(const PrefillConfig& c, bool buffers_on_device) {
   return SelectsInBackend(c, buffers_on_device) && StoresEvicted(c);
 }
 // Bytes of one layer's evicted rows as EvictsInBackend carries them, for
-// candidates of `cand` entries: every KV head's indices, then its keys, then
-// its values (f32), packed by the count evicted.
+// candidates of `cand` entries: every KV head's indices, then the keys, then
+// the values (f32, in the recall store's slot order), packed by the count
+// evicted.
 inline uint64_t EvictedBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand) {
   return static_cast<uint64_t>(num_kv_heads) * cand * (1 + 2 * head_dim) * sizeof(float);
 }

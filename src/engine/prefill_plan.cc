@@ -210,11 +210,11 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
       (in_backend ? SelectionLseFloats(c, mc.num_heads, query_rows) : 0) * sizeof(float) + gate_bytes;
   // The recall tier from a device (EvictsInBackend): a layer's evicted rows
   // in a backend buffer, two host slots for their copies with the layer's
-  // candidate positions, and the positions and rows of an append.
+  // candidate positions, and the positions of an append.
   const uint64_t evict_bytes =
       EvictsInBackend(c, buffers_on_device) ? EvictedBytes(mc.num_kv_heads, mc.head_dim, cand) : 0;
   const uint64_t evict_host_bytes = evict_bytes > 0 ? 2 * (evict_bytes + mc.num_kv_heads * cand * sizeof(int32_t)) +
-                                                          (mc.num_kv_heads + 1) * cand * sizeof(int32_t)
+                                                          mc.num_kv_heads * cand * sizeof(int32_t)
                                                     : 0;
   f.candidate_bytes = cand * cand_entry_bytes + keep_bytes + evict_bytes + evict_host_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.

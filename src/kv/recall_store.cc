@@ -367,19 +367,35 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(p.data()), n * PosSlotBytes(),
                                     slots_[layer] * PosSlotBytes(), "pos", layer));
   staging_.resize(n * heads * d);
-  buffer_.resize(n * KeySlotBytes());  // (values take as many bytes as keys)
   for (auto [src, fds, kind] : {std::tuple{k, &key_fds_, "keys"}, std::tuple{v, &value_fds_, "values"}}) {
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < heads; ++h) {
         std::memcpy(staging_.data() + (i * heads + h) * d, src + h * head_stride + idx[h][i] * d, d * sizeof(float));
       }
     }
-    Encode(staging_.data(), n * heads, buffer_.data());
-    SNAPFILL_RETURN_IF_ERROR(
-        WriteAll((*fds)[layer], buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), kind, layer));
+    SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, staging_.data(), (*fds)[layer], kind));
   }
   slots_[layer] += n;
   return absl::OkStatus();
+}
+
+absl::Status RecallStore::AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v) {
+  if (layer < 0 || layer >= info_.num_layers || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("recall store: append of ", n, " to layer ", layer));
+  }
+  if (n == 0) return absl::OkStatus();
+  SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(pos), n * PosSlotBytes(),
+                                    slots_[layer] * PosSlotBytes(), "pos", layer));
+  SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, k, key_fds_[layer], "keys"));
+  SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, v, value_fds_[layer], "values"));
+  slots_[layer] += n;
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what) {
+  buffer_.resize(n * KeySlotBytes());  // (values take as many bytes as keys)
+  Encode(x, n * info_.num_kv_heads, buffer_.data());
+  return WriteAll(fd, buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), what, layer);
 }
 
 absl::Status RecallStore::CheckRange(int64_t layer, int64_t first, int64_t n) const {

@@ -107,6 +107,11 @@ class RecallStore {
   // store; the store is then unusable.
   absl::Status Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k, const float* v,
                       int64_t head_stride, const int32_t* pos, int64_t pos_stride);
+  // The same for slots already in the store's order: positions pos
+  // [n][num_kv_heads], keys k and values v [n][num_kv_heads][head_dim]
+  // (what a device gathers in that order), converted and written from
+  // where they are, without Append's gather.
+  absl::Status AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v);
 
   // Slots [first, first + n) of `layer`, slot-major as stored: keys as f32
   // into k ([n][num_kv_heads][head_dim]) and positions into pos
@@ -135,6 +140,9 @@ class RecallStore {
   uint64_t ValueSlotBytes() const;
   absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
                         int64_t layer);
+  // n slots' keys or values (x [n][num_kv_heads][head_dim]) converted and
+  // written at the layer's end.
+  absl::Status WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what);
   absl::Status ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t offset, const char* what, int64_t layer);
   // `vectors` keys or values of head_dim floats, as stored.
   void Encode(const float* x, int64_t vectors, uint8_t* out) const;

@@ -143,6 +143,63 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
   }
 }
 
+// Rows already in slot order (as a device gathers them) make the same files
+// as Append's gather of the same rows, in either format, and appended after
+// Append's slots, where the layer ends.
+TEST_F(RecallStoreTest, AppendSlotsWritesWhatAppendWrites) {
+  for (RecallFormat format : {RecallFormat::kF16, RecallFormat::kQ8}) {
+    SCOPED_TRACE(RecallFormatName(format));
+    const RecallStoreInfo info = Info(format);
+    const int64_t d = info.head_dim, heads = info.num_kv_heads;
+    Candidates c = MakeCandidates(heads, 10, d, 5);
+    const std::vector<int32_t> e0 = {1, 4, 7, 3, 8}, e1 = {0, 2, 9, 5, 6};
+    const int32_t* idx[2] = {e0.data(), e1.data()};
+    const int32_t* idx2[2] = {e0.data() + 2, e1.data() + 2};
+    // The same rows in slot order: slot i holds each head's e_h[i].
+    std::vector<float> k(5 * heads * d), v(5 * heads * d);
+    std::vector<int32_t> pos(5 * heads);
+    for (int64_t i = 0; i < 5; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int32_t r = (h == 0 ? e0 : e1)[i];
+        std::copy_n(c.k.data() + (h * c.rows + r) * d, d, k.data() + (i * heads + h) * d);
+        std::copy_n(c.v.data() + (h * c.rows + r) * d, d, v.data() + (i * heads + h) * d);
+        pos[i * heads + h] = c.pos[h * c.rows + r];
+      }
+    }
+    const std::string gathered = root_ + "/gathered_" + RecallFormatName(format);
+    const std::string slotted = root_ + "/slotted_" + RecallFormatName(format);
+    {
+      auto a = RecallStore::Create(gathered, info);
+      SNAPFILL_ASSERT_OK(a);
+      SNAPFILL_ASSERT_OK((*a)->Append(2, 2, idx, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
+      SNAPFILL_ASSERT_OK((*a)->Append(2, 3, idx2, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
+      SNAPFILL_ASSERT_OK((*a)->Sync());
+      auto b = RecallStore::Create(slotted, info);
+      SNAPFILL_ASSERT_OK(b);
+      // (A mix: Append's first slots, then the rest in slot order.)
+      SNAPFILL_ASSERT_OK((*b)->Append(2, 2, idx, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
+      SNAPFILL_ASSERT_OK(
+          (*b)->AppendSlots(2, 3, pos.data() + 2 * heads, k.data() + 2 * heads * d, v.data() + 2 * heads * d));
+      SNAPFILL_ASSERT_OK((*b)->AppendSlots(2, 0, nullptr, nullptr, nullptr));
+      EXPECT_EQ((*b)->slots(2), 5);
+      const absl::Status bad_layer = (*b)->AppendSlots(3, 1, pos.data(), k.data(), v.data());
+      EXPECT_EQ(bad_layer.code(), absl::StatusCode::kInvalidArgument) << bad_layer;
+      EXPECT_THAT(bad_layer.message(), HasSubstr("layer 3"));
+      EXPECT_EQ((*b)->AppendSlots(0, -1, pos.data(), k.data(), v.data()).code(), absl::StatusCode::kInvalidArgument);
+      SNAPFILL_ASSERT_OK((*b)->Sync());
+    }
+    for (const char* kind : {"pos", "keys", "values"}) {
+      const std::string name = std::string("/layer-02.") + kind;
+      const std::string want = testing::ReadAll(gathered + name);
+      EXPECT_EQ(want.size(),
+                5 * (std::string(kind) == "pos" ? heads * sizeof(int32_t)
+                                                : (RecallStore::SlotBytes(info) - heads * sizeof(int32_t)) / 2))
+          << kind;
+      EXPECT_EQ(testing::ReadAll(slotted + name), want) << kind;
+    }
+  }
+}
+
 TEST_F(RecallStoreTest, RefusesADirectoryThatIsNotEmpty) {
   const std::string dir = root_ + "/mine";
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
