@@ -6,10 +6,14 @@
 // a store (the gather into slot order, the conversion, the write), beside
 // what the step's kernels take.
 //
-// Arguments: KV heads, head_dim, rows evicted per head, format (0 f16, 1 q8).
-// A 1,024-entry memory with 1,024-token chunks evicts 1,024 rows per head.
+// Arguments: KV heads, head_dim, rows evicted per head, format (0 f16, 1 q8),
+// and where the rows come from: 0 the candidates (Append gathers them, as
+// on the CPU), 1 already in slot order (AppendSlots, as a device's copy
+// lands). A 1,024-entry memory with 1,024-token chunks evicts 1,024 rows
+// per head.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -51,6 +55,23 @@ void BM_RecallAppend(benchmark::State& state) {
     for (int64_t i = 0; i < n; ++i) evicted[h][i] = static_cast<int32_t>(2 * i + 1);
     idx[h] = evicted[h].data();
   }
+  // The same rows in slot order ([n][heads][d]), for AppendSlots.
+  const bool slotted = state.range(4) != 0;
+  std::vector<float> slot_k, slot_v;
+  std::vector<int32_t> slot_pos;
+  if (slotted) {
+    slot_k.resize(n * heads * d);
+    slot_v.resize(n * heads * d);
+    slot_pos.resize(n * heads);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t r = evicted[h][i];
+        std::copy_n(k.data() + (h * rows + r) * d, d, slot_k.data() + (i * heads + h) * d);
+        std::copy_n(v.data() + (h * rows + r) * d, d, slot_v.data() + (i * heads + h) * d);
+        slot_pos[i * heads + h] = pos[h * rows + r];
+      }
+    }
+  }
 
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/bm_recall_store." + std::to_string(getpid());
@@ -83,7 +104,9 @@ void BM_RecallAppend(benchmark::State& state) {
       if (!ok) break;
       appended = 0;
     }
-    const absl::Status s = store->Append(0, n, idx.data(), k.data(), v.data(), rows * d, pos.data(), rows);
+    const absl::Status s =
+        slotted ? store->AppendSlots(0, n, slot_pos.data(), slot_k.data(), slot_v.data())
+                : store->Append(0, n, idx.data(), k.data(), v.data(), rows * d, pos.data(), rows);
     if (!s.ok()) {
       state.SkipWithError(std::string(s.message()).c_str());
       break;
@@ -98,10 +121,13 @@ void BM_RecallAppend(benchmark::State& state) {
 }
 // Llama-2-7B's 32 KV heads of 128 (a layer of a 7B model), SmolLM2-135M's 3 of 64.
 BENCHMARK(BM_RecallAppend)
-    ->ArgNames({"kv_heads", "head_dim", "rows", "q8"})
-    ->Args({32, 128, 1024, 0})
-    ->Args({32, 128, 1024, 1})
-    ->Args({3, 64, 1024, 0})
+    ->ArgNames({"kv_heads", "head_dim", "rows", "q8", "slots"})
+    ->Args({32, 128, 1024, 0, 0})
+    ->Args({32, 128, 1024, 0, 1})
+    ->Args({32, 128, 1024, 1, 0})
+    ->Args({32, 128, 1024, 1, 1})
+    ->Args({3, 64, 1024, 0, 0})
+    ->Args({3, 64, 1024, 0, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
