@@ -245,12 +245,27 @@ cudaError_t Launch(const float* q, const float* k, const float* v, const Attenti
 
 }  // namespace
 
-bool FlashAttentionSupports(int64_t head_dim, int compute_major) {
+bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_optin) {
   if (compute_major < 8) return false;
+  // (Built without an sm_80 target, the driver would JIT older PTX, whose
+  // Mma is a trap that kills the context.)
+  cudaFuncAttributes attributes;
+  if (cudaFuncGetAttributes(&attributes, FlashAttentionKernel<64>) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (attributes.ptxVersion < 80 && attributes.binaryVersion < 80) return false;
+  size_t shared = 0;
   switch (head_dim) {
-    case 16: case 32: case 64: case 96: case 128: case 256: return true;
+    case 16: shared = SharedBytes<16>(); break;
+    case 32: shared = SharedBytes<32>(); break;
+    case 64: shared = SharedBytes<64>(); break;
+    case 96: shared = SharedBytes<96>(); break;
+    case 128: shared = SharedBytes<128>(); break;
+    case 256: shared = SharedBytes<256>(); break;
     default: return false;
   }
+  return shared <= shared_optin;
 }
 
 cudaError_t FlashAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,

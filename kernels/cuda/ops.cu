@@ -35,9 +35,10 @@ int Blocks(int64_t n, int threads) { return static_cast<int>((n + threads - 1) /
 
 // One block per row: the squares summed in double (as the CPU kernel and
 // ggml do), the scale in f32, y = (x · scale) · weight in f32.
+// (x and y not __restrict__: the forward pass normalizes in place.)
 template <typename Out>
-__global__ void RmsNormKernel(const float* __restrict__ x, int64_t x_stride, const float* __restrict__ weight,
-                              Out* __restrict__ y, int64_t y_stride, int64_t dim, float eps) {
+__global__ void RmsNormKernel(const float* x, int64_t x_stride, const float* __restrict__ weight, Out* y,
+                              int64_t y_stride, int64_t dim, float eps) {
   const float* xr = x + blockIdx.x * x_stride;
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += static_cast<double>(xr[i]) * xr[i];
@@ -97,9 +98,11 @@ __global__ void RopeKernel(float* x, int64_t num_tokens, int64_t num_heads, int6
   }
 }
 
+// (gate and out not __restrict__, here and in GeluGluKernel: the forward
+// pass writes the product over the gate.)
 template <typename Out>
-__global__ void SwiGluKernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t rows, int64_t cols,
-                             int64_t stride, Out* __restrict__ out) {
+__global__ void SwiGluKernel(const float* gate, const float* __restrict__ up, int64_t rows, int64_t cols,
+                             int64_t stride, Out* out) {
   const int64_t n = rows * cols;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / cols, c = e % cols;
@@ -113,8 +116,7 @@ __global__ void SwiGluKernel(const float* __restrict__ gate, const float* __rest
   }
 }
 
-__global__ void GeluGluKernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
-                              float* __restrict__ out) {
+__global__ void GeluGluKernel(const float* gate, const float* __restrict__ up, int64_t n, float* out) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
     const float g = gate[e];
     // g / 2 · (1 + tanh(u)) = g · sigmoid(2u), u = √(2/π) · (g + 0.044715 g³)
@@ -222,8 +224,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <bool kWithV>
 cudaError_t LaunchAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                             int64_t out_stride, float* lse, cudaStream_t stream) {
-  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0 ||
-      s.num_q > s.num_keys) {
+  // (No heads would be a launch with an empty grid: refused, as below.)
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads <= 0 ||
+      s.num_heads % s.num_kv_heads != 0 || s.num_q > s.num_keys) {
     return cudaErrorInvalidValue;
   }
   if (s.num_q == 0) return cudaSuccess;
@@ -366,8 +369,10 @@ __global__ void PoolKernel(const float* __restrict__ in, float* __restrict__ out
     const int64_t lo = i - pad < 0 ? 0 : i - pad;
     const int64_t hi = i + pad >= n ? n - 1 : i + pad;
     if (max_pool) {
-      float m = -INFINITY;
-      for (int64_t t = lo; t <= hi; ++t) m = fmaxf(m, in[t]);
+      // std::max's rule, as cpu::MaxPool1d: a NaN first in the window
+      // stays, and of equal values the first (-0 before +0).
+      float m = in[lo];
+      for (int64_t t = lo + 1; t <= hi; ++t) m = m < in[t] ? in[t] : m;
       out[i] = m;
     } else {
       float sum = 0.0f;
@@ -771,7 +776,9 @@ cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const A
 
 cudaError_t GroupQueries(const float* q, int64_t q_stride, int64_t num_q, int64_t num_heads, int64_t num_kv_heads,
                          int64_t head_dim, float* out, cudaStream_t stream) {
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim <= 0) return cudaErrorInvalidValue;
+  if (num_kv_heads <= 0 || num_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim <= 0) {
+    return cudaErrorInvalidValue;
+  }
   if (num_q <= 0) return cudaSuccess;
   GroupQueriesKernel<<<StrideBlocks(num_heads * num_q * head_dim), 256, 0, stream>>>(
       q, q_stride, num_q, num_heads, num_heads / num_kv_heads, head_dim, out);
@@ -781,7 +788,8 @@ cudaError_t GroupQueries(const float* q, int64_t q_stride, int64_t num_q, int64_
 cudaError_t VotesFromScores(const float* scores, int64_t num_q, int64_t num_keys, int64_t num_heads,
                             int64_t num_kv_heads, float scale, float* lse, float* votes, int64_t votes_stride,
                             cudaStream_t stream) {
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > num_keys || votes_stride < num_keys) {
+  if (num_kv_heads <= 0 || num_heads <= 0 || num_heads % num_kv_heads != 0 || num_q > num_keys ||
+      votes_stride < num_keys) {
     return cudaErrorInvalidValue;
   }
   if (num_keys <= 0 || num_q <= 0) return cudaSuccess;

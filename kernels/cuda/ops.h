@@ -7,11 +7,11 @@
 // it happens rather than at the next synchronization.
 //
 // Arithmetic: f32 throughout, with these differences from the twins (which
-// sum in double): RmsNorm sums its squares in f32 per thread and across the
-// block; Rope takes ggml's f32 angle recurrence as the twin does and rotates
-// with double sines and cosines; the attention family keeps an online
-// softmax in f32 (flash-attention's rescaling), never a score matrix;
-// FlashAttention rounds its operands to bf16 (below).
+// sum in double; RmsNorm sums its squares in double as they do): Rope takes
+// ggml's f32 angle recurrence as the twin does and rotates with double sines
+// and cosines; the attention family keeps an online softmax in f32
+// (flash-attention's rescaling), never a score matrix; FlashAttention rounds
+// its operands to bf16 (below).
 // bf16 values are IEEE bfloat16 bit patterns (uint16_t here, so that host
 // code needs no CUDA headers to call these).
 #ifndef SNAPFILL_KERNELS_CUDA_OPS_H_
@@ -77,9 +77,13 @@ cudaError_t Attention(const float* q, const float* k, const float* v, const Atte
 // The same on tensor cores (flash_attention.cu), in ref::AttentionBf16's
 // arithmetic: q·scale, k and v rounded to bf16, the scores and the online
 // softmax in f32, the weights rounded to bf16 for P·V. For head_dim 16, 32, 64,
-// 96, 128 or 256 on compute capability 8.0 and later
-// (FlashAttentionSupports); cudaErrorInvalidValue otherwise.
-bool FlashAttentionSupports(int64_t head_dim, int compute_major);
+// 96, 128 or 256 on compute capability 8.0 and later, where the binary holds
+// the kernel's sm_80 code (not a JIT of older PTX, where its MMA traps) and
+// its tile fits the device's shared memory per block (shared_optin:
+// cudaDeviceProp::sharedMemPerBlockOptin; head_dim 256 takes 102 KiB, more
+// than sm_86/89/120 allow) (FlashAttentionSupports); cudaErrorInvalidValue
+// otherwise.
+bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_optin);
 cudaError_t FlashAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                            int64_t out_stride, cudaStream_t stream);
 // lse [num_heads][num_q]: each query's log softmax denominator over the keys
