@@ -249,14 +249,18 @@ bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_o
   if (compute_major < 8) return false;
   // (Built without an sm_80 target, the driver would JIT older PTX, whose
   // Mma is a trap that kills the context.)
-  cudaFuncAttributes attributes;
-  if (cudaFuncGetAttributes(&attributes, FlashAttentionKernel<64>) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  // (The virtual architecture the code was made from: a JIT for an sm_90
-  // device from compute_75 PTX has binaryVersion 90 and still traps.)
-  if (attributes.ptxVersion < 80) return false;
+  // The virtual architecture the code was made from (a JIT for an sm_90
+  // device from compute_75 PTX has binaryVersion 90 and still traps), asked
+  // once: the chunk loop asks per layer.
+  static const bool has_mma = [] {
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, FlashAttentionKernel<64>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attributes.ptxVersion >= 80;
+  }();
+  if (!has_mma) return false;
   size_t shared = 0;
   switch (head_dim) {
     case 16: shared = SharedBytes<16>(); break;
