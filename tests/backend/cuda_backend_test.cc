@@ -97,6 +97,16 @@ TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
     SNAPFILL_ASSERT_OK(b->Rope(r.data(), tokens, heads, hd, stride, pos.data(), RopeSpec{rot, 10000.0f, 1.0f, neox}));
     ref::Rope(r_ref.data(), tokens, heads, hd, stride, pos.data(), rot, 10000.0f, 1.0f, neox);
     for (int64_t i = 0; i < tokens * stride; ++i) ASSERT_NEAR(r[i], r_ref[i], 2e-5 * MaxAbs(r_ref)) << neox << " " << i;
+    // Llama 3.1's frequency factors (rope_freqs), uploaded by the backend.
+    std::vector<float> factors(rot / 2);
+    for (int64_t i = 0; i < rot / 2; ++i) factors[i] = 1.0f + static_cast<float>(i % 4) * 2.5f;
+    std::vector<float> f = Normal(tokens * stride, 30), f_ref = f;
+    SNAPFILL_ASSERT_OK(
+        b->Rope(f.data(), tokens, heads, hd, stride, pos.data(), RopeSpec{rot, 500000.0f, 1.0f, neox, factors.data()}));
+    ref::Rope(f_ref.data(), tokens, heads, hd, stride, pos.data(), rot, 500000.0f, 1.0f, neox, factors.data());
+    for (int64_t i = 0; i < tokens * stride; ++i) {
+      ASSERT_NEAR(f[i], f_ref[i], 2e-5 * MaxAbs(f_ref)) << "freq_factors " << neox << " " << i;
+    }
   }
 
   // RopeHeads: the chunk loop's per-head runs, in one call, with shared and
@@ -216,6 +226,13 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
     ref::RecallScores(q.data(), q_stride, c.num_q, lse_ref.data(), sk.data(), keys.head_stride, keys.key_stride,
                       stored, rs_ref.data(), stored, c.heads, c.kv_heads, c.head_dim, scale);
     for (size_t i = 0; i < rs.size(); ++i) ASSERT_NEAR(rs[i], rs_ref[i], 2e-5 * MaxAbs(rs_ref)) << "recall " << i;
+    // The largest weight instead of the sum (context reconstruction).
+    SNAPFILL_ASSERT_OK(b->RecallScores(queries, lse_ref.data(), keys, rs.data(), stored, /*max_weight=*/true));
+    ref::RecallScores(q.data(), q_stride, c.num_q, lse_ref.data(), sk.data(), keys.head_stride, keys.key_stride, stored,
+                      rs_ref.data(), stored, c.heads, c.kv_heads, c.head_dim, scale, /*max_weight=*/true);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      ASSERT_NEAR(rs[i], rs_ref[i], 2e-5 * MaxAbs(rs_ref)) << "recall, largest weight " << i;
+    }
   }
 }
 
