@@ -462,6 +462,43 @@ TEST(CudaBackend, SelectionOfAllHeadsMatchesTheTwin) {
   }
   EXPECT_EQ(cases, 6 * 4 * 2 * 2 + 5 * 4 * 2 * 2 + 4);
   EXPECT_GT(then_cases, 100);
+  // One row of votes for every head (votes_stride 0, then_votes_stride 0:
+  // a question's shared votes, as the engine passes them).
+  {
+    const int64_t heads = 3, n = 300, sinks = 4, window_begin = 292;
+    std::vector<float> rows = Normal(2 * n, 77);
+    for (float& x : rows) x = std::floor(std::fabs(x) * 8) / 8;
+    auto rows_d = b->NewBuffer(rows.size() * sizeof(float));
+    SNAPFILL_ASSERT_OK(rows_d);
+    SNAPFILL_ASSERT_OK(b->Upload(rows.data(), (*rows_d)->data(), rows.size() * sizeof(float)));
+    Backend::HeadSelection s{.votes = (*rows_d)->f32(),
+                             .votes_stride = 0,
+                             .num_heads = heads,
+                             .num_candidates = n,
+                             .rest_begin = sinks,
+                             .window_begin = window_begin,
+                             .pick = 50,
+                             .pool_kernel = 7,
+                             .span = 32,
+                             .then_votes = (*rows_d)->f32() + n,
+                             .then_votes_stride = 0,
+                             .then_pick = 40};
+    s.keep_stride = s.count() + 2;
+    std::vector<int32_t> want(heads * s.keep_stride, -9), got(want.size(), -9);
+    ref::SelectHeads(rows.data(), 0, heads, n, sinks, window_begin, 50, 7, false, 32, rows.data() + n, 0, 40,
+                     want.data(), s.keep_stride);
+    auto keep_d = b->NewBuffer(got.size() * sizeof(int32_t));
+    SNAPFILL_ASSERT_OK(keep_d);
+    SNAPFILL_ASSERT_OK(b->Upload(got.data(), (*keep_d)->data(), got.size() * sizeof(int32_t)));
+    s.keep = static_cast<int32_t*>((*keep_d)->data());
+    SNAPFILL_ASSERT_OK(b->SelectHeads(s));
+    SNAPFILL_ASSERT_OK(b->Download((*keep_d)->data(), got.data(), got.size() * sizeof(int32_t)));
+    EXPECT_EQ(got, want) << "votes shared by the heads";
+    for (int64_t h = 1; h < heads; ++h) {
+      EXPECT_TRUE(std::equal(got.begin(), got.begin() + s.count(), got.begin() + h * s.keep_stride))
+          << "one row, the same entries in every head";
+    }
+  }
   // A non-finite vote in head 1 (and a later one): named, the row [0, count).
   std::vector<float> votes = Normal(2 * 50, 3);
   for (float& x : votes) x = std::fabs(x);
