@@ -1037,6 +1037,41 @@ TEST(CudaBackend, GatherMovesRowsEveryWay) {
     EXPECT_EQ(host_rows, want);
     EXPECT_EQ(got, want);
   }
+  // More rows than the kernel's grid (65,536 blocks: the grid-stride loop),
+  // by device indices, each head's rows interleaved in the destination as
+  // the recall tier gathers its evicted rows in the store's slot order.
+  {
+    const int64_t heads = 2, per_head = 70000, head_rows = 100000;
+    const size_t row_bytes = 8 * sizeof(float);
+    std::vector<uint8_t> src(heads * head_rows * row_bytes);
+    for (uint8_t& v : src) v = static_cast<uint8_t>(rng());
+    std::vector<int32_t> idx(heads * per_head);
+    for (int32_t& r : idx) r = static_cast<int32_t>(rng() % head_rows);
+    const std::vector<uint8_t> fill(heads * per_head * row_bytes, 0xAB);
+    std::vector<uint8_t> want = fill, got = fill;
+    auto src_d = b->NewBuffer(src.size());
+    auto dst_d = b->NewBuffer(fill.size());
+    auto idx_d = b->NewBuffer(idx.size() * sizeof(int32_t));
+    SNAPFILL_ASSERT_OK(src_d);
+    SNAPFILL_ASSERT_OK(dst_d);
+    SNAPFILL_ASSERT_OK(idx_d);
+    SNAPFILL_ASSERT_OK(b->Upload(src.data(), (*src_d)->data(), src.size()));
+    SNAPFILL_ASSERT_OK(b->Upload(fill.data(), (*dst_d)->data(), fill.size()));
+    SNAPFILL_ASSERT_OK(b->Upload(idx.data(), (*idx_d)->data(), idx.size() * sizeof(int32_t)));
+    std::vector<Backend::RowGather> on_host, on_device;
+    for (int64_t h = 0; h < heads; ++h) {
+      const size_t from = h * head_rows * row_bytes, to = h * row_bytes;
+      on_host.push_back({src.data() + from, row_bytes, idx.data() + h * per_head, want.data() + to, heads * row_bytes,
+                         per_head, row_bytes});
+      on_device.push_back({static_cast<const uint8_t*>((*src_d)->data()) + from, row_bytes,
+                           static_cast<const int32_t*>((*idx_d)->data()) + h * per_head,
+                           static_cast<uint8_t*>((*dst_d)->data()) + to, heads * row_bytes, per_head, row_bytes});
+    }
+    SNAPFILL_ASSERT_OK((*cpu)->Gather(on_host));
+    SNAPFILL_ASSERT_OK(b->Gather(on_device));
+    SNAPFILL_ASSERT_OK(b->Download((*dst_d)->data(), got.data(), got.size()));
+    EXPECT_EQ(got, want) << "70,000 rows a head, interleaved";
+  }
 }
 
 // The forward pass's element-wise ops on the device's memory compute the
