@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -31,6 +32,7 @@
 #include "snapfill/backend.h"
 #include "snapfill/engine.h"
 #include "snapfill/status.h"
+#include "src/base/half.h"
 #include "src/engine/generate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
@@ -133,6 +135,44 @@ TEST(CudaBackend, ElementwiseOpsMatchTheTwins) {
   SNAPFILL_ASSERT_OK(b->GeluGlu(g.data(), u.data(), out.data(), n));
   ref::GeluGlu(g.data(), u.data(), out_ref.data(), n);
   for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(out[i], out_ref[i], 2e-5 * MaxAbs(out_ref)) << "geluglu " << i;
+}
+
+// The host's f16 conversions (the recall store's): the twin's bits, over
+// pieces and a tail, with zeros of both signs, subnormals, the largest
+// halves, overflow to infinity and NaN; back, every half there is.
+TEST(CudaBackend, HalfConversionsAreTheTwins) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  const int64_t n = 300001;
+  std::vector<float> x = Normal(n, 41, 1000.0f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            5.96e-8f,
+                            -3e-8f,
+                            6.1e-5f,
+                            65504.0f,
+                            65520.0f,
+                            -1e9f,
+                            INFINITY,
+                            -INFINITY,
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials); ++i) x[i * 7919] = specials[i];
+  for (int64_t i = 0; i < n; i += 97) x[i] *= 1e-7f;  // subnormal halves
+  std::vector<uint16_t> got(n);
+  b->ToHalf(x.data(), got.data(), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], Fp32ToFp16(x[i])) << i << " " << x[i];
+  std::vector<uint16_t> all(65536);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<float> back(all.size());
+  b->FromHalf(all.data(), back.data(), static_cast<int64_t>(all.size()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float want = Fp16ToFp32(all[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(back[i])) << i;  // (F16C quiets a signaling NaN)
+    } else {
+      ASSERT_EQ(std::signbit(back[i]), std::signbit(want)) << i;
+      ASSERT_EQ(back[i], want) << i;
+    }
+  }
 }
 
 struct AttentionCase {

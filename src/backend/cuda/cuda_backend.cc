@@ -46,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
@@ -299,6 +300,18 @@ class CudaBackend final : public Backend, public BackendProfile {
     return "the host waits for the GPU's stream where an op writes host memory, and for downloads";
   }
   int num_threads() const override { return host_threads_; }
+
+  // The host's f16 conversions (the recall store's keys and values, the
+  // stored entries it reads back): the CPU's vector kernels (cpu::ToFp16,
+  // bit for bit the scalar twin) in pieces over the host threads, where the
+  // base class converts one value at a time in software (a 7B layer's
+  // evicted rows, 8.4M values: 46 ms on one Zen 3 thread, against 2.7 ms).
+  void ToHalf(const float* x, uint16_t* y, int64_t n) override {
+    HalfPieces(n, [&](int64_t i, int64_t len) { cpu::ToFp16(x + i, y + i, len); });
+  }
+  void FromHalf(const uint16_t* x, float* y, int64_t n) override {
+    HalfPieces(n, [&](int64_t i, int64_t len) { cpu::FromFp16(x + i, y + i, len); });
+  }
 
   std::string kernels() const override {
     return absl::StrFormat(
@@ -1129,6 +1142,17 @@ class CudaBackend final : public Backend, public BackendProfile {
     kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kRows, kPacked, kGrouped,
     kScores, kNumSlots
   };
+
+  // f(first, length) over [0, n) in pieces of 64 Ki values (small enough
+  // that cpu::ToFp16 / FromFp16 run them on the calling thread), over the
+  // host threads where there are several pieces.
+  template <typename F>
+  void HalfPieces(int64_t n, F f) const {
+    constexpr int64_t kPiece = int64_t{1} << 16;
+    const int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) num_threads(host_threads_) if (pieces > 1)
+    for (int64_t p = 0; p < pieces; ++p) f(p * kPiece, std::min(kPiece, n - p * kPiece));
+  }
 
   // Whether p is in the backend's device memory (a buffer, or scratch).
   bool Owns(const void* p) const { return p != nullptr && memory_->Owns(p); }
