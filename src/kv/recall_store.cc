@@ -351,11 +351,16 @@ absl::Status RecallStore::ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t of
   return ReadAllAt(fd, data, n, offset, FilePath(layer, what));
 }
 
-absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k,
-                                 const float* v, int64_t head_stride, const int32_t* pos, int64_t pos_stride) {
+absl::Status RecallStore::CheckAppend(int64_t layer, int64_t n) const {
   if (layer < 0 || layer >= info_.num_layers || n < 0) {
     return absl::InvalidArgumentError(absl::StrCat("recall store: append of ", n, " to layer ", layer));
   }
+  return absl::OkStatus();
+}
+
+absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k, const float* v,
+                                 int64_t head_stride, const int32_t* pos, int64_t pos_stride) {
+  SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
   if (n == 0) return absl::OkStatus();
   const int64_t heads = info_.num_kv_heads, d = info_.head_dim;
   // Slot-major records: slot i holds every head's entry idx[h][i].
@@ -380,9 +385,7 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
 }
 
 absl::Status RecallStore::AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v) {
-  if (layer < 0 || layer >= info_.num_layers || n < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("recall store: append of ", n, " to layer ", layer));
-  }
+  SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
   if (n == 0) return absl::OkStatus();
   SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(pos), n * PosSlotBytes(),
                                     slots_[layer] * PosSlotBytes(), "pos", layer));

@@ -137,6 +137,7 @@ class RecallStore {
   uint64_t PosSlotBytes() const;
   uint64_t KeySlotBytes() const;
   absl::Status CheckRange(int64_t layer, int64_t first, int64_t n) const;
+  absl::Status CheckAppend(int64_t layer, int64_t n) const;
   uint64_t ValueSlotBytes() const;
   absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
                         int64_t layer);
