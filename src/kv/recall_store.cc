@@ -369,8 +369,7 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < heads; ++h) p[i * heads + h] = pos[h * pos_stride + idx[h][i]];
   }
-  SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(p.data()), n * PosSlotBytes(),
-                                    slots_[layer] * PosSlotBytes(), "pos", layer));
+  SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, p.data()));
   staging_.resize(n * heads * d);
   for (auto [src, fds, kind] : {std::tuple{k, &key_fds_, "keys"}, std::tuple{v, &value_fds_, "values"}}) {
     for (int64_t i = 0; i < n; ++i) {
@@ -387,12 +386,16 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
 absl::Status RecallStore::AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v) {
   SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
   if (n == 0) return absl::OkStatus();
-  SNAPFILL_RETURN_IF_ERROR(WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(pos), n * PosSlotBytes(),
-                                    slots_[layer] * PosSlotBytes(), "pos", layer));
+  SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
   SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, k, key_fds_[layer], "keys"));
   SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, v, value_fds_[layer], "values"));
   slots_[layer] += n;
   return absl::OkStatus();
+}
+
+absl::Status RecallStore::WritePositions(int64_t layer, int64_t n, const int32_t* pos) {
+  return WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(pos), n * PosSlotBytes(),
+                  slots_[layer] * PosSlotBytes(), "pos", layer);
 }
 
 absl::Status RecallStore::WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what) {

@@ -141,6 +141,8 @@ class RecallStore {
   uint64_t ValueSlotBytes() const;
   absl::Status WriteAll(int fd, const uint8_t* data, uint64_t n, uint64_t offset, const char* what,
                         int64_t layer);
+  // n slots' positions ([n][num_kv_heads]) written at the layer's end.
+  absl::Status WritePositions(int64_t layer, int64_t n, const int32_t* pos);
   // n slots' keys or values (x [n][num_kv_heads][head_dim]) converted and
   // written at the layer's end.
   absl::Status WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what);

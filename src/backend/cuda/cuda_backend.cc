@@ -305,7 +305,8 @@ class CudaBackend final : public Backend, public BackendProfile {
   // stored entries it reads back): the CPU's vector kernels (cpu::ToFp16,
   // bit for bit the scalar twin) in pieces over the host threads, where the
   // base class converts one value at a time in software (a 7B layer's
-  // evicted rows, 8.4M values: 46 ms on one Zen 3 thread, against 2.7 ms).
+  // evicted rows, 8.4M values, on Zen 3: 47-50 ms against 2.0 ms on two
+  // threads; bench/bm_recall_store's BM_RecallConvert).
   void ToHalf(const float* x, uint16_t* y, int64_t n) override {
     HalfPieces(n, [&](int64_t i, int64_t len) { cpu::ToFp16(x + i, y + i, len); });
   }
@@ -1085,16 +1086,18 @@ class CudaBackend final : public Backend, public BackendProfile {
       // less power, so the product runs faster than on real data (894
       // against 788 TFLOP/s on an H200). Uploaded as f32 through c, then
       // converted where the products take bf16.
+      // (One random matrix, for both operands: what matters is that the
+      // bits change.)
       absl::Status s;
       std::vector<float> host(size_t{kN} * kN);
       uint32_t state = 0x9e3779b9u;
+      for (float& x : host) {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        x = static_cast<float>(static_cast<int32_t>(state)) * (1.0f / 2147483648.0f);  // [-1, 1)
+      }
       for (void* dst : {a, *b}) {
-        for (float& x : host) {
-          state ^= state << 13;
-          state ^= state >> 17;
-          state ^= state << 5;
-          x = static_cast<float>(static_cast<int32_t>(state)) * (1.0f / 2147483648.0f);  // [-1, 1)
-        }
         void* f32 = exact_ ? dst : *c;
         if (s.ok()) {
           s = CudaStatus(cudaMemcpyAsync(f32, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
@@ -1106,7 +1109,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                                          static_cast<int64_t>(host.size()), stream_),
                          "peak");
         }
-        if (s.ok()) s = Sync("peak");  // (before the host's values change)
+        if (s.ok()) s = Sync("peak");  // (c is read before it is written again)
       }
       const float alpha = 1.0f, beta = 0.0f;
       const cudaDataType in = exact_ ? CUDA_R_32F : CUDA_R_16BF;
