@@ -95,6 +95,9 @@ export -f machine cuda_tests
 step machine 30 machine
 step tests 200 cuda_tests
 step device_choice 30 "$BIN/device_choice_test" --gtest_color=no
+# A layer's KV copies in one Gather call (one launch per 64 copies) against
+# a call a copy (a launch each, as before batching).
+step bench_gather 30 "$BIN/bm_gather" --benchmark_filter=Cuda --benchmark_min_time=0.2
 SMOL="$WORK/smollm2-shaped-q8_0.gguf"
 step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --fast_weights --seed 1 --out "$SMOL"
 step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"

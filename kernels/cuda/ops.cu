@@ -442,16 +442,11 @@ __global__ void GateScoresKernel(const float* __restrict__ params, int64_t param
   }
 }
 
-// One block per gathered row (a grid-stride loop over them), its threads
-// over the row's words.
-template <typename Word>
-__global__ void GatherRowsKernel(const char* __restrict__ src, size_t src_stride, const int32_t* __restrict__ rows,
-                                 char* __restrict__ dst, size_t dst_stride, int64_t count, size_t words) {
-  for (int64_t i = blockIdx.x; i < count; i += gridDim.x) {
-    const Word* from = reinterpret_cast<const Word*>(src + static_cast<size_t>(rows[i]) * src_stride);
-    Word* to = reinterpret_cast<Word*>(dst + static_cast<size_t>(i) * dst_stride);
-    for (size_t w = threadIdx.x; w < words; w += blockDim.x) to[w] = from[w];
-  }
+// Block row y copies copy y of the batch, the row's threads over its
+// rows × words (gather_copy.h).
+__global__ void GatherBatchKernel(const GatherBatch batch) {
+  GatherCopyThread(batch.copies[blockIdx.y], uint64_t{blockIdx.x} * blockDim.x + threadIdx.x,
+                   uint64_t{gridDim.x} * blockDim.x);
 }
 
 // The selection's order: larger floats give larger keys; -0 ranks with +0,
@@ -933,23 +928,17 @@ cudaError_t Complement(const int32_t* keep, int64_t keep_stride, int64_t kept, i
   return cudaGetLastError();
 }
 
-cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
-                       int64_t count, size_t row_bytes, cudaStream_t stream) {
-  if (count <= 0 || row_bytes == 0) return cudaSuccess;
-  const int blocks = static_cast<int>(std::min<int64_t>(count, 65536));
-  const auto* s = static_cast<const char*>(src);
-  auto* d = static_cast<char*>(dst);
-  const bool words = (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) | src_stride | dst_stride |
-                      row_bytes) % 4 == 0;
-  if (words) {
-    const size_t n = row_bytes / 4;
-    GatherRowsKernel<uint32_t><<<blocks, static_cast<int>(std::min<size_t>(n, 256)), 0, stream>>>(
-        s, src_stride, rows, d, dst_stride, count, n);
-  } else {
-    GatherRowsKernel<uint8_t><<<blocks, static_cast<int>(std::min<size_t>(row_bytes, 256)), 0, stream>>>(
-        s, src_stride, rows, d, dst_stride, count, row_bytes);
+cudaError_t GatherRows(const GatherCopy* copies, int num_copies, cudaStream_t stream) {
+  GatherBatch batch;
+  for (int next = 0; next < num_copies;) {
+    next = PackGatherBatch(copies, next, num_copies, &batch);
+    if (batch.num_copies == 0) continue;
+    GatherBatchKernel<<<dim3(GatherBatchBlocks(batch), static_cast<unsigned>(batch.num_copies)), kGatherThreads, 0,
+                        stream>>>(batch);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

@@ -22,6 +22,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/gather_copy.h"
+
 namespace snapfill::cuda {
 
 // y[r, i] = x[r, i] / sqrt(mean_i(x[r, i]²) + eps) * weight[i]; y may alias x.
@@ -172,11 +174,11 @@ cudaError_t AddRows(float* x, int64_t stride, const float* bias, int64_t rows, i
 cudaError_t Scale(float* x, int64_t n, float s, cudaStream_t stream);
 // x[i] = value over n values.
 cudaError_t Fill(float* x, int64_t n, float value, cudaStream_t stream);
-// dst + i * dst_stride <- src + rows[i] * src_stride, row_bytes each, for
-// i < count (Backend::Gather's indexed rows; rows on the device). Bytes,
-// read as 4-byte words where every address and size allows.
-cudaError_t GatherRows(const void* src, size_t src_stride, const int32_t* rows, void* dst, size_t dst_stride,
-                       int64_t count, size_t row_bytes, cudaStream_t stream);
+// Backend::Gather's copies within the device (gather_copy.h: each
+// dst + i * dst_stride <- src + rows[i] * src_stride, or row i where rows is
+// null), kGatherBatch of them a launch, in the widest words every address
+// and size allows. The copies must not overlap one another's destinations.
+cudaError_t GatherRows(const GatherCopy* copies, int num_copies, cudaStream_t stream);
 // Q8_0 rows (ggml's blocks of 32: an fp16 scale d, then 32 int8 q), rows ×
 // cols values at row_bytes apart, to dense bf16 (bf16_out) or f32 (f32_out,
 // where bf16_out is null): q · d in f32 as cpu::DequantizeRow, then rounded

@@ -528,9 +528,14 @@ class CudaBackend final : public Backend, public BackendProfile {
     return absl::OkStatus();
   }
 
-  // Rows between the backend's memory and the host's in any direction:
-  // runs of rows as one strided copy; indexed rows gathered where their
-  // source is (the device's kernel, or the host) and copied as one block.
+  // Rows between the backend's memory and the host's in any direction.
+  // Copies within the device (runs of rows, or rows by device indices)
+  // are queued together, kGatherBatch to a launch (kernels/cuda/
+  // gather_copy.h): the chunk loop copies each KV head's rows apart, and a
+  // launch each cost more than most of them move. Rows to or from the host
+  // go as one strided copy (runs) or gathered where their source is and
+  // copied as one block (indexed); the queued batch is launched before
+  // them, so the device's work keeps the list's order.
   absl::Status Gather(const std::vector<RowGather>& gathers) override {
     SNAPFILL_RETURN_IF_ERROR(CheckGathers(gathers));
     Timer t(this, kCopy);
@@ -540,6 +545,13 @@ class CudaBackend final : public Backend, public BackendProfile {
     // the memory there) waits once, at its end.
     bool queued = false;        // device work not yet waited for
     bool host_pending = false;  // ... some of it reading or writing host memory
+    batch_.clear();
+    auto launch_batch = [&]() -> absl::Status {
+      if (batch_.empty()) return absl::OkStatus();
+      SNAPFILL_CUDA(cuda::GatherRows(batch_.data(), static_cast<int>(batch_.size()), stream_), "gather");
+      batch_.clear();
+      return absl::OkStatus();
+    };
     for (const RowGather& r : gathers) {
       if (r.count <= 0 || r.row_bytes == 0) continue;
       const bool src_device = Owns(r.src), dst_device = Owns(r.dst);
@@ -558,6 +570,12 @@ class CudaBackend final : public Backend, public BackendProfile {
         continue;
       }
       queued = true;
+      if (src_device && dst_device && (r.rows == nullptr || rows_device)) {
+        batch_.push_back({r.src, r.src_stride, r.rows, r.dst, r.dst_stride, r.count, r.row_bytes});
+        if (static_cast<int>(batch_.size()) == cuda::kGatherBatch) SNAPFILL_RETURN_IF_ERROR(launch_batch());
+        continue;
+      }
+      SNAPFILL_RETURN_IF_ERROR(launch_batch());
       host_pending |= src_device != dst_device;
       if (r.rows == nullptr) {
         SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, r.src, r.src_stride, r.row_bytes, r.count,
@@ -572,13 +590,12 @@ class CudaBackend final : public Backend, public BackendProfile {
           rows = staged;
         }
         if (dst_device) {
-          SNAPFILL_CUDA(
-              cuda::GatherRows(r.src, r.src_stride, rows, r.dst, r.dst_stride, r.count, r.row_bytes, stream_),
-              "gather");
+          const cuda::GatherCopy copy{r.src, r.src_stride, rows, r.dst, r.dst_stride, r.count, r.row_bytes};
+          SNAPFILL_CUDA(cuda::GatherRows(&copy, 1, stream_), "gather");
         } else {
           SNAPFILL_ASSIGN_OR_RETURN(char* packed, Buffer<char>(kPacked, r.count * static_cast<int64_t>(r.row_bytes)));
-          SNAPFILL_CUDA(cuda::GatherRows(r.src, r.src_stride, rows, packed, r.row_bytes, r.count, r.row_bytes, stream_),
-                        "gather");
+          const cuda::GatherCopy copy{r.src, r.src_stride, rows, packed, r.row_bytes, r.count, r.row_bytes};
+          SNAPFILL_CUDA(cuda::GatherRows(&copy, 1, stream_), "gather");
           SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, packed, r.row_bytes, r.row_bytes, r.count,
                                           cudaMemcpyDefault, stream_),
                         "gather");
@@ -598,6 +615,7 @@ class CudaBackend final : public Backend, public BackendProfile {
                       "gather");
       }
     }
+    SNAPFILL_RETURN_IF_ERROR(launch_batch());
     return queued ? Finish("gather", !host_pending) : absl::OkStatus();
   }
 
@@ -1500,6 +1518,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   uint64_t last_fence_ = 0;
   std::vector<float> host_rows_;   // GetRows' rows on their way to the device
   std::vector<char> host_pack_;    // Gather's host rows on their way to the device
+  std::vector<cuda::GatherCopy> batch_;  // Gather's copies within the device, queued for one launch
   int timer_depth_ = 0;
   double seconds_[kNumOps] = {};
   int64_t calls_[kNumOps] = {};
