@@ -9,7 +9,9 @@
 // Arguments: KV heads, head_dim, rows evicted per head, format (0 f16, 1 q8),
 // and where the rows come from: 0 the candidates (Append gathers them, as
 // on the CPU), 1 already in slot order (AppendSlots, as a device's copy
-// lands), and the f16 conversion: 1 the CPU backend's vector kernels, 0
+// lands), 2 in slot order and already f16 (AppendHalfSlots: what a device
+// that converts them sends, so the host only writes), and the f16
+// conversion: 1 the CPU backend's vector kernels, 0
 // the store's own software rounding, one value at a time (what a backend
 // without its own ToHalf gave it, as the CUDA backend did). A 1,024-entry
 // memory with 1,024-token chunks evicts 1,024 rows per head.
@@ -60,9 +62,10 @@ void BM_RecallAppend(benchmark::State& state) {
     idx[h] = evicted[h].data();
   }
   // The same rows in slot order ([n][heads][d]), for AppendSlots.
-  const bool slotted = state.range(4) != 0;
+  const bool slotted = state.range(4) != 0, half = state.range(4) == 2;
   std::vector<float> slot_k, slot_v;
   std::vector<int32_t> slot_pos;
+  std::vector<uint16_t> half_k, half_v;
   if (slotted) {
     slot_k.resize(n * heads * d);
     slot_v.resize(n * heads * d);
@@ -74,6 +77,14 @@ void BM_RecallAppend(benchmark::State& state) {
         std::copy_n(v.data() + (h * rows + r) * d, d, slot_v.data() + (i * heads + h) * d);
         slot_pos[i * heads + h] = pos[h * rows + r];
       }
+    }
+  }
+  if (half) {
+    half_k.resize(slot_k.size());
+    half_v.resize(slot_v.size());
+    for (size_t i = 0; i < slot_k.size(); ++i) {
+      half_k[i] = Fp32ToFp16(slot_k[i]);
+      half_v[i] = Fp32ToFp16(slot_v[i]);
     }
   }
 
@@ -109,9 +120,14 @@ void BM_RecallAppend(benchmark::State& state) {
       if (!ok) break;
       appended = 0;
     }
-    const absl::Status s =
-        slotted ? store->AppendSlots(0, n, slot_pos.data(), slot_k.data(), slot_v.data())
-                : store->Append(0, n, idx.data(), k.data(), v.data(), rows * d, pos.data(), rows);
+    absl::Status s;
+    if (half) {
+      s = store->AppendHalfSlots(0, n, slot_pos.data(), half_k.data(), half_v.data());
+    } else if (slotted) {
+      s = store->AppendSlots(0, n, slot_pos.data(), slot_k.data(), slot_v.data());
+    } else {
+      s = store->Append(0, n, idx.data(), k.data(), v.data(), rows * d, pos.data(), rows);
+    }
     if (!s.ok()) {
       state.SkipWithError(std::string(s.message()).c_str());
       break;
@@ -130,10 +146,12 @@ BENCHMARK(BM_RecallAppend)
     ->Args({32, 128, 1024, 0, 0, 1})
     ->Args({32, 128, 1024, 0, 1, 1})
     ->Args({32, 128, 1024, 0, 1, 0})
+    ->Args({32, 128, 1024, 0, 2, 1})
     ->Args({32, 128, 1024, 1, 0, 1})
     ->Args({32, 128, 1024, 1, 1, 1})
     ->Args({3, 64, 1024, 0, 0, 1})
     ->Args({3, 64, 1024, 0, 1, 1})
+    ->Args({3, 64, 1024, 0, 2, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -657,6 +657,12 @@ class Backend {
   // y[i] = x[i] widened from IEEE fp16 (exact). The base class converts
   // element by element.
   virtual void FromHalf(const uint16_t* x, float* y, int64_t n);
+  // ToHalf's conversion as an op on the backend's buffers (NewBuffer), x
+  // and y both in them, queued as the other ops are: the recall tier's
+  // evicted rows, converted where they were gathered so that half the bytes
+  // travel to the host. The base class calls ToHalf (buffers the host
+  // reaches); InvalidArgument for a negative count.
+  virtual absl::Status ToHalfInBuffers(const float* x, uint16_t* y, int64_t n);
   // How the backend reads weight matrix `w` in the products of `use`: in
   // place (its mapped bytes; the default) or through a copy of its own (the
   // CPU's decode layout with BackendOptions::pack_decode_weights, which

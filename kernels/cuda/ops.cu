@@ -1,5 +1,7 @@
 #include "kernels/cuda/ops.h"
 
+#include "src/base/half.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -439,6 +441,12 @@ __global__ void GateScoresKernel(const float* __restrict__ params, int64_t param
       out = fmaf(w2[j], fmaxf(z, 0.0f), out);
     }
     y[h * y_stride + i] = out;
+  }
+}
+
+__global__ void ToFp16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = Fp32ToFp16(x[i]);
   }
 }
 
@@ -939,6 +947,12 @@ cudaError_t GatherRows(const GatherCopy* copies, int num_copies, cudaStream_t st
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
+}
+
+cudaError_t ToFp16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  ToFp16Kernel<<<static_cast<int>(std::min<int64_t>(Blocks(n, 256), 4096)), 256, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
 }
 
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

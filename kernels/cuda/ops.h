@@ -185,6 +185,11 @@ cudaError_t GatherRows(const GatherCopy* copies, int num_copies, cudaStream_t st
 // to nearest even for bf16. A weight upload's.
 cudaError_t DequantizeQ8_0(const void* raw, int64_t rows, int64_t cols, int64_t row_bytes, uint16_t* bf16_out,
                            float* f32_out, cudaStream_t stream);
+// y[i] = x[i] as IEEE fp16, rounded to nearest even: src/base/half.h's
+// Fp32ToFp16 itself (cpu::ToFp16's twin), so the bits are the CPU's but for
+// NaNs' payloads (every NaN becomes 0x7E00 with its sign; F16C keeps the
+// payload's top bits). The recall tier's evicted rows.
+cudaError_t ToFp16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 // y[i] = bf16(x[i]) for a weight upload.
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 

@@ -987,6 +987,12 @@ absl::Status Backend::Fill(float* x, int64_t n, float value) {
   return absl::OkStatus();
 }
 
+absl::Status Backend::ToHalfInBuffers(const float* x, uint16_t* y, int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("to half: ", n, " values"));
+  ToHalf(x, y, n);
+  return absl::OkStatus();
+}
+
 void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
 }

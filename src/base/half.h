@@ -1,27 +1,34 @@
 // IEEE binary16 conversions, scalar and exact (every f16 is an f32), for
 // every layer: the kernels' quantized blocks, the KV cache's fp16 copy and
-// the recall store's f16 entries.
+// the recall store's f16 entries. They compile for CUDA devices as well, so
+// that a device converts with these very functions (kernels/cuda/ops.cu).
 #ifndef SNAPFILL_BASE_HALF_H_
 #define SNAPFILL_BASE_HALF_H_
 
 #include <cstdint>
 #include <cstring>
 
+#ifdef __CUDACC__
+#define SNAPFILL_HALF_HOST_DEVICE __host__ __device__
+#else
+#define SNAPFILL_HALF_HOST_DEVICE
+#endif
+
 namespace snapfill {
 
-inline uint32_t FloatBits(float f) {
+SNAPFILL_HALF_HOST_DEVICE inline uint32_t FloatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
 }
-inline float BitsToFloat(uint32_t u) {
+SNAPFILL_HALF_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
 // IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
-inline float Fp16ToFp32(uint16_t h) {
+SNAPFILL_HALF_HOST_DEVICE inline float Fp16ToFp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
   uint32_t mant = h & 0x3FF;
@@ -36,7 +43,7 @@ inline float Fp16ToFp32(uint16_t h) {
 // binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
 // with rounding mode 0 and ggml's scalar fallback produce). Overflow gives
 // ±inf; NaN stays NaN.
-inline uint16_t Fp32ToFp16(float f) {
+SNAPFILL_HALF_HOST_DEVICE inline uint16_t Fp32ToFp16(float f) {
   const uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
   const uint32_t ax = x & 0x7FFFFFFFu;

@@ -17,7 +17,9 @@
 
 namespace snapfill {
 
-using prefill_internal::EvictedBytes;
+using prefill_internal::EvictedBufferBytes;
+using prefill_internal::EvictedF32Offset;
+using prefill_internal::EvictedHostBytes;
 using prefill_internal::EvictsInBackend;
 using prefill_internal::GlobalLayers;
 using prefill_internal::KeepStride;
@@ -137,8 +139,11 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   }
   if (EvictsInBackend(e->config_, on_device)) {
     // (Sized for every candidate: a step evicts at most all of them.)
-    const uint64_t bytes = EvictedBytes(mc.num_kv_heads, mc.head_dim, e->cand_capacity_);
-    absl::StatusOr<std::unique_ptr<BackendBuffer>> evicted = e->backend_->NewBuffer(bytes);
+    e->half_evicted_ = e->config_.recall_format == RecallFormat::kF16;
+    const int64_t cap = e->cand_capacity_;
+    const uint64_t bytes = EvictedHostBytes(mc.num_kv_heads, mc.head_dim, cap, e->half_evicted_);
+    absl::StatusOr<std::unique_ptr<BackendBuffer>> evicted =
+        e->backend_->NewBuffer(EvictedBufferBytes(mc.num_kv_heads, mc.head_dim, cap, e->half_evicted_));
     if (!evicted.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate the recall tier's evicted rows: ", evicted.status().message()));
@@ -197,6 +202,13 @@ absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
   if (store != nullptr && !StoresEvicted(config_)) {
     return absl::FailedPreconditionError(
         "the engine was planned without a recall store: set PrefillConfig::store_evicted (or a recall budget)");
+  }
+  if (store != nullptr && evicted_ != nullptr && store->info().format != config_.recall_format) {
+    // (The evicted rows reach the host in the planned store's format.)
+    return absl::FailedPreconditionError(
+        absl::StrCat("the recall store in ", store->dir(), " keeps ", RecallFormatName(store->info().format),
+                     " entries; the engine was planned for ", RecallFormatName(config_.recall_format),
+                     " (PrefillConfig::recall_format)"));
   }
   recall_store_ = store;
   if (store != nullptr) {
@@ -685,10 +697,13 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
   const size_t row = d * sizeof(float);
   // Packed by e: every head's indices ([heads][e]), then the keys and the
   // values in the store's slot order ([e][heads][d]: slot i holds each
-  // head's i-th evicted row), so that the host converts and writes them
-  // where they land, with no gather of its own.
+  // head's i-th evicted row), so that the host writes them where they land,
+  // with no gather of its own. For an f16 store the rows are gathered
+  // further on and converted to f16 here (EvictedHostBytes).
   int32_t* rows = static_cast<int32_t*>(evicted_->data());
-  float* k = evicted_->f32() + heads * e;
+  float* k = half_evicted_ ? reinterpret_cast<float*>(static_cast<char*>(evicted_->data()) +
+                                                      EvictedF32Offset(heads, d, cand_capacity_, true))
+                           : evicted_->f32() + heads * e;
   float* v = k + heads * e * d;
   SNAPFILL_RETURN_IF_ERROR(backend_->Complement(keep_rows, keep_stride_, kept, heads, num, rows, e));
   gathers_.clear();
@@ -698,6 +713,10 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
     gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * d, heads * row, e, row});
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers_));
+  if (half_evicted_) {
+    SNAPFILL_RETURN_IF_ERROR(
+        backend_->ToHalfInBuffers(k, reinterpret_cast<uint16_t*>(rows + heads * e), 2 * heads * e * d));
+  }
   // The older slot's layer to the store first (its copy was queued a layer
   // ago, so this waits for little); the backend's queue orders this
   // layer's gathers after that copy's reads.
@@ -711,8 +730,8 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
     std::copy(cand_pos_.data() + h * cand_capacity_, cand_pos_.data() + h * cand_capacity_ + num,
               slot.cand_pos.data() + h * num);
   }
-  SNAPFILL_ASSIGN_OR_RETURN(slot.fence,
-                            backend_->DownloadAsync(evicted_->data(), slot.host->host(), EvictedBytes(heads, d, e)));
+  SNAPFILL_ASSIGN_OR_RETURN(slot.fence, backend_->DownloadAsync(evicted_->data(), slot.host->host(),
+                                                                EvictedHostBytes(heads, d, e, half_evicted_)));
   return absl::OkStatus();
 }
 
@@ -724,8 +743,6 @@ absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
   const LlamaConfig& c = model_.config();
   const int64_t heads = c.num_kv_heads, d = c.head_dim, e = slot.count, num = slot.num;
   const auto* rows = static_cast<const int32_t*>(slot.host->host());
-  const auto* k = reinterpret_cast<const float*>(rows + heads * e);
-  const float* v = k + heads * e * d;
   // The positions in the store's slot order, as the keys and values are.
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < e; ++i) {
@@ -737,7 +754,12 @@ absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
       evict_pos_[i * heads + h] = slot.cand_pos[h * num + r];
     }
   }
-  return recall_store_->AppendSlots(layer, e, evict_pos_.data(), k, v);
+  if (half_evicted_) {
+    const auto* k = reinterpret_cast<const uint16_t*>(rows + heads * e);
+    return recall_store_->AppendHalfSlots(layer, e, evict_pos_.data(), k, k + heads * e * d);
+  }
+  const auto* k = reinterpret_cast<const float*>(rows + heads * e);
+  return recall_store_->AppendSlots(layer, e, evict_pos_.data(), k, k + heads * e * d);
 }
 
 absl::Status PrefillEngineImpl::StoreQueuedEvictions() {

@@ -56,12 +56,27 @@ inline bool ScoresInBackend(const PrefillConfig& c, bool buffers_on_device) {
 inline bool EvictsInBackend(const PrefillConfig& c, bool buffers_on_device) {
   return SelectsInBackend(c, buffers_on_device) && StoresEvicted(c);
 }
-// Bytes of one layer's evicted rows as EvictsInBackend carries them, for
-// candidates of `cand` entries: every KV head's indices, then the keys, then
-// the values (f32, in the recall store's slot order), packed by the count
-// evicted.
-inline uint64_t EvictedBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand) {
-  return static_cast<uint64_t>(num_kv_heads) * cand * (1 + 2 * head_dim) * sizeof(float);
+// One layer's evicted rows as EvictsInBackend carries them to the host, n
+// evicted per KV head: every KV head's indices ([num_kv_heads][n]), then the
+// keys, then the values, in the recall store's slot order
+// ([n][num_kv_heads][head_dim]): f16 for an f16 store (`half`: the device
+// converts them, so half the bytes travel), else f32. Their bytes:
+inline uint64_t EvictedHostBytes(int64_t num_kv_heads, int64_t head_dim, int64_t n, bool half) {
+  return static_cast<uint64_t>(num_kv_heads) * n * (sizeof(int32_t) + 2 * head_dim * (half ? 2 : sizeof(float)));
+}
+// Where the f32 rows are gathered in the backend's buffer, for candidates
+// of `cand` entries: after the bytes that travel (sized for every
+// candidate, as a step evicts at most all of them), or in their place
+// where they travel as f32.
+inline uint64_t EvictedF32Offset(int64_t num_kv_heads, int64_t head_dim, int64_t cand, bool half) {
+  constexpr uint64_t kAlign = 256;
+  return half ? (EvictedHostBytes(num_kv_heads, head_dim, cand, true) + kAlign - 1) / kAlign * kAlign : 0;
+}
+// The backend buffer's bytes.
+inline uint64_t EvictedBufferBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand, bool half) {
+  return half ? EvictedF32Offset(num_kv_heads, head_dim, cand, true) +
+                    static_cast<uint64_t>(num_kv_heads) * cand * 2 * head_dim * sizeof(float)
+              : EvictedHostBytes(num_kv_heads, head_dim, cand, false);
 }
 // Whether the batch's extra rows are a question's (else, for reconstruct,
 // the repetition's).

@@ -393,6 +393,24 @@ absl::Status RecallStore::AppendSlots(int64_t layer, int64_t n, const int32_t* p
   return absl::OkStatus();
 }
 
+absl::Status RecallStore::AppendHalfSlots(int64_t layer, int64_t n, const int32_t* pos, const uint16_t* k,
+                                          const uint16_t* v) {
+  SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
+  if (info_.format != RecallFormat::kF16) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("recall store ", dir_, ": f16 rows appended to a ", RecallFormatName(info_.format), " store"));
+  }
+  if (n == 0) return absl::OkStatus();
+  SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
+  const uint64_t bytes = n * KeySlotBytes(), offset = slots_[layer] * KeySlotBytes();
+  SNAPFILL_RETURN_IF_ERROR(
+      WriteAll(key_fds_[layer], reinterpret_cast<const uint8_t*>(k), bytes, offset, "keys", layer));
+  SNAPFILL_RETURN_IF_ERROR(
+      WriteAll(value_fds_[layer], reinterpret_cast<const uint8_t*>(v), bytes, offset, "values", layer));
+  slots_[layer] += n;
+  return absl::OkStatus();
+}
+
 absl::Status RecallStore::WritePositions(int64_t layer, int64_t n, const int32_t* pos) {
   return WriteAll(pos_fds_[layer], reinterpret_cast<const uint8_t*>(pos), n * PosSlotBytes(),
                   slots_[layer] * PosSlotBytes(), "pos", layer);

@@ -112,6 +112,10 @@ class RecallStore {
   // (what a device gathers in that order), converted and written from
   // where they are, without Append's gather.
   absl::Status AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v);
+  // The same for keys and values already f16 (a device converted them
+  // where it gathered them), written as they are: an f16 store's records.
+  // FailedPrecondition for a q8 store.
+  absl::Status AppendHalfSlots(int64_t layer, int64_t n, const int32_t* pos, const uint16_t* k, const uint16_t* v);
 
   // Slots [first, first + n) of `layer`, slot-major as stored: keys as f32
   // into k ([n][num_kv_heads][head_dim]) and positions into pos

@@ -1001,6 +1001,49 @@ TEST(CudaBackend, BuffersLiveOnTheDevice) {
   d.reset();  // (freed through the memory it shares with the backend)
 }
 
+// The conversion on the device's own memory (the recall tier's evicted
+// rows): Fp32ToFp16's bits for every sign and exponent, with mantissas at
+// the rounding's edges and at random (NaNs with payloads among them); on
+// the host where both operands are the host's; refused where they are
+// split.
+TEST(CudaBackend, ToHalfInBuffersIsTheTwin) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  std::mt19937 rng(43);
+  std::vector<float> x;
+  const uint32_t edges[] = {0,      1,      0xFFF,    0x1000,   0x1001,   0x1FFF,
+                            0x2000, 0x3000, 0x400000, 0x7FE000, 0x7FF000, 0x7FFFFF};
+  for (uint32_t sign : {0u, 1u}) {
+    for (uint32_t exp = 0; exp < 256; ++exp) {
+      auto add = [&](uint32_t mant) { x.push_back(BitsToFloat(sign << 31 | exp << 23 | (mant & 0x7FFFFF))); };
+      for (uint32_t m : edges) add(m);
+      for (int i = 0; i < 500; ++i) add(static_cast<uint32_t>(rng()));
+    }
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  auto xd = Uploaded(*b, x);
+  auto yd = b->NewBuffer(n * sizeof(uint16_t));
+  SNAPFILL_ASSERT_OK(yd);
+  auto* y = static_cast<uint16_t*>((*yd)->data());
+  SNAPFILL_ASSERT_OK(b->ToHalfInBuffers(xd->f32(), y, n));
+  std::vector<uint16_t> got(n);
+  SNAPFILL_ASSERT_OK(b->Download(y, got.data(), n * sizeof(uint16_t)));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], Fp32ToFp16(x[i])) << i << " " << x[i];
+  // On the host: the CPU's vector kernels, the same bits but for NaNs'
+  // payloads (F16C keeps their top bits; the twin makes every NaN 0x7E00
+  // with its sign).
+  std::vector<uint16_t> host(n);
+  SNAPFILL_ASSERT_OK(b->ToHalfInBuffers(x.data(), host.data(), n));
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) {
+      ASSERT_EQ(host[i] & 0xFE00, got[i] & 0xFE00) << i;  // (a quiet NaN of the same sign)
+    } else {
+      ASSERT_EQ(host[i], got[i]) << i << " " << x[i];
+    }
+  }
+  EXPECT_EQ(b->ToHalfInBuffers(x.data(), y, n).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->ToHalfInBuffers(xd->f32(), y, -1).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Gather between the backend's memory and the host's, in each direction,
 // runs of rows and indexed rows, rows of floats and of odd byte counts:
 // the bytes the host's gather moves. In one call as well, where a later

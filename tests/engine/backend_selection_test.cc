@@ -63,6 +63,8 @@ struct Case {
   // A recall store takes what every step evicts (-1: none), and at the
   // last step the question brings back this many per layer and KV head.
   int64_t recall = -1;
+  // The store's format: f16 rows leave a device converted there.
+  RecallFormat format = RecallFormat::kF16;
 };
 
 struct Outcome {
@@ -126,12 +128,13 @@ Outcome Prefill(const LlamaModel& model, const Case& c, bool in_backend, bool gu
     config.pruner.query_votes = c.votes;
   }
   config.store_evicted = c.recall >= 0;
+  config.recall_format = c.format;
   config.recall_budget = std::max<int64_t>(c.recall, 0);
   auto engine = PrefillEngine::Create(model, backend->get(), config, n);
   SNAPFILL_CHECK(engine.ok()) << engine.status();
   std::unique_ptr<RecallStore> store;
   if (c.recall >= 0) {
-    RecallStoreInfo info = RecallShape(mc, RecallFormat::kF16);
+    RecallStoreInfo info = RecallShape(mc, c.format);
     info.input_tokens = n;
     auto made = RecallStore::Create(testing::MakeTempDir("backend_selection") + "/store", info);
     SNAPFILL_CHECK(made.ok()) << made.status();
@@ -313,11 +316,13 @@ INSTANTIATE_TEST_SUITE_P(
              .sinks = 4,
              .pruner = PrunerKind::kReconstruct,
              .score_span = 2},
-        // The recall tier: a store alone (the window's votes), a question
-        // that recalls (spans; single tokens with the window's votes after
-        // the question's), a hybrid model's global layer, and the gate's
+        // The recall tier: a store alone (the window's votes; f16, and q8,
+        // whose rows travel as f32), a question that recalls (spans; single
+        // tokens with the window's votes after the question's), a hybrid
+        // model's global layer, and the gate's
         // stored scores beside a store.
         Case{.name = "store", .sinks = 4, .recall = 0},
+        Case{.name = "store_q8", .sinks = 4, .recall = 0, .format = RecallFormat::kQ8},
         Case{.name = "recall_question_spans", .question = 9, .recall = 12},
         Case{.name = "recall_tokens_share_im",
              .schedule = ScheduleKind::kIncremental,

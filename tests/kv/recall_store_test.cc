@@ -200,6 +200,54 @@ TEST_F(RecallStoreTest, AppendSlotsWritesWhatAppendWrites) {
   }
 }
 
+// Rows a device converted to f16 itself are an f16 store's records as
+// they are: the files equal those that f32 rows in slot order make. A q8
+// store refuses them.
+TEST_F(RecallStoreTest, AppendHalfSlotsWritesWhatAppendSlotsWrites) {
+  const RecallStoreInfo info = Info(RecallFormat::kF16);
+  const int64_t d = info.head_dim, heads = info.num_kv_heads, n = 7;
+  Candidates c = MakeCandidates(heads, n, d, 9);  // (rows in slot order: n slots of every head)
+  std::vector<uint16_t> k16(n * heads * d), v16(n * heads * d);
+  for (size_t i = 0; i < k16.size(); ++i) {
+    k16[i] = Fp32ToFp16(c.k[i]);
+    v16[i] = Fp32ToFp16(c.v[i]);
+  }
+  const std::string f32 = root_ + "/f32", half = root_ + "/half";
+  {
+    auto a = RecallStore::Create(f32, info);
+    SNAPFILL_ASSERT_OK(a);
+    SNAPFILL_ASSERT_OK((*a)->AppendSlots(1, 3, c.pos.data(), c.k.data(), c.v.data()));
+    SNAPFILL_ASSERT_OK(
+        (*a)->AppendSlots(1, n - 3, c.pos.data() + 3 * heads, c.k.data() + 3 * heads * d, c.v.data() + 3 * heads * d));
+    SNAPFILL_ASSERT_OK((*a)->Sync());
+    auto b = RecallStore::Create(half, info);
+    SNAPFILL_ASSERT_OK(b);
+    SNAPFILL_ASSERT_OK((*b)->AppendSlots(1, 3, c.pos.data(), c.k.data(), c.v.data()));
+    SNAPFILL_ASSERT_OK((*b)->AppendHalfSlots(1, n - 3, c.pos.data() + 3 * heads, k16.data() + 3 * heads * d,
+                                             v16.data() + 3 * heads * d));
+    SNAPFILL_ASSERT_OK((*b)->AppendHalfSlots(1, 0, nullptr, nullptr, nullptr));
+    EXPECT_EQ((*b)->slots(1), n);
+    EXPECT_EQ((*b)->AppendHalfSlots(-1, 1, c.pos.data(), k16.data(), v16.data()).code(),
+              absl::StatusCode::kInvalidArgument);
+    SNAPFILL_ASSERT_OK((*b)->Sync());
+    // What it reads back is the f16 values, widened.
+    std::vector<float> k(n * heads * d);
+    std::vector<int32_t> pos(n * heads);
+    SNAPFILL_ASSERT_OK((*b)->ReadKeys(1, 0, n, k.data(), pos.data()));
+    for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(k[i], Fp16ToFp32(k16[i])) << i;
+  }
+  for (const char* kind : {"pos", "keys", "values"}) {
+    const std::string name = std::string("/layer-01.") + kind;
+    EXPECT_EQ(testing::ReadAll(half + name), testing::ReadAll(f32 + name)) << kind;
+  }
+  auto q8 = RecallStore::Create(root_ + "/q8", Info(RecallFormat::kQ8));
+  SNAPFILL_ASSERT_OK(q8);
+  const absl::Status refused = (*q8)->AppendHalfSlots(0, 1, c.pos.data(), k16.data(), v16.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("q8 store"));
+  EXPECT_EQ((*q8)->slots(0), 0);
+}
+
 TEST_F(RecallStoreTest, RefusesADirectoryThatIsNotEmpty) {
   const std::string dir = root_ + "/mine";
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);

@@ -313,6 +313,23 @@ class CudaBackend final : public Backend, public BackendProfile {
   void FromHalf(const uint16_t* x, float* y, int64_t n) override {
     HalfPieces(n, [&](int64_t i, int64_t len) { cpu::FromFp16(x + i, y + i, len); });
   }
+  // On the device where both are its buffers (the same function as the
+  // host's twin, so the same bits), else on the host.
+  absl::Status ToHalfInBuffers(const float* x, uint16_t* y, int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("to half: ", n, " values"));
+    if (n == 0) return absl::OkStatus();
+    const bool x_device = Owns(x), y_device = Owns(y);
+    if (x_device != y_device) {
+      return absl::InvalidArgumentError("to half: one operand in the device's memory, the other in the host's");
+    }
+    if (!x_device) {
+      ToHalf(x, y, n);
+      return absl::OkStatus();
+    }
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(cuda::ToFp16(x, y, n, stream_), "to half");
+    return Finish("to half", /*outputs_on_device=*/true);
+  }
 
   std::string kernels() const override {
     return absl::StrFormat(
