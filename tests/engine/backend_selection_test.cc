@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "snapfill/backend.h"
 #include "snapfill/engine.h"
@@ -249,6 +250,42 @@ TEST_P(BackendSelectionTest, TheBackendOpRunsAsTheHostSelection) {
   // the last step, which recalls on the host.
   const int64_t global_layers = c.architecture == "gemma3" ? 1 : 3;
   EXPECT_GE(selections, global_layers * (static_cast<int64_t>(host.memory.size()) - 2)) << c.name;
+}
+
+// Where the evicted rows come from a device, they reach the host in the
+// format the engine was planned for (PrefillConfig::recall_format): a store
+// of the other is refused, naming both.
+TEST(BackendSelection, RefusesAStoreOfAnotherFormatThanPlanned) {
+  TinyLlamaOptions opts;
+  opts.num_layers = 2;
+  const std::unique_ptr<LlamaModel> model = testing::LoadTinyModel(opts);
+  const LlamaConfig& mc = model->config();
+  BackendOptions o;
+  o.guard_buffers = true;
+  auto backend = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(backend);
+  for (RecallFormat planned : {RecallFormat::kF16, RecallFormat::kQ8}) {
+    const RecallFormat other = planned == RecallFormat::kF16 ? RecallFormat::kQ8 : RecallFormat::kF16;
+    PrefillConfig config;
+    config.schedule.chunk = 64;
+    config.schedule.memory = 48;
+    config.select_in_backend = true;
+    config.store_evicted = true;
+    config.recall_format = planned;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, 300);
+    SNAPFILL_ASSERT_OK(engine);
+    RecallStoreInfo info = RecallShape(mc, other);
+    info.input_tokens = 300;
+    auto store = RecallStore::Create(testing::MakeTempDir("backend_selection_format") + "/store", info);
+    SNAPFILL_ASSERT_OK(store);
+    const absl::Status refused = (*engine)->AttachRecallStore(store->get());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(refused.message(), ::testing::HasSubstr(std::string("keeps ") + RecallFormatName(other)));
+    info.format = planned;
+    auto right = RecallStore::Create(testing::MakeTempDir("backend_selection_format") + "/store", info);
+    SNAPFILL_ASSERT_OK(right);
+    SNAPFILL_ASSERT_OK((*engine)->AttachRecallStore(right->get()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
