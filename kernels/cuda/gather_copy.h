@@ -27,6 +27,7 @@ namespace snapfill::cuda {
 
 // dst + i * dst_stride <- src + rows[i] * src_stride (row i where rows is
 // null), row_bytes each, for i < count; every pointer in device memory.
+// (Backend::RowGather's fields: the kernels' layer does not see backend.h.)
 struct GatherCopy {
   const void* src = nullptr;
   size_t src_stride = 0;

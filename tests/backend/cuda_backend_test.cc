@@ -41,6 +41,7 @@
 #include "tests/testing/complement_data.h"
 #include "tests/testing/engine_run.h"
 #include "tests/testing/gate_data.h"
+#include "tests/testing/gather_data.h"
 #include "tests/testing/matmul_data.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
@@ -1166,63 +1167,53 @@ TEST(CudaBackend, GatherBatchesManyCopiesInOneCall) {
   CUDA_BACKEND_OR_SKIP(b, false);
   auto cpu = CreateBackend(Device::kCpu, BackendOptions{});
   SNAPFILL_ASSERT_OK(cpu);
+  const testing::GatherShapes shapes = testing::MakeGatherShapes(160, 200, 17);
   std::mt19937 rng(17);
-  const int64_t src_rows = 200;
-  const size_t row_sizes[] = {512, 256, 4, 24, 6, 7, 510, 16};
-  const size_t kArena = size_t{1} << 23;
-  std::vector<uint8_t> src(kArena), fill(kArena);
+  std::vector<uint8_t> src(shapes.src_bytes), fill(shapes.dst_bytes);
   for (uint8_t& v : src) v = static_cast<uint8_t>(rng());
   for (uint8_t& v : fill) v = static_cast<uint8_t>(rng());
-  auto src_d = b->NewBuffer(kArena), dst_d = b->NewBuffer(kArena), rows_d = b->NewBuffer(1 << 20);
+  std::vector<int32_t> rows;
+  std::vector<size_t> rows_at;
+  for (const testing::GatherShape& g : shapes.copies) {
+    rows_at.push_back(rows.size());
+    rows.insert(rows.end(), g.rows.begin(), g.rows.end());
+  }
+  auto src_d = b->NewBuffer(src.size()), dst_d = b->NewBuffer(fill.size());
+  auto rows_d = b->NewBuffer(rows.size() * sizeof(int32_t));
   SNAPFILL_ASSERT_OK(src_d);
   SNAPFILL_ASSERT_OK(dst_d);
   SNAPFILL_ASSERT_OK(rows_d);
-  SNAPFILL_ASSERT_OK(b->Upload(src.data(), (*src_d)->data(), kArena));
-  SNAPFILL_ASSERT_OK(b->Upload(fill.data(), (*dst_d)->data(), kArena));
+  SNAPFILL_ASSERT_OK(b->Upload(src.data(), (*src_d)->data(), src.size()));
+  SNAPFILL_ASSERT_OK(b->Upload(fill.data(), (*dst_d)->data(), fill.size()));
+  SNAPFILL_ASSERT_OK(b->Upload(rows.data(), (*rows_d)->data(), rows.size() * sizeof(int32_t)));
   auto* src_dev = static_cast<const uint8_t*>((*src_d)->data());
   auto* dst_dev = static_cast<uint8_t*>((*dst_d)->data());
-  auto* rows_dev = static_cast<int32_t*>((*rows_d)->data());
+  auto* rows_dev = static_cast<const int32_t*>((*rows_d)->data());
   std::vector<uint8_t> want = fill, got_host = fill, want_host = fill;
-  std::vector<int32_t> rows;
-  rows.reserve(1 << 18);
   std::vector<Backend::RowGather> on_cpu, on_cuda;
-  size_t src_at = 0, dst_at = 0;
-  for (int i = 0; i < 160; ++i) {
-    const size_t row_bytes = row_sizes[i % std::size(row_sizes)];
-    const size_t src_stride = row_bytes + (i % 3 == 0 ? 0 : 8 * (i % 5));
-    const size_t dst_stride = row_bytes + (i % 4 == 0 ? 0 : 16);
-    const int64_t count = i % 17 == 5 ? 0 : static_cast<int64_t>(rng() % 90) + 1;
+  for (size_t i = 0; i < shapes.copies.size(); ++i) {
+    const testing::GatherShape& g = shapes.copies[i];
     // Every seventh copy by host indices (staged, launched alone); every
     // 23rd from the device to the host, every 29th from the host in.
     const int kind = i % 23 == 7 ? 1 : i % 29 == 11 ? 2 : 0;
-    const int32_t* idx = nullptr;
-    const int32_t* idx_cuda = nullptr;
-    if (i % 2 == 1 || i % 7 == 3) {
-      const size_t first = rows.size();
-      for (int64_t r = 0; r < count; ++r) rows.push_back(static_cast<int32_t>(rng() % src_rows));
-      idx = rows.data() + first;
-      idx_cuda = i % 7 == 3 || kind == 2 ? idx : rows_dev + first;
-    }
+    const int32_t* idx = g.rows.empty() ? nullptr : g.rows.data();
+    const int32_t* idx_cuda = idx == nullptr || i % 7 == 3 || kind == 2 ? idx : rows_dev + rows_at[i];
+    const size_t from = g.src_offset, to = g.dst_offset;
     if (kind == 1) {
-      on_cpu.push_back({src.data() + src_at, src_stride, idx, want_host.data() + dst_at, dst_stride, count, row_bytes});
+      on_cpu.push_back(
+          {src.data() + from, g.src_stride, idx, want_host.data() + to, g.dst_stride, g.count, g.row_bytes});
       on_cuda.push_back(
-          {src_dev + src_at, src_stride, idx_cuda, got_host.data() + dst_at, dst_stride, count, row_bytes});
+          {src_dev + from, g.src_stride, idx_cuda, got_host.data() + to, g.dst_stride, g.count, g.row_bytes});
     } else {
-      const uint8_t* from = kind == 2 ? src.data() + src_at : src_dev + src_at;
-      on_cpu.push_back({src.data() + src_at, src_stride, idx, want.data() + dst_at, dst_stride, count, row_bytes});
-      on_cuda.push_back({from, src_stride, idx_cuda, dst_dev + dst_at, dst_stride, count, row_bytes});
+      const uint8_t* source = kind == 2 ? src.data() + from : src_dev + from;
+      on_cpu.push_back({src.data() + from, g.src_stride, idx, want.data() + to, g.dst_stride, g.count, g.row_bytes});
+      on_cuda.push_back({source, g.src_stride, idx_cuda, dst_dev + to, g.dst_stride, g.count, g.row_bytes});
     }
-    src_at += (src_rows * src_stride + 63) / 64 * 64;
-    dst_at += (count * dst_stride + 63) / 64 * 64;
   }
-  ASSERT_LE(src_at, kArena);
-  ASSERT_LE(dst_at, kArena);
-  ASSERT_LE(rows.size() * sizeof(int32_t), size_t{1} << 20);
-  SNAPFILL_ASSERT_OK(b->Upload(rows.data(), rows_dev, rows.size() * sizeof(int32_t)));
   SNAPFILL_ASSERT_OK((*cpu)->Gather(on_cpu));
   SNAPFILL_ASSERT_OK(b->Gather(on_cuda));
-  std::vector<uint8_t> got(kArena);
-  SNAPFILL_ASSERT_OK(b->Download(dst_dev, got.data(), kArena));
+  std::vector<uint8_t> got(fill.size());
+  SNAPFILL_ASSERT_OK(b->Download(dst_dev, got.data(), got.size()));
   EXPECT_TRUE(got == want) << "the device's rows";
   EXPECT_TRUE(got_host == want_host) << "the rows brought to the host";
 }

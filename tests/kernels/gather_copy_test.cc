@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "snapfill/backend.h"
+#include "tests/testing/gather_data.h"
 #include "tests/testing/status_matchers.h"
 
 namespace snapfill {
@@ -90,37 +90,20 @@ TEST(GatherCopy, ChoosesTheWidestWordEverythingAllows) {
 TEST(GatherCopy, MovesWhatTheHostGatherMoves) {
   auto cpu = CreateBackend(Device::kCpu, BackendOptions{});
   SNAPFILL_ASSERT_OK(cpu);
-  std::mt19937 rng(11);
-  const int64_t src_rows = 300;
-  const size_t row_sizes[] = {512, 256, 4, 24, 6, 7, 510, 16};
-  Arena src(size_t{1} << 24, 1);
-  Arena got(1 << 22, 2);
+  const testing::GatherShapes shapes = testing::MakeGatherShapes(150, 300, 11);
+  Arena src(shapes.src_bytes, 1);
+  Arena got(shapes.dst_bytes, 2);
   std::vector<uint8_t> want(got.bytes);  // (the same bytes, the same base offset)
   const ptrdiff_t want_shift = want.data() - got.bytes.data();
-  std::vector<std::vector<int32_t>> rows;
   std::vector<GatherCopy> copies;
   std::vector<Backend::RowGather> on_host;
-  size_t src_at = 0, dst_at = 0;
-  for (int i = 0; i < 150; ++i) {
-    const size_t row_bytes = row_sizes[i % std::size(row_sizes)];
-    const size_t src_stride = row_bytes + (i % 3 == 0 ? 0 : 8 * (i % 5));
-    const size_t dst_stride = row_bytes + (i % 4 == 0 ? 0 : 16);
-    const int64_t count = i % 17 == 5 ? 0 : static_cast<int64_t>(rng() % 90) + 1;
-    const int32_t* idx = nullptr;
-    if (i % 2 == 1) {
-      rows.emplace_back(count);
-      for (int32_t& r : rows.back()) r = static_cast<int32_t>(rng() % src_rows);
-      idx = rows.back().data();
-    }
-    uint8_t* s = src.at(src_at);
-    uint8_t* d = got.at(dst_at);
-    copies.push_back({s, src_stride, idx, d, dst_stride, count, row_bytes});
-    on_host.push_back({s, src_stride, idx, d + want_shift, dst_stride, count, row_bytes});
-    src_at += (src_rows * src_stride + 63) / 64 * 64;
-    dst_at += (count * dst_stride + 63) / 64 * 64;
+  for (const testing::GatherShape& g : shapes.copies) {
+    const int32_t* idx = g.rows.empty() ? nullptr : g.rows.data();
+    uint8_t* s = src.at(g.src_offset);
+    uint8_t* d = got.at(g.dst_offset);
+    copies.push_back({s, g.src_stride, idx, d, g.dst_stride, g.count, g.row_bytes});
+    on_host.push_back({s, g.src_stride, idx, d + want_shift, g.dst_stride, g.count, g.row_bytes});
   }
-  ASSERT_LE(src_at, size_t{1} << 24);
-  ASSERT_LE(dst_at, size_t{1} << 22);
   SNAPFILL_ASSERT_OK((*cpu)->Gather(on_host));
   // 141 copies move rows: 64 + 64 + 13 a launch, the empty ones left out.
   cuda::GatherBatch first;
