@@ -3,8 +3,9 @@
 # Debian's libraries can run: the CUDA build of snapfill, make_tiny_gguf,
 # bm_gather and the CUDA tests (portable x86-64 kernels, sm_80 and sm_90),
 # the shared libraries they need beyond glibc and the CUDA toolkit, and the
-# long text the benchmarks read. Run it here (nvcc, no GPU needed); carry the folder
-# (at most 64 MiB) to the GPU machine and run tools/gpu_check.sh there.
+# long text the benchmarks read. Run it here (nvcc, no GPU needed); carry
+# the folder (at most 64 MiB) to the GPU machine and run tools/gpu_check.sh
+# there.
 #
 #   bash tools/gpu_bundle.sh [DEST]        (default: out/gpu_bundle)
 set -euo pipefail
