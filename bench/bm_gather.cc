@@ -9,14 +9,11 @@
 // Arguments: KV heads, head_dim, memory entries (= chunk tokens = kept
 // entries), and 1 for the engine's calls or 0 for a call a copy. On cuda
 // every iteration ends with the device's work done (Synchronize); the
-// CUDA rows report "no CUDA backend here" where none can be made.
+// CUDA rows report why no CUDA backend could be made where none can.
 //
 //   build/bench/bm_gather --benchmark_filter=Cuda
 #include <cstdint>
 #include <memory>
-#include <numeric>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "benchmark/benchmark.h"

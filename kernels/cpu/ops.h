@@ -47,7 +47,8 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
           const float* freq_factors = nullptr);
 
 // y[i] = x[i] as IEEE fp16, rounded to nearest even (F16C where the level
-// has it; twin: Fp32ToFp16 of kernels/quant_blocks.h, bit for bit).
+// has it; twin: Fp32ToFp16 of src/base/half.h, bit for bit but for NaNs,
+// whose payload's top bits F16C keeps where the twin gives 0x7E00).
 void ToFp16(const float* x, uint16_t* y, int64_t n);
 // y[i] = x[i] widened from IEEE fp16 (exact; F16C where the level has it;
 // twin: Fp16ToFp32 of src/base/half.h, bit for bit but that F16C returns a

@@ -42,7 +42,8 @@ SNAPFILL_HALF_HOST_DEVICE inline float Fp16ToFp32(uint16_t h) {
 
 // binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
 // with rounding mode 0 and ggml's scalar fallback produce). Overflow gives
-// ±inf; NaN stays NaN.
+// ±inf; every NaN becomes 0x7E00 with its sign (F16C keeps the payload's
+// top bits instead).
 SNAPFILL_HALF_HOST_DEVICE inline uint16_t Fp32ToFp16(float f) {
   const uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);

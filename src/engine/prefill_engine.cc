@@ -701,9 +701,10 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
   // with no gather of its own. For an f16 store the rows are gathered
   // further on and converted to f16 here (EvictedHostBytes).
   int32_t* rows = static_cast<int32_t*>(evicted_->data());
-  float* k = half_evicted_ ? reinterpret_cast<float*>(static_cast<char*>(evicted_->data()) +
-                                                      EvictedF32Offset(heads, d, cand_capacity_, true))
-                           : evicted_->f32() + heads * e;
+  float* k =
+      half_evicted_
+          ? reinterpret_cast<float*>(static_cast<char*>(evicted_->data()) + EvictedF32Offset(heads, d, cand_capacity_))
+          : evicted_->f32() + heads * e;
   float* v = k + heads * e * d;
   SNAPFILL_RETURN_IF_ERROR(backend_->Complement(keep_rows, keep_stride_, kept, heads, num, rows, e));
   gathers_.clear();

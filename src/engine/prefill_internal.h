@@ -64,17 +64,17 @@ inline bool EvictsInBackend(const PrefillConfig& c, bool buffers_on_device) {
 inline uint64_t EvictedHostBytes(int64_t num_kv_heads, int64_t head_dim, int64_t n, bool half) {
   return static_cast<uint64_t>(num_kv_heads) * n * (sizeof(int32_t) + 2 * head_dim * (half ? 2 : sizeof(float)));
 }
-// Where the f32 rows are gathered in the backend's buffer, for candidates
-// of `cand` entries: after the bytes that travel (sized for every
-// candidate, as a step evicts at most all of them), or in their place
-// where they travel as f32.
-inline uint64_t EvictedF32Offset(int64_t num_kv_heads, int64_t head_dim, int64_t cand, bool half) {
+// Where an f16 store's rows are gathered as f32 in the backend's buffer,
+// for candidates of `cand` entries: after the bytes that travel, sized for
+// every candidate (a step evicts at most all of them). (As f32 they travel
+// from where they are gathered.)
+inline uint64_t EvictedF32Offset(int64_t num_kv_heads, int64_t head_dim, int64_t cand) {
   constexpr uint64_t kAlign = 256;
-  return half ? (EvictedHostBytes(num_kv_heads, head_dim, cand, true) + kAlign - 1) / kAlign * kAlign : 0;
+  return (EvictedHostBytes(num_kv_heads, head_dim, cand, true) + kAlign - 1) / kAlign * kAlign;
 }
 // The backend buffer's bytes.
 inline uint64_t EvictedBufferBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand, bool half) {
-  return half ? EvictedF32Offset(num_kv_heads, head_dim, cand, true) +
+  return half ? EvictedF32Offset(num_kv_heads, head_dim, cand) +
                     static_cast<uint64_t>(num_kv_heads) * cand * 2 * head_dim * sizeof(float)
               : EvictedHostBytes(num_kv_heads, head_dim, cand, false);
 }

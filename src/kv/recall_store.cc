@@ -402,11 +402,8 @@ absl::Status RecallStore::AppendHalfSlots(int64_t layer, int64_t n, const int32_
   }
   if (n == 0) return absl::OkStatus();
   SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
-  const uint64_t bytes = n * KeySlotBytes(), offset = slots_[layer] * KeySlotBytes();
-  SNAPFILL_RETURN_IF_ERROR(
-      WriteAll(key_fds_[layer], reinterpret_cast<const uint8_t*>(k), bytes, offset, "keys", layer));
-  SNAPFILL_RETURN_IF_ERROR(
-      WriteAll(value_fds_[layer], reinterpret_cast<const uint8_t*>(v), bytes, offset, "values", layer));
+  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, reinterpret_cast<const uint8_t*>(k), key_fds_[layer], "keys"));
+  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, reinterpret_cast<const uint8_t*>(v), value_fds_[layer], "values"));
   slots_[layer] += n;
   return absl::OkStatus();
 }
@@ -419,7 +416,11 @@ absl::Status RecallStore::WritePositions(int64_t layer, int64_t n, const int32_t
 absl::Status RecallStore::WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what) {
   buffer_.resize(n * KeySlotBytes());  // (values take as many bytes as keys)
   Encode(x, n * info_.num_kv_heads, buffer_.data());
-  return WriteAll(fd, buffer_.data(), n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), what, layer);
+  return WriteRecords(layer, n, buffer_.data(), fd, what);
+}
+
+absl::Status RecallStore::WriteRecords(int64_t layer, int64_t n, const uint8_t* records, int fd, const char* what) {
+  return WriteAll(fd, records, n * KeySlotBytes(), slots_[layer] * KeySlotBytes(), what, layer);
 }
 
 absl::Status RecallStore::CheckRange(int64_t layer, int64_t first, int64_t n) const {

@@ -150,6 +150,8 @@ class RecallStore {
   // n slots' keys or values (x [n][num_kv_heads][head_dim]) converted and
   // written at the layer's end.
   absl::Status WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what);
+  // n slots' keys or values already as stored, written at the layer's end.
+  absl::Status WriteRecords(int64_t layer, int64_t n, const uint8_t* records, int fd, const char* what);
   absl::Status ReadAll(int fd, uint8_t* data, uint64_t n, uint64_t offset, const char* what, int64_t layer);
   // `vectors` keys or values of head_dim floats, as stored.
   void Encode(const float* x, int64_t vectors, uint8_t* out) const;

@@ -303,7 +303,8 @@ class CudaBackend final : public Backend, public BackendProfile {
 
   // The host's f16 conversions (the recall store's keys and values, the
   // stored entries it reads back): the CPU's vector kernels (cpu::ToFp16,
-  // bit for bit the scalar twin) in pieces over the host threads, where the
+  // the scalar twin's bits but for NaNs' payloads) in pieces over the host
+  // threads, where the
   // base class converts one value at a time in software (a 7B layer's
   // evicted rows, 8.4M values, on Zen 3: 47-50 ms against 2.0 ms on two
   // threads; bench/bm_recall_store's BM_RecallConvert).
@@ -589,7 +590,6 @@ class CudaBackend final : public Backend, public BackendProfile {
       queued = true;
       if (src_device && dst_device && (r.rows == nullptr || rows_device)) {
         batch_.push_back({r.src, r.src_stride, r.rows, r.dst, r.dst_stride, r.count, r.row_bytes});
-        if (static_cast<int>(batch_.size()) == cuda::kGatherBatch) SNAPFILL_RETURN_IF_ERROR(launch_batch());
         continue;
       }
       SNAPFILL_RETURN_IF_ERROR(launch_batch());
