@@ -7,13 +7,12 @@
 // what the step's kernels take.
 //
 // Arguments: KV heads, head_dim, rows evicted per head, format (0 f16, 1 q8),
-// and where the rows come from: 0 the candidates (Append gathers them, as
-// on the CPU), 1 already in slot order (AppendSlots, as a device's copy
-// lands), 2 in slot order and already f16 (AppendHalfSlots: what a device
-// that converts them sends, so the host only writes), and the f16
-// conversion: 1 the CPU backend's vector kernels, 0
-// the store's own software rounding, one value at a time (what a backend
-// without its own ToHalf gave it, as the CUDA backend did). A 1,024-entry
+// and where the rows come from: 0 the candidates (Append gathers and
+// converts them, as on the CPU), 1 records already in slot order and format
+// (AppendRecords: what a device that gathers and converts them sends, so
+// the host only writes); and for Append the conversion: 1 the CPU
+// backend's vector kernels, 0 the store's scalar twins, one value at a time
+// (what a backend without its own conversions gives it). A 1,024-entry
 // memory with 1,024-token chunks evicts 1,024 rows per head.
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,14 +20,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "snapfill/backend.h"
 #include "src/base/half.h"
+#include "src/base/int8_rows.h"
 #include "src/kv/recall_store.h"
 
 namespace snapfill {
@@ -61,30 +63,33 @@ void BM_RecallAppend(benchmark::State& state) {
     for (int64_t i = 0; i < n; ++i) evicted[h][i] = static_cast<int32_t>(2 * i + 1);
     idx[h] = evicted[h].data();
   }
-  // The same rows in slot order ([n][heads][d]), for AppendSlots.
-  const bool slotted = state.range(4) != 0, half = state.range(4) == 2;
-  std::vector<float> slot_k, slot_v;
+  // The same rows as records in slot order ([n][heads] records), for
+  // AppendRecords.
+  const bool records = state.range(4) != 0;
+  const uint64_t vec = RecallVectorBytes(info.format, d);
+  std::vector<uint8_t> record_k, record_v;
   std::vector<int32_t> slot_pos;
-  std::vector<uint16_t> half_k, half_v;
-  if (slotted) {
-    slot_k.resize(n * heads * d);
-    slot_v.resize(n * heads * d);
+  if (records) {
+    record_k.resize(n * heads * vec);
+    record_v.resize(n * heads * vec);
     slot_pos.resize(n * heads);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t r = evicted[h][i];
-        std::copy_n(k.data() + (h * rows + r) * d, d, slot_k.data() + (i * heads + h) * d);
-        std::copy_n(v.data() + (h * rows + r) * d, d, slot_v.data() + (i * heads + h) * d);
+        for (auto [from, to] : {std::pair{k.data(), record_k.data()}, std::pair{v.data(), record_v.data()}}) {
+          const float* x = from + (h * rows + r) * d;
+          uint8_t* out = to + (i * heads + h) * vec;
+          if (info.format == RecallFormat::kQ8) {
+            EncodeInt8Row(x, d, out);
+          } else {
+            for (int64_t t = 0; t < d; ++t) {
+              const uint16_t half = Fp32ToFp16(x[t]);
+              std::memcpy(out + 2 * t, &half, sizeof(half));
+            }
+          }
+        }
         slot_pos[i * heads + h] = pos[h * rows + r];
       }
-    }
-  }
-  if (half) {
-    half_k.resize(slot_k.size());
-    half_v.resize(slot_v.size());
-    for (size_t i = 0; i < slot_k.size(); ++i) {
-      half_k[i] = Fp32ToFp16(slot_k[i]);
-      half_v[i] = Fp32ToFp16(slot_v[i]);
     }
   }
 
@@ -106,8 +111,7 @@ void BM_RecallAppend(benchmark::State& state) {
     }
     store = std::move(*made);
     if (state.range(5) == 0) return true;
-    store->SetHalfConversions([&](const float* x, uint16_t* y, int64_t m) { backend->ToHalf(x, y, m); },
-                              [&](const uint16_t* x, float* y, int64_t m) { backend->FromHalf(x, y, m); });
+    store->SetConversions(RecallStore::BackendConversions(backend));
     return true;
   };
   if (!fresh()) return;
@@ -121,10 +125,8 @@ void BM_RecallAppend(benchmark::State& state) {
       appended = 0;
     }
     absl::Status s;
-    if (half) {
-      s = store->AppendHalfSlots(0, n, slot_pos.data(), half_k.data(), half_v.data());
-    } else if (slotted) {
-      s = store->AppendSlots(0, n, slot_pos.data(), slot_k.data(), slot_v.data());
+    if (records) {
+      s = store->AppendRecords(0, n, slot_pos.data(), record_k.data(), record_v.data());
     } else {
       s = store->Append(0, n, idx.data(), k.data(), v.data(), rows * d, pos.data(), rows);
     }
@@ -142,51 +144,82 @@ void BM_RecallAppend(benchmark::State& state) {
 }
 // Llama-2-7B's 32 KV heads of 128 (a layer of a 7B model), SmolLM2-135M's 3 of 64.
 BENCHMARK(BM_RecallAppend)
-    ->ArgNames({"kv_heads", "head_dim", "rows", "q8", "slots", "vector"})
+    ->ArgNames({"kv_heads", "head_dim", "rows", "q8", "records", "vector"})
     ->Args({32, 128, 1024, 0, 0, 1})
+    ->Args({32, 128, 1024, 0, 0, 0})
     ->Args({32, 128, 1024, 0, 1, 1})
-    ->Args({32, 128, 1024, 0, 1, 0})
-    ->Args({32, 128, 1024, 0, 2, 1})
     ->Args({32, 128, 1024, 1, 0, 1})
+    ->Args({32, 128, 1024, 1, 0, 0})
     ->Args({32, 128, 1024, 1, 1, 1})
     ->Args({3, 64, 1024, 0, 0, 1})
     ->Args({3, 64, 1024, 0, 1, 1})
-    ->Args({3, 64, 1024, 0, 2, 1})
+    ->Args({3, 64, 1024, 1, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // The append's two parts apart, at the 7B layer's size: the conversion of
-// its keys and values to f16 (8.4M values; 1 the CPU backend's vector
-// kernels, 0 software rounding one value at a time), and the write of its
-// 16.9 MB into pages of the page cache that are already there (a file
-// overwritten in place: an append into new pages costs their allocation
-// too, which the appends above pay one time in 16).
+// its keys and values (8.4M values) to the format (0 f16, 1 q8) or back from
+// it (what recall's reads of the store do), with the CPU backend's vector
+// kernels (1) or the scalar twins one value at a time (0); and the write of
+// its 16.9 MB (f16) or 8.8 MB (q8) into pages of the page cache that are
+// already there (a file overwritten in place: an append into new pages
+// costs their allocation too, which the appends above pay one time in 16).
 void BM_RecallConvert(benchmark::State& state) {
-  const int64_t n = 2 * 32 * 1024 * 128;
+  const int64_t d = 128, rows = 2 * 32 * 1024, n = rows * d;
+  const bool q8 = state.range(0) != 0, vector = state.range(1) != 0, decode = state.range(2) != 0;
   std::mt19937 rng(2);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> x(n);
   for (float& v : x) v = dist(rng);
-  std::vector<uint16_t> y(n);
+  std::vector<uint8_t> y(rows * RecallVectorBytes(q8 ? RecallFormat::kQ8 : RecallFormat::kF16, d));
+  auto* half = reinterpret_cast<uint16_t*>(y.data());
   auto backend = CreateBackend(Device::kCpu);
   if (!backend.ok()) {
     state.SkipWithError(std::string(backend.status().message()).c_str());
     return;
   }
+  Backend& b = **backend;
+  if (q8) {
+    b.ToInt8Rows(x.data(), y.data(), rows, d);
+  } else {
+    b.ToHalf(x.data(), half, n);
+  }
   for (auto _ : state) {
-    if (state.range(0) != 0) {
-      (*backend)->ToHalf(x.data(), y.data(), n);
+    if (decode) {
+      if (q8 && vector) b.FromInt8Rows(y.data(), x.data(), rows, d);
+      if (q8 && !vector) {
+        for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y.data() + r * Int8RowBytes(d), d, x.data() + r * d);
+      }
+      if (!q8 && vector) b.FromHalf(half, x.data(), n);
+      if (!q8 && !vector) {
+        for (int64_t i = 0; i < n; ++i) x[i] = Fp16ToFp32(half[i]);
+      }
+      benchmark::DoNotOptimize(x.data());
     } else {
-      for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+      if (q8 && vector) b.ToInt8Rows(x.data(), y.data(), rows, d);
+      if (q8 && !vector) {
+        for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x.data() + r * d, d, y.data() + r * Int8RowBytes(d));
+      }
+      if (!q8 && vector) b.ToHalf(x.data(), half, n);
+      if (!q8 && !vector) {
+        for (int64_t i = 0; i < n; ++i) half[i] = Fp32ToFp16(x[i]);
+      }
+      benchmark::DoNotOptimize(y.data());
     }
-    benchmark::DoNotOptimize(y.data());
   }
 }
-BENCHMARK(BM_RecallConvert)->ArgName("vector")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_RecallConvert)
+    ->ArgNames({"q8", "vector", "decode"})
+    ->ArgsProduct({{0, 1}, {1, 0}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_PageCacheWrite(benchmark::State& state) {
-  const size_t bytes =
-      1024 * RecallStore::SlotBytes(RecallStoreInfo{.num_layers = 1, .num_kv_heads = 32, .head_dim = 128});
+  const size_t bytes = 1024 * RecallStore::SlotBytes(RecallStoreInfo{
+                                  .num_layers = 1,
+                                  .num_kv_heads = 32,
+                                  .head_dim = 128,
+                                  .format = state.range(0) != 0 ? RecallFormat::kQ8 : RecallFormat::kF16});
   const char* tmp = std::getenv("TMPDIR");
   const std::string path = std::string(tmp != nullptr ? tmp : "/tmp") + "/bm_page_cache." + std::to_string(getpid());
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
@@ -217,7 +250,7 @@ void BM_PageCacheWrite(benchmark::State& state) {
   ::unlink(path.c_str());
   state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
 }
-BENCHMARK(BM_PageCacheWrite)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PageCacheWrite)->ArgName("q8")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace snapfill

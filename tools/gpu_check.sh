@@ -130,6 +130,11 @@ step smollm2_question_recall 40 bash -c '"$BIN/snapfill" run --device cuda --mod
   --max_tokens 16384 --memory 1024 --chunk 1024 --question "Who built the ark?" --recall_dir "$WORK/recall" \
   --recall 64 -n 8 --progress=false --timing --telemetry "$WORK/recall.jsonl" \
   && grep -o "\"backend_selections\":[0-9]*\|\"recalled\":[0-9]*" "$WORK/recall.jsonl" | tail -2' "$SMOL"
+# The same with a q8 store: the rows converted to int8 records on the device.
+step smollm2_question_recall_q8 30 bash -c '"$BIN/snapfill" run --device cuda --model "$0" --input "$TEXT" \
+  --max_tokens 8192 --memory 1024 --chunk 1024 --question "Who built the ark?" --recall_dir "$WORK/recall_q8" \
+  --recall_format q8 --recall 64 -n 8 --progress=false --timing --telemetry "$WORK/recall_q8.jsonl" \
+  && grep -o "\"backend_selections\":[0-9]*\|\"recalled\":[0-9]*" "$WORK/recall_q8.jsonl" | tail -2' "$SMOL"
 # Context reconstruction: its scores made on the device and kept there with
 # the memory, its selection one op per layer.
 step smollm2_reconstruct 40 bash -c 'prefill "$0" 16384 imdc --pruner reconstruct --profile=false \
@@ -145,6 +150,7 @@ step 7b_imdc_ttft 90 prefill "$MODEL_7B" "$TOKENS_7B" imdc --profile=false
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttention*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
 OPS="$OPS:CudaBackend.BuffersLive*:CudaBackend.GatherMoves*:CudaBackend.OpsTakeTheBuffers*:CudaBackend.GateScores*:CudaBackend.Complement*:CudaBackend.DownloadAsync*"
+OPS="$OPS:CudaBackend.ToHalfInBuffers*:CudaBackend.ToInt8RowsInBuffers*:CudaBackend.GatherBatches*"
 if [[ -n "$SAN" ]]; then
   step memcheck 120 "$SAN" --tool memcheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
     "--gtest_filter=$OPS:CudaBackend.TinyModel*"

@@ -663,6 +663,17 @@ class Backend {
   // travel to the host. The base class calls ToHalf (buffers the host
   // reaches); InvalidArgument for a negative count.
   virtual absl::Status ToHalfInBuffers(const float* x, uint16_t* y, int64_t n);
+  // Row-scaled int8 records (src/base/int8_rows.h: the recall store's q8):
+  // `rows` rows of `dim` floats x to rows × (4 + dim) bytes y, each row
+  // [f32 max|x| / 127][dim int8], and back. The base class converts row by
+  // row with the scalar twins; every backend gives the twins' bits for
+  // finite values.
+  virtual void ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim);
+  virtual void FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim);
+  // ToInt8Rows as an op on the backend's buffers, as ToHalfInBuffers is (a
+  // q8 store's evicted rows: under a third of their f32 bytes travel).
+  // InvalidArgument for a negative count.
+  virtual absl::Status ToInt8RowsInBuffers(const float* x, uint8_t* y, int64_t rows, int64_t dim);
   // How the backend reads weight matrix `w` in the products of `use`: in
   // place (its mapped bytes; the default) or through a copy of its own (the
   // CPU's decode layout with BackendOptions::pack_decode_weights, which

@@ -3,6 +3,7 @@
 #ifndef SNAPFILL_RECALL_FORMAT_H_
 #define SNAPFILL_RECALL_FORMAT_H_
 
+#include <cstdint>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -15,6 +16,9 @@ enum class RecallFormat { kF16, kQ8 };
 // "f16" | "q8"; InvalidArgument otherwise.
 absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name);
 const char* RecallFormatName(RecallFormat format);
+// One key or value as the store keeps it: f16 2 · head_dim bytes, q8
+// 4 + head_dim (its f32 scale, then int8s).
+uint64_t RecallVectorBytes(RecallFormat format, int64_t head_dim);
 
 }  // namespace snapfill
 

@@ -41,6 +41,7 @@
 #include "kernels/cpu/matmul_amx.h"
 #include "kernels/cpu/spin_team.h"
 #include "kernels/quant_blocks.h"
+#include "src/base/int8_rows.h"
 
 namespace snapfill::cpu::internal {
 // AttentionImpl, for every level's copy.
@@ -195,6 +196,12 @@ void Rope(float* x, int64_t num_tokens, int64_t num_heads, int64_t head_dim, int
 
 void ToFp16(const float* x, uint16_t* y, int64_t n) { SNAPFILL_CPU_DISPATCH(ToFp16, x, y, n); }
 void FromFp16(const uint16_t* x, float* y, int64_t n) { SNAPFILL_CPU_DISPATCH(FromFp16, x, y, n); }
+void ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) {
+  SNAPFILL_CPU_DISPATCH(ToInt8Rows, x, y, rows, dim);
+}
+void FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) {
+  SNAPFILL_CPU_DISPATCH(FromInt8Rows, y, x, rows, dim);
+}
 
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n) {
   SNAPFILL_CPU_DISPATCH(SwiGlu, gate, up, out, n);

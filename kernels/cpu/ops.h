@@ -54,6 +54,11 @@ void ToFp16(const float* x, uint16_t* y, int64_t n);
 // twin: Fp16ToFp32 of src/base/half.h, bit for bit but that F16C returns a
 // signaling NaN quiet).
 void FromFp16(const uint16_t* x, float* y, int64_t n);
+// Row-scaled int8 records (the recall store's q8), `rows` rows of `dim`
+// floats to rows × (4 + dim) bytes and back; twins: EncodeInt8Row and
+// DecodeInt8Row of src/base/int8_rows.h, bit for bit for finite values.
+void ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim);
+void FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 void SwiGlu(const float* gate, const float* up, float* out, int64_t n);

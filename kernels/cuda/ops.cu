@@ -1,6 +1,7 @@
 #include "kernels/cuda/ops.h"
 
 #include "src/base/half.h"
+#include "src/base/int8_rows.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -447,6 +448,26 @@ __global__ void GateScoresKernel(const float* __restrict__ params, int64_t param
 __global__ void ToFp16Kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = Fp32ToFp16(x[i]);
+  }
+}
+
+// A warp a row: its maximum by shuffles (exact in any order), then the
+// twin's scale, inverse and rounding per element (int8_rows.h), so the bits
+// are the twin's. The loop's row is the same for a warp's 32 lanes.
+__global__ void ToInt8RowsKernel(const float* __restrict__ x, uint8_t* __restrict__ y, int64_t rows, int64_t dim) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t r = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const float* xr = x + r * dim;
+    float amax = 0.0f;
+    for (int64_t i = lane; i < dim; i += 32) amax = fmaxf(amax, fabsf(xr[i]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+    const float scale = Int8RowScale(amax);
+    const float inverse = Int8RowInverse(scale);
+    uint8_t* out = y + r * Int8RowBytes(dim);
+    if (lane == 0) std::memcpy(out, &scale, sizeof(float));  // (4 + dim bytes apart: maybe unaligned)
+    int8_t* q = reinterpret_cast<int8_t*>(out + sizeof(float));
+    for (int64_t i = lane; i < dim; i += 32) q[i] = Int8Quantize(xr[i], inverse);
   }
 }
 
@@ -952,6 +973,14 @@ cudaError_t GatherRows(const GatherCopy* copies, int num_copies, cudaStream_t st
 cudaError_t ToFp16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ToFp16Kernel<<<static_cast<int>(std::min<int64_t>(Blocks(n, 256), 4096)), 256, 0, stream>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;  // 8 rows at a time
+  ToInt8RowsKernel<<<static_cast<int>(std::min<int64_t>(Blocks(rows, kThreads / 32), 4096)), kThreads, 0, stream>>>(
+      x, y, rows, dim);
   return cudaGetLastError();
 }
 

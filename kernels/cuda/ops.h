@@ -190,6 +190,10 @@ cudaError_t DequantizeQ8_0(const void* raw, int64_t rows, int64_t cols, int64_t 
 // NaNs' payloads (every NaN becomes 0x7E00 with its sign; F16C keeps the
 // payload's top bits). The recall tier's evicted rows.
 cudaError_t ToFp16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+// Row-scaled int8 records (src/base/int8_rows.h), a warp a row, with the
+// scalar twin's own functions: the bits are cpu::ToInt8Rows'. The recall
+// tier's evicted rows for a q8 store.
+cudaError_t ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim, cudaStream_t stream);
 // y[i] = bf16(x[i]) for a weight upload.
 cudaError_t F32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/base/file_util.h"
+#include "src/base/int8_rows.h"
 #include "src/base/paged_array.h"
 #include "src/base/sys_stats.h"
 #include "src/backend/backend_common.h"
@@ -181,6 +182,14 @@ class CpuBackend final : public Backend, public BackendProfile {
   void FromHalf(const uint16_t* x, float* y, int64_t n) override {
     const OpScope op(*team_, guard_.get());
     cpu::FromFp16(x, y, n);
+  }
+  void ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) override {
+    const OpScope op(*team_, guard_.get());
+    cpu::ToInt8Rows(x, y, rows, dim);
+  }
+  void FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) override {
+    const OpScope op(*team_, guard_.get());
+    cpu::FromInt8Rows(y, x, rows, dim);
   }
   bool HostReachesBuffers() const override { return guard_ == nullptr; }
   uint64_t DevicePeakBytes() const override { return guard_ != nullptr ? guard_->peak() : 0; }
@@ -995,6 +1004,20 @@ absl::Status Backend::ToHalfInBuffers(const float* x, uint16_t* y, int64_t n) {
 
 void Backend::ToHalf(const float* x, uint16_t* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+}
+
+absl::Status Backend::ToInt8RowsInBuffers(const float* x, uint8_t* y, int64_t rows, int64_t dim) {
+  if (rows < 0 || dim < 0) return absl::InvalidArgumentError(absl::StrCat("to int8: ", rows, " rows of ", dim));
+  ToInt8Rows(x, y, rows, dim);
+  return absl::OkStatus();
+}
+
+void Backend::ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
+}
+
+void Backend::FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
 }
 
 namespace {

@@ -139,11 +139,11 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(const Llama
   }
   if (EvictsInBackend(e->config_, on_device)) {
     // (Sized for every candidate: a step evicts at most all of them.)
-    e->half_evicted_ = e->config_.recall_format == RecallFormat::kF16;
     const int64_t cap = e->cand_capacity_;
-    const uint64_t bytes = EvictedHostBytes(mc.num_kv_heads, mc.head_dim, cap, e->half_evicted_);
+    const RecallFormat format = e->config_.recall_format;
+    const uint64_t bytes = EvictedHostBytes(mc.num_kv_heads, mc.head_dim, cap, format);
     absl::StatusOr<std::unique_ptr<BackendBuffer>> evicted =
-        e->backend_->NewBuffer(EvictedBufferBytes(mc.num_kv_heads, mc.head_dim, cap, e->half_evicted_));
+        e->backend_->NewBuffer(EvictedBufferBytes(mc.num_kv_heads, mc.head_dim, cap, format));
     if (!evicted.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate the recall tier's evicted rows: ", evicted.status().message()));
@@ -213,8 +213,7 @@ absl::Status PrefillEngineImpl::AttachRecallStore(RecallStore* store) {
   recall_store_ = store;
   if (store != nullptr) {
     // Whole blocks through the backend's vectorized conversions.
-    store->SetHalfConversions([b = backend_](const float* x, uint16_t* y, int64_t n) { b->ToHalf(x, y, n); },
-                              [b = backend_](const uint16_t* x, float* y, int64_t n) { b->FromHalf(x, y, n); });
+    store->SetConversions(RecallStore::BackendConversions(backend_));
   }
   return absl::OkStatus();
 }
@@ -696,15 +695,14 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
   const int64_t heads = c.num_kv_heads, d = c.head_dim, e = num - kept;
   const size_t row = d * sizeof(float);
   // Packed by e: every head's indices ([heads][e]), then the keys and the
-  // values in the store's slot order ([e][heads][d]: slot i holds each
+  // values in the store's slot order ([e][heads] records: slot i holds each
   // head's i-th evicted row), so that the host writes them where they land,
-  // with no gather of its own. For an f16 store the rows are gathered
-  // further on and converted to f16 here (EvictedHostBytes).
+  // with no gather or conversion of its own. The rows are gathered as f32
+  // further on and converted into the store's format here.
+  const RecallFormat format = config_.recall_format;
   int32_t* rows = static_cast<int32_t*>(evicted_->data());
-  float* k =
-      half_evicted_
-          ? reinterpret_cast<float*>(static_cast<char*>(evicted_->data()) + EvictedF32Offset(heads, d, cand_capacity_))
-          : evicted_->f32() + heads * e;
+  float* k = reinterpret_cast<float*>(static_cast<char*>(evicted_->data()) +
+                                      EvictedF32Offset(heads, d, cand_capacity_, format));
   float* v = k + heads * e * d;
   SNAPFILL_RETURN_IF_ERROR(backend_->Complement(keep_rows, keep_stride_, kept, heads, num, rows, e));
   gathers_.clear();
@@ -714,9 +712,13 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
     gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * d, heads * row, e, row});
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers_));
-  if (half_evicted_) {
-    SNAPFILL_RETURN_IF_ERROR(
-        backend_->ToHalfInBuffers(k, reinterpret_cast<uint16_t*>(rows + heads * e), 2 * heads * e * d));
+  // (Keys then values, each 2 · heads · e vectors of f32, converted in one
+  // call: they lie one after the other, as their records do.)
+  auto* records = reinterpret_cast<uint8_t*>(rows + heads * e);
+  if (format == RecallFormat::kF16) {
+    SNAPFILL_RETURN_IF_ERROR(backend_->ToHalfInBuffers(k, reinterpret_cast<uint16_t*>(records), 2 * heads * e * d));
+  } else {
+    SNAPFILL_RETURN_IF_ERROR(backend_->ToInt8RowsInBuffers(k, records, 2 * heads * e, d));
   }
   // The older slot's layer to the store first (its copy was queued a layer
   // ago, so this waits for little); the backend's queue orders this
@@ -731,8 +733,8 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
     std::copy(cand_pos_.data() + h * cand_capacity_, cand_pos_.data() + h * cand_capacity_ + num,
               slot.cand_pos.data() + h * num);
   }
-  SNAPFILL_ASSIGN_OR_RETURN(slot.fence, backend_->DownloadAsync(evicted_->data(), slot.host->host(),
-                                                                EvictedHostBytes(heads, d, e, half_evicted_)));
+  SNAPFILL_ASSIGN_OR_RETURN(
+      slot.fence, backend_->DownloadAsync(evicted_->data(), slot.host->host(), EvictedHostBytes(heads, d, e, format)));
   return absl::OkStatus();
 }
 
@@ -755,12 +757,9 @@ absl::Status PrefillEngineImpl::StoreSlot(EvictSlot& slot) {
       evict_pos_[i * heads + h] = slot.cand_pos[h * num + r];
     }
   }
-  if (half_evicted_) {
-    const auto* k = reinterpret_cast<const uint16_t*>(rows + heads * e);
-    return recall_store_->AppendHalfSlots(layer, e, evict_pos_.data(), k, k + heads * e * d);
-  }
-  const auto* k = reinterpret_cast<const float*>(rows + heads * e);
-  return recall_store_->AppendSlots(layer, e, evict_pos_.data(), k, k + heads * e * d);
+  const auto* k = reinterpret_cast<const uint8_t*>(rows + heads * e);
+  return recall_store_->AppendRecords(layer, e, evict_pos_.data(), k,
+                                      k + heads * e * RecallVectorBytes(config_.recall_format, d));
 }
 
 absl::Status PrefillEngineImpl::StoreQueuedEvictions() {

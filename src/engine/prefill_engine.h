@@ -177,8 +177,8 @@ class PrefillEngineImpl final : public PrefillEngine {
   std::unique_ptr<Recaller> recaller_;
   // EvictsInBackend: a layer's evicted candidates as the backend gathers
   // them (EvictedHostBytes: indices [num_kv_heads][e], keys and values in
-  // the store's slot order [e][num_kv_heads][head_dim], e evicted; f16 for
-  // an f16 store, half_evicted_, converted by the backend), and two
+  // the store's slot order and format, [e][num_kv_heads] records, e
+  // evicted, converted by the backend), and two
   // host slots that its copies fill a layer behind the kernels, each with
   // its layer's candidate positions ([num_kv_heads][num]); the positions of
   // the entries being stored, in slot order.
@@ -190,7 +190,6 @@ class PrefillEngineImpl final : public PrefillEngine {
     uint64_t fence = 0;
   };
   std::unique_ptr<BackendBuffer> evicted_;
-  bool half_evicted_ = false;
   EvictSlot evict_slots_[2];
   int next_evict_slot_ = 0;  // the older slot, filled next
   std::vector<int32_t> evict_pos_;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "snapfill/recall_format.h"
 #include "src/compress/pruner.h"
 #include "src/engine/prefill_engine.h"
 #include "src/model/llama_model.h"
@@ -58,25 +59,24 @@ inline bool EvictsInBackend(const PrefillConfig& c, bool buffers_on_device) {
 }
 // One layer's evicted rows as EvictsInBackend carries them to the host, n
 // evicted per KV head: every KV head's indices ([num_kv_heads][n]), then the
-// keys, then the values, in the recall store's slot order
-// ([n][num_kv_heads][head_dim]): f16 for an f16 store (`half`: the device
-// converts them, so half the bytes travel), else f32. Their bytes:
-inline uint64_t EvictedHostBytes(int64_t num_kv_heads, int64_t head_dim, int64_t n, bool half) {
-  return static_cast<uint64_t>(num_kv_heads) * n * (sizeof(int32_t) + 2 * head_dim * (half ? 2 : sizeof(float)));
+// keys, then the values, in the recall store's slot order and format
+// ([n][num_kv_heads] records of RecallVectorBytes: the device converts them,
+// so that half the f32 bytes travel for f16, under a third for q8). Their
+// bytes:
+inline uint64_t EvictedHostBytes(int64_t num_kv_heads, int64_t head_dim, int64_t n, RecallFormat format) {
+  return static_cast<uint64_t>(num_kv_heads) * n * (sizeof(int32_t) + 2 * RecallVectorBytes(format, head_dim));
 }
-// Where an f16 store's rows are gathered as f32 in the backend's buffer,
-// for candidates of `cand` entries: after the bytes that travel, sized for
-// every candidate (a step evicts at most all of them). (As f32 they travel
-// from where they are gathered.)
-inline uint64_t EvictedF32Offset(int64_t num_kv_heads, int64_t head_dim, int64_t cand) {
+// Where the rows are gathered as f32 in the backend's buffer, for
+// candidates of `cand` entries: after the bytes that travel, sized for
+// every candidate (a step evicts at most all of them).
+inline uint64_t EvictedF32Offset(int64_t num_kv_heads, int64_t head_dim, int64_t cand, RecallFormat format) {
   constexpr uint64_t kAlign = 256;
-  return (EvictedHostBytes(num_kv_heads, head_dim, cand, true) + kAlign - 1) / kAlign * kAlign;
+  return (EvictedHostBytes(num_kv_heads, head_dim, cand, format) + kAlign - 1) / kAlign * kAlign;
 }
 // The backend buffer's bytes.
-inline uint64_t EvictedBufferBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand, bool half) {
-  return half ? EvictedF32Offset(num_kv_heads, head_dim, cand) +
-                    static_cast<uint64_t>(num_kv_heads) * cand * 2 * head_dim * sizeof(float)
-              : EvictedHostBytes(num_kv_heads, head_dim, cand, false);
+inline uint64_t EvictedBufferBytes(int64_t num_kv_heads, int64_t head_dim, int64_t cand, RecallFormat format) {
+  return EvictedF32Offset(num_kv_heads, head_dim, cand, format) +
+         static_cast<uint64_t>(num_kv_heads) * cand * 2 * head_dim * sizeof(float);
 }
 // Whether the batch's extra rows are a question's (else, for reconstruct,
 // the repetition's).

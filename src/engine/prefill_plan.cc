@@ -212,12 +212,13 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // The recall tier from a device (EvictsInBackend): a layer's evicted rows
   // in a backend buffer, two host slots for their copies with the layer's
   // candidate positions, and the positions of an append.
-  const bool evicts = EvictsInBackend(c, buffers_on_device), half = c.recall_format == RecallFormat::kF16;
-  const uint64_t evict_bytes = evicts ? EvictedBufferBytes(mc.num_kv_heads, mc.head_dim, cand, half) : 0;
-  const uint64_t evict_host_bytes = evicts ? 2 * (EvictedHostBytes(mc.num_kv_heads, mc.head_dim, cand, half) +
-                                                  mc.num_kv_heads * cand * sizeof(int32_t)) +
-                                                 mc.num_kv_heads * cand * sizeof(int32_t)
-                                           : 0;
+  const bool evicts = EvictsInBackend(c, buffers_on_device);
+  const uint64_t evict_bytes = evicts ? EvictedBufferBytes(mc.num_kv_heads, mc.head_dim, cand, c.recall_format) : 0;
+  const uint64_t evict_host_bytes = evicts
+                                        ? 2 * (EvictedHostBytes(mc.num_kv_heads, mc.head_dim, cand, c.recall_format) +
+                                               mc.num_kv_heads * cand * sizeof(int32_t)) +
+                                              mc.num_kv_heads * cand * sizeof(int32_t)
+                                        : 0;
   f.candidate_bytes = cand * cand_entry_bytes + keep_bytes + evict_bytes + evict_host_bytes;
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {

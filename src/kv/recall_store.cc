@@ -17,9 +17,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "snapfill/backend.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
 #include "src/base/half.h"
+#include "src/base/int8_rows.h"
 
 namespace snapfill {
 namespace {
@@ -94,12 +96,22 @@ absl::StatusOr<RecallFormat> ParseRecallFormat(std::string_view name) {
 
 const char* RecallFormatName(RecallFormat format) { return format == RecallFormat::kF16 ? "f16" : "q8"; }
 
+uint64_t RecallVectorBytes(RecallFormat format, int64_t head_dim) {
+  return format == RecallFormat::kF16 ? 2 * head_dim : static_cast<uint64_t>(Int8RowBytes(head_dim));
+}
+
 RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(std::move(dir)), info_(info) {
-  to_half_ = [](const float* x, uint16_t* y, int64_t n) {
+  conversions_.to_half = [](const float* x, uint16_t* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
   };
-  from_half_ = [](const uint16_t* x, float* y, int64_t n) {
+  conversions_.from_half = [](const uint16_t* x, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+  };
+  conversions_.to_int8 = [](const float* x, uint8_t* y, int64_t rows, int64_t dim) {
+    for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
+  };
+  conversions_.from_int8 = [](const uint8_t* y, float* x, int64_t rows, int64_t dim) {
+    for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
   };
   pos_fds_.assign(info.num_layers, -1);
   key_fds_.assign(info.num_layers, -1);
@@ -126,14 +138,21 @@ absl::StatusOr<uint64_t> RecallStore::FileBytes(int64_t layer, const LayerFile& 
   return static_cast<uint64_t>(st.st_size);
 }
 
-void RecallStore::SetHalfConversions(ToHalfFn to_half, FromHalfFn from_half) {
-  if (to_half) to_half_ = std::move(to_half);
-  if (from_half) from_half_ = std::move(from_half);
+void RecallStore::SetConversions(Conversions conversions) {
+  if (conversions.to_half) conversions_.to_half = std::move(conversions.to_half);
+  if (conversions.from_half) conversions_.from_half = std::move(conversions.from_half);
+  if (conversions.to_int8) conversions_.to_int8 = std::move(conversions.to_int8);
+  if (conversions.from_int8) conversions_.from_int8 = std::move(conversions.from_int8);
 }
 
-uint64_t RecallStore::VectorBytes() const {
-  return info_.format == RecallFormat::kF16 ? 2 * info_.head_dim : sizeof(float) + info_.head_dim;
+RecallStore::Conversions RecallStore::BackendConversions(Backend* backend) {
+  return {[backend](const float* x, uint16_t* y, int64_t n) { backend->ToHalf(x, y, n); },
+          [backend](const uint16_t* x, float* y, int64_t n) { backend->FromHalf(x, y, n); },
+          [backend](const float* x, uint8_t* y, int64_t rows, int64_t dim) { backend->ToInt8Rows(x, y, rows, dim); },
+          [backend](const uint8_t* y, float* x, int64_t rows, int64_t dim) { backend->FromInt8Rows(y, x, rows, dim); }};
 }
+
+uint64_t RecallStore::VectorBytes() const { return RecallVectorBytes(info_.format, info_.head_dim); }
 uint64_t RecallStore::KeySlotBytes() const { return info_.num_kv_heads * VectorBytes(); }
 uint64_t RecallStore::PosSlotBytes() const { return info_.num_kv_heads * sizeof(int32_t); }
 uint64_t RecallStore::ValueSlotBytes() const { return info_.num_kv_heads * VectorBytes(); }
@@ -301,34 +320,18 @@ absl::StatusOr<std::unique_ptr<RecallStore>> RecallStore::Open(const std::string
 }
 
 void RecallStore::Encode(const float* x, int64_t vectors, uint8_t* out) const {
-  const int64_t d = info_.head_dim;
   if (info_.format == RecallFormat::kF16) {
-    to_half_(x, reinterpret_cast<uint16_t*>(out), vectors * d);
-    return;
-  }
-  for (int64_t t = 0; t < vectors; ++t, x += d, out += sizeof(float) + d) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(x[i]));
-    const float scale = amax / 127.0f;
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    std::memcpy(out, &scale, sizeof(float));
-    int8_t* q = reinterpret_cast<int8_t*>(out + sizeof(float));
-    // |x · inv| <= 127 by construction; rint rounds half to even.
-    for (int64_t i = 0; i < d; ++i) q[i] = static_cast<int8_t>(std::rint(x[i] * inv));
+    conversions_.to_half(x, reinterpret_cast<uint16_t*>(out), vectors * info_.head_dim);
+  } else {
+    conversions_.to_int8(x, out, vectors, info_.head_dim);
   }
 }
 
 void RecallStore::Decode(const uint8_t* in, int64_t vectors, float* x) const {
-  const int64_t d = info_.head_dim;
   if (info_.format == RecallFormat::kF16) {
-    from_half_(reinterpret_cast<const uint16_t*>(in), x, vectors * d);
-    return;
-  }
-  for (int64_t t = 0; t < vectors; ++t, x += d, in += sizeof(float) + d) {
-    float scale;
-    std::memcpy(&scale, in, sizeof(float));
-    const int8_t* q = reinterpret_cast<const int8_t*>(in + sizeof(float));
-    for (int64_t i = 0; i < d; ++i) x[i] = static_cast<float>(q[i]) * scale;
+    conversions_.from_half(reinterpret_cast<const uint16_t*>(in), x, vectors * info_.head_dim);
+  } else {
+    conversions_.from_int8(in, x, vectors, info_.head_dim);
   }
 }
 
@@ -383,27 +386,13 @@ absl::Status RecallStore::Append(int64_t layer, int64_t n, const int32_t* const*
   return absl::OkStatus();
 }
 
-absl::Status RecallStore::AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v) {
+absl::Status RecallStore::AppendRecords(int64_t layer, int64_t n, const int32_t* pos, const uint8_t* k,
+                                        const uint8_t* v) {
   SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
   if (n == 0) return absl::OkStatus();
   SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
-  SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, k, key_fds_[layer], "keys"));
-  SNAPFILL_RETURN_IF_ERROR(WriteVectors(layer, n, v, value_fds_[layer], "values"));
-  slots_[layer] += n;
-  return absl::OkStatus();
-}
-
-absl::Status RecallStore::AppendHalfSlots(int64_t layer, int64_t n, const int32_t* pos, const uint16_t* k,
-                                          const uint16_t* v) {
-  SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
-  if (info_.format != RecallFormat::kF16) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("recall store ", dir_, ": f16 rows appended to a ", RecallFormatName(info_.format), " store"));
-  }
-  if (n == 0) return absl::OkStatus();
-  SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
-  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, reinterpret_cast<const uint8_t*>(k), key_fds_[layer], "keys"));
-  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, reinterpret_cast<const uint8_t*>(v), value_fds_[layer], "values"));
+  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, k, key_fds_[layer], "keys"));
+  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, v, value_fds_[layer], "values"));
   slots_[layer] += n;
   return absl::OkStatus();
 }

@@ -41,6 +41,8 @@
 
 namespace snapfill {
 
+class Backend;
+
 // What a store holds and whose it is.
 struct RecallStoreInfo {
   int64_t num_layers = 0;
@@ -88,11 +90,19 @@ class RecallStore {
   RecallStore& operator=(const RecallStore&) = delete;
 
   const RecallStoreInfo& info() const { return info_; }
-  // The f16 conversions of whole blocks (the backend's ToHalf / FromHalf,
-  // vectorized); the portable scalar ones until set. Bit-identical either way.
-  using ToHalfFn = std::function<void(const float* x, uint16_t* y, int64_t n)>;
-  using FromHalfFn = std::function<void(const uint16_t* x, float* y, int64_t n)>;
-  void SetHalfConversions(ToHalfFn to_half, FromHalfFn from_half);
+  // The conversions of whole blocks, f16 and q8 (a backend's vector
+  // kernels); the portable scalar twins until set (a member left empty keeps
+  // its twin). Bit-identical either way for finite values.
+  struct Conversions {
+    std::function<void(const float* x, uint16_t* y, int64_t n)> to_half;
+    std::function<void(const uint16_t* x, float* y, int64_t n)> from_half;
+    std::function<void(const float* x, uint8_t* y, int64_t rows, int64_t dim)> to_int8;
+    std::function<void(const uint8_t* y, float* x, int64_t rows, int64_t dim)> from_int8;
+  };
+  void SetConversions(Conversions conversions);
+  // `backend`'s (ToHalf, FromHalf, ToInt8Rows, FromInt8Rows); it must
+  // outlive the store.
+  static Conversions BackendConversions(Backend* backend);
   const std::string& dir() const { return dir_; }
   // Eviction slots written to `layer` so far (entries per KV head).
   int64_t slots(int64_t layer) const { return slots_[layer]; }
@@ -107,15 +117,11 @@ class RecallStore {
   // store; the store is then unusable.
   absl::Status Append(int64_t layer, int64_t n, const int32_t* const* idx, const float* k, const float* v,
                       int64_t head_stride, const int32_t* pos, int64_t pos_stride);
-  // The same for slots already in the store's order: positions pos
-  // [n][num_kv_heads], keys k and values v [n][num_kv_heads][head_dim]
-  // (what a device gathers in that order), converted and written from
-  // where they are, without Append's gather.
-  absl::Status AppendSlots(int64_t layer, int64_t n, const int32_t* pos, const float* k, const float* v);
-  // The same for keys and values already f16 (a device converted them
-  // where it gathered them), written as they are: an f16 store's records.
-  // FailedPrecondition for a q8 store.
-  absl::Status AppendHalfSlots(int64_t layer, int64_t n, const int32_t* pos, const uint16_t* k, const uint16_t* v);
+  // The same for slots already in the store's order and format (what a
+  // device gathers in that order and converts where it gathered them):
+  // positions pos [n][num_kv_heads], keys k and values v [n][num_kv_heads]
+  // records of RecallVectorBytes each, written as they are.
+  absl::Status AppendRecords(int64_t layer, int64_t n, const int32_t* pos, const uint8_t* k, const uint8_t* v);
 
   // Slots [first, first + n) of `layer`, slot-major as stored: keys as f32
   // into k ([n][num_kv_heads][head_dim]) and positions into pos
@@ -148,7 +154,7 @@ class RecallStore {
   // n slots' positions ([n][num_kv_heads]) written at the layer's end.
   absl::Status WritePositions(int64_t layer, int64_t n, const int32_t* pos);
   // n slots' keys or values (x [n][num_kv_heads][head_dim]) converted and
-  // written at the layer's end.
+  // written at the layer's end (Append's).
   absl::Status WriteVectors(int64_t layer, int64_t n, const float* x, int fd, const char* what);
   // n slots' keys or values already as stored, written at the layer's end.
   absl::Status WriteRecords(int64_t layer, int64_t n, const uint8_t* records, int fd, const char* what);
@@ -174,8 +180,7 @@ class RecallStore {
   std::vector<uint8_t> buffer_;           // one Append's or read's records
   std::vector<float> staging_;            // one Append's keys or values, gathered
   std::vector<int32_t> pos_staging_;      // one Append's positions
-  ToHalfFn to_half_;
-  FromHalfFn from_half_;
+  Conversions conversions_;
 };
 
 }  // namespace snapfill

@@ -33,6 +33,7 @@
 #include "snapfill/engine.h"
 #include "snapfill/status.h"
 #include "src/base/half.h"
+#include "src/base/int8_rows.h"
 #include "src/engine/generate.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
@@ -1043,6 +1044,61 @@ TEST(CudaBackend, ToHalfInBuffersIsTheTwin) {
   }
   EXPECT_EQ(b->ToHalfInBuffers(x.data(), y, n).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b->ToHalfInBuffers(xd->f32(), y, -1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The int8 rows on the device's own memory (a q8 store's evicted rows):
+// the twin's bytes for rows of 128 (a 7B head), 64 and an odd 37 (records
+// not 4-byte aligned), with rows of zeros, of tiny and huge magnitudes and
+// of exact ties among them; more rows than the grid's warps; on the host
+// where both operands are the host's; refused where they are split.
+TEST(CudaBackend, ToInt8RowsInBuffersIsTheTwin) {
+  CUDA_BACKEND_OR_SKIP(b, false);
+  std::mt19937 rng(44);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  for (const int64_t dim : {128, 64, 37}) {
+    SCOPED_TRACE(dim);
+    const int64_t rows = dim == 37 ? 40000 : 1000;  // (40,000: over 4,096 blocks of 8 warps)
+    std::vector<float> x(rows * dim);
+    for (float& v : x) v = dist(rng);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = x.data() + r * dim;
+      switch (r % 5) {
+        case 1:
+          std::fill(row, row + dim, 0.0f);
+          break;
+        case 2:
+          for (int64_t i = 0; i < dim; ++i) row[i] *= 1e-30f;
+          break;
+        case 3:
+          for (int64_t i = 0; i < dim; ++i) row[i] *= 1e30f;
+          break;
+        case 4:
+          for (int64_t i = 0; i < dim; ++i) row[i] = 0.5f * static_cast<float>((i * 37 + r) % 255) - 63.5f;
+          row[dim - 1] = -127.0f;
+          break;
+        default:
+          break;
+      }
+    }
+    const int64_t bytes = rows * Int8RowBytes(dim);
+    std::vector<uint8_t> want(bytes);
+    for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x.data() + r * dim, dim, want.data() + r * Int8RowBytes(dim));
+    auto xd = Uploaded(*b, x);
+    auto yd = b->NewBuffer(bytes);
+    SNAPFILL_ASSERT_OK(yd);
+    auto* y = static_cast<uint8_t*>((*yd)->data());
+    SNAPFILL_ASSERT_OK(b->ToInt8RowsInBuffers(xd->f32(), y, rows, dim));
+    std::vector<uint8_t> got(bytes);
+    SNAPFILL_ASSERT_OK(b->Download(y, got.data(), bytes));
+    for (int64_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(got[i], want[i]) << "row " << i / Int8RowBytes(dim) << " byte " << i % Int8RowBytes(dim);
+    }
+    std::vector<uint8_t> host(bytes);
+    SNAPFILL_ASSERT_OK(b->ToInt8RowsInBuffers(x.data(), host.data(), rows, dim));
+    EXPECT_EQ(host, want);
+    EXPECT_EQ(b->ToInt8RowsInBuffers(x.data(), y, rows, dim).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(b->ToInt8RowsInBuffers(xd->f32(), y, -1, dim).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // Gather between the backend's memory and the host's, in each direction,

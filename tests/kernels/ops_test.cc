@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/thread_scratch.h"
 #include "kernels/ref/ops_ref.h"
+#include "src/base/int8_rows.h"
 
 namespace snapfill {
 namespace {
@@ -385,6 +386,87 @@ TEST_P(SwiGluTest, GeluGluMatchesRef) {
   // Its shape: gelu(0) = 0, gelu(g) -> g for large g, -> 0 for very negative g.
   EXPECT_EQ(got[0], 0.0f);
 }
+
+// ---------------------------------------------------------------------------
+// Row-scaled int8 (the recall store's q8 records): the twins' bits exactly.
+
+struct Int8RowsCase {
+  int64_t rows, dim;
+};
+
+class Int8RowsTest : public ::testing::TestWithParam<Int8RowsCase> {};
+
+TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
+  const Int8RowsCase c = GetParam();
+  std::vector<float> x = RandomVector(c.rows * c.dim, -3.0f, 3.0f, 13);
+  // Rows of their own: zeros (scale 0, every q 0), magnitudes from tiny to
+  // huge, one large value among small ones, and exact ties (max 127, so
+  // scale 1: q = round-half-even(x)).
+  for (int64_t r = 0; r < c.rows; ++r) {
+    float* row = x.data() + r * c.dim;
+    switch (r % 6) {
+      case 1:
+        std::fill(row, row + c.dim, 0.0f);
+        break;
+      case 2:
+        for (int64_t i = 0; i < c.dim; ++i) row[i] *= 1e-30f;
+        break;
+      case 3:
+        for (int64_t i = 0; i < c.dim; ++i) row[i] *= 1e30f;
+        break;
+      case 4:
+        row[(r * 7) % c.dim] = -1000.0f;
+        break;
+      case 5:
+        for (int64_t i = 0; i < c.dim; ++i) row[i] = 0.5f * static_cast<float>((i * 37 + r) % 255) - 63.5f;
+        row[c.dim - 1] = 127.0f;
+        break;
+      default:
+        break;
+    }
+  }
+  const int64_t bytes = Int8RowBytes(c.dim);
+  std::vector<uint8_t> got(c.rows * bytes + 1, 0xAB), want(c.rows * bytes + 1, 0xCD);
+  // (From an odd address: records are 4 + dim bytes apart, not aligned.)
+  cpu::ToInt8Rows(x.data(), got.data() + 1, c.rows, c.dim);
+  for (int64_t r = 0; r < c.rows; ++r) EncodeInt8Row(x.data() + r * c.dim, c.dim, want.data() + 1 + r * bytes);
+  for (int64_t i = 1; i < c.rows * bytes + 1; ++i) {
+    ASSERT_EQ(got[i], want[i]) << "row " << (i - 1) / bytes << " byte " << (i - 1) % bytes;
+  }
+  EXPECT_EQ(got[0], 0xAB) << "wrote before its output";
+
+  std::vector<float> back(c.rows * c.dim + 1, -7.0f), twin(c.rows * c.dim);
+  cpu::FromInt8Rows(got.data() + 1, back.data(), c.rows, c.dim);
+  for (int64_t r = 0; r < c.rows; ++r) DecodeInt8Row(want.data() + 1 + r * bytes, c.dim, twin.data() + r * c.dim);
+  for (int64_t i = 0; i < c.rows * c.dim; ++i) ASSERT_EQ(back[i], twin[i]) << i;
+  EXPECT_EQ(back[c.rows * c.dim], -7.0f) << "wrote past its output";
+
+  // What the records hold: every value within half a step of its row's
+  // max|x| / 127, and the ties rounded to even.
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const float* row = x.data() + r * c.dim;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < c.dim; ++i) amax = std::max(amax, std::abs(row[i]));
+    for (int64_t i = 0; i < c.dim; ++i) {
+      ASSERT_LE(std::abs(back[r * c.dim + i] - row[i]), amax / 254 * 1.0001f) << r << " " << i;
+    }
+    if (r % 6 == 5 && c.dim > 1) {
+      for (int64_t i = 0; i + 1 < c.dim; ++i) {
+        ASSERT_EQ(back[r * c.dim + i], std::nearbyint(row[i])) << "a tie at " << row[i];
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Int8RowsTest,
+                         ::testing::Values(Int8RowsCase{6, 1}, Int8RowsCase{12, 7}, Int8RowsCase{12, 8},
+                                           Int8RowsCase{12, 31}, Int8RowsCase{12, 33}, Int8RowsCase{18, 64},
+                                           Int8RowsCase{30, 128}, Int8RowsCase{12, 257},
+                                           Int8RowsCase{1200, 128}),  // (over the team)
+                         [](const ::testing::TestParamInfo<Int8RowsCase>& info) {
+                           return "Cpu_rows" + std::to_string(info.param.rows) + "_dim" +
+                                  std::to_string(info.param.dim);
+                         });
 
 // ---------------------------------------------------------------------------
 // Pooling

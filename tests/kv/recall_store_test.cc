@@ -11,11 +11,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "snapfill/backend.h"
 #include "src/base/half.h"
+#include "src/base/int8_rows.h"
 #include "tests/testing/files.h"
 #include "tests/testing/status_matchers.h"
 
@@ -81,15 +84,24 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     SNAPFILL_ASSERT_OK(store);
     // Block conversions as the engine sets them (here counted, to see them used).
     int64_t converted = 0;
-    (*store)->SetHalfConversions(
-        [&](const float* x, uint16_t* y, int64_t n) {
-          converted += n;
-          for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
-        },
-        [&](const uint16_t* x, float* y, int64_t n) {
-          converted += n;
-          for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
-        });
+    RecallStore::Conversions counted;
+    counted.to_half = [&](const float* x, uint16_t* y, int64_t n) {
+      converted += n;
+      for (int64_t i = 0; i < n; ++i) y[i] = Fp32ToFp16(x[i]);
+    };
+    counted.from_half = [&](const uint16_t* x, float* y, int64_t n) {
+      converted += n;
+      for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
+    };
+    counted.to_int8 = [&](const float* x, uint8_t* y, int64_t rows, int64_t dim) {
+      converted += rows * dim;
+      for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
+    };
+    counted.from_int8 = [&](const uint8_t* y, float* x, int64_t rows, int64_t dim) {
+      converted += rows * dim;
+      for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
+    };
+    (*store)->SetConversions(std::move(counted));
     const int64_t d = info.head_dim, heads = info.num_kv_heads;
     Candidates c = MakeCandidates(heads, 10, d, 3);
     // Head 0 evicts rows 1, 4, 7; head 1 rows 0, 2, 9 (then 5, 6).
@@ -101,7 +113,7 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     EXPECT_EQ((*store)->slots(1), 5);
     EXPECT_EQ((*store)->slots(0), 0);
     EXPECT_EQ((*store)->bytes(), 5 * RecallStore::SlotBytes(info));
-    EXPECT_EQ(converted, format == RecallFormat::kF16 ? 2 * 5 * heads * d : 0);
+    EXPECT_EQ(converted, 2 * 5 * heads * d);
 
     std::vector<float> k(heads * 5 * d);
     std::vector<int32_t> pos(heads * 5);
@@ -143,26 +155,46 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
   }
 }
 
-// Rows already in slot order (as a device gathers them) make the same files
-// as Append's gather of the same rows, in either format, and appended after
-// Append's slots, where the layer ends.
-TEST_F(RecallStoreTest, AppendSlotsWritesWhatAppendWrites) {
+// Records already in slot order and format (as a device gathers and
+// converts them: here the scalar twins) make the same files as Append's
+// gather and conversion of the same rows (here the CPU backend's vector
+// kernels), in either format, appended after Append's slots, where the
+// layer ends; and read back as the twins decode them.
+TEST_F(RecallStoreTest, AppendRecordsWritesWhatAppendWrites) {
+  BackendOptions o;
+  o.num_threads = 1;
+  auto backend = CreateBackend(Device::kCpu, o);
+  SNAPFILL_ASSERT_OK(backend);
   for (RecallFormat format : {RecallFormat::kF16, RecallFormat::kQ8}) {
     SCOPED_TRACE(RecallFormatName(format));
-    const RecallStoreInfo info = Info(format);
+    RecallStoreInfo info = Info(format);
+    info.head_dim = 40;  // (the vector kernels' wide steps and a tail)
     const int64_t d = info.head_dim, heads = info.num_kv_heads;
+    const uint64_t vec = RecallVectorBytes(format, d);
+    EXPECT_EQ(vec, format == RecallFormat::kF16 ? 2 * d : 4 + d);
     Candidates c = MakeCandidates(heads, 10, d, 5);
     const std::vector<int32_t> e0 = {1, 4, 7, 3, 8}, e1 = {0, 2, 9, 5, 6};
     const int32_t* idx[2] = {e0.data(), e1.data()};
     const int32_t* idx2[2] = {e0.data() + 2, e1.data() + 2};
-    // The same rows in slot order: slot i holds each head's e_h[i].
-    std::vector<float> k(5 * heads * d), v(5 * heads * d);
+    // The same rows in slot order (slot i holds each head's e_h[i]), as
+    // records.
+    std::vector<uint8_t> k(5 * heads * vec), v(5 * heads * vec);
     std::vector<int32_t> pos(5 * heads);
     for (int64_t i = 0; i < 5; ++i) {
       for (int64_t h = 0; h < heads; ++h) {
         const int32_t r = (h == 0 ? e0 : e1)[i];
-        std::copy_n(c.k.data() + (h * c.rows + r) * d, d, k.data() + (i * heads + h) * d);
-        std::copy_n(c.v.data() + (h * c.rows + r) * d, d, v.data() + (i * heads + h) * d);
+        for (auto [from, to] : {std::pair{c.k.data(), k.data()}, std::pair{c.v.data(), v.data()}}) {
+          const float* x = from + (h * c.rows + r) * d;
+          uint8_t* out = to + (i * heads + h) * vec;
+          if (format == RecallFormat::kQ8) {
+            EncodeInt8Row(x, d, out);
+          } else {
+            for (int64_t t = 0; t < d; ++t) {
+              const uint16_t half = Fp32ToFp16(x[t]);
+              std::memcpy(out + 2 * t, &half, 2);
+            }
+          }
+        }
         pos[i * heads + h] = c.pos[h * c.rows + r];
       }
     }
@@ -171,22 +203,41 @@ TEST_F(RecallStoreTest, AppendSlotsWritesWhatAppendWrites) {
     {
       auto a = RecallStore::Create(gathered, info);
       SNAPFILL_ASSERT_OK(a);
+      (*a)->SetConversions(RecallStore::BackendConversions(backend->get()));
       SNAPFILL_ASSERT_OK((*a)->Append(2, 2, idx, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
       SNAPFILL_ASSERT_OK((*a)->Append(2, 3, idx2, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
       SNAPFILL_ASSERT_OK((*a)->Sync());
       auto b = RecallStore::Create(slotted, info);
       SNAPFILL_ASSERT_OK(b);
-      // (A mix: Append's first slots, then the rest in slot order.)
+      // (A mix: Append's first slots, then the rest as records.)
       SNAPFILL_ASSERT_OK((*b)->Append(2, 2, idx, c.k.data(), c.v.data(), c.rows * d, c.pos.data(), c.rows));
       SNAPFILL_ASSERT_OK(
-          (*b)->AppendSlots(2, 3, pos.data() + 2 * heads, k.data() + 2 * heads * d, v.data() + 2 * heads * d));
-      SNAPFILL_ASSERT_OK((*b)->AppendSlots(2, 0, nullptr, nullptr, nullptr));
+          (*b)->AppendRecords(2, 3, pos.data() + 2 * heads, k.data() + 2 * heads * vec, v.data() + 2 * heads * vec));
+      SNAPFILL_ASSERT_OK((*b)->AppendRecords(2, 0, nullptr, nullptr, nullptr));
       EXPECT_EQ((*b)->slots(2), 5);
-      const absl::Status bad_layer = (*b)->AppendSlots(3, 1, pos.data(), k.data(), v.data());
+      const absl::Status bad_layer = (*b)->AppendRecords(3, 1, pos.data(), k.data(), v.data());
       EXPECT_EQ(bad_layer.code(), absl::StatusCode::kInvalidArgument) << bad_layer;
       EXPECT_THAT(bad_layer.message(), HasSubstr("layer 3"));
-      EXPECT_EQ((*b)->AppendSlots(0, -1, pos.data(), k.data(), v.data()).code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ((*b)->AppendRecords(0, -1, pos.data(), k.data(), v.data()).code(), absl::StatusCode::kInvalidArgument);
       SNAPFILL_ASSERT_OK((*b)->Sync());
+      // What it reads back is the records decoded by the twins.
+      std::vector<float> keys(5 * heads * d);
+      std::vector<int32_t> read_pos(5 * heads);
+      SNAPFILL_ASSERT_OK((*b)->ReadKeys(2, 0, 5, keys.data(), read_pos.data()));
+      EXPECT_EQ(read_pos, pos);
+      for (int64_t i = 0; i < 5 * heads; ++i) {
+        std::vector<float> want(d);
+        if (format == RecallFormat::kQ8) {
+          DecodeInt8Row(k.data() + i * vec, d, want.data());
+        } else {
+          for (int64_t t = 0; t < d; ++t) {
+            uint16_t half;
+            std::memcpy(&half, k.data() + i * vec + 2 * t, 2);
+            want[t] = Fp16ToFp32(half);
+          }
+        }
+        for (int64_t t = 0; t < d; ++t) ASSERT_EQ(keys[i * d + t], want[t]) << "vector " << i << " dim " << t;
+      }
     }
     for (const char* kind : {"pos", "keys", "values"}) {
       const std::string name = std::string("/layer-02.") + kind;
@@ -198,54 +249,6 @@ TEST_F(RecallStoreTest, AppendSlotsWritesWhatAppendWrites) {
       EXPECT_EQ(testing::ReadAll(slotted + name), want) << kind;
     }
   }
-}
-
-// Rows a device converted to f16 itself are an f16 store's records as
-// they are: the files equal those that f32 rows in slot order make. A q8
-// store refuses them.
-TEST_F(RecallStoreTest, AppendHalfSlotsWritesWhatAppendSlotsWrites) {
-  const RecallStoreInfo info = Info(RecallFormat::kF16);
-  const int64_t d = info.head_dim, heads = info.num_kv_heads, n = 7;
-  Candidates c = MakeCandidates(heads, n, d, 9);  // (rows in slot order: n slots of every head)
-  std::vector<uint16_t> k16(n * heads * d), v16(n * heads * d);
-  for (size_t i = 0; i < k16.size(); ++i) {
-    k16[i] = Fp32ToFp16(c.k[i]);
-    v16[i] = Fp32ToFp16(c.v[i]);
-  }
-  const std::string f32 = root_ + "/f32", half = root_ + "/half";
-  {
-    auto a = RecallStore::Create(f32, info);
-    SNAPFILL_ASSERT_OK(a);
-    SNAPFILL_ASSERT_OK((*a)->AppendSlots(1, 3, c.pos.data(), c.k.data(), c.v.data()));
-    SNAPFILL_ASSERT_OK(
-        (*a)->AppendSlots(1, n - 3, c.pos.data() + 3 * heads, c.k.data() + 3 * heads * d, c.v.data() + 3 * heads * d));
-    SNAPFILL_ASSERT_OK((*a)->Sync());
-    auto b = RecallStore::Create(half, info);
-    SNAPFILL_ASSERT_OK(b);
-    SNAPFILL_ASSERT_OK((*b)->AppendSlots(1, 3, c.pos.data(), c.k.data(), c.v.data()));
-    SNAPFILL_ASSERT_OK((*b)->AppendHalfSlots(1, n - 3, c.pos.data() + 3 * heads, k16.data() + 3 * heads * d,
-                                             v16.data() + 3 * heads * d));
-    SNAPFILL_ASSERT_OK((*b)->AppendHalfSlots(1, 0, nullptr, nullptr, nullptr));
-    EXPECT_EQ((*b)->slots(1), n);
-    EXPECT_EQ((*b)->AppendHalfSlots(-1, 1, c.pos.data(), k16.data(), v16.data()).code(),
-              absl::StatusCode::kInvalidArgument);
-    SNAPFILL_ASSERT_OK((*b)->Sync());
-    // What it reads back is the f16 values, widened.
-    std::vector<float> k(n * heads * d);
-    std::vector<int32_t> pos(n * heads);
-    SNAPFILL_ASSERT_OK((*b)->ReadKeys(1, 0, n, k.data(), pos.data()));
-    for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(k[i], Fp16ToFp32(k16[i])) << i;
-  }
-  for (const char* kind : {"pos", "keys", "values"}) {
-    const std::string name = std::string("/layer-01.") + kind;
-    EXPECT_EQ(testing::ReadAll(half + name), testing::ReadAll(f32 + name)) << kind;
-  }
-  auto q8 = RecallStore::Create(root_ + "/q8", Info(RecallFormat::kQ8));
-  SNAPFILL_ASSERT_OK(q8);
-  const absl::Status refused = (*q8)->AppendHalfSlots(0, 1, c.pos.data(), k16.data(), v16.data());
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
-  EXPECT_THAT(refused.message(), HasSubstr("q8 store"));
-  EXPECT_EQ((*q8)->slots(0), 0);
 }
 
 TEST_F(RecallStoreTest, RefusesADirectoryThatIsNotEmpty) {

@@ -79,8 +79,7 @@ absl::Status RecallFromStore(const LoadedModel& m, Backend* backend, const Promp
     return absl::DataLossError(absl::StrCat("the cache ", absl::GetFlag(FLAGS_cache), " records a bad recall digest"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<RecallStore> store, RecallStore::Open(dir, info));
-  store->SetHalfConversions([backend](const float* x, uint16_t* y, int64_t n) { backend->ToHalf(x, y, n); },
-                            [backend](const uint16_t* x, float* y, int64_t n) { backend->FromHalf(x, y, n); });
+  store->SetConversions(RecallStore::BackendConversions(backend));
   RecallOptions options;
   options.budget = absl::GetFlag(FLAGS_recall);
   SNAPFILL_ASSIGN_OR_RETURN(const Selection select, ParseSelection(absl::GetFlag(FLAGS_select)));

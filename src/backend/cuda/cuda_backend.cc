@@ -50,6 +50,7 @@
 #include "kernels/cuda/ops.h"
 #include "snapfill/status.h"
 #include "src/base/file_util.h"
+#include "src/base/int8_rows.h"
 #include "src/base/sys_stats.h"
 #include "src/backend/backend_common.h"
 
@@ -301,18 +302,26 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
   int num_threads() const override { return host_threads_; }
 
-  // The host's f16 conversions (the recall store's keys and values, the
-  // stored entries it reads back): the CPU's vector kernels (cpu::ToFp16,
-  // the scalar twin's bits but for NaNs' payloads) in pieces over the host
-  // threads, where the
-  // base class converts one value at a time in software (a 7B layer's
-  // evicted rows, 8.4M values, on Zen 3: 47-50 ms against 2.0 ms on two
-  // threads; bench/bm_recall_store's BM_RecallConvert).
+  // The host's f16 and int8-row conversions (the recall store's keys and
+  // values, the stored entries it reads back): the CPU's vector kernels
+  // (cpu::ToFp16, the scalar twin's bits but for NaNs' payloads;
+  // cpu::ToInt8Rows) in pieces over the host threads, where the base class
+  // converts one value at a time in software (a 7B layer's evicted rows,
+  // 8.4M values, on Zen 3: 47-50 ms against 2.0 ms on two threads for f16;
+  // bench/bm_recall_store's BM_RecallConvert).
   void ToHalf(const float* x, uint16_t* y, int64_t n) override {
-    HalfPieces(n, [&](int64_t i, int64_t len) { cpu::ToFp16(x + i, y + i, len); });
+    HostPieces(n, kHostPiece, [&](int64_t i, int64_t len) { cpu::ToFp16(x + i, y + i, len); });
   }
   void FromHalf(const uint16_t* x, float* y, int64_t n) override {
-    HalfPieces(n, [&](int64_t i, int64_t len) { cpu::FromFp16(x + i, y + i, len); });
+    HostPieces(n, kHostPiece, [&](int64_t i, int64_t len) { cpu::FromFp16(x + i, y + i, len); });
+  }
+  void ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) override {
+    HostPieces(rows, RowsPerPiece(dim),
+               [&](int64_t r, int64_t len) { cpu::ToInt8Rows(x + r * dim, y + r * Int8RowBytes(dim), len, dim); });
+  }
+  void FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) override {
+    HostPieces(rows, RowsPerPiece(dim),
+               [&](int64_t r, int64_t len) { cpu::FromInt8Rows(y + r * Int8RowBytes(dim), x + r * dim, len, dim); });
   }
   // On the device where both are its buffers (the same function as the
   // host's twin, so the same bits), else on the host.
@@ -330,6 +339,22 @@ class CudaBackend final : public Backend, public BackendProfile {
     Timer t(this, kCopy);
     SNAPFILL_CUDA(cuda::ToFp16(x, y, n, stream_), "to half");
     return Finish("to half", /*outputs_on_device=*/true);
+  }
+
+  absl::Status ToInt8RowsInBuffers(const float* x, uint8_t* y, int64_t rows, int64_t dim) override {
+    if (rows < 0 || dim < 0) return absl::InvalidArgumentError(absl::StrCat("to int8: ", rows, " rows of ", dim));
+    if (rows == 0) return absl::OkStatus();
+    const bool x_device = Owns(x), y_device = Owns(y);
+    if (x_device != y_device) {
+      return absl::InvalidArgumentError("to int8: one operand in the device's memory, the other in the host's");
+    }
+    if (!x_device) {
+      ToInt8Rows(x, y, rows, dim);
+      return absl::OkStatus();
+    }
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(cuda::ToInt8Rows(x, y, rows, dim, stream_), "to int8");
+    return Finish("to int8", /*outputs_on_device=*/true);
   }
 
   std::string kernels() const override {
@@ -1181,16 +1206,19 @@ class CudaBackend final : public Backend, public BackendProfile {
     kScores, kNumSlots
   };
 
-  // f(first, length) over [0, n) in pieces of 64 Ki values (small enough
-  // that cpu::ToFp16 / FromFp16 run them on the calling thread), over the
-  // host threads where there are several pieces.
+  // f(first, length) over [0, n) in pieces of `piece`, over the host
+  // threads where there are several pieces. kHostPiece values a piece is
+  // small enough that cpu::ToFp16, FromFp16 and the int8 rows run it on
+  // the calling thread.
+  static constexpr int64_t kHostPiece = int64_t{1} << 16;
   template <typename F>
-  void HalfPieces(int64_t n, F f) const {
-    constexpr int64_t kPiece = int64_t{1} << 16;
-    const int64_t pieces = (n + kPiece - 1) / kPiece;
+  void HostPieces(int64_t n, int64_t piece, F f) const {
+    const int64_t pieces = (n + piece - 1) / piece;
 #pragma omp parallel for schedule(static) num_threads(host_threads_) if (pieces > 1)
-    for (int64_t p = 0; p < pieces; ++p) f(p * kPiece, std::min(kPiece, n - p * kPiece));
+    for (int64_t p = 0; p < pieces; ++p) f(p * piece, std::min(piece, n - p * piece));
   }
+  // Rows of `dim` a piece.
+  static int64_t RowsPerPiece(int64_t dim) { return std::max<int64_t>(1, kHostPiece / std::max<int64_t>(dim, 1)); }
 
   // Whether p is in the backend's device memory (a buffer, or scratch).
   bool Owns(const void* p) const { return p != nullptr && memory_->Owns(p); }
