@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -390,9 +392,24 @@ absl::Status RecallStore::AppendRecords(int64_t layer, int64_t n, const int32_t*
                                         const uint8_t* v) {
   SNAPFILL_RETURN_IF_ERROR(CheckAppend(layer, n));
   if (n == 0) return absl::OkStatus();
-  SNAPFILL_RETURN_IF_ERROR(WritePositions(layer, n, pos));
-  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, k, key_fds_[layer], "keys"));
-  SNAPFILL_RETURN_IF_ERROR(WriteRecords(layer, n, v, value_fds_[layer], "values"));
+  // The values' file on a thread of its own while this one writes the
+  // positions and the keys: a 7B layer's append into new page-cache pages
+  // on two Zen 3 cores went from 5.7-6.0 to 2.8-4.6 ms in f16 and from
+  // 2.5-2.9 to 1.6-1.7 ms in q8 (bm_recall_store, records:1). A device's
+  // rows come while the host's cores have nothing else to do; Append, the
+  // CPU's, stays on one thread, as its conversions take the kernels' team.
+  auto write_values = [&] { return WriteRecords(layer, n, v, value_fds_[layer], "values"); };
+  std::future<absl::Status> values;
+  try {
+    values = std::async(std::launch::async, write_values);
+  } catch (const std::system_error&) {
+    // (No thread to be had: one file after the other.)
+  }
+  absl::Status s = WritePositions(layer, n, pos);
+  if (s.ok()) s = WriteRecords(layer, n, k, key_fds_[layer], "keys");
+  const absl::Status vs = values.valid() ? values.get() : write_values();
+  SNAPFILL_RETURN_IF_ERROR(s);
+  SNAPFILL_RETURN_IF_ERROR(vs);
   slots_[layer] += n;
   return absl::OkStatus();
 }
