@@ -188,7 +188,7 @@ void BM_RecallConvert(benchmark::State& state) {
     if (decode) {
       if (q8 && vector) b.FromInt8Rows(y.data(), x.data(), rows, d);
       if (q8 && !vector) {
-        for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y.data() + r * Int8RowBytes(d), d, x.data() + r * d);
+        DecodeInt8Rows(y.data(), rows, d, x.data());
       }
       if (!q8 && vector) b.FromHalf(half, x.data(), n);
       if (!q8 && !vector) {
@@ -198,7 +198,7 @@ void BM_RecallConvert(benchmark::State& state) {
     } else {
       if (q8 && vector) b.ToInt8Rows(x.data(), y.data(), rows, d);
       if (q8 && !vector) {
-        for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x.data() + r * d, d, y.data() + r * Int8RowBytes(d));
+        EncodeInt8Rows(x.data(), rows, d, y.data());
       }
       if (!q8 && vector) b.ToHalf(x.data(), half, n);
       if (!q8 && !vector) {

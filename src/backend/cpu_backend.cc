@@ -1012,13 +1012,9 @@ absl::Status Backend::ToInt8RowsInBuffers(const float* x, uint8_t* y, int64_t ro
   return absl::OkStatus();
 }
 
-void Backend::ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) {
-  for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
-}
+void Backend::ToInt8Rows(const float* x, uint8_t* y, int64_t rows, int64_t dim) { EncodeInt8Rows(x, rows, dim, y); }
 
-void Backend::FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) {
-  for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
-}
+void Backend::FromInt8Rows(const uint8_t* y, float* x, int64_t rows, int64_t dim) { DecodeInt8Rows(y, rows, dim, x); }
 
 namespace {
 

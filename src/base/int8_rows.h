@@ -60,6 +60,14 @@ SNAPFILL_INT8_HOST_DEVICE inline void DecodeInt8Row(const uint8_t* in, int64_t d
   for (int64_t i = 0; i < dim; ++i) x[i] = static_cast<float>(q[i]) * scale;
 }
 
+// `rows` rows of `dim` floats, one record each, and back.
+inline void EncodeInt8Rows(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
+  for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, out + r * Int8RowBytes(dim));
+}
+inline void DecodeInt8Rows(const uint8_t* in, int64_t rows, int64_t dim, float* x) {
+  for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(in + r * Int8RowBytes(dim), dim, x + r * dim);
+}
+
 }  // namespace snapfill
 
 #endif  // SNAPFILL_BASE_INT8_ROWS_H_

@@ -712,8 +712,8 @@ absl::Status PrefillEngineImpl::QueueEvicted(int64_t layer, int64_t num, int64_t
     gathers_.push_back({cand_v_->f32() + from, row, rows + h * e, v + h * d, heads * row, e, row});
   }
   SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers_));
-  // (Keys then values, each 2 · heads · e vectors of f32, converted in one
-  // call: they lie one after the other, as their records do.)
+  // (The keys and then the values, heads · e vectors each, lie one after
+  // the other as their records do: one call converts both.)
   auto* records = reinterpret_cast<uint8_t*>(rows + heads * e);
   if (format == RecallFormat::kF16) {
     SNAPFILL_RETURN_IF_ERROR(backend_->ToHalfInBuffers(k, reinterpret_cast<uint16_t*>(records), 2 * heads * e * d));

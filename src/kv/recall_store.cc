@@ -109,11 +109,9 @@ RecallStore::RecallStore(std::string dir, const RecallStoreInfo& info) : dir_(st
   conversions_.from_half = [](const uint16_t* x, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = Fp16ToFp32(x[i]);
   };
-  conversions_.to_int8 = [](const float* x, uint8_t* y, int64_t rows, int64_t dim) {
-    for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
-  };
+  conversions_.to_int8 = [](const float* x, uint8_t* y, int64_t rows, int64_t dim) { EncodeInt8Rows(x, rows, dim, y); };
   conversions_.from_int8 = [](const uint8_t* y, float* x, int64_t rows, int64_t dim) {
-    for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
+    DecodeInt8Rows(y, rows, dim, x);
   };
   pos_fds_.assign(info.num_layers, -1);
   key_fds_.assign(info.num_layers, -1);

@@ -1082,7 +1082,7 @@ TEST(CudaBackend, ToInt8RowsInBuffersIsTheTwin) {
     }
     const int64_t bytes = rows * Int8RowBytes(dim);
     std::vector<uint8_t> want(bytes);
-    for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x.data() + r * dim, dim, want.data() + r * Int8RowBytes(dim));
+    EncodeInt8Rows(x.data(), rows, dim, want.data());
     auto xd = Uploaded(*b, x);
     auto yd = b->NewBuffer(bytes);
     SNAPFILL_ASSERT_OK(yd);

@@ -429,7 +429,7 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
   std::vector<uint8_t> got(c.rows * bytes + 1, 0xAB), want(c.rows * bytes + 1, 0xCD);
   // (From an odd address: records are 4 + dim bytes apart, not aligned.)
   cpu::ToInt8Rows(x.data(), got.data() + 1, c.rows, c.dim);
-  for (int64_t r = 0; r < c.rows; ++r) EncodeInt8Row(x.data() + r * c.dim, c.dim, want.data() + 1 + r * bytes);
+  EncodeInt8Rows(x.data(), c.rows, c.dim, want.data() + 1);
   for (int64_t i = 1; i < c.rows * bytes + 1; ++i) {
     ASSERT_EQ(got[i], want[i]) << "row " << (i - 1) / bytes << " byte " << (i - 1) % bytes;
   }
@@ -437,7 +437,7 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
 
   std::vector<float> back(c.rows * c.dim + 1, -7.0f), twin(c.rows * c.dim);
   cpu::FromInt8Rows(got.data() + 1, back.data(), c.rows, c.dim);
-  for (int64_t r = 0; r < c.rows; ++r) DecodeInt8Row(want.data() + 1 + r * bytes, c.dim, twin.data() + r * c.dim);
+  DecodeInt8Rows(want.data() + 1, c.rows, c.dim, twin.data());
   for (int64_t i = 0; i < c.rows * c.dim; ++i) ASSERT_EQ(back[i], twin[i]) << i;
   EXPECT_EQ(back[c.rows * c.dim], -7.0f) << "wrote past its output";
 

@@ -95,11 +95,11 @@ TEST_F(RecallStoreTest, RoundTripsEntries) {
     };
     counted.to_int8 = [&](const float* x, uint8_t* y, int64_t rows, int64_t dim) {
       converted += rows * dim;
-      for (int64_t r = 0; r < rows; ++r) EncodeInt8Row(x + r * dim, dim, y + r * Int8RowBytes(dim));
+      EncodeInt8Rows(x, rows, dim, y);
     };
     counted.from_int8 = [&](const uint8_t* y, float* x, int64_t rows, int64_t dim) {
       converted += rows * dim;
-      for (int64_t r = 0; r < rows; ++r) DecodeInt8Row(y + r * Int8RowBytes(dim), dim, x + r * dim);
+      DecodeInt8Rows(y, rows, dim, x);
     };
     (*store)->SetConversions(std::move(counted));
     const int64_t d = info.head_dim, heads = info.num_kv_heads;
