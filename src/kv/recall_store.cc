@@ -392,8 +392,8 @@ absl::Status RecallStore::AppendRecords(int64_t layer, int64_t n, const int32_t*
   if (n == 0) return absl::OkStatus();
   // The values' file on a thread of its own while this one writes the
   // positions and the keys: a 7B layer's append into new page-cache pages
-  // on two Zen 3 cores went from 5.7-6.0 to 2.8-4.6 ms in f16 and from
-  // 2.5-2.9 to 1.6-1.7 ms in q8 (bm_recall_store, records:1). A device's
+  // on two Zen 3 cores went from 4.5-5.3 to 2.7-4.0 ms in f16 and from
+  // 2.3-2.6 to 1.5-1.8 ms in q8 (docs/BENCHMARKS.md). A device's
   // rows come while the host's cores have nothing else to do; Append, the
   // CPU's, stays on one thread, as its conversions take the kernels' team.
   auto write_values = [&] { return WriteRecords(layer, n, v, value_fds_[layer], "values"); };

@@ -323,38 +323,20 @@ class CudaBackend final : public Backend, public BackendProfile {
     HostPieces(rows, RowsPerPiece(dim),
                [&](int64_t r, int64_t len) { cpu::FromInt8Rows(y + r * Int8RowBytes(dim), x + r * dim, len, dim); });
   }
-  // On the device where both are its buffers (the same function as the
-  // host's twin, so the same bits), else on the host.
+  // On the device where both are its buffers (the same functions as the
+  // host's twins, so the same bits), else on the host.
   absl::Status ToHalfInBuffers(const float* x, uint16_t* y, int64_t n) override {
     if (n < 0) return absl::InvalidArgumentError(absl::StrCat("to half: ", n, " values"));
     if (n == 0) return absl::OkStatus();
-    const bool x_device = Owns(x), y_device = Owns(y);
-    if (x_device != y_device) {
-      return absl::InvalidArgumentError("to half: one operand in the device's memory, the other in the host's");
-    }
-    if (!x_device) {
-      ToHalf(x, y, n);
-      return absl::OkStatus();
-    }
-    Timer t(this, kCopy);
-    SNAPFILL_CUDA(cuda::ToFp16(x, y, n, stream_), "to half");
-    return Finish("to half", /*outputs_on_device=*/true);
+    return ConvertInBuffers(
+        "to half", x, y, [&] { ToHalf(x, y, n); }, [&] { return cuda::ToFp16(x, y, n, stream_); });
   }
-
   absl::Status ToInt8RowsInBuffers(const float* x, uint8_t* y, int64_t rows, int64_t dim) override {
     if (rows < 0 || dim < 0) return absl::InvalidArgumentError(absl::StrCat("to int8: ", rows, " rows of ", dim));
     if (rows == 0) return absl::OkStatus();
-    const bool x_device = Owns(x), y_device = Owns(y);
-    if (x_device != y_device) {
-      return absl::InvalidArgumentError("to int8: one operand in the device's memory, the other in the host's");
-    }
-    if (!x_device) {
-      ToInt8Rows(x, y, rows, dim);
-      return absl::OkStatus();
-    }
-    Timer t(this, kCopy);
-    SNAPFILL_CUDA(cuda::ToInt8Rows(x, y, rows, dim, stream_), "to int8");
-    return Finish("to int8", /*outputs_on_device=*/true);
+    return ConvertInBuffers(
+        "to int8", x, y, [&] { ToInt8Rows(x, y, rows, dim); },
+        [&] { return cuda::ToInt8Rows(x, y, rows, dim, stream_); });
   }
 
   std::string kernels() const override {
@@ -1219,6 +1201,25 @@ class CudaBackend final : public Backend, public BackendProfile {
   }
   // Rows of `dim` a piece.
   static int64_t RowsPerPiece(int64_t dim) { return std::max<int64_t>(1, kHostPiece / std::max<int64_t>(dim, 1)); }
+
+  // A conversion in the backend's buffers (ToHalfInBuffers,
+  // ToInt8RowsInBuffers): `launch` where x and y are both the device's,
+  // `host` where both are the host's; refused where they are split.
+  template <typename Host, typename Launch>
+  absl::Status ConvertInBuffers(const char* what, const void* x, const void* y, Host host, Launch launch) {
+    const bool x_device = Owns(x), y_device = Owns(y);
+    if (x_device != y_device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": one operand in the device's memory, the other in the host's"));
+    }
+    if (!x_device) {
+      host();
+      return absl::OkStatus();
+    }
+    Timer t(this, kCopy);
+    SNAPFILL_CUDA(launch(), what);
+    return Finish(what, /*outputs_on_device=*/true);
+  }
 
   // Whether p is in the backend's device memory (a buffer, or scratch).
   bool Owns(const void* p) const { return p != nullptr && memory_->Owns(p); }
