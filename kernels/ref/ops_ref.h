@@ -93,7 +93,7 @@ void TopKIndices(const float* scores, int64_t n, int64_t k, int32_t* out_sorted_
 // rule), ascending: while fewer than k are taken, the highest score not
 // taken (the lower position among equals) and then its untaken neighbours
 // within span/2, nearest first, the lower side first. A search of every
-// entry per peak, no sort. span <= 1 gives TopKIndices' entries.
+// entry per peak, no sort; span <= 1 is TopKIndices.
 void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int32_t* out_sorted_positions);
 
 // SnapKV's selection of one layer, every KV head (Backend::SelectHeads):
