@@ -29,9 +29,15 @@ SNAPFILL_INT8_HOST_DEVICE constexpr int64_t Int8RowBytes(int64_t dim) {
 }
 
 // The scale of a row whose largest magnitude is `amax`, and the factor its
-// values are multiplied by (0 for a row of zeros, so that every q is 0).
+// values are multiplied by: 0 for a row of zeros, so that every q is 0, and
+// for a row under about 3.7e-37, whose reciprocal overflows (an infinite
+// factor would make each path's float-to-int conversion give its own
+// bytes: the device saturates, x86 gives 0x80000000).
 SNAPFILL_INT8_HOST_DEVICE inline float Int8RowScale(float amax) { return amax / 127.0f; }
-SNAPFILL_INT8_HOST_DEVICE inline float Int8RowInverse(float scale) { return scale > 0.0f ? 1.0f / scale : 0.0f; }
+SNAPFILL_INT8_HOST_DEVICE inline float Int8RowInverse(float scale) {
+  const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+  return inverse <= 3.40282347e38f ? inverse : 0.0f;
+}
 // |x · inverse| <= 127 by construction; rintf rounds half to even (the
 // default rounding mode, and the device's rintf).
 SNAPFILL_INT8_HOST_DEVICE inline int8_t Int8Quantize(float x, float inverse) {

@@ -400,11 +400,12 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
   const Int8RowsCase c = GetParam();
   std::vector<float> x = RandomVector(c.rows * c.dim, -3.0f, 3.0f, 13);
   // Rows of their own: zeros (scale 0, every q 0), magnitudes from tiny to
-  // huge, one large value among small ones, and exact ties (max 127, so
-  // scale 1: q = round-half-even(x)).
+  // huge, one large value among small ones, exact ties (max 127, so scale
+  // 1: q = round-half-even(x)), and a row so small that its scale's
+  // reciprocal overflows (every q 0, on every path).
   for (int64_t r = 0; r < c.rows; ++r) {
     float* row = x.data() + r * c.dim;
-    switch (r % 6) {
+    switch (r % 7) {
       case 1:
         std::fill(row, row + c.dim, 0.0f);
         break;
@@ -420,6 +421,9 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
       case 5:
         for (int64_t i = 0; i < c.dim; ++i) row[i] = 0.5f * static_cast<float>((i * 37 + r) % 255) - 63.5f;
         row[c.dim - 1] = 127.0f;
+        break;
+      case 6:
+        for (int64_t i = 0; i < c.dim; ++i) row[i] *= 1e-38f;
         break;
       default:
         break;
@@ -447,10 +451,14 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
     const float* row = x.data() + r * c.dim;
     float amax = 0.0f;
     for (int64_t i = 0; i < c.dim; ++i) amax = std::max(amax, std::abs(row[i]));
+    if (amax > 0 && !std::isfinite(1.0f / Int8RowScale(amax))) {
+      for (int64_t i = 0; i < c.dim; ++i) ASSERT_EQ(back[r * c.dim + i], 0.0f) << "a tiny row " << r << " " << i;
+      continue;
+    }
     for (int64_t i = 0; i < c.dim; ++i) {
       ASSERT_LE(std::abs(back[r * c.dim + i] - row[i]), amax / 254 * 1.0001f) << r << " " << i;
     }
-    if (r % 6 == 5 && c.dim > 1) {
+    if (r % 7 == 5 && c.dim > 1) {
       for (int64_t i = 0; i + 1 < c.dim; ++i) {
         ASSERT_EQ(back[r * c.dim + i], std::nearbyint(row[i])) << "a tie at " << row[i];
       }
