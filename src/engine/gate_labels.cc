@@ -37,17 +37,33 @@ absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const
   std::vector<uint8_t> alive(n);
   RowMatrix qh(n, d), kh(n, d), s(n, n);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // The labels are computed on the host: where the host cannot reach the
+  // backend's buffers (a device), the rows come over first.
+  const bool on_host = backend->HostReachesBuffers();
+  std::vector<float> q_host, k_host;
+  auto host_rows = [&](const float* x, int64_t stride, int64_t rows, int64_t width,
+                       std::vector<float>* copy) -> absl::StatusOr<const float*> {
+    if (on_host || rows == 0) return x;
+    copy->resize((rows - 1) * stride + width);
+    SNAPFILL_RETURN_IF_ERROR(backend->Download(x, copy->data(), copy->size() * sizeof(float)));
+    return copy->data();
+  };
   auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
                     int64_t out_rows, float* out) -> absl::Status {
     // A sliding-window layer keeps its window in the chunk loop, whatever
     // the gates say: it attends within it here and gives no samples.
     const bool local = c.IsLocal(layer);
+    const int64_t kv_dim = c.num_kv_heads * d;
     // The samples' features: the keys before RoPE.
+    const float* keys = k;
+    if (!local) {
+      SNAPFILL_ASSIGN_OR_RETURN(keys, host_rows(k, kv_stride, rows, kv_dim, &k_host));
+    }
     for (int64_t h = 0; h < c.num_kv_heads && !local; ++h) {
       GateSamples& gs = (*samples)[layer * c.num_kv_heads + h];
       gs.head_dim = d;
       for (int64_t j = options.skip_first; j < rows; ++j) {
-        gs.keys.insert(gs.keys.end(), k + j * kv_stride + h * d, k + j * kv_stride + (h + 1) * d);
+        gs.keys.insert(gs.keys.end(), keys + j * kv_stride + h * d, keys + j * kv_stride + (h + 1) * d);
       }
     }
     SNAPFILL_RETURN_IF_ERROR(backend->Rope(q, rows, c.num_heads, d, q_stride, pos.data(), c.rope(layer)));
@@ -65,13 +81,19 @@ absl::Status CollectGateSamples(const LlamaModel& model, Backend* backend, const
           backend->Attention(queries.From(rows - out_rows), view, out + (rows - out_rows) * q_stride, q_stride));
     }
     if (local) return absl::OkStatus();
-    // Every weight of the causal softmax, a query head at a time.
+    // Every weight of the causal softmax, a query head at a time, over the
+    // rows after RoPE.
+    const float* qr = nullptr;
+    SNAPFILL_ASSIGN_OR_RETURN(qr, host_rows(q, q_stride, rows, c.num_heads * d, &q_host));
+    SNAPFILL_ASSIGN_OR_RETURN(keys, host_rows(k, kv_stride, rows, kv_dim, &k_host));
     for (int64_t h = 0; h < c.num_kv_heads; ++h) {
       std::iota(last.begin(), last.end(), 0);
       std::fill(alive.begin(), alive.end(), 0);
-      for (int64_t j = 0; j < rows; ++j) kh.row(j) = Eigen::Map<const Eigen::RowVectorXf>(k + j * kv_stride + h * d, d);
+      for (int64_t j = 0; j < rows; ++j)
+        kh.row(j) = Eigen::Map<const Eigen::RowVectorXf>(keys + j * kv_stride + h * d, d);
       for (int64_t g = h * group; g < (h + 1) * group; ++g) {
-        for (int64_t t = 0; t < rows; ++t) qh.row(t) = Eigen::Map<const Eigen::RowVectorXf>(q + t * q_stride + g * d, d);
+        for (int64_t t = 0; t < rows; ++t)
+          qh.row(t) = Eigen::Map<const Eigen::RowVectorXf>(qr + t * q_stride + g * d, d);
         s.noalias() = (qh * kh.transpose()) * scale;
         for (int64_t t = 0; t < rows; ++t) {
           float* row = s.row(t).data();

@@ -134,6 +134,35 @@ TEST(GateLabelsTest, SlidingWindowLayersGiveNoSamples) {
   }
 }
 
+// On a device the host cannot reach the forward pass's rows: they are
+// downloaded, and the samples are the host's. (guard_buffers stands in for a
+// device: its buffers fault outside the backend's ops.)
+TEST(GateLabelsTest, RowsOnADeviceGiveTheHostsSamples) {
+  auto model = TinyModel();
+  const LlamaConfig& c = model->config();
+  BackendOptions guarded;
+  guarded.guard_buffers = true;
+  auto device = CreateBackend(Device::kCpu, guarded);
+  auto host = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(device);
+  SNAPFILL_ASSERT_OK(host);
+  ASSERT_FALSE((*device)->HostReachesBuffers());
+  const int64_t n = 90;
+  const auto ids = testing::TestTokens(n, c.vocab_size);
+  GateLabelOptions options;
+  options.skip_first = 2;
+  std::vector<GateSamples> want, got;
+  SNAPFILL_ASSERT_OK(CollectGateSamples(*model, host->get(), ids.data(), n, options, &want));
+  SNAPFILL_ASSERT_OK(CollectGateSamples(*model, device->get(), ids.data(), n, options, &got));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].size(), n - 2);
+    EXPECT_EQ(got[i].keys, want[i].keys) << "layer and head " << i;
+    EXPECT_EQ(got[i].label, want[i].label) << "layer and head " << i;
+    EXPECT_EQ(got[i].censored, want[i].censored) << "layer and head " << i;
+  }
+}
+
 // In the chunk loop every kept entry carries its gate's prediction on its
 // key before RoPE (the score the selection ranked it by); gates of another
 // shape, or none, are refused.
