@@ -81,7 +81,9 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane / 4, tq = lane % 4;
   const int64_t h = blockIdx.y;
   const int64_t kvh = h / (s.num_heads / s.num_kv_heads);
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  // The last query blocks see the most keys: launched first (the grid's
+  // x runs first), so that the longest blocks do not make the tail.
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlockRows;
   const int64_t offset = s.num_keys - s.num_q;  // query i sees keys j <= offset + i
   const int64_t rows_here = min(static_cast<int64_t>(kBlockRows), s.num_q - q0);
   // The keys any of the block's queries sees: [block_first, block_end).

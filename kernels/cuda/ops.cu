@@ -227,8 +227,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <bool kWithV>
 cudaError_t LaunchAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                             int64_t out_stride, float* lse, cudaStream_t stream) {
-  // (No heads would be a launch with an empty grid: refused, as below.)
-  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads <= 0 ||
+  // (The heads are the grid's y: none would be an empty grid, and it holds
+  // at most 65,535.)
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads <= 0 || s.num_heads > 65535 ||
       s.num_heads % s.num_kv_heads != 0 || s.num_q > s.num_keys) {
     return cudaErrorInvalidValue;
   }
@@ -552,6 +553,7 @@ __device__ void TakeSpans(uint32_t* keys, int64_t n, int64_t pick, int64_t span,
       best = other > best ? other : best;
     }
     const uint32_t key = static_cast<uint32_t>(best >> 32);
+    if (key == 0) break;  // nothing left to take (the same in every lane)
     const int64_t t = static_cast<int64_t>(0xffffffffull - (best & 0xffffffffull));
     int64_t peak = -1;
     for (int64_t base = t * tile; peak < 0; base += 32) {
@@ -782,12 +784,17 @@ cudaError_t Attention(const float* q, const float* k, const float* v, const Atte
 }
 
 cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape& s, float* lse, cudaStream_t stream) {
-  return LaunchAttention<false>(q, k, nullptr, s, nullptr, 0, lse, stream);
+  // Every key the causal rule lets a query see, as the twins: only Attention
+  // reads a window.
+  AttentionShape all_keys = s;
+  all_keys.window = 0;
+  return LaunchAttention<false>(q, k, nullptr, all_keys, nullptr, 0, lse, stream);
 }
 
 cudaError_t KeyWeights(const float* q, const float* lse, const float* k, const AttentionShape& s, bool causal,
                        float* scores, int64_t scores_stride, cudaStream_t stream, bool max_weight) {
-  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_heads % s.num_kv_heads != 0) {
+  if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim || s.num_kv_heads <= 0 || s.num_kv_heads > 65535 ||
+      s.num_heads < s.num_kv_heads || s.num_heads % s.num_kv_heads != 0) {
     return cudaErrorInvalidValue;
   }
   if (s.num_keys <= 0) return cudaSuccess;
@@ -878,7 +885,12 @@ cudaError_t SelectHeads(const float* votes, int64_t votes_stride, int64_t num_he
                         int64_t span, const float* then_votes, int64_t then_votes_stride, int64_t then_pick,
                         void* scratch, int32_t* keep, int64_t keep_stride, cudaStream_t stream) {
   if (num_heads <= 0) return cudaSuccess;
-  if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || span < 1 || window_begin - rest_begin > INT32_MAX) {
+  // (The backend checks these too; a pick beyond the range would keep the
+  // span walk looking for entries that are not there.)
+  if (num_heads > INT32_MAX || pool_kernel % 2 != 1 || span < 1 || window_begin - rest_begin > INT32_MAX ||
+      rest_begin < 0 || window_begin < rest_begin || num_candidates < window_begin || pick < 0 || then_pick < 0 ||
+      pick + then_pick > window_begin - rest_begin || (window_begin > rest_begin && votes == nullptr) ||
+      (then_pick > 0 && then_votes == nullptr)) {
     return cudaErrorInvalidValue;
   }
   const int64_t num_rest = window_begin - rest_begin;

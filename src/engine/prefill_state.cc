@@ -105,6 +105,9 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::TakeDecoderCache() {
                                               c.rope(l)));
     }
   }
+  // (A device's RoPE copies its positions from `rot` on its stream: done
+  // before `rot` goes.)
+  SNAPFILL_RETURN_IF_ERROR(backend_->Synchronize());
   taken_max_size_ = memory_->max_size();
   ReleaseScratch();
   return std::move(memory_);
@@ -167,6 +170,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> PrefillEngineImpl::MakeDecoderCache(
       SNAPFILL_RETURN_IF_ERROR(backend_->Rope(cache->k(l, h), m, 1, d, d, pos, c.rope(l)));
     }
   }
+  SNAPFILL_RETURN_IF_ERROR(backend_->Synchronize());  // (as in TakeDecoderCache)
   return cache;
 }
 

@@ -118,8 +118,17 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags(const LlamaModel* mode
     const WeightView& gate = model->layer(0).w_gate;
     opts.product_shape = {gate.type, gate.cols, gate.rows};
   }
-  const absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  // --device auto: the GPU where one is found and its backend starts (its
+  // driver, cuBLAS), else the CPU, saying why.
+  if (*device == Device::kCuda && absl::GetFlag(FLAGS_device) == "auto") {
+    absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend(Device::kCuda, opts);
+    if (cuda.ok()) return cuda;
+    std::fprintf(stderr, "snapfill: --device auto: the GPU cannot be used (%s); running on the CPU\n",
+                 std::string(cuda.status().message()).c_str());
+    device = Device::kCpu;
+  }
   if (*device == Device::kCpu && (opts.attention_kernel == "measure" || opts.products_kernel == "measure")) {
     std::string source;
     SNAPFILL_RETURN_IF_ERROR(LoadOrMeasureKernelRates(&opts, &source));

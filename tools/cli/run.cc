@@ -36,6 +36,13 @@
 namespace snapfill::cli {
 namespace {
 
+// What a device needs beyond the backend's own count (the prediction):
+// cuBLAS's workspace, the allocator's rounding of each allocation to its
+// pages. A plan is refused unless this much is free besides.
+constexpr uint64_t kDeviceReserve = uint64_t{512} << 20;
+
+bool DeviceTooSmall(uint64_t predicted, uint64_t free) { return free > 0 && predicted + kDeviceReserve > free; }
+
 struct Prepared {
   LoadedModel model;
   std::unique_ptr<Backend> backend;
@@ -234,11 +241,12 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   // A plan the device cannot hold is refused before anything is allocated
   // (a --dry_run prints it instead).
   if (const uint64_t free = p.backend->DeviceFreeBytes();
-      free > 0 && p.device.total() > free && !absl::GetFlag(FLAGS_dry_run)) {
+      DeviceTooSmall(p.device.total(), free) && !absl::GetFlag(FLAGS_dry_run)) {
+    const uint64_t budget = free > kDeviceReserve ? free - kDeviceReserve : 0;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the plan needs more device memory than is free: ", p.device.Format(), "; the device has ",
-        HumanBytes(free), " free. Lower --memory or --chunk, or give --max_memory ", HumanBytes(free),
-        " to choose sizes that fit"));
+        "the plan needs more device memory than is free: ", p.device.Format(), ", and ", HumanBytes(kDeviceReserve),
+        " for cuBLAS and the allocator's rounding; the device has ", HumanBytes(free),
+        " free. Lower --memory or --chunk, or give --max_memory ", HumanBytes(budget), " to choose sizes that fit"));
   }
   SNAPFILL_ASSIGN_OR_RETURN(p.engine, PrefillEngine::Create(*p.model.model, p.backend.get(),
                                                             p.config, total));
@@ -321,7 +329,10 @@ void PrintPlan(const Prepared& p) {
     const uint64_t free = p.backend->DeviceFreeBytes();
     std::printf("%s%s\n", p.device.Format().c_str(),
                 free > 0 ? absl::StrCat("; ", HumanBytes(free), " free on the device",
-                                        p.device.total() > free ? ": too little, the run would be refused" : "")
+                                        DeviceTooSmall(p.device.total(), free)
+                                            ? absl::StrCat(": too little with ", HumanBytes(kDeviceReserve),
+                                                           " kept besides, the run would be refused")
+                                            : "")
                                .c_str()
                          : "");
   }

@@ -231,7 +231,12 @@ class DeviceBuffer final : public BackendBuffer {
   // One device allocation cannot give back a part: the bytes are zeroed,
   // as the contract asks, and stay held (the device's peak counts them).
   void ReleaseFrom(uint64_t offset) override {
-    if (offset < bytes_) cudaMemsetAsync(static_cast<char*>(data_) + offset, 0, bytes_ - offset, stream_);
+    // (A failure here is reported by nothing else: cleared, so that the
+    // next op does not report it as its own.)
+    if (offset < bytes_ &&
+        cudaMemsetAsync(static_cast<char*>(data_) + offset, 0, bytes_ - offset, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
   }
 
  private:
@@ -602,7 +607,8 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_RETURN_IF_ERROR(launch_batch());
       host_pending |= src_device != dst_device;
       if (r.rows == nullptr) {
-        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, r.src, r.src_stride, r.row_bytes, r.count,
+        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, Pitch(r.dst_stride, r.row_bytes, r.count), r.src,
+                                        Pitch(r.src_stride, r.row_bytes, r.count), r.row_bytes, r.count,
                                         cudaMemcpyDefault, stream_),
                       "gather");
       } else if (src_device) {
@@ -620,8 +626,8 @@ class CudaBackend final : public Backend, public BackendProfile {
           SNAPFILL_ASSIGN_OR_RETURN(char* packed, Buffer<char>(kPacked, r.count * static_cast<int64_t>(r.row_bytes)));
           const cuda::GatherCopy copy{r.src, r.src_stride, rows, packed, r.row_bytes, r.count, r.row_bytes};
           SNAPFILL_CUDA(cuda::GatherRows(&copy, 1, stream_), "gather");
-          SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, packed, r.row_bytes, r.row_bytes, r.count,
-                                          cudaMemcpyDefault, stream_),
+          SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, Pitch(r.dst_stride, r.row_bytes, r.count), packed, r.row_bytes,
+                                          r.row_bytes, r.count, cudaMemcpyDefault, stream_),
                         "gather");
         }
       } else {
@@ -634,8 +640,8 @@ class CudaBackend final : public Backend, public BackendProfile {
         packed.dst = host_pack_.data();
         packed.dst_stride = r.row_bytes;
         GatherRows(packed, 0, r.count);
-        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, r.dst_stride, host_pack_.data(), r.row_bytes, r.row_bytes, r.count,
-                                        cudaMemcpyDefault, stream_),
+        SNAPFILL_CUDA(cudaMemcpy2DAsync(r.dst, Pitch(r.dst_stride, r.row_bytes, r.count), host_pack_.data(),
+                                        r.row_bytes, r.row_bytes, r.count, cudaMemcpyDefault, stream_),
                       "gather");
       }
     }
@@ -647,6 +653,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   // backend's (the operand copied in where it is not), else on the host.
   absl::Status Add(float* x, const float* y, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
+    if (!Owns(x) && Owns(y)) return absl::InvalidArgumentError("add: x on the host, y in the device's buffers");
     if (!Owns(x)) return Backend::Add(x, y, n);
     Timer t(this, kSwiGlu);  // (the element-wise row of the profile)
     const float* yd = y;
@@ -713,8 +720,7 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_ASSIGN_OR_RETURN(xd, UploadRows(kX, x, num_tokens, width, token_stride));
     }
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_tokens));
-    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-                  "rope positions");
+    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_tokens * sizeof(int32_t), cudaMemcpyDefault, stream_), "rope positions");
     SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, in_place ? token_stride : width, head_dim, pd, 0,
                              r.rot_dim, r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
@@ -748,8 +754,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     }
     const int64_t num_pos = pos_stride == 0 ? num_tokens : (num_heads - 1) * pos_stride + num_tokens;
     SNAPFILL_ASSIGN_OR_RETURN(int32_t* pd, Buffer<int32_t>(kPositions, num_pos));
-    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_pos * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-                  "rope positions");
+    SNAPFILL_CUDA(cudaMemcpyAsync(pd, pos, num_pos * sizeof(int32_t), cudaMemcpyDefault, stream_), "rope positions");
     SNAPFILL_CUDA(cuda::Rope(xd, num_tokens, num_heads, head_dim, head_dim, in_place ? head_stride : span, pd,
                              pos_stride, r.rot_dim, r.freq_base, r.freq_scale, r.neox, factors, stream_),
                   "rope");
@@ -975,7 +980,7 @@ class CudaBackend final : public Backend, public BackendProfile {
     const size_t scratch_bytes = cuda::TopKScratchBytes(n);
     SNAPFILL_ASSIGN_OR_RETURN(void* scratch, scratch_[kSortScratch]->Get(scratch_bytes));
     SNAPFILL_CUDA(cuda::SortDescending(sd, n, order, scratch, scratch_bytes, stream_), "top_k");
-    SNAPFILL_CUDA(cudaMemcpyAsync(positions, order, k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "top_k");
+    SNAPFILL_CUDA(cudaMemcpyAsync(positions, order, k * sizeof(int32_t), cudaMemcpyDefault, stream_), "top_k");
     SNAPFILL_RETURN_IF_ERROR(Sync("top_k"));
     std::sort(positions, positions + k);
     return absl::OkStatus();
@@ -1051,9 +1056,18 @@ class CudaBackend final : public Backend, public BackendProfile {
     for (uint64_t b : slots) total += b + b / 8;
     return total;
   }
+  // The ops' scratch, grown to the prefill's largest operands (a window's
+  // scores over every key: GiBs at 1M keys), goes back before decoding.
+  // (cudaFree waits for the kernels still reading it.)
+  void ReleaseKernelScratch() override {
+    for (auto& s : scratch_) s = std::make_unique<Scratch>(memory_.get());
+  }
   uint64_t DeviceFreeBytes() const override {
     size_t free_bytes = 0, total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
     return free_bytes;
   }
 
@@ -1085,7 +1099,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   std::string Report() const override {
     std::string out = profile_ ? OpTableReport(kOpNames, seconds_, calls_, ops_, kNumOps) : "";
     size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
     absl::StrAppendFormat(&out, "device memory: %.1f MiB held by the backend (peak %.1f MiB), %.1f MiB in use on the "
                           "device of %.1f MiB\n",
                           memory_->current() / kMiB, memory_->peak() / kMiB, (total_bytes - free_bytes) / kMiB,
@@ -1161,17 +1175,17 @@ class CudaBackend final : public Backend, public BackendProfile {
                             CUBLAS_GEMM_DEFAULT);
       };
       if (s.ok()) s = CublasStatus(gemm(), "peak");  // warm-up
-      cudaEvent_t start, stop;
-      cudaEventCreate(&start);
-      cudaEventCreate(&stop);
-      cudaEventRecord(start, stream_);
+      cudaEvent_t start = nullptr, stop = nullptr;
+      if (s.ok()) s = CudaStatus(cudaEventCreate(&start), "peak");
+      if (s.ok()) s = CudaStatus(cudaEventCreate(&stop), "peak");
+      if (s.ok()) s = CudaStatus(cudaEventRecord(start, stream_), "peak");
       for (int r = 0; r < kRuns && s.ok(); ++r) s = CublasStatus(gemm(), "peak");
-      cudaEventRecord(stop, stream_);
+      if (s.ok()) s = CudaStatus(cudaEventRecord(stop, stream_), "peak");
       if (s.ok()) s = CudaStatus(cudaEventSynchronize(stop), "peak");
       float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
+      if (s.ok()) s = CudaStatus(cudaEventElapsedTime(&ms, start, stop), "peak");
+      if (start != nullptr) cudaEventDestroy(start);
+      if (stop != nullptr) cudaEventDestroy(stop);
       if (s.ok() && ms > 0) result = 2.0 * kN * kN * double{kN} * kRuns / (ms * 1e-3);
     }
     if (c.ok()) memory_->Free(*c);
@@ -1230,20 +1244,24 @@ class CudaBackend final : public Backend, public BackendProfile {
     return static_cast<T*>(p);
   }
 
+  // A 2-D copy's pitch: one row's stride may be anything the ops accept (0
+  // for one head), but CUDA wants a pitch of at least the row's width.
+  static int64_t Pitch(int64_t stride, int64_t width, int64_t rows) { return rows == 1 ? width : stride; }
+
   // rows × cols floats at `stride` (on the host or in the backend's
   // buffers) into a dense device buffer.
   absl::StatusOr<float*> UploadRows(Slot slot, const float* x, int64_t rows, int64_t cols, int64_t stride) {
     SNAPFILL_ASSIGN_OR_RETURN(float* d, Buffer<float>(slot, rows * cols));
     if (rows <= 0 || cols <= 0) return d;  // (a copy of nothing is not one CUDA takes)
-    SNAPFILL_CUDA(cudaMemcpy2DAsync(d, cols * sizeof(float), x, stride * sizeof(float), cols * sizeof(float), rows,
-                                    cudaMemcpyDefault, stream_),
+    SNAPFILL_CUDA(cudaMemcpy2DAsync(d, cols * sizeof(float), x, Pitch(stride, cols, rows) * sizeof(float),
+                                    cols * sizeof(float), rows, cudaMemcpyDefault, stream_),
                   "copy to device");
     return d;
   }
   absl::Status DownloadRows(const float* d, int64_t rows, int64_t cols, float* y, int64_t stride) {
     if (rows <= 0 || cols <= 0) return absl::OkStatus();
-    SNAPFILL_CUDA(cudaMemcpy2DAsync(y, stride * sizeof(float), d, cols * sizeof(float), cols * sizeof(float), rows,
-                                    cudaMemcpyDefault, stream_),
+    SNAPFILL_CUDA(cudaMemcpy2DAsync(y, Pitch(stride, cols, rows) * sizeof(float), d, cols * sizeof(float),
+                                    cols * sizeof(float), rows, cudaMemcpyDefault, stream_),
                   "copy from device");
     return absl::OkStatus();
   }
@@ -1505,18 +1523,20 @@ class CudaBackend final : public Backend, public BackendProfile {
     return static_cast<const void*>(dst);
   }
 
-  // A norm's weights on the device, uploaded once (by their address).
+  // A model's vector (a norm's weights, a bias, RoPE's factors) on the
+  // device, uploaded once: by its address and length, so a longer vector
+  // at an address seen before is not read past the copy. (The model's
+  // vectors live as long as the backend's use of them.)
   absl::StatusOr<const float*> Vector(const float* v, int64_t n) {
-    auto it = vectors_.find(v);
+    auto it = vectors_.find({v, n});
     if (it != vectors_.end()) return static_cast<const float*>(it->second);
     SNAPFILL_ASSIGN_OR_RETURN(void* d, memory_->Allocate(n * sizeof(float)));
-    absl::Status s =
-        CudaStatus(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "norm upload");
+    absl::Status s = CudaStatus(cudaMemcpyAsync(d, v, n * sizeof(float), cudaMemcpyDefault, stream_), "norm upload");
     if (!s.ok()) {
       memory_->Free(d);
       return s;
     }
-    vectors_.emplace(v, d);
+    vectors_.emplace(std::make_pair(v, n), d);
     return static_cast<const float*>(d);
   }
 
@@ -1556,7 +1576,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
   std::unique_ptr<Scratch> scratch_[kNumSlots];
   std::unordered_map<const void*, DeviceWeight> weights_;
-  std::unordered_map<const void*, void*> vectors_;
+  std::map<std::pair<const void*, int64_t>, void*> vectors_;  // by address and length
   std::mutex select_mutex_;  // the device's selection, from ParallelFor's threads
   // DownloadAsync's events by fence, oldest first, and those free again.
   std::deque<std::pair<uint64_t, cudaEvent_t>> copy_events_;
@@ -1581,6 +1601,14 @@ absl::StatusOr<int> FindDevice(cudaDeviceProp* prop) {
         " (use --device cpu)"));
   }
   SNAPFILL_CUDA(cudaGetDeviceProperties(prop, 0), "cudaGetDeviceProperties");
+  // The kernels are built for compute capability 8.0 and 9.0 (bf16 tensor
+  // cores, cuBLAS's bf16 products): an older device would fail at its first
+  // kernel.
+  if (prop->major < 8) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CUDA device %s has compute capability %d.%d; snapfill's CUDA kernels need 8.0 or later (use --device cpu)",
+        prop->name, prop->major, prop->minor));
+  }
   return 0;
 }
 
@@ -1593,8 +1621,9 @@ absl::StatusOr<std::string> DescribeCudaDevice() {
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
   size_t free_bytes = 0, total = 0;
-  cudaSetDevice(device);
-  cudaMemGetInfo(&free_bytes, &total);
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
   return absl::StrFormat("%s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free), driver CUDA %d.%d, runtime %d.%d",
                          prop.name, prop.major, prop.minor, prop.multiProcessorCount, total / (kMiB * 1024),
                          free_bytes / (kMiB * 1024), driver / 1000, driver % 1000 / 10, runtime / 1000,
