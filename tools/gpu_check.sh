@@ -81,12 +81,31 @@ machine() {
   "$BIN/snapfill" info --device cuda 2>&1 | head -12
 }
 # The CUDA tests; a test that skipped (no device, no cuBLAS) fails the step.
+# Where one fails, each test runs again in its own process with
+# CUDA_LAUNCH_BLOCKING=1: a kernel's fault is then named by its own op, and
+# no test fails because an earlier one left the context broken (a fault is
+# sticky for the process).
 cuda_tests() {
   "$BIN/cuda_backend_test" --gtest_color=no "$@" | tee "$WORK/tests.txt"
   local rc=${PIPESTATUS[0]}
   if grep -q '^\[  SKIPPED \]' "$WORK/tests.txt"; then
     echo "tests skipped: the device or cuBLAS was not usable"
     return 5
+  fi
+  if (( rc != 0 )); then
+    echo "== each test alone, CUDA_LAUNCH_BLOCKING=1"
+    local t r
+    for t in $("$BIN/cuda_backend_test" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {print s $1}'); do
+      CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 60 "$BIN/cuda_backend_test" --gtest_color=no \
+        "--gtest_filter=$t" > "$WORK/alone.txt" 2>&1
+      r=$?
+      if (( r == 0 )); then
+        echo "ok    $t"
+      else
+        echo "FAIL  $t (exit $r)"
+        grep -v '^\[' "$WORK/alone.txt" | head -40
+      fi
+    done
   fi
   return "$rc"
 }
@@ -148,6 +167,12 @@ step 7b_plan_1m 40 prefill "$MODEL_7B" 1000000 imdc --dry_run
 step 7b_imdc 120 prefill "$MODEL_7B" "$TOKENS_7B" imdc
 step 7b_imdc_ttft 90 prefill "$MODEL_7B" "$TOKENS_7B" imdc --profile=false
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+# (Under gVisor, kernel 4.4.0, compute-sanitizer refuses the device: "Device
+# not supported", then error 999 at the first allocation.)
+if [[ -n "$SAN" && "$(uname -r)" == 4.4.0* ]]; then
+  say "== sanitizers: skipped (gVisor: compute-sanitizer refuses the device there)"
+  SAN=""
+fi
 OPS='CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttention*:CudaBackend.Selection*:CudaBackend.Products*:CudaBackend.Fused*:CudaBackend.BadArguments*'
 OPS="$OPS:CudaBackend.BuffersLive*:CudaBackend.GatherMoves*:CudaBackend.OpsTakeTheBuffers*:CudaBackend.GateScores*:CudaBackend.Complement*:CudaBackend.DownloadAsync*"
 OPS="$OPS:CudaBackend.ToHalfInBuffers*:CudaBackend.ToInt8RowsInBuffers*:CudaBackend.GatherBatches*"
@@ -156,7 +181,7 @@ if [[ -n "$SAN" ]]; then
     "--gtest_filter=$OPS:CudaBackend.TinyModel*"
   step racecheck 90 "$SAN" --tool racecheck --error-exitcode 3 "$BIN/cuda_backend_test" --gtest_color=no \
     '--gtest_filter=CudaBackend.ElementwiseOps*:CudaBackend.AttentionFamily*:CudaBackend.TensorCoreAttentionMatches*:CudaBackend.SelectionMatchesTheTwins:CudaBackend.GatherMoves*:CudaBackend.Complement*'
-else
+elif [[ "$(uname -r)" != 4.4.0* ]]; then
   say "== sanitizers: compute-sanitizer not found"
 fi
 
