@@ -27,12 +27,13 @@ SNAPFILL_HALF_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
   return f;
 }
 
-// IEEE binary16 -> binary32, exact for every input (subnormals, inf, NaN).
+// IEEE binary16 -> binary32, exact for every input (subnormals, inf); a
+// NaN keeps its payload and comes back quiet, as F16C's vcvtph2ps gives it.
 SNAPFILL_HALF_HOST_DEVICE inline float Fp16ToFp32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
   uint32_t mant = h & 0x3FF;
-  if (exp == 0x1F) return BitsToFloat(sign | 0x7F800000u | (mant << 13));  // inf / NaN
+  if (exp == 0x1F) return BitsToFloat(sign | 0x7F800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
   if (exp != 0) return BitsToFloat(sign | ((exp + 112) << 23) | (mant << 13));
   if (mant == 0) return BitsToFloat(sign);  // ±0
   // Subnormal: value = mant * 2^-24, exactly representable in f32.
@@ -41,14 +42,16 @@ SNAPFILL_HALF_HOST_DEVICE inline float Fp16ToFp32(uint16_t h) {
 }
 
 // binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
-// with rounding mode 0 and ggml's scalar fallback produce). Overflow gives
-// ±inf; every NaN becomes 0x7E00 with its sign (F16C keeps the payload's
-// top bits instead).
+// with rounding mode 0 and ggml's scalar fallback produce for numbers; ggml
+// makes every NaN 0x7E00). Overflow gives
+// ±inf; a NaN keeps its sign and its payload's top 10 bits, quiet (F16C's
+// bits, so the vector kernels and the device agree with this on every
+// input).
 SNAPFILL_HALF_HOST_DEVICE inline uint16_t Fp32ToFp16(float f) {
   const uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
   const uint32_t ax = x & 0x7FFFFFFFu;
-  if (ax > 0x7F800000u) return sign | 0x7E00;  // NaN (quiet)
+  if (ax > 0x7F800000u) return sign | 0x7E00 | ((ax >> 13) & 0x3FF);  // NaN, quiet
   if (ax >= 0x477FF000u) return sign | 0x7C00;  // rounds to >= 65536: inf
   if (ax < 0x38800000u) {
     // Result is subnormal or zero: h = round(|f| / 2^-24) with ties to even.
