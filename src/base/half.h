@@ -43,10 +43,9 @@ SNAPFILL_HALF_HOST_DEVICE inline float Fp16ToFp32(uint16_t h) {
 
 // binary32 -> binary16 with round-to-nearest-even (what F16C's vcvtps2ph
 // with rounding mode 0 and ggml's scalar fallback produce for numbers; ggml
-// makes every NaN 0x7E00). Overflow gives
-// ±inf; a NaN keeps its sign and its payload's top 10 bits, quiet (F16C's
-// bits, so the vector kernels and the device agree with this on every
-// input).
+// makes every NaN 0x7E00). Overflow gives ±inf; a NaN keeps its sign and
+// its payload's top 10 bits, quiet (F16C's bits, so the vector kernels and
+// the device agree with this on every input).
 SNAPFILL_HALF_HOST_DEVICE inline uint16_t Fp32ToFp16(float f) {
   const uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
