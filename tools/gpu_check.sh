@@ -84,10 +84,13 @@ machine() {
 # Where one fails, each test runs again in its own process with
 # CUDA_LAUNCH_BLOCKING=1: a kernel's fault is then named by its own op, and
 # no test fails because an earlier one left the context broken (a fault is
-# sticky for the process).
+# sticky for the process). The whole run has 100 s (about 40 where the CPU
+# stands in), so that a hang leaves the step time to find the test.
 cuda_tests() {
-  "$BIN/cuda_backend_test" --gtest_color=no "$@" | tee "$WORK/tests.txt"
+  timeout --kill-after=5 100 "$BIN/cuda_backend_test" --gtest_color=no "$@" | tee "$WORK/tests.txt"
   local rc=${PIPESTATUS[0]}
+  (( rc == 124 )) && echo "the tests ran past 100 s"
+
   if grep -q '^\[  SKIPPED \]' "$WORK/tests.txt"; then
     echo "tests skipped: the device or cuBLAS was not usable"
     return 5
@@ -96,7 +99,7 @@ cuda_tests() {
     echo "== each test alone, CUDA_LAUNCH_BLOCKING=1"
     local t r
     for t in $("$BIN/cuda_backend_test" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {print s $1}'); do
-      CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 60 "$BIN/cuda_backend_test" --gtest_color=no \
+      CUDA_LAUNCH_BLOCKING=1 timeout --kill-after=5 30 "$BIN/cuda_backend_test" --gtest_color=no \
         "--gtest_filter=$t" > "$WORK/alone.txt" 2>&1
       r=$?
       if (( r == 0 )); then
@@ -112,7 +115,7 @@ cuda_tests() {
 export BIN TEXT WORK
 export -f machine cuda_tests
 step machine 30 machine
-step tests 200 cuda_tests
+step tests 240 cuda_tests
 step device_choice 30 "$BIN/device_choice_test" --gtest_color=no
 # A layer's KV copies in one Gather call (one launch per 64 copies) against
 # a call a copy (a launch each, as before batching).
