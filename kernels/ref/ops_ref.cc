@@ -275,7 +275,7 @@ void TopSpanIndices(const float* scores, int64_t n, int64_t k, int64_t span, int
   if (span <= 1) return TopKIndices(scores, n, k, out_sorted_positions);
   k = std::min(k, n);
   std::vector<bool> taken(std::max<int64_t>(n, 0), false);
-  const int64_t half = std::max<int64_t>(span, 1) / 2;
+  const int64_t half = span / 2;
   for (int64_t left = k; left > 0;) {
     int64_t peak = -1;
     for (int64_t i = 0; i < n; ++i) {

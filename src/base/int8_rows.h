@@ -11,6 +11,7 @@
 #ifndef SNAPFILL_BASE_INT8_ROWS_H_
 #define SNAPFILL_BASE_INT8_ROWS_H_
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,7 +37,7 @@ SNAPFILL_INT8_HOST_DEVICE constexpr int64_t Int8RowBytes(int64_t dim) {
 SNAPFILL_INT8_HOST_DEVICE inline float Int8RowScale(float amax) { return amax / 127.0f; }
 SNAPFILL_INT8_HOST_DEVICE inline float Int8RowInverse(float scale) {
   const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-  return inverse <= 3.40282347e38f ? inverse : 0.0f;
+  return inverse <= FLT_MAX ? inverse : 0.0f;
 }
 // |x · inverse| <= 127 by construction; rintf rounds half to even (the
 // default rounding mode, and the device's rintf).
