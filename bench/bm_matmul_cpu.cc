@@ -170,35 +170,53 @@ BENCHMARK(BM_DecodeStep_Cpu)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The output head alone, one token, in the decode layout: the largest
-// single read of a decode step (Gemma 3 270M's Q8_0 head is 178 MB, more
-// than half of its decode samples), in bytes streamed per second.
+// One token times a large matrix in the decode layout, in bytes streamed
+// per second: model 0, SmolLM2's Q8_0 output head (49,152 × 576); 1, Gemma 3
+// 270M's (262,144 × 640, 178 MB, more than half of its decode samples); 2,
+// Gemma 3 270M's Q5_0 products of all 18 layers (Q, K, gate and up: 5,376 ×
+// 640 each, 42 MB) as one matrix. avx2:1 forces the AVX2 kernels
+// (MatMulImpl::kAvx2) where the AVX-512 ones would run.
 void BM_DecodeHead_Cpu(benchmark::State& state) {
-  const int64_t k = state.range(0) == 0 ? 576 : 640, n = state.range(0) == 0 ? 49152 : 262144;
-  const size_t size = cpu::DecodePackedBytes(GgmlType::kQ8_0, n, k);
+  const int64_t model = state.range(0);
+  const GgmlType type = model == 2 ? GgmlType::kQ5_0 : GgmlType::kQ8_0;
+  const int64_t k = model == 0 ? 576 : 640, n = model == 0 ? 49152 : model == 1 ? 262144 : 18 * 5376;
+  if (state.range(1) == 1) {
+    if (!cpu::MatMulHasAvx2() || !cpu::MatMulHasSimd()) {
+      state.SkipWithError("no AVX-512 kernels to set aside here");
+      return;
+    }
+    cpu::SetMatMulImpl(cpu::MatMulImpl::kAvx2);
+  }
+  const size_t size = cpu::DecodePackedBytes(type, n, k);
   if (size == 0) {
+    cpu::SetMatMulImpl(cpu::MatMulImpl::kAuto);
     state.SkipWithError("no decode layout kernel in this build");
     return;
   }
   std::vector<uint8_t> p(size);
   {
-    const auto w = RandomWeights(GgmlType::kQ8_0, n, k);
-    cpu::PackForDecode(w.data(), GgmlType::kQ8_0, n, k, RowBytes(GgmlType::kQ8_0, k), p.data());
+    const auto w = RandomWeights(type, n, k);
+    cpu::PackForDecode(w.data(), type, n, k, RowBytes(type, k), p.data());
   }
   std::vector<float> x(k), y(n);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& v : x) v = nd(rng);
-  cpu::MatMulDecodePacked(x.data(), k, p.data(), GgmlType::kQ8_0, n, y.data());
+  cpu::MatMulDecodePacked(x.data(), k, p.data(), type, n, y.data());
   for (auto _ : state) {
-    cpu::MatMulDecodePacked(x.data(), k, p.data(), GgmlType::kQ8_0, n, y.data());
+    cpu::MatMulDecodePacked(x.data(), k, p.data(), type, n, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
+  cpu::SetMatMulImpl(cpu::MatMulImpl::kAuto);
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(size));
   state.counters["threads"] = omp_get_max_threads();
 }
-BENCHMARK(BM_DecodeHead_Cpu)->ArgName("model")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeHead_Cpu)
+    ->ArgNames({"model", "avx2"})
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Rewriting the default model's decode matrices (92 MiB) into the decode
 // layout: what the backend pays once, at the first one-token product.

@@ -210,7 +210,16 @@ TEST(MatMulDecodePackedBytes, CoversOnlyItsTypesAndWholeBlocks) {
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ8_0, 16, 48), 0u);
   EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ8_0, 0, 64), 0u);
   if (cpu::MatMulHasDecodeLayout()) {
-    EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_1, 17, 64), 2u * 2u * 320u);
+    // Every type of the layout has records wherever the layout is read, on
+    // the AVX-512 kernels as on the AVX2 ones (Q5_0 took its rows in place
+    // on AVX-512 before it had a kernel there).
+    for (cpu::MatMulImpl impl : {cpu::MatMulImpl::kAuto, cpu::MatMulImpl::kAvx2}) {
+      cpu::SetMatMulImplForTesting(impl);
+      EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_1, 17, 64), 2u * 2u * 320u);
+      EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_0, 17, 64), 2u * 2u * 320u);
+      EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ5_0, 17, 64), 2u * 2u * 352u) << cpu::ProductPathName(impl);
+      EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ8_0, 17, 64), 2u * 2u * 544u);
+    }
     cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kGeneric);
     EXPECT_EQ(cpu::DecodePackedBytes(GgmlType::kQ4_1, 17, 64), 0u);
     cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
