@@ -14,6 +14,8 @@
 //                  + Q4_1 only: Σ_b |m_b| · |s_b - fp16(d_b)·Σq_b| <= |m_b|·|Σq_b|·d_b·2^-10·1.01
 //                  + the summation tolerance above + 4·2^-24·Σ|ŵ||x| (rounding of ŵ).
 //  - Float weights: |Y - Yref| <= (k + 16) · 2^-24 · Σ|w||x| (f32 FMA chains).
+#include "kernels/cpu/matmul.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -23,11 +25,11 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
@@ -350,6 +352,34 @@ TEST(MatMulExtremesTest, Q5_0AtItsEndsDoesNotSaturate) {
         }
         cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
       }
+    }
+  }
+}
+
+// Q4_K / Q6_K token blocks interleave weight rows in the vector lanes: 16
+// on AVX-512 (Tile16KAvx512), 8 on AVX2 (Tile8KAvx2). Each lane does the same
+// integer sums and f32 steps in the same order, so the two give the same
+// bits: rows that fill neither width, partial groups and token tiles, one
+// and several super-blocks, one token (the one-token kernel, shared).
+TEST(MatMulKQuantLanesTest, SixteenLanesEqualEightBitForBit) {
+  if (!cpu::MatMulHasSimd() || !cpu::MatMulHasAvx2()) GTEST_SKIP() << "needs the AVX-512 and the AVX2 kernels";
+  for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (const auto& [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{37, 512, 75},
+                                  {5, 256, 16},
+                                  {64, 1024, 41},
+                                  {2, 256, 33},
+                                  {1, 512, 40}}) {
+      const size_t row_bytes = RowBytes(t, k);
+      const auto w = MakeWeights(t, n, k, row_bytes, 7 + m);
+      const auto x = HiddenStates(m, k, k, 8 + n);
+      std::vector<float> y16(m * n), y8(m * n);
+      cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kNoAmx);
+      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y16.data(), n);
+      cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAvx2);
+      cpu::MatMul(x.data(), m, k, k, w.data(), t, n, row_bytes, y8.data(), n);
+      cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+      EXPECT_EQ(std::memcmp(y16.data(), y8.data(), y8.size() * sizeof(float)), 0)
+          << GetTypeTraits(t).name << " m=" << m << " k=" << k << " n=" << n;
     }
   }
 }
