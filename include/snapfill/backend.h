@@ -641,6 +641,13 @@ class Backend {
   virtual uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const {
     return 0;
   }
+  // Bytes of scratch Attention keeps after a chunk of num_q queries over
+  // num_keys keys (global layers, no window), for memory predictions. The
+  // base class keeps none.
+  virtual uint64_t AttentionScratchBytes(int64_t num_q, int64_t num_keys, int64_t num_kv_heads,
+                                         int64_t head_dim) const {
+    return 0;
+  }
   // Whether MatMul quantizes the activations (int8 dots) for weights of
   // `type`, so that its peak is the int8 one (`snapfill info`'s ceiling).
   virtual bool QuantizesActivations(GgmlType type) const { return false; }

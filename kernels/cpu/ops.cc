@@ -234,6 +234,10 @@ void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, in
 
 bool AttentionHasAmx() { SNAPFILL_CPU_DISPATCH(AttentionHasAmx); }
 bool AttentionHasAvx512Bf16() { SNAPFILL_CPU_DISPATCH(AttentionHasAvx512Bf16); }
+uint64_t AttentionScratchBytes(int64_t num_q, int64_t num_keys, int64_t num_kv_heads, int64_t head_dim,
+                               int64_t window) {
+  SNAPFILL_CPU_DISPATCH(AttentionScratchBytes, num_q, num_keys, num_kv_heads, head_dim, window);
+}
 
 void WindowScores(const float* q, int64_t q_stride, const float* k, int64_t kv_head_stride,
                   int64_t kv_key_stride, float* votes, int64_t votes_stride, int64_t num_q, int64_t num_keys,

@@ -544,6 +544,10 @@ class CpuBackend final : public Backend, public BackendProfile {
     const OpScope op(*team_, guard_.get());
     return HostSelectHeads(s, *this);
   }
+  uint64_t AttentionScratchBytes(int64_t num_q, int64_t num_keys, int64_t num_kv_heads,
+                                 int64_t head_dim) const override {
+    return cpu::AttentionScratchBytes(num_q, num_keys, num_kv_heads, head_dim);
+  }
   uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const override {
     const uint64_t scores = static_cast<uint64_t>(num_heads) * static_cast<uint64_t>(num_q) *
                             static_cast<uint64_t>(num_keys);

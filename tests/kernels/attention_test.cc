@@ -30,6 +30,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_team.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/ops_ref.h"
 
@@ -411,6 +412,45 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionDecodeF16Test, ::testing::ValuesIn(Swe
 // cpu::FromFp16 against its twin Fp16ToFp32 on every one of the 65,536
 // halves, at a length with a ragged tail, bit for bit (NaNs keep their
 // payload and come back quiet on both).
+// AttentionScratchBytes is what a chunk leaves in the kernels' buffers: the
+// bf16 kernels' K and V tiles of the largest chunk so far (a smaller one
+// after it adds nothing), none on the f32 kernel. The memory prediction
+// adds it (tools/cli/memory_budget.cc).
+TEST(AttentionScratch, IsWhatTheChunksLeaveInTheBuffers) {
+  const int64_t heads = 9, kv_heads = 3, d = 64;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const cpu::AttentionImpl was = cpu::ActiveAttentionImpl();
+  for (const cpu::AttentionImpl impl : cpu::AvailableAttentionImpls()) {
+    cpu::SetAttentionImplForTesting(impl);
+    cpu::ThreadTeam team(2);
+    const cpu::ThreadTeam::Scope scope(team);
+    uint64_t most = 0;
+    for (const auto& [nq, nk] : {std::pair<int64_t, int64_t>{64, 1000}, {128, 1100}, {32, 700}}) {
+      std::vector<float> q(nq * heads * d), k(kv_heads * nk * d), v(kv_heads * nk * d), out(nq * heads * d);
+      for (float* a : {q.data(), k.data(), v.data()}) {
+        for (int64_t i = 0; i < (a == q.data() ? nq * heads : kv_heads * nk) * d; ++i) a[i] = nd(rng);
+      }
+      cpu::Attention(q.data(), heads * d, k.data(), v.data(), nk * d, d, out.data(), heads * d, nq, nk, heads, kv_heads,
+                     d, 0.125f);
+      most = std::max(most, cpu::AttentionScratchBytes(nq, nk, kv_heads, d));
+      const bool bf16 = cpu::AttentionHasAmx() || cpu::AttentionHasAvx512Bf16();
+      EXPECT_EQ(cpu::AttentionScratchBytes(nq, nk, kv_heads, d) > 0, bf16) << cpu::AttentionImplName(impl);
+      // Besides the tiles, a few small buffers (under 4 KiB); the tiles of
+      // the longest chunk so far are 786,432 bytes at 1,000 keys; resize
+      // alone would have doubled them at 1,100.
+      const uint64_t held = team.ScratchBytes();
+      EXPECT_GE(held, most) << cpu::AttentionImplName(impl) << " keys " << nk;
+      EXPECT_LE(held, most + 4096) << cpu::AttentionImplName(impl) << " keys " << nk;
+    }
+    // A window, or one query, takes the f32 kernel: no tiles.
+    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, d, 512), 0u);
+    EXPECT_EQ(cpu::AttentionScratchBytes(1, 1000, kv_heads, d), 0u);
+    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, 128), 0u);
+  }
+  cpu::SetAttentionImplForTesting(was);  // (the suite's other tests expect the one they left)
+}
+
 TEST(FromFp16, MatchesPortableConversionOnEveryHalf) {
   std::vector<uint16_t> x(65536 + 5);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(i);

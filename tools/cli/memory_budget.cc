@@ -74,6 +74,10 @@ PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_
   // longest attention for a second pass (the CPU backend: num_heads · window
   // floats per key, 1.7 MiB for SmolLM2 at IMDC 1024 / 1024, up to 16 MiB).
   p.backend += backend.WindowScoresScratchBytes(c.num_heads, fp.plan.config.window, fp.plan.peak_attention_length);
+  // The bf16 attention kernels' K and V tiles of the longest attention
+  // (exact; none where the f32 kernel runs).
+  p.backend += backend.AttentionScratchBytes(fp.plan.max_chunk_tokens, fp.plan.peak_attention_length, c.num_kv_heads,
+                                             c.head_dim);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
   // adds one-token activations, the logits, and the decode copy's growth.
