@@ -46,11 +46,15 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   return v;
 }
 
+// One chunk's attention. Third argument, where given: the implementation
+// (cpu::AttentionImpl: 0 auto, 1 f32, 2 AVX-512 BF16); the fourth, the model's
+// shape (0 SmolLM2-135M, 1 Gemma 3 270M: head_dim 256, 4 heads on 1 KV head);
+// the fifth, a sliding window (Gemma's local layers: 512).
 void BM_Attention_Cpu(benchmark::State& state) {
-  // Third argument, where given: the implementation (cpu::AttentionImpl:
-  // 0 auto, 1 f32, 2 AVX-512 BF16).
+  const cpu::AttentionImpl was = cpu::ActiveAttentionImpl();
   if (state.range(2) >= 0) cpu::SetAttentionImplForTesting(static_cast<cpu::AttentionImpl>(state.range(2)));
-  const ModelShape m = kSmolLM2_135M;
+  const ModelShape m = state.range(3) == 1 ? kGemma3_270M : kSmolLM2_135M;
+  const int64_t window = state.range(4);
   const int64_t num_q = state.range(0);
   const int64_t num_keys = state.range(1);
   const int64_t q_stride = m.num_heads * m.head_dim;
@@ -60,9 +64,8 @@ void BM_Attention_Cpu(benchmark::State& state) {
   std::vector<float> out(num_q * q_stride);
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
   auto run = [&] {
-    cpu::Attention(q.data(), q_stride, k.data(), v.data(), num_keys * m.head_dim, m.head_dim,
-                   out.data(), q_stride, num_q, num_keys, m.num_heads, m.num_kv_heads, m.head_dim,
-                   scale);
+    cpu::Attention(q.data(), q_stride, k.data(), v.data(), num_keys * m.head_dim, m.head_dim, out.data(), q_stride,
+                   num_q, num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale, window);
   };
   for (int i = 0; i < 3; ++i) run();  // warm-up
   for (auto _ : state) {
@@ -70,26 +73,37 @@ void BM_Attention_Cpu(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  const double avg_visible = static_cast<double>(num_keys - num_q) + (num_q + 1) / 2.0;
-  const double flops = 4.0 * num_q * avg_visible * m.head_dim * m.num_heads;
+  double visible = 0;  // keys seen, summed over the queries
+  for (int64_t i = 0; i < num_q; ++i) {
+    const int64_t end = num_keys - num_q + i + 1;
+    visible += static_cast<double>(window > 0 ? std::min(end, window) : end);
+  }
+  const double flops = 4.0 * visible * m.head_dim * m.num_heads;
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.SetItemsProcessed(state.iterations() * num_q);
   state.SetBytesProcessed(state.iterations() * 2 * m.num_kv_heads * num_keys * m.head_dim *
                           static_cast<int64_t>(sizeof(float)));
+  cpu::SetAttentionImplForTesting(was);
 }
 BENCHMARK(BM_Attention_Cpu)
-    ->ArgNames({"q", "keys", "impl"})
-    ->Args({1, 512, -1})
-    ->Args({1, 2048, -1})
-    ->Args({1, 4096, -1})
-    ->Args({512, 512, -1})
-    ->Args({512, 2048, -1})
-    ->Args({512, 4096, -1})
-    ->Args({1024, 2048, 1})
-    ->Args({1024, 2048, 2})
-    ->Args({1024, 2048, 0})
-    ->Args({1024, 4096, -1})
+    ->ArgNames({"q", "keys", "impl", "model", "window"})
+    ->Args({1, 512, -1, 0, 0})
+    ->Args({1, 2048, -1, 0, 0})
+    ->Args({1, 4096, -1, 0, 0})
+    ->Args({512, 512, -1, 0, 0})
+    ->Args({512, 2048, -1, 0, 0})
+    ->Args({512, 4096, -1, 0, 0})
+    ->Args({1024, 2048, 1, 0, 0})
+    ->Args({1024, 2048, 2, 0, 0})
+    ->Args({1024, 2048, 0, 0, 0})
+    ->Args({1024, 4096, -1, 0, 0})
+    // Gemma 3 270M's prefill: a 512-token prompt (global and local layers
+    // alike: the window covers it) and a 512-token chunk over a ring of 512
+    // keys (a local layer) or 1,536 (a global one), on each implementation.
+    ->ArgsProduct({{512}, {512}, {1, 2}, {1}, {0}})
+    ->ArgsProduct({{512}, {1024}, {1, 2}, {1}, {512}})
+    ->ArgsProduct({{512}, {2048}, {1, 2}, {1}, {0}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -81,16 +81,18 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // scale multiplies q·k (usually 1/sqrt(head_dim)). Accumulation in f32.
 // Work: the kernels' team over (KV head × query block); each item runs the whole group
 // of query heads of its KV head against 64-key tiles of K and V.
-// With num_q > 1 and head_dim 64, both products take bf16 operands (q·scale,
-// k, v and the probabilities; f32 sums): on AMX-BF16 tiles where the CPU has
-// them (AttentionHasAmx()), else with AVX512-BF16 vdpbf16ps where it has that
-// (AttentionHasAvx512Bf16()): ref::AttentionBf16's arithmetic, within about
-// 2^-8 of the f32 result. Otherwise, and for one query (decode), f32.
+// With num_q > 1 and head_dim 64, 128 or 256, both products take bf16
+// operands (q·scale, k, v and the probabilities; f32 sums): on AMX-BF16
+// tiles where the CPU has them (AttentionHasAmx(); head_dim 64 without a
+// window), else with AVX512-BF16 vdpbf16ps where it has that
+// (AttentionHasAvx512Bf16(), or AMX CPUs outside the tiles' case):
+// ref::AttentionBf16's arithmetic, within about 2^-8 of the f32 result.
+// Otherwise, and for one query (decode), f32 (AttentionF32).
 //
 // window > 0: a sliding window besides (Gemma's local layers): query i
 // sees only keys j > (num_keys - num_q) + i - window, the last `window`
-// positions up to its own. Such chunks run in f32 (AttentionF32), which
-// skips the tiles before a block's windows and masks both ends.
+// positions up to its own. The kernels skip the blocks before a row
+// group's windows and mask both ends.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,

@@ -126,17 +126,20 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
 
 void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                    int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
-                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out) {
-  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q);
+                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out,
+                   int64_t window) {
+  assert(num_heads % num_kv_heads == 0 && num_keys >= num_q && window >= 0);
   const int64_t group = num_heads / num_kv_heads;
   auto bf = [](float x) { return static_cast<double>(Bf16ToFp32(Fp32ToBf16Rne(x))); };
   std::vector<double> s, qh(head_dim), acc(head_dim), acc_abs(head_dim);
   for (int64_t i = 0; i < num_q; ++i) {
-    const int64_t num_visible = num_keys - num_q + i + 1;
+    const int64_t end = num_keys - num_q + i + 1;  // past the last visible key
+    const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+    const int64_t num_visible = end - first;
     for (int64_t h = 0; h < num_heads; ++h) {
       const int64_t kvh = h / group;
-      const float* kh = k + kvh * kv_head_stride;
-      const float* vh = v + kvh * kv_head_stride;
+      const float* kh = k + kvh * kv_head_stride + first * kv_key_stride;
+      const float* vh = v + kvh * kv_head_stride + first * kv_key_stride;
       for (int64_t d = 0; d < head_dim; ++d) qh[d] = bf(q[i * q_stride + h * head_dim + d] * scale);
       s.assign(num_visible, 0.0);
       double mx = -std::numeric_limits<double>::infinity();

@@ -44,11 +44,11 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
 // scores and the softmax in double, each probability rounded to bf16 before
 // it weights v, the sum over the unrounded ones. If abs_out is not null it
 // receives Σ|p̂·v̂| / Σp per output (same layout as out), the scale for
-// tolerances. Layouts as cpu::Attention.
+// tolerances. Layouts and window as cpu::Attention.
 void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                    int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
-                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale,
-                   float* abs_out = nullptr);
+                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out = nullptr,
+                   int64_t window = 0);
 
 // SnapKV votes: votes[h][j] = (1/group) Σ_{query heads g of h} Σ_i
 // softmax_i(scale · q_i·k)[j], invisible keys contributing 0; in double.

@@ -443,10 +443,14 @@ TEST(AttentionScratch, IsWhatTheChunksLeaveInTheBuffers) {
       EXPECT_GE(held, most) << cpu::AttentionImplName(impl) << " keys " << nk;
       EXPECT_LE(held, most + 4096) << cpu::AttentionImplName(impl) << " keys " << nk;
     }
-    // A window, or one query, takes the f32 kernel: no tiles.
-    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, d, 512), 0u);
+    // A window takes the same tiles; one query, or a head size the bf16
+    // kernels lack, the f32 kernel: none. The tiles grow with head_dim.
+    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, d, 512),
+              cpu::AttentionScratchBytes(64, 1000, kv_heads, d));
     EXPECT_EQ(cpu::AttentionScratchBytes(1, 1000, kv_heads, d), 0u);
-    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, 128), 0u);
+    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, 96), 0u);
+    EXPECT_EQ(cpu::AttentionScratchBytes(64, 1000, kv_heads, 256),
+              4 * cpu::AttentionScratchBytes(64, 1000, kv_heads, d));
   }
   cpu::SetAttentionImplForTesting(was);  // (the suite's other tests expect the one they left)
 }
@@ -492,9 +496,10 @@ TEST(ToFp16, MatchesPortableConversionBitForBit) {
   }
 }
 
-// ---- The bf16 paths (chunks, head_dim 64): AMX-BF16 tiles where the CPU
-// has them, and the AVX512-BF16 kernel (kAuto's choice without AMX; forced
-// on AMX machines so that they test it too). Same operands and tolerances.
+// ---- The bf16 paths (chunks, head_dim 64, 128, 256): AMX-BF16 tiles where
+// the CPU has them (head_dim 64 without a window), and the AVX512-BF16 kernel
+// (kAuto's choice without AMX, and on AMX machines for the other cases;
+// forced there so that they test it at 64 too). Same operands and tolerances.
 
 enum class Bf16Kernel { kAmx, kAvx512Bf16 };
 
@@ -528,9 +533,8 @@ TEST_P(AttentionBf16Test, MatchesBf16Reference) {
   const AttnCase& c = a.c;
   const std::vector<float> got = RunCpuAttention(a);
   std::vector<float> want(c.num_q * a.out_stride), abs_out(c.num_q * a.out_stride);
-  ref::AttentionBf16(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, want.data(),
-                     a.out_stride, c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale,
-                     abs_out.data());
+  ref::AttentionBf16(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, want.data(), a.out_stride,
+                     c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, abs_out.data(), c.window);
   const std::vector<double> exact = RunRefAttention(a);
   const int64_t row = c.num_heads * c.head_dim;
   int64_t bad = 0;
@@ -585,6 +589,22 @@ std::vector<AttnCase> AmxCases() {
       {130, 1500, 9, 3, 64},      // several query blocks, a ragged last one
       {9, 50, 32, 1, 64},         // multi-query: 2 queries per item
       {40, 300, 10, 2, 64},       // 5 heads per KV head: items of 16 queries (80 rows), a ragged last
+      // head_dim 128 (Llama 3, Qwen) and 256 (Gemma 3: 4 heads on 1 KV
+      // head), on the AVX512-BF16 rows whatever the CPU.
+      {100, 131, 4, 4, 128},
+      {33, 200, 8, 2, 128, 6.0f},
+      {70, 1100, 4, 1, 256},
+      {5, 70, 4, 2, 256, 6.0f},
+      // Sliding windows (Gemma's local layers): shorter than a key block and
+      // than a row group's spread of limits (rows of one group whose first
+      // blocks hold no key they see), starting inside the memory or the
+      // chunk, one as wide as the keys.
+      {130, 430, 4, 1, 256, 1.0f, 100},
+      {512, 1024, 4, 1, 256, 1.0f, 512},
+      {77, 300, 9, 3, 64, 1.0f, 7},
+      {64, 64, 4, 1, 64, 1.0f, 33},
+      {33, 200, 6, 2, 128, 6.0f, 65},
+      {20, 50, 4, 1, 64, 1.0f, 50},
   };
 }
 
