@@ -146,9 +146,10 @@ struct BackendOptions {
   Waits thread_waits = Waits::kUnset;
   // The prefill attention's implementation: "" leaves it (at first, by the
   // CPU's flags: AMX-BF16, else AVX512-BF16, else f32; what the tests
-  // assume); "measure": the fastest of those this CPU runs, timed when the
-  // backend is made (about 0.1 s, once per process; on some CPUs the bf16
-  // dot products run at half the f32 FMA's rate); or one by name, "f32",
+  // assume); "measure": the fastest of those this CPU runs on
+  // attention_shape's heads, timed when the backend is made (about 0.1 s,
+  // once per process and shape; on some CPUs the bf16 dot products run at
+  // half the f32 FMA's rate); or one by name, "f32",
   // "avx512-bf16", "amx-bf16" (InvalidArgument where this CPU does not run
   // it), or "auto" (by the flags). Unlike the choices above it may change
   // between backends: it decides how each later chunk is computed, and the
@@ -172,6 +173,15 @@ struct BackendOptions {
     int64_t n = 1536;  // rows
   };
   ProductShape product_shape;
+  // The heads the attention's "measure" times a chunk of: the model's (the
+  // kernels' speed differs with head_dim: the bf16 ones' S and P·V loops
+  // run over it, their per-key work does not); by default SmolLM2-135M's.
+  struct AttentionShape {
+    int64_t num_heads = 9;
+    int64_t num_kv_heads = 3;
+    int64_t head_dim = 64;
+  };
+  AttentionShape attention_shape;
   // Rates timed before (a file that keeps them, tools/cli/kernel_cache.h):
   // "measure" takes an op's rates from here where they name one this CPU
   // runs, instead of timing them again.
@@ -763,8 +773,8 @@ std::string FastestKernel(const std::vector<KernelRate>& rates);
 
 // Times, with the options' level, AMX mode and thread count, the
 // implementations this CPU runs of each op that has several: the prefill
-// attention (on a chunk of the default model's shape) and the products (on
-// options.product_shape), about 0.2 s in all. Each op's list starts with
+// attention (on a chunk of options.attention_shape's heads) and the products
+// (on options.product_shape), about 0.2 s in all. Each op's list starts with
 // its reference. Errors as ConfigureCpuKernels.
 absl::StatusOr<std::vector<KernelRates>> MeasureCpuKernels(const BackendOptions& options);
 

@@ -121,8 +121,9 @@ std::vector<AttentionImpl> AvailableAttentionImpls() {
   return out;
 }
 
-std::vector<AttentionRate> MeasureAttentionImpls() {
-  constexpr int64_t kHeads = 9, kKvHeads = 3, kDim = 64, kQ = 512, kKeys = 1536;
+std::vector<AttentionRate> MeasureAttentionImpls(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+  constexpr int64_t kQ = 512, kKeys = 1536;
+  const int64_t kHeads = num_heads, kKvHeads = num_kv_heads, kDim = head_dim;
   std::vector<float> q(kQ * kHeads * kDim), k(kKvHeads * kKeys * kDim), v(k.size()), out(q.size());
   // Deterministic values of a realistic spread (the kernels' speed does not
   // depend on them).
@@ -142,7 +143,8 @@ std::vector<AttentionRate> MeasureAttentionImpls() {
     SetAttentionImpl(impl);
     rates.push_back({impl, BestRateGops(ops, [&] {
                        Attention(q.data(), kHeads * kDim, k.data(), v.data(), kKeys * kDim, kDim, out.data(),
-                                 kHeads * kDim, kQ, kKeys, kHeads, kKvHeads, kDim, 0.125f);
+                                 kHeads * kDim, kQ, kKeys, kHeads, kKvHeads, kDim,
+                                 1.0f / std::sqrt(static_cast<float>(kDim)));
                      })});
   }
   SetAttentionImpl(was);

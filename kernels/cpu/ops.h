@@ -131,15 +131,18 @@ std::optional<AttentionImpl> AttentionImplFromName(std::string_view name);
 // The implementations that run a chunk here (at the active level, with the
 // AMX choice in force): f32 always, then those the CPU has.
 std::vector<AttentionImpl> AvailableAttentionImpls();
-// The rate of each available implementation on a chunk of the default
-// model's shape (512 queries of 9 heads of 64 over 1,536 keys, 3 KV heads):
-// the best of three runs, in GOP/s (attention's ops: Backend::Ops). About
-// 0.1 s in all. Leaves the implementation in force as it was.
+// The rate of each available implementation on a chunk of 512 queries
+// over 1,536 keys, of num_heads heads of head_dim on num_kv_heads KV heads
+// (by default the default model's: 9 heads of 64, 3 KV heads): the best of
+// three runs, in GOP/s (attention's ops: Backend::Ops). About 0.1 s in all
+// at the default (0.2 s at Gemma 3's 4 heads of 256). Leaves the
+// implementation in force as it was.
 struct AttentionRate {
   AttentionImpl impl;
   double gops = 0;
 };
-std::vector<AttentionRate> MeasureAttentionImpls();
+std::vector<AttentionRate> MeasureAttentionImpls(int64_t num_heads = 9, int64_t num_kv_heads = 3,
+                                                 int64_t head_dim = 64);
 // The best rate of `runs` timed calls of fn after one untimed warm-up, in
 // GOP/s for `ops` operations a call (MeasureAttentionImpls and
 // MeasureProductImpls time their candidates so).

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -1040,15 +1042,18 @@ constexpr char kProductsOp[] = "products";
 // call, as a prefill's (its speed changes little above a few hundred).
 constexpr int64_t kProductTokens = 512;
 
-std::vector<KernelRate> AttentionRatesNow() {
-  // Timed once per process: the shape is fixed.
-  static const std::vector<KernelRate> rates = [] {
-    std::vector<KernelRate> out;
-    for (const cpu::AttentionRate& r : cpu::MeasureAttentionImpls()) {
-      out.push_back({cpu::AttentionImplName(r.impl), r.gops});
+std::vector<KernelRate> AttentionRatesNow(const BackendOptions::AttentionShape& shape) {
+  // Timed once per process and shape (backends of one model share it).
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<KernelRate>> timed;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::vector<KernelRate>& rates = timed[{shape.num_heads, shape.num_kv_heads, shape.head_dim}];
+  if (rates.empty()) {
+    for (const cpu::AttentionRate& r :
+         cpu::MeasureAttentionImpls(shape.num_heads, shape.num_kv_heads, shape.head_dim)) {
+      rates.push_back({cpu::AttentionImplName(r.impl), r.gops});
     }
-    return out;
-  }();
+  }
   return rates;
 }
 
@@ -1092,7 +1097,10 @@ absl::Status ChooseAttention(const BackendOptions& options) {
   std::lock_guard<std::mutex> lock(ChoiceMutex());
   std::vector<std::string> here;
   for (cpu::AttentionImpl a : cpu::AvailableAttentionImpls()) here.push_back(cpu::AttentionImplName(a));
-  if (name == "measure") name = FastestKernel(RatesFor(kAttentionOp, options, here, AttentionRatesNow));
+  if (name == "measure") {
+    name = FastestKernel(
+        RatesFor(kAttentionOp, options, here, [&] { return AttentionRatesNow(options.attention_shape); }));
+  }
   const std::optional<cpu::AttentionImpl> impl = cpu::AttentionImplFromName(name);
   if (!impl) {
     return absl::InvalidArgumentError(absl::StrCat("attention kernel \"", name,
@@ -1193,7 +1201,7 @@ absl::StatusOr<std::vector<KernelRates>> MeasureCpuKernels(const BackendOptions&
   // The rates are the backend's: with its thread count.
   cpu::ThreadTeam team(options.num_threads > 0 ? options.num_threads : omp_get_num_procs());
   const cpu::ThreadTeam::Scope bound(team);
-  return std::vector<KernelRates>{{kAttentionOp, AttentionRatesNow()},
+  return std::vector<KernelRates>{{kAttentionOp, AttentionRatesNow(options.attention_shape)},
                                   {kProductsOp, ProductRatesNow(options.product_shape)}};
 }
 

@@ -500,6 +500,11 @@ TEST(CpuBackendOps, AttentionIsChosenByMeasurementOrByName) {
     EXPECT_EQ(rates[i].impl, here[i]);
     EXPECT_GT(rates[i].gops, 0.0) << cpu::AttentionImplName(rates[i].impl);
   }
+  // At another model's heads (Gemma 3's: 4 of 256 on 1 KV head), the same
+  // implementations.
+  const std::vector<cpu::AttentionRate> wide = cpu::MeasureAttentionImpls(4, 1, 256);
+  ASSERT_EQ(wide.size(), here.size());
+  for (size_t i = 0; i < wide.size(); ++i) EXPECT_GT(wide[i].gops, 0.0) << cpu::AttentionImplName(wide[i].impl);
   BackendOptions o;
   o.attention_kernel = "measure";
   ASSERT_TRUE(ConfigureCpuKernels(o).ok());

@@ -107,6 +107,29 @@ TEST_F(CliTest, InfoNamesTheSlidingWindowLayers) {
   EXPECT_EQ(r.out.find("sliding window:"), std::string::npos) << r.out;
 }
 
+// --kernels auto times the attention on the model's own heads and the
+// products on its own gate, and keeps the rates in a file named by both, so
+// that two models on one machine do not share a choice.
+TEST_F(CliTest, KernelTimingsAreKeptPerModelShape) {
+  const char* keep = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = keep ? keep : "";
+  const char* keep_threads = std::getenv("OMP_NUM_THREADS");
+  const std::string saved_threads = keep_threads ? keep_threads : "";
+  const std::string cache = testing::MakeTempDir("cli_kernel_cache");
+  setenv("XDG_CACHE_HOME", cache.c_str(), 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  Result r = Run("info --kernels auto --model " + testing::SourcePath("tests/data/arch/gemma3.gguf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // 4 heads of 16 on 1 KV head; its feed-forward gate F32, 32 columns × 64 rows.
+  const std::string file = cache + "/snapfill/kernels-t1-F32-32x64-h4x1x16.txt";
+  EXPECT_NE(r.out.find("kept in " + file), std::string::npos) << r.out;
+  EXPECT_NE(testing::ReadAll(file).find("attention heads 4 on 1 of 16"), std::string::npos);
+  unsetenv("XDG_CACHE_HOME");
+  if (keep != nullptr) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  unsetenv("OMP_NUM_THREADS");
+  if (keep_threads != nullptr) setenv("OMP_NUM_THREADS", saved_threads.c_str(), 1);
+}
+
 // The kernels' team spins a while, then sleeps (kernels/cpu/spin_team.h);
 // OMP_WAIT_POLICY=passive, read by the command alone and passed down in
 // the backend's options, makes it sleep at once; a value OpenMP does not

@@ -32,7 +32,7 @@ std::vector<KernelRates> Rates() {
 TEST(KernelCache, RoundTrips) {
   const std::string dir = testing::MakeTempDir("kernel_cache_rt") + "/made/here";  // folders made
   const std::string path = KernelCacheFile(dir, Key());
-  EXPECT_NE(path.find("kernels-t2-Q4_K-640x2048.txt"), std::string::npos) << path;
+  EXPECT_NE(path.find("kernels-t2-Q4_K-640x2048-h9x3x64.txt"), std::string::npos) << path;
   EXPECT_EQ(ReadKernelCache(path, Key()).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(WriteKernelCache(path, Key(), Rates()).ok());
   const absl::StatusOr<std::vector<KernelRates>> back = ReadKernelCache(path, Key());
@@ -47,6 +47,9 @@ TEST(KernelCache, RoundTrips) {
   KernelCacheKey lower = Key();
   lower.config = "avx2-amx0";
   EXPECT_NE(KernelCacheFile(dir, lower), path);
+  KernelCacheKey gemma = Key();
+  gemma.heads = {4, 1, 256};
+  EXPECT_NE(KernelCacheFile(dir, gemma).find("kernels-t2-Q4_K-640x2048-h4x1x256.txt"), std::string::npos);
 }
 
 TEST(KernelCache, ForeignOrDamagedFilesAreRefusedWithTheReason) {
@@ -64,8 +67,8 @@ TEST(KernelCache, ForeignOrDamagedFilesAreRefusedWithTheReason) {
       {good.substr(0, good.rfind("end")), absl::StatusCode::kDataLoss, "truncated"},
       {"", absl::StatusCode::kDataLoss, "not a file of kernel timings"},
       {"\x7f" "ELF garbage\n", absl::StatusCode::kDataLoss, "not a file of kernel timings"},
-      {absl::StrReplaceAll(good, {{"timings 1", "timings 2"}}), absl::StatusCode::kFailedPrecondition,
-       "format version \"2\""},
+      {absl::StrReplaceAll(good, {{"timings 2", "timings 1"}}), absl::StatusCode::kFailedPrecondition,
+       "format version \"1\""},
       {absl::StrReplaceAll(good, {{"model 207", "model 143"}}), absl::StatusCode::kFailedPrecondition,
        "another CPU"},
       {absl::StrReplaceAll(good, {{"0123abcd", "feedbeef"}}), absl::StatusCode::kFailedPrecondition,
@@ -74,6 +77,8 @@ TEST(KernelCache, ForeignOrDamagedFilesAreRefusedWithTheReason) {
        "another thread count"},
       {absl::StrReplaceAll(good, {{"640x2048", "576x1536"}}), absl::StatusCode::kFailedPrecondition,
        "another product shape"},
+      {absl::StrReplaceAll(good, {{"heads 9 on 3 of 64", "heads 4 on 1 of 256"}}),
+       absl::StatusCode::kFailedPrecondition, "other attention heads"},
       {absl::StrReplaceAll(good, {{"812.5", "fast"}}), absl::StatusCode::kDataLoss, "damaged"},
       {absl::StrReplaceAll(good, {{"812.5", "-3"}}), absl::StatusCode::kDataLoss, "damaged"},
       {absl::StrReplaceAll(good, {{"rates products", "products"}}), absl::StatusCode::kDataLoss, "damaged"},
@@ -106,7 +111,7 @@ TEST(KernelCache, TimedOnceThenReadBackAndADamagedFileReplaced) {
   o.product_shape = {GgmlType::kQ4_0, 256, 64};
   std::string source;
   ASSERT_TRUE(LoadOrMeasureKernelRates(&o, &source).ok());
-  const std::string path = dir + "/snapfill/kernels-t1-Q4_0-256x64.txt";
+  const std::string path = dir + "/snapfill/kernels-t1-Q4_0-256x64-h9x3x64.txt";
   EXPECT_EQ(source, "timed now, kept in " + path);
   ASSERT_EQ(o.kernel_rates.size(), 2u);
   const std::string kept = testing::ReadAll(path);

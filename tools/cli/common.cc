@@ -117,6 +117,8 @@ absl::StatusOr<std::unique_ptr<Backend>> BackendFromFlags(const LlamaModel* mode
   if (model != nullptr && model->config().num_layers > 0) {
     const WeightView& gate = model->layer(0).w_gate;
     opts.product_shape = {gate.type, gate.cols, gate.rows};
+    const LlamaConfig& c = model->config();
+    opts.attention_shape = {c.num_heads, c.num_kv_heads, c.head_dim};
   }
   absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));

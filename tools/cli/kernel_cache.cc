@@ -25,7 +25,7 @@ namespace {
 
 // The first line; a file of another version is ignored, not read.
 constexpr char kHeader[] = "snapfill kernel timings ";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: the attention's heads in the key
 
 std::string ShapeLine(const BackendOptions::ProductShape& s) {
   const char* name = GetTypeTraits(s.type).name;
@@ -38,7 +38,10 @@ std::vector<std::pair<std::string, std::string>> KeyLines(const KernelCacheKey& 
           {"build " + key.build, "another build of snapfill"},
           {"config " + (key.config.empty() ? std::string("the CPU's own") : key.config), "another kernel level"},
           {absl::StrCat("threads ", key.threads), "another thread count"},
-          {ShapeLine(key.shape), "another product shape"}};
+          {ShapeLine(key.shape), "another product shape"},
+          {absl::StrCat("attention heads ", key.heads.num_heads, " on ", key.heads.num_kv_heads, " of ",
+                        key.heads.head_dim),
+           "other attention heads"}};
 }
 
 int NoteCallback(struct dl_phdr_info* info, size_t, void* data) {
@@ -91,8 +94,9 @@ std::string KernelCacheDir() {
 
 std::string KernelCacheFile(const std::string& dir, const KernelCacheKey& key) {
   const char* name = GetTypeTraits(key.shape.type).name;
-  std::string file = absl::StrCat(dir, "/kernels-t", key.threads, "-", name != nullptr ? name : "x", "-",
-                                  key.shape.k, "x", key.shape.n);
+  std::string file =
+      absl::StrCat(dir, "/kernels-t", key.threads, "-", name != nullptr ? name : "x", "-", key.shape.k, "x",
+                   key.shape.n, "-h", key.heads.num_heads, "x", key.heads.num_kv_heads, "x", key.heads.head_dim);
   if (!key.config.empty()) absl::StrAppend(&file, "-", key.config);
   return file + ".txt";
 }
@@ -167,6 +171,7 @@ absl::Status LoadOrMeasureKernelRates(BackendOptions* options, std::string* sour
   key.build = ExecutableBuildId();
   key.threads = options->num_threads > 0 ? options->num_threads : omp_get_num_procs();
   key.shape = options->product_shape;
+  key.heads = options->attention_shape;
   if (!options->kernel_level.empty()) key.config = options->kernel_level;
   if (options->amx == BackendOptions::Amx::kOff) absl::StrAppend(&key.config, key.config.empty() ? "" : "-", "amx0");
   if (options->amx == BackendOptions::Amx::kInt8Only) {

@@ -2,7 +2,7 @@
 // implementation of each CPU op that has more than one (BackendOptions::
 // attention_kernel / products_kernel "measure"); timing them costs about a
 // fifth of a second, so the rates are kept in a small file per CPU, build,
-// thread count and product shape under the user's cache directory, and
+// thread count, product shape and attention heads under the user's cache directory, and
 // later runs read them instead. A file that does not belong to this run (made on
 // another CPU or by another build, of another format version, truncated or
 // damaged) is ignored with a warning and replaced by a new timing.
@@ -25,19 +25,22 @@ struct KernelCacheKey {
   std::string config;  // the kernel level and AMX mode asked for ("" : the CPU's own)
   int threads = 0;
   BackendOptions::ProductShape shape;
+  BackendOptions::AttentionShape heads;
 };
 
 // $XDG_CACHE_HOME/snapfill, else $HOME/.cache/snapfill; "" where neither
 // variable is set (no file is kept then).
 std::string KernelCacheDir();
 
-// The file for `key` in `dir`: kernels-t<threads>-<type>-<k>x<n>[-<config>].txt.
+// The file for `key` in `dir`:
+// kernels-t<threads>-<type>-<k>x<n>-h<heads>x<kv heads>x<head_dim>[-<config>].txt.
 std::string KernelCacheFile(const std::string& dir, const KernelCacheKey& key);
 
 // The rates the file holds. NotFound where there is no file; another error,
 // naming what is wrong, where the file is unreadable, truncated, damaged, of
 // another format version, or made on another CPU, by another build, or for
-// another thread count or shape: the caller ignores it with a warning.
+// another thread count, product shape or heads: the caller ignores it with a
+// warning.
 absl::StatusOr<std::vector<KernelRates>> ReadKernelCache(const std::string& path, const KernelCacheKey& key);
 
 // Writes the rates for `key`: to a temporary file beside `path`, renamed
