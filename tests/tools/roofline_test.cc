@@ -73,6 +73,18 @@ TEST(RooflineTest, NoFloorWithoutThePeaksTheWorkNeeds) {
   EXPECT_EQ(FloorSeconds(Work{}, BackendProfile::Peaks{}), 0.0);
 }
 
+// generate --profile's attention: the prefill kernel's peak where the
+// prompt's query-key pairs outnumber the decoding's.
+TEST(RooflineTest, GenerateAttentionIsThePromptsWhereItHasMostPairs) {
+  EXPECT_TRUE(AttentionMostlyPrefill(0, 562, 1));
+  EXPECT_TRUE(AttentionMostlyPrefill(0, 512, 128));  // 131,072 pairs against 73,728
+  EXPECT_FALSE(AttentionMostlyPrefill(0, 4, 32));
+  EXPECT_FALSE(AttentionMostlyPrefill(0, 100, 200));   // 5,000 against 40,000
+  EXPECT_FALSE(AttentionMostlyPrefill(1155, 16, 64));  // a question after a saved cache, then an answer
+  EXPECT_TRUE(AttentionMostlyPrefill(1155, 200, 64));
+  EXPECT_TRUE(AttentionMostlyPrefill(0, 0, 0));
+}
+
 TEST(RooflineTest, LinesNameTheInstructionOfEachShare) {
   const BackendProfile::Peaks p = Avx2Peaks();
   EXPECT_EQ(PeaksLine(p),

@@ -191,7 +191,8 @@ absl::Status RunGenerate() {
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (absl::GetFlag(FLAGS_timing)) PrintTiming(r, "");
-  std::fprintf(stderr, "%s", ProfileReportWithPeaks(*backend, /*prefill=*/false).c_str());
+  const bool prefill = AttentionMostlyPrefill(start_pos, r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+  std::fprintf(stderr, "%s", ProfileReportWithPeaks(*backend, prefill).c_str());
   return absl::OkStatus();
 }
 

@@ -121,6 +121,11 @@ Work WorkFromProfile(const BackendProfile* profile) {
   return WorkFromProfile(profile->Seconds(), profile->Ops(), profile->Int8MatMulOps());
 }
 
+bool AttentionMostlyPrefill(int64_t before, int64_t prompt, int64_t generated) {
+  const double b = static_cast<double>(before), p = static_cast<double>(prompt), g = static_cast<double>(generated);
+  return p * (b + p / 2) >= g * (b + p + g / 2);
+}
+
 std::string ProfileReportWithPeaks(Backend& backend, bool prefill) {
   BackendProfile* profile = backend.profile();
   const std::string out = profile != nullptr ? profile->Report() : "";

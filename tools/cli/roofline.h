@@ -57,6 +57,13 @@ std::string WorkAgainstPeaks(const Work& work, const BackendProfile::Peaks& peak
 // prefill attention's), not decoding alone.
 std::string ProfileReportWithPeaks(Backend& backend, bool prefill);
 
+// Whether a generate run's attention was mostly the prompt's (the prefill
+// kernel's peak applies) rather than the decoding's: a prompt of `prompt`
+// tokens after `before` cached positions, then `generated` tokens one at a
+// time; by the query-key pairs each sees (a 562-token prompt and one token:
+// prefill; a 4-token prompt and 32 tokens: decode).
+bool AttentionMostlyPrefill(int64_t before, int64_t prompt, int64_t generated);
+
 }  // namespace snapfill::cli
 
 #endif  // SNAPFILL_TOOLS_CLI_ROOFLINE_H_
