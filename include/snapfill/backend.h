@@ -652,8 +652,8 @@ class Backend {
     return 0;
   }
   // Bytes of scratch Attention keeps after a chunk of num_q queries over
-  // num_keys keys (global layers, no window), for memory predictions. The
-  // base class keeps none.
+  // num_keys keys (the longest, a global layer's; windows take no more),
+  // for memory predictions. The base class keeps none.
   virtual uint64_t AttentionScratchBytes(int64_t num_q, int64_t num_keys, int64_t num_kv_heads,
                                          int64_t head_dim) const {
     return 0;

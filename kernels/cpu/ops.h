@@ -183,8 +183,9 @@ bool AttentionHasAvx512Bf16();
 
 // Bytes Attention keeps between calls (the caller's thread scratch) after a
 // chunk of num_q > 1 queries over num_keys keys: the bf16 kernels' K and V
-// tiles, 256 bytes per key (rounded up to 32) and KV head at head_dim 64,
-// where those kernels take the chunk; 0 where the f32 kernel does. The
+// tiles, 4 · head_dim bytes per key (rounded up to 32) and KV head, where
+// those kernels take the chunk (a window takes the same); 0 where the f32
+// kernel does. The
 // tiles grow to the largest chunk's and no further, so this of the largest
 // is what they hold (memory predictions).
 uint64_t AttentionScratchBytes(int64_t num_q, int64_t num_keys, int64_t num_kv_heads, int64_t head_dim,
