@@ -658,6 +658,12 @@ class Backend {
                                          int64_t head_dim) const {
     return 0;
   }
+  // A bound on the scratch the products keep after a batch of `tokens` rows
+  // whose inputs are at most `widest` values wide (ffn_dim of them the
+  // feed-forward block's), where the backend knows it; for memory
+  // predictions, which take the larger of it and their fit for the int8
+  // paths' quantized activations and packed tiles. The base class: 0.
+  virtual uint64_t ProductScratchBytes(int64_t tokens, int64_t widest, int64_t ffn_dim) const { return 0; }
   // Whether MatMul quantizes the activations (int8 dots) for weights of
   // `type`, so that its peak is the int8 one (`snapfill info`'s ceiling).
   virtual bool QuantizesActivations(GgmlType type) const { return false; }

@@ -158,6 +158,12 @@ struct StepTelemetry {
 // What a prefill allocates, known before it starts (--dry_run, --max_memory).
 struct PrefillFootprint {
   SchedulePlan plan;
+  // The most keys one chunk's attention reads, in any layer, the question's
+  // rows included: the plan's peak_attention_length where the memory keeps
+  // to the linear budgets, more for the full pruner (everything read
+  // before), adaptive growth (up to memory_capacity) and a sliding-window
+  // layer's ring. Sizes the attention's and the votes' scratch.
+  int64_t attention_keys = 0;
   int64_t memory_capacity = 0;     // entries per global layer and KV head
   // Entries per sliding-window layer and KV head: its window (or the whole
   // input where shorter); 0 for a model without such layers.

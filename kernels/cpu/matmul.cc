@@ -152,6 +152,11 @@ bool MatMulHasAvxVnni() { SNAPFILL_CPU_DISPATCH(MatMulHasAvxVnni); }
 bool MatMulHasDecodeLayout() { SNAPFILL_CPU_DISPATCH(MatMulHasDecodeLayout); }
 bool MatMulHasAmx() { SNAPFILL_CPU_DISPATCH(MatMulHasAmx); }
 bool MatMulHasAmxBf16() { SNAPFILL_CPU_DISPATCH(MatMulHasAmxBf16); }
+
+uint64_t ProductScratchBytes(int64_t m, int64_t widest, int64_t ffn_dim, int threads) {
+  if (m < internal::kAmxMinTokens || ActiveMatMulImpl() != MatMulImpl::kAuto || !MatMulHasAmxBf16()) return 0;
+  return internal::AmxBf16ScratchBytes(m, widest, ffn_dim, threads);
+}
 bool MatMulReadsDecodeLayout(GgmlType type) { SNAPFILL_CPU_DISPATCH(MatMulReadsDecodeLayout, type); }
 
 void MatMul(const float* x, int64_t m, int64_t k, int64_t x_stride, const void* w, GgmlType w_type, int64_t n,

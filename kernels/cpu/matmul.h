@@ -172,6 +172,14 @@ struct ProductRate {
 };
 std::vector<ProductRate> MeasureProductImpls(GgmlType type, int64_t m, int64_t k, int64_t n);
 
+// A bound on the bytes the products' token blocks keep between calls where
+// they run on AMX-BF16 tiles (m >= 16 under kAuto; else 0: the int8 paths'
+// quantized activations and packed tiles are left to the caller's fit), for
+// blocks of up to m tokens whose inputs are at most `widest` values wide,
+// ffn_dim of them the feed-forward block's hidden width, on a team of
+// `threads` (internal::AmxBf16ScratchBytes).
+uint64_t ProductScratchBytes(int64_t m, int64_t widest, int64_t ffn_dim, int threads);
+
 // Returns true if SIMD kernels were compiled in (kAuto then uses them).
 bool MatMulHasSimd();
 

@@ -54,6 +54,14 @@ bool AmxBf16SupportsType(GgmlType type);
 void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const uint8_t* w, GgmlType type,
                    int64_t n, size_t w_row_bytes, float* y, int64_t y_stride);
 
+// Bytes MatMulAmxBf16Shared and FeedForwardAmxBf16 keep between calls
+// for blocks of up to m tokens whose inputs are at most `widest` values wide
+// (the feed-forward block's h ffn of them), on a team of `threads`: the
+// caller's X and h in tiles (m rounded up to 32 tokens, bf16), and each
+// thread's weight panel, norm or SwiGLU row and the C tiles between parts
+// of K. An upper bound, for memory predictions.
+uint64_t AmxBf16ScratchBytes(int64_t m, int64_t widest, int64_t ffn, int threads);
+
 // One product of MatMulAmxBf16Shared: Y[m, n] (row stride y_stride floats)
 // = X · Wᵀ with W's rows w_row_bytes apart.
 struct AmxBf16Out {

@@ -904,10 +904,24 @@ void MatMulAmxBf16(const float* x, int64_t m, int64_t k, int64_t x_stride, const
   MatMulAmxBf16Shared(x, m, k, x_stride, type, &out, 1);
 }
 
+uint64_t AmxBf16ScratchBytes(int64_t m, int64_t widest, int64_t ffn, int threads) {
+  const uint64_t m_pad = static_cast<uint64_t>((m + 2 * kTile - 1) / (2 * kTile) * 2 * kTile);
+  const uint64_t w = static_cast<uint64_t>(std::max(widest, ffn));
+  // CallerXb and CallerHb.
+  const uint64_t caller = m_pad * (w + static_cast<uint64_t>(ffn)) * sizeof(uint16_t);
+  // ThreadPanel: kPanelBytes, or one row pair of gate and up (2 · 64 bytes
+  // per input value) where a weight is too wide for it; ThreadGlu; and
+  // ThreadPartial, at most 64 row pairs of C tiles (PanelPairsFor).
+  const uint64_t panel = std::max<uint64_t>(kPanelBytes, 128 * w);
+  const uint64_t per_thread = panel + w * sizeof(float) + 64 * 4096 + 3 * 64;
+  return caller + 2 * 64 + static_cast<uint64_t>(std::max(threads, 1)) * per_thread;
+}
+
 #else  // !SNAPFILL_AMX_BF16_COMPILED
 
 bool AmxBf16Available() { return false; }
 bool AmxBf16SupportsType(GgmlType) { return false; }
+uint64_t AmxBf16ScratchBytes(int64_t, int64_t, int64_t, int) { return 0; }
 void ConfigureBf16Tiles() {}
 void ReleaseBf16Tiles() {}
 void MatMulAmxBf16(const float*, int64_t, int64_t, int64_t, const uint8_t*, GgmlType, int64_t, size_t, float*,

@@ -550,6 +550,9 @@ class CpuBackend final : public Backend, public BackendProfile {
                                  int64_t head_dim) const override {
     return cpu::AttentionScratchBytes(num_q, num_keys, num_kv_heads, head_dim);
   }
+  uint64_t ProductScratchBytes(int64_t tokens, int64_t widest, int64_t ffn_dim) const override {
+    return exact_ ? 0 : cpu::ProductScratchBytes(tokens, widest, ffn_dim, num_threads_);
+  }
   uint64_t WindowScoresScratchBytes(int64_t num_heads, int64_t num_q, int64_t num_keys) const override {
     const uint64_t scores = static_cast<uint64_t>(num_heads) * static_cast<uint64_t>(num_q) *
                             static_cast<uint64_t>(num_keys);

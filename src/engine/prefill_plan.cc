@@ -267,13 +267,26 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   // budget between layers with the same total, counted here as the linear
   // budget of every layer.
   const int64_t sinks = c.schedule.sink_tokens;
+  // The keys a step's attention reads in any layer (its memory ∪ chunk):
+  // the plan's length where the memory keeps to its linear budgets; all
+  // that was read before for the full pruner; up to the memory's capacity
+  // with adaptive growth; a sliding-window layer's ring and the chunk.
+  auto step_keys = [&](const ScheduleStep& s) {
+    int64_t keys = s.attention_length;
+    if (c.pruner.kind == PrunerKind::kFull || f.plan.adaptive) {
+      keys = std::max(keys, std::min(s.start_token, f.memory_capacity) + s.chunk_tokens);
+    }
+    if (num_local > 0) keys = std::max(keys, std::min(f.window_entries, s.start_token) + s.chunk_tokens);
+    return keys;
+  };
   std::vector<int64_t> written(num_global, 0);  // memory entries written per global layer so far
   int64_t cand_written = 0;
   uint64_t last_memory = 0;
   for (const ScheduleStep& s : f.plan.steps) {
     const int64_t read = s.start_token + s.chunk_tokens;
-    const int64_t window_length = num_local > 0 ? std::min(f.window_entries, s.start_token) + s.chunk_tokens : 0;
-    cand_written = std::max({cand_written, s.attention_length + query_rows, window_length + query_rows});
+    // (The question's rows follow the chunk.)
+    f.attention_keys = std::max(f.attention_keys, step_keys(s) + query_rows);
+    cand_written = std::max(cand_written, f.attention_keys);
     uint64_t memory = num_local * std::min(f.window_entries, read) * layer_host_bytes;
     for (int64_t g = 0; g < num_global; ++g) {
       const int64_t b = static_cast<size_t>(g) < s.budget.size() ? s.budget[g] : s.budget.back();

@@ -376,7 +376,18 @@ TEST(PrefillEngineTest, FullPrunerReadsFixedChunksUnderAnySchedule) {
     const SchedulePlan& plan = (*engine)->plan();
     ASSERT_EQ(plan.steps.size(), 10u);
     for (const ScheduleStep& s : plan.steps) EXPECT_EQ(s.chunk_tokens, 100);
-    SNAPFILL_ASSERT_OK((*engine)->Run(Tokens(1000, model->config().vocab_size), nullptr));
+    // The last chunk's attention reads every token (the attention kernels'
+    // scratch is predicted from this).
+    auto fp = PrefillEngine::Footprint(model->config(), config, 1000);
+    SNAPFILL_ASSERT_OK(fp);
+    EXPECT_EQ(fp->attention_keys, 1000);
+    int64_t keys = 0, previous = 0;
+    SNAPFILL_ASSERT_OK((*engine)->Run(Tokens(1000, model->config().vocab_size), [&](const StepTelemetry& t) {
+      keys = std::max(keys, previous + plan.steps[t.step].chunk_tokens);
+      previous = *std::max_element(t.memory.begin(), t.memory.end());
+      return true;
+    }));
+    EXPECT_EQ(keys, 1000);
     EXPECT_EQ((*engine)->memory().max_size(), 1000) << "full attention keeps every token";
   }
 }
@@ -491,8 +502,13 @@ TEST(PrefillEngineTest, AdaptiveGrowthKeepsTheLinearTotal) {
   SNAPFILL_ASSERT_OK(engine);
   const SchedulePlan& plan = (*engine)->plan();
   ASSERT_TRUE(plan.adaptive);
+  auto fp = PrefillEngine::Footprint(model->config(), config, n);
+  SNAPFILL_ASSERT_OK(fp);
   bool differs = false;
+  int64_t keys = 0, previous = 0;  // the most keys a step's attention read
   SNAPFILL_ASSERT_OK((*engine)->Run(ids, [&](const StepTelemetry& t) {
+    keys = std::max(keys, previous + plan.steps[t.step].chunk_tokens);
+    previous = *std::max_element(t.memory.begin(), t.memory.end());
     int64_t total = 0;
     for (int64_t m : t.memory) {
       total += m;
@@ -504,6 +520,10 @@ TEST(PrefillEngineTest, AdaptiveGrowthKeepsTheLinearTotal) {
     return true;
   }));
   EXPECT_TRUE(differs);  // the layers did not all get the same budget
+  // So a layer's attention read more keys than the linear plan's longest,
+  // and no more than the footprint sizes the attention's scratch for.
+  EXPECT_GT(keys, plan.peak_attention_length);
+  EXPECT_LE(keys, fp->attention_keys);
 }
 
 }  // namespace

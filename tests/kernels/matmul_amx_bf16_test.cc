@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_amx.h"
+#include "kernels/cpu/thread_team.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/ref/quant_ref.h"
 #include "tests/testing/matmul_data.h"
@@ -266,6 +267,45 @@ TEST(MatMulAmxBf16ScratchTest, SmallerCallAfterLargerIsUnchanged) {
     EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0)
         << GetTypeTraits(t).name;
   }
+}
+
+// cpu::ProductScratchBytes bounds what the AMX-BF16 products leave in the
+// team's buffers (the memory prediction takes it): after every way a layer
+// calls them (Q/K/V shared and normed, the output projection's add, the
+// SwiGLU in front of the down projection, the fused feed-forward block), at
+// SmolLM2's widths and odd token counts, up to 3x over (X and h are sized
+// for the widest input whichever path runs).
+TEST(MatMulAmxBf16ScratchTest, StaysWithinTheBound) {
+  if (!cpu::MatMulHasAmxBf16()) GTEST_SKIP() << kNoAmxBf16Message;
+  const GgmlType t = GgmlType::kQ4_1;
+  const int64_t d = 576, ff = 1536;
+  const size_t d_bytes = RowBytes(t, d), ff_bytes = RowBytes(t, ff);
+  const auto wq = MakeWeights(t, d, d, d_bytes, 21), wg = MakeWeights(t, ff, d, d_bytes, 22);
+  const auto wu = MakeWeights(t, ff, d, d_bytes, 23), wd = MakeWeights(t, d, ff, ff_bytes, 24);
+  const std::vector<float> norm(d, 1.0f);
+  cpu::ThreadTeam team(2);
+  const cpu::ThreadTeam::Scope scope(team);
+  for (const int64_t m : {40, 333, 1030}) {
+    const auto x = MakeActivations(m, d, d, 25);
+    std::vector<float> q(m * d), k(m * d), gate(m * ff), up(m * ff), xn(m * d), y(m * d);
+    const cpu::MatMulOut qk[2] = {{wq.data(), d, d_bytes, q.data(), d}, {wq.data(), d, d_bytes, k.data(), d}};
+    cpu::MatMulShared(x.data(), m, d, d, t, qk, 2);
+    cpu::NormMatMulShared(x.data(), m, d, d, cpu::RowNorm{norm.data(), 1e-5f, xn.data(), d}, t, qk, 2);
+    cpu::MatMulAdd(q.data(), m, d, d, wq.data(), t, d, d_bytes, y.data(), d);
+    const cpu::MatMulOut gu[2] = {{wg.data(), ff, d_bytes, gate.data(), ff}, {wu.data(), ff, d_bytes, up.data(), ff}};
+    cpu::MatMulShared(x.data(), m, d, d, t, gu, 2);
+    cpu::MatMulSwiGlu(gate.data(), up.data(), m, ff, ff, wd.data(), t, d, ff_bytes, y.data(), d, /*add=*/true);
+    cpu::FeedForward(x.data(), m, d, d, wg.data(), wu.data(), t, ff, d_bytes, wd.data(), t, d, ff_bytes, y.data(), d,
+                     /*add=*/true);
+    const uint64_t bound = cpu::ProductScratchBytes(m, ff, ff, 2);
+    EXPECT_LE(team.ScratchBytes(), bound) << m << " tokens";
+    EXPECT_GE(3 * team.ScratchBytes(), bound) << m << " tokens";
+  }
+  // Another path, or a one-token product: nothing of the tiles' own.
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAmxInt8);
+  EXPECT_EQ(cpu::ProductScratchBytes(1030, ff, ff, 2), 0u);
+  cpu::SetMatMulImplForTesting(cpu::MatMulImpl::kAuto);
+  EXPECT_EQ(cpu::ProductScratchBytes(1, ff, ff, 2), 0u);
 }
 
 }  // namespace

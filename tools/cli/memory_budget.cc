@@ -69,15 +69,19 @@ PeakPrediction PredictPeak(const LlamaConfig& c, const Backend& backend, uint64_
   // tiny model, docs/RELIABILITY.md): about 3 bytes per FFN value of the
   // chunk plus 1700 rows' worth of packed tiles.
   const uint64_t chunk = static_cast<uint64_t>(fp.plan.max_chunk_tokens);
-  p.backend = static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700);
+  // Where the backend bounds its products' scratch itself (the AMX-BF16
+  // tiles' bf16 copies of the batch's rows and of the feed-forward block's
+  // h, about 4 bytes per FFN value of the batch), the larger of the two.
+  const int64_t widest = std::max({c.model_dim, c.num_heads * c.head_dim, c.ffn_dim});
+  p.backend = std::max<uint64_t>(static_cast<uint64_t>(c.ffn_dim) * (3 * chunk + 1700),
+                                 backend.ProductScratchBytes(fp.ops.tokens, widest, c.ffn_dim));
   // SnapKV's votes may keep the window queries' scores of every key of the
   // longest attention for a second pass (the CPU backend: num_heads · window
   // floats per key, 1.7 MiB for SmolLM2 at IMDC 1024 / 1024, up to 16 MiB).
-  p.backend += backend.WindowScoresScratchBytes(c.num_heads, fp.plan.config.window, fp.plan.peak_attention_length);
+  p.backend += backend.WindowScoresScratchBytes(c.num_heads, fp.plan.config.window, fp.attention_keys);
   // The bf16 attention kernels' K and V tiles of the longest attention
   // (exact; none where the f32 kernel runs).
-  p.backend += backend.AttentionScratchBytes(fp.plan.max_chunk_tokens, fp.plan.peak_attention_length, c.num_kv_heads,
-                                             c.head_dim);
+  p.backend += backend.AttentionScratchBytes(fp.plan.max_chunk_tokens, fp.attention_keys, c.num_kv_heads, c.head_dim);
   // After the prefill the memory itself becomes the decoder's cache (room
   // for the generated tokens is part of the prefill's memory); decoding
   // adds one-token activations, the logits, and the decode copy's growth.
