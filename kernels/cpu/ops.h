@@ -83,9 +83,8 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // of query heads of its KV head against 64-key tiles of K and V.
 // With num_q > 1 and head_dim 64, 128 or 256, both products take bf16
 // operands (q·scale, k, v and the probabilities; f32 sums): on AMX-BF16
-// tiles where the CPU has them (AttentionHasAmx(); head_dim 64 without a
-// window), else with AVX512-BF16 vdpbf16ps where it has that
-// (AttentionHasAvx512Bf16(), or AMX CPUs outside the tiles' case):
+// tiles where the CPU has them (AttentionHasAmx()), else with AVX512-BF16
+// vdpbf16ps where it has that (AttentionHasAvx512Bf16()):
 // ref::AttentionBf16's arithmetic, within about 2^-8 of the f32 result.
 // Otherwise, and for one query (decode), f32 (AttentionF32).
 //
@@ -172,11 +171,11 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   float scale, bool max_weight = false);
 
-// True if Attention of a chunk (num_q > 1, head_dim 64) runs on AMX-BF16
+// True if Attention of a chunk (num_q > 1, head_dim 64, 128 or 256) runs on AMX-BF16
 // tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.
 bool AttentionHasAmx();
 
-// True if Attention of a chunk (num_q > 1, head_dim 64) runs on the
+// True if Attention of a chunk (num_q > 1, head_dim 64, 128 or 256) runs on the
 // AVX512-BF16 kernel: the CPU has AVX512-BF16 and either the impl is
 // kAvx512Bf16, or it is kAuto and AMX-BF16 is not there.
 bool AttentionHasAvx512Bf16();
