@@ -258,5 +258,3 @@ BENCHMARK(BM_PackForDecode_Cpu)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace snapfill
-
-BENCHMARK_MAIN();

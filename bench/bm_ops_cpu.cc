@@ -321,5 +321,3 @@ BENCHMARK(BM_SwiGlu_Cpu)->ArgNames({"tokens"})->Arg(1)->Arg(512)->UseRealTime();
 
 }  // namespace
 }  // namespace snapfill
-
-BENCHMARK_MAIN();

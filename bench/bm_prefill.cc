@@ -134,5 +134,3 @@ BENCHMARK(BM_Decode_Cpu)->ArgName("tokens")->Arg(128)->Unit(benchmark::kMillisec
 
 }  // namespace
 }  // namespace snapfill
-
-BENCHMARK_MAIN();

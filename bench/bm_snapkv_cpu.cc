@@ -127,5 +127,3 @@ BENCHMARK(BM_SelectHeads_Cpu)
 
 }  // namespace
 }  // namespace snapfill
-
-BENCHMARK_MAIN();
