@@ -7,13 +7,10 @@
 #include <cstdio>
 
 #include "benchmark/benchmark.h"
-#include "snapfill/backend.h"
 #include "tools/cli/environment.h"
 
 int main(int argc, char** argv) {
-  snapfill::BackendOptions options;
-  absl::Status s = snapfill::cli::KernelChoicesFromEnvironment(&options);
-  if (s.ok()) s = snapfill::ConfigureCpuKernels(options);
+  const absl::Status s = snapfill::cli::ConfigureKernelsFromEnvironment();
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

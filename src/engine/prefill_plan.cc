@@ -280,13 +280,12 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     return keys;
   };
   std::vector<int64_t> written(num_global, 0);  // memory entries written per global layer so far
-  int64_t cand_written = 0;
   uint64_t last_memory = 0;
   for (const ScheduleStep& s : f.plan.steps) {
     const int64_t read = s.start_token + s.chunk_tokens;
-    // (The question's rows follow the chunk.)
+    // The candidates written so far: the most keys an attention read yet
+    // (the question's rows follow the chunk).
     f.attention_keys = std::max(f.attention_keys, step_keys(s) + query_rows);
-    cand_written = std::max(cand_written, f.attention_keys);
     uint64_t memory = num_local * std::min(f.window_entries, read) * layer_host_bytes;
     for (int64_t g = 0; g < num_global; ++g) {
       const int64_t b = static_cast<size_t>(g) < s.budget.size() ? s.budget[g] : s.budget.back();
@@ -298,7 +297,7 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
         buffers_on_device ? 0
                           : LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers, c.score_tokens);
     const uint64_t step =
-        memory + std::min<uint64_t>(cand_written, cand) * cand_host_bytes + keep_bytes + activations + score_bytes;
+        memory + std::min<uint64_t>(f.attention_keys, cand) * cand_host_bytes + keep_bytes + activations + score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
     last_memory = memory;
   }

@@ -5,14 +5,11 @@
 #include <cstdio>
 
 #include "gtest/gtest.h"
-#include "snapfill/backend.h"
 #include "tools/cli/environment.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  snapfill::BackendOptions options;
-  absl::Status s = snapfill::cli::KernelChoicesFromEnvironment(&options);
-  if (s.ok()) s = snapfill::ConfigureCpuKernels(options);
+  const absl::Status s = snapfill::cli::ConfigureKernelsFromEnvironment();
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

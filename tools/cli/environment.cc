@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "snapfill/status.h"
 
 namespace snapfill::cli {
 namespace {
@@ -56,6 +57,12 @@ absl::Status KernelChoicesFromEnvironment(BackendOptions* options) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ConfigureKernelsFromEnvironment() {
+  BackendOptions options;
+  SNAPFILL_RETURN_IF_ERROR(KernelChoicesFromEnvironment(&options));
+  return ConfigureCpuKernels(options);
 }
 
 std::string ResolveModelPath(const std::string& flag) {

@@ -28,6 +28,10 @@ namespace snapfill::cli {
 // OMP_WAIT_POLICY where they are set; InvalidArgument naming the variable
 // for a value that is not one of its own.
 absl::Status KernelChoicesFromEnvironment(BackendOptions* options);
+// Those choices put in force for the process (ConfigureCpuKernels): what
+// the tests' and the benchmarks' mains do first, so that SNAPFILL_CPU runs
+// a lower level's kernels there as it does in the command.
+absl::Status ConfigureKernelsFromEnvironment();
 
 // The model: `flag` when given, else $SNAPFILL_MODEL, else
 // models/SmolLM2-135M-Instruct.Q4_1.gguf in the current folder or one of
