@@ -82,12 +82,14 @@ cudaError_t Attention(const float* q, const float* k, const float* v, const Atte
 // 96, 128 or 256 on compute capability 8.0 and later, where the binary holds
 // the kernel's sm_80 code (not a JIT of older PTX, where its MMA traps) and
 // its tile fits the device's shared memory per block (shared_optin:
-// cudaDeviceProp::sharedMemPerBlockOptin; head_dim 256 takes 102 KiB, more
-// than sm_86/89/120 allow) (FlashAttentionSupports); cudaErrorInvalidValue
-// otherwise.
+// cudaDeviceProp::sharedMemPerBlockOptin; head_dim 256 takes 99 KiB, all
+// that sm_86/89/120 allow) (FlashAttentionSupports); cudaErrorInvalidValue
+// otherwise. `scratch` (FlashAttentionScratchBytes, 16-byte aligned) takes
+// k and v rounded to bf16 in dense rows, which the tiles are copied from.
 bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_optin);
+size_t FlashAttentionScratchBytes(const AttentionShape& s);
 cudaError_t FlashAttention(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
-                           int64_t out_stride, cudaStream_t stream);
+                           int64_t out_stride, uint16_t* scratch, cudaStream_t stream);
 // lse [num_heads][num_q]: each query's log softmax denominator over the keys
 // it sees (cpu::QueryLogSumExp).
 cudaError_t QueryLogSumExp(const float* q, const float* k, const AttentionShape& s, float* lse,

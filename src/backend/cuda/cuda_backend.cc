@@ -799,9 +799,13 @@ class CudaBackend final : public Backend, public BackendProfile {
       SNAPFILL_ASSIGN_OR_RETURN(od, Buffer<float>(kOut, q.count * width));
       od_stride = width;
     }
-    SNAPFILL_CUDA(UsesTensorCoreAttention(q) ? cuda::FlashAttention(o.q, o.k, o.v, o.shape, od, od_stride, stream_)
-                                             : cuda::Attention(o.q, o.k, o.v, o.shape, od, od_stride, stream_),
-                  "attention");
+    if (UsesTensorCoreAttention(q)) {
+      const int64_t halves = static_cast<int64_t>(cuda::FlashAttentionScratchBytes(o.shape) / sizeof(uint16_t));
+      SNAPFILL_ASSIGN_OR_RETURN(uint16_t* kv_bf16, Buffer<uint16_t>(kKvBf16, halves));
+      SNAPFILL_CUDA(cuda::FlashAttention(o.q, o.k, o.v, o.shape, od, od_stride, kv_bf16, stream_), "attention");
+    } else {
+      SNAPFILL_CUDA(cuda::Attention(o.q, o.k, o.v, o.shape, od, od_stride, stream_), "attention");
+    }
     if (!direct) SNAPFILL_RETURN_IF_ERROR(DownloadRows(od, q.count, width, out, out_stride));
     if (profile_) {
       // Visible (query, key) pairs: the causal triangle's (a window's band
@@ -1051,6 +1055,7 @@ class CudaBackend final : public Backend, public BackendProfile {
         4 * keys * static_cast<uint64_t>(z.head_dim),                                   // kPacked
         4 * static_cast<uint64_t>(z.voters) * qw,                                       // kGrouped
         4 * static_cast<uint64_t>(z.num_heads) * static_cast<uint64_t>(z.voters) * keys,  // kScores
+        tensor_core_attention_ ? 2 * sizeof(uint16_t) * keys * kvw : 0,                 // kKvBf16: k, v in bf16
     };
     uint64_t total = 0;
     for (uint64_t b : slots) total += b + b / 8;
@@ -1199,7 +1204,7 @@ class CudaBackend final : public Backend, public BackendProfile {
   // The scratch buffers, by use.
   enum Slot {
     kX, kXin, kY, kGate, kUp, kH, kQ, kK, kV, kOut, kLse, kPositions, kSortScratch, kStage, kRows, kPacked, kGrouped,
-    kScores, kNumSlots
+    kScores, kKvBf16, kNumSlots
   };
 
   // f(first, length) over [0, n) in pieces of `piece`, over the host
