@@ -26,11 +26,11 @@ if [ -n "${SNAPFILL_MAIN_BYTES:-}" ]; then
   head -c "$SNAPFILL_MAIN_BYTES" out/kjv.txt > out/kjv_head.txt
   INPUT=out/kjv_head.txt
 fi
-# The recall tier keeps every evicted entry on disk for the question (about
-# 23 KB a token: 22 GiB for the whole text, removed at the end); without the
-# room, the run goes on without it.
+# The recall tier keeps every evicted entry on disk for the question (q8,
+# about 12.4 KB a token: 12 GiB for the whole text, removed at the end);
+# without the room, the run goes on without it.
 RECALL=(--recall_dir out/recall_store)
-NEED_KB=$(( $(wc -c < "$INPUT") / 4 * 24 ))
+NEED_KB=$(( $(wc -c < "$INPUT") / 4 * 13 ))
 FREE_KB=$(df -Pk out | awk 'NR == 2 { print $4 }')
 if [ "$FREE_KB" -lt "$NEED_KB" ]; then
   echo "main_job: $((FREE_KB / 1048576)) GiB free in out/, the recall store may take $((NEED_KB / 1048576)) GiB: running without it" >&2
