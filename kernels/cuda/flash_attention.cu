@@ -100,22 +100,20 @@ __device__ __forceinline__ void WaitAsync() {
 
 // Four 8×8 bf16 matrices; lanes 8i..8i+7 give the rows of matrix i. Lane
 // T receives (row T/4, columns 2·(T%4) and +1) of each, the lower column
-// in the low half; with .trans the transposed: (rows 2·(T%4) and +1,
+// in the low half; kTransposed: the transposed, (rows 2·(T%4) and +1,
 // column T/4), the lower row in the low half.
+template <bool kTransposed>
 __device__ __forceinline__ void LoadMatrices(uint32_t (&r)[4], const __nv_bfloat16* row) {
 #if SNAPFILL_SM80
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(row)));
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void LoadMatricesTransposed(uint32_t (&r)[4], const __nv_bfloat16* row) {
-#if SNAPFILL_SM80
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(row)));
+  if constexpr (kTransposed) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(row)));
+  }
 #else
   __trap();
 #endif
@@ -252,11 +250,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kHd / 16; ++kk) {
         uint32_t a[4];
-        LoadMatrices(a, q_row + kk * 16);
+        LoadMatrices<false>(a, q_row + kk * 16);
 #pragma unroll
         for (int j = 0; j < kKeys / 8; j += 2) {
           uint32_t b[4];
-          LoadMatrices(b, kt + (j * 8 + k_row) * kP + kk * 16 + k_col);
+          LoadMatrices<false>(b, kt + (j * 8 + k_row) * kP + kk * 16 + k_col);
           Mma(sc[j], a, b[0], b[1]);
           Mma(sc[j + 1], a, b[2], b[3]);
         }
@@ -338,7 +336,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int nd = 0; nd < kHd / 8; nd += 2) {
           uint32_t b[4];
-          LoadMatricesTransposed(b, vt + (kk * 16 + v_row) * kP + nd * 8 + v_col);
+          LoadMatrices<true>(b, vt + (kk * 16 + v_row) * kP + nd * 8 + v_col);
           Mma(o[nd], a, b[0], b[1]);
           Mma(o[nd + 1], a, b[2], b[3]);
         }

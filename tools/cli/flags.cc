@@ -72,7 +72,7 @@ ABSL_FLAG(int64_t, recall, 256,
           "--recall_dir: entries per layer and KV head the question brings back, beside the memory");
 ABSL_FLAG(std::string, recall_format, "q8",
           "--recall_dir: how the store keeps keys and values: q8 (8 bits and a scale per vector; finds "
-          "the needles f16 finds, in half the disk and write time) or f16 (exact to fp16)");
+          "the needles f16 finds, in half the disk) or f16 (exact to fp16)");
 ABSL_FLAG(std::string, schedule, "imdc",
           "Size schedule: fm (fixed memory) | im (incremental memory) | imdc (incremental "
           "memory, decremental chunk)");
