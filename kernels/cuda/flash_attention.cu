@@ -35,6 +35,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/ops.h"
 
@@ -388,6 +389,21 @@ cudaError_t Launch(const float* q, const float* k, const float* v, const Attenti
   return cudaGetLastError();
 }
 
+// f(std::integral_constant<int, head_dim>{}) for the head sizes the kernel
+// is built for, `otherwise` for any other: the one list of them.
+template <typename R, typename F>
+R ByHeadDim(int64_t head_dim, R otherwise, F f) {
+  switch (head_dim) {
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 96: return f(std::integral_constant<int, 96>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    default: return otherwise;
+  }
+}
+
 }  // namespace
 
 bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_optin) {
@@ -406,17 +422,8 @@ bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_o
     return attributes.ptxVersion >= 80;
   }();
   if (!has_mma) return false;
-  size_t shared = 0;
-  switch (head_dim) {
-    case 16: shared = SharedBytes<16>(); break;
-    case 32: shared = SharedBytes<32>(); break;
-    case 64: shared = SharedBytes<64>(); break;
-    case 96: shared = SharedBytes<96>(); break;
-    case 128: shared = SharedBytes<128>(); break;
-    case 256: shared = SharedBytes<256>(); break;
-    default: return false;
-  }
-  return shared <= shared_optin;
+  const size_t shared = ByHeadDim(head_dim, size_t{0}, [](auto hd) { return SharedBytes<decltype(hd)::value>(); });
+  return shared > 0 && shared <= shared_optin;
 }
 
 size_t FlashAttentionScratchBytes(const AttentionShape& s) {
@@ -431,21 +438,9 @@ cudaError_t FlashAttention(const float* q, const float* k, const float* v, const
     return cudaErrorInvalidValue;
   }
   if (s.num_q == 0) return cudaSuccess;
-  switch (s.head_dim) {
-    case 16:
-      return Launch<16>(q, k, v, s, out, out_stride, scratch, stream);
-    case 32:
-      return Launch<32>(q, k, v, s, out, out_stride, scratch, stream);
-    case 64:
-      return Launch<64>(q, k, v, s, out, out_stride, scratch, stream);
-    case 96:
-      return Launch<96>(q, k, v, s, out, out_stride, scratch, stream);
-    case 128:
-      return Launch<128>(q, k, v, s, out, out_stride, scratch, stream);
-    case 256:
-      return Launch<256>(q, k, v, s, out, out_stride, scratch, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return ByHeadDim(s.head_dim, cudaErrorInvalidValue, [&](auto hd) {
+    return Launch<decltype(hd)::value>(q, k, v, s, out, out_stride, scratch, stream);
+  });
 }
 
 }  // namespace snapfill::cuda
