@@ -911,11 +911,7 @@ absl::Status PrefillEngineImpl::Recall(int64_t layer, const float* q, int64_t q_
                                    const KvView& seen) {
   Stopwatch watch;
   if (recaller_ == nullptr) recaller_ = std::make_unique<Recaller>(backend_, model_.config());
-  RecallOptions options;
-  options.budget = config_.recall_budget;
-  options.span = config_.pruner.query_select == Selection::kSpan ? config_.pruner.span : 0;
-  options.original_positions = config_.keep_original_positions;
-  options.max_weight = config_.pruner.query_votes == QueryVotes::kMax;
+  const RecallOptions options = RecallOptionsFor(config_, config_.recall_budget);
   SNAPFILL_ASSIGN_OR_RETURN(const int64_t added, recaller_->RecallLayer(*recall_store_, layer, q, q_stride,
                                                                         num_q, seen, options, *memory_,
                                                                         /*rotated=*/false));

@@ -21,6 +21,15 @@ constexpr int64_t kPeaksPerEntry = 2;
 
 }  // namespace
 
+RecallOptions RecallOptionsFor(const PrefillConfig& config, int64_t budget) {
+  RecallOptions options;
+  options.budget = budget;
+  options.span = config.pruner.query_select == Selection::kSpan ? config.pruner.span : 0;
+  options.original_positions = config.keep_original_positions;
+  options.max_weight = config.pruner.query_votes == QueryVotes::kMax;
+  return options;
+}
+
 RecallStoreInfo RecallShape(const LlamaConfig& config, RecallFormat format) {
   RecallStoreInfo info;
   info.num_layers = config.num_layers;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "snapfill/backend.h"
+#include "snapfill/engine.h"
 #include "src/kv/kv_cache.h"
 #include "src/kv/recall_store.h"
 #include "src/model/llama_model.h"
@@ -23,6 +24,12 @@ struct RecallOptions {
   bool original_positions = false;  // keys rotate at their input positions, not re-encoded
   bool max_weight = false;  // a key's score: the queries' largest weight, not their sum (--query_votes)
 };
+
+// The options a prefill's settings give a recall of `budget` entries: the
+// question's selection (spans or single entries) and votes, and the
+// positions. The chunk loop's recall and a recall after a question-less
+// prefill (run and needle with --query_aware=false) take the same.
+RecallOptions RecallOptionsFor(const PrefillConfig& config, int64_t budget);
 
 // A store's shape and format for `config` (whose store it is, the caller
 // fills in).

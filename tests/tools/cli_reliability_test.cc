@@ -609,5 +609,28 @@ TEST_F(ReliabilityTest, RecallAnswersASavedCacheFromItsStore) {
   EXPECT_FAILS_WITH(Run(generate + plain + " --recall_dir " + store), 1, "saved without a recall store");
 }
 
+// run --recall_dir where the question does not guide the compression
+// (--query_aware=false): the plan says the question recalls after the
+// input, the run says it did, and the store goes. (That it answers as
+// prefill --recall_dir and generate --cache --recall_dir do:
+// model_recall_after_test, on the real model, whose answers tell caches
+// apart where this one's do not.)
+TEST_F(ReliabilityTest, RecallAfterAQuestionlessPrefill) {
+  const std::string run = "run --model " + model_ + " --input " + text_ +
+                          " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false --timing=false"
+                          " --question 'what is it' --query_aware=false -n 8 --recall 16 --recall_dir ";
+  const std::string store = dir_ + "/store";
+  Result r = Run(run + store + " --dry_run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("the question, read after the input, brings back 16 per layer and KV head"), std::string::npos)
+      << r.out;
+  EXPECT_FALSE(Exists(store)) << "a dry run makes no store";
+  r = Run(run + store);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("by the question read after the input"), std::string::npos) << r.err;
+  EXPECT_FALSE(Exists(store)) << "a finished run removes its store";
+}
+
 }  // namespace
 }  // namespace snapfill

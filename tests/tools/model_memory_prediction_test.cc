@@ -132,9 +132,9 @@ TEST_P(MemoryPredictionTest, MeasuredPeakIsWithinTenPercent) {
   testing::WriteRaw(dir_ + "/doc.txt", corpus_.substr(0, 20000));
   const std::string args = std::string(c.args) + " --model " + model_ + " --input " + dir_ +
                            "/doc.txt --progress=false --timing=true --verbosity 1";
-  const std::string out = std::string(c.args).rfind("prefill", 0) == 0
-                              ? " --out " + dir_ + "/c.kv"
-                              : "";
+  std::string out = std::string(c.args).rfind("prefill", 0) == 0 ? " --out " + dir_ + "/c.kv" : "";
+  // (The recall tier's store: made by the run, removed at its end.)
+  if (std::string(c.args).find("--recall") != std::string::npos) out += " --recall_dir " + dir_ + "/store";
   Result dry = Run(args + out + " --dry_run");
   ASSERT_EQ(dry.exit_code, 0) << dry.err;
   if (c.state == MachineState::kCold) EvictFromPageCache(model_);
@@ -168,7 +168,11 @@ constexpr const char* kConfigurations[] = {
     // Decode reads fp16 entries that replace the f32 ones (the default), or
     // the f32 entries.
     "run -n 16 --question Why? --pruner full --chunk 1024",
-    "run -n 16 --question Why? --pruner full --chunk 1024 --decode_kv_f16=false"};
+    "run -n 16 --question Why? --pruner full --chunk 1024 --decode_kv_f16=false",
+    // The recall tier, at the input's last step (question-guided) and after
+    // a prefill the question did not guide.
+    "run -n 16 --question Why? --schedule fm --memory 256 --chunk 512 --recall 256",
+    "run -n 16 --question Why? --schedule fm --memory 256 --chunk 512 --recall 256 --query_aware=false"};
 
 std::vector<PredictionCase> Cases() {
   std::vector<PredictionCase> cases;

@@ -147,25 +147,41 @@ struct Tally {
 
 class NeedleHarness {
  public:
-  NeedleHarness(LoadedModel& model, Backend* backend, PrefillConfig config)
-      : model_(model), backend_(backend), config_(config) {}
+  // recall_after: entries per layer and KV head the question brings back
+  // after a prefill it did not guide (--recall_dir with --query_aware=false
+  // or a pruner that needs no question), as run does then; 0: none, or the
+  // chunk loop's own recall (config.recall_budget).
+  NeedleHarness(LoadedModel& model, Backend* backend, PrefillConfig config, int64_t recall_after)
+      : model_(model), backend_(backend), config_(config), recall_after_(recall_after) {}
 
   // The configured chunk loop, then `answer_tokens` greedy tokens. With
   // --query_aware the trial's question (as it closes the prompt) guides
-  // every chunk's compression, as in `run --question`.
-  absl::StatusOr<std::string> AnswerCompressed(const std::vector<int32_t>& tokens,
+  // every chunk's compression, as in `run --question`. With recall_after,
+  // the chunk loop reads the prompt up to document_end (the template's
+  // opening and the document: what `prefill` saves), and the rest (the
+  // question as it closes the prompt) brings back what it attends to most
+  // from the store and is then read as the answer's prompt, as `prefill
+  // --recall_dir` and `generate --cache --recall_dir` do.
+  absl::StatusOr<std::string> AnswerCompressed(const std::vector<int32_t>& prompt, int64_t document_end,
                                                const std::string& question, int64_t answer_tokens) {
     PrefillConfig config = config_;
     if (absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv) {
       SNAPFILL_ASSIGN_OR_RETURN(config.query_tokens,
                                 BuildContinuation(*model_.tokenizer, model_.chat_template, question));
     }
+    std::vector<int32_t> ask_after;
+    if (recall_after_ > 0) {
+      SNAPFILL_ASSIGN_OR_RETURN(ask_after, BuildContinuation(*model_.tokenizer, model_.chat_template, question));
+    }
+    std::vector<int32_t> document;
+    if (!ask_after.empty()) document.assign(prompt.begin(), prompt.begin() + document_end);
+    const std::vector<int32_t>& tokens = ask_after.empty() ? prompt : document;
     SNAPFILL_ASSIGN_OR_RETURN(
         std::unique_ptr<PrefillEngine> engine,
         PrefillEngine::Create(*model_.model, backend_, config, tokens.size()));
     // --recall_dir: a store of this trial's own, removed after it.
     std::unique_ptr<RecallStore> store;
-    if (config.recall_budget > 0) {
+    if (config.recall_budget > 0 || recall_after_ > 0) {
       RecallStoreInfo info = RecallShape(model_.model->config(), config.recall_format);
       info.input_digest = TokenDigest(tokens.data(), tokens.size());
       info.input_tokens = static_cast<int64_t>(tokens.size());
@@ -173,17 +189,39 @@ class NeedleHarness {
       SNAPFILL_ASSIGN_OR_RETURN(store, RecallStore::Create(absl::GetFlag(FLAGS_recall_dir), info));
       SNAPFILL_RETURN_IF_ERROR(engine->AttachRecallStore(store.get()));
     }
-    const absl::Status ran = engine->Run(tokens, nullptr);
+    absl::Status ran = engine->Run(tokens, nullptr);
+    std::unique_ptr<KvCache> kv;
+    int64_t next_position = 0;
+    if (ran.ok()) {
+      const int64_t room = answer_tokens + (ask_after.empty() ? 0 : ask_after.size() + recall_after_);
+      absl::StatusOr<std::unique_ptr<KvCache>> made = engine->MakeDecoderCache(room);
+      if (made.ok()) {
+        kv = *std::move(made);
+        next_position = engine->next_position();
+      } else {
+        ran = made.status();
+      }
+    }
+    if (ran.ok() && !ask_after.empty()) {
+      ran = RecallForQuestion(*model_.model, backend_, *kv, &next_position, *store, ask_after,
+                              RecallOptionsFor(config, recall_after_))
+                .status();
+    }
     if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
     SNAPFILL_RETURN_IF_ERROR(ran);
-    SNAPFILL_ASSIGN_OR_RETURN(auto kv, engine->MakeDecoderCache(answer_tokens));
+    if (!ask_after.empty()) {
+      if (prompt_forward_ == nullptr || prompt_forward_->max_tokens() < static_cast<int64_t>(ask_after.size())) {
+        SNAPFILL_ASSIGN_OR_RETURN(prompt_forward_, LlamaForward::Create(*model_.model, backend_, ask_after.size()));
+      }
+      SNAPFILL_ASSIGN_OR_RETURN(
+          GenerateResult r, Generate(*prompt_forward_, *kv, next_position, ask_after, Options(answer_tokens), nullptr));
+      return model_.tokenizer->Decode(r.tokens);
+    }
     if (decoder_ == nullptr) {
       SNAPFILL_ASSIGN_OR_RETURN(decoder_, LlamaForward::Create(*model_.model, backend_, 1));
     }
-    SNAPFILL_ASSIGN_OR_RETURN(
-        GenerateResult r, GenerateFromLogits(*decoder_, *kv, engine->next_position(),
-                                             engine->last_logits(), Options(answer_tokens),
-                                             nullptr));
+    SNAPFILL_ASSIGN_OR_RETURN(GenerateResult r, GenerateFromLogits(*decoder_, *kv, next_position, engine->last_logits(),
+                                                                   Options(answer_tokens), nullptr));
     return model_.tokenizer->Decode(r.tokens);
   }
 
@@ -212,11 +250,13 @@ class NeedleHarness {
   LoadedModel& model_;
   Backend* backend_;
   PrefillConfig config_;
+  int64_t recall_after_ = 0;
   std::unique_ptr<LlamaForward> decoder_;
   std::unique_ptr<LlamaForward> batch_forward_;
+  std::unique_ptr<LlamaForward> prompt_forward_;  // the question after a recall (recall_after_)
 };
 
-std::string ConfigLabel(const PrefillConfig& c) {
+std::string ConfigLabel(const PrefillConfig& c, int64_t recall_after) {
   std::string s = absl::StrCat(std::string(ScheduleKindName(c.schedule.kind)), " ",
                                PrunerKindName(c.pruner.kind));
   if (c.pruner.kind != PrunerKind::kFull) absl::StrAppend(&s, " m", c.schedule.memory);
@@ -224,6 +264,9 @@ std::string ConfigLabel(const PrefillConfig& c) {
   if (absl::GetFlag(FLAGS_query_aware) && c.pruner.kind == PrunerKind::kSnapKv) {
     absl::StrAppend(&s, " question-guided (", QuestionSelectionLabel(c.pruner), ")");
     if (c.recall_budget > 0) absl::StrAppend(&s, " recall ", c.recall_budget, " ", RecallFormatName(c.recall_format));
+  }
+  if (recall_after > 0) {
+    absl::StrAppend(&s, " recall ", recall_after, " ", RecallFormatName(c.recall_format), " after the prefill");
   }
   return s;
 }
@@ -412,8 +455,8 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
           const bool reused = record != recorded.end() && FromRecord(record->second, wants_baseline, t);
           if (!reused) {
             Stopwatch watch;
-            SNAPFILL_ASSIGN_OR_RETURN(t.answer,
-                                      harness.AnswerCompressed(p.prompt.tokens, t.plan.question, answer_tokens));
+            SNAPFILL_ASSIGN_OR_RETURN(t.answer, harness.AnswerCompressed(p.prompt.tokens, p.prompt.document_end,
+                                                                         t.plan.question, answer_tokens));
             t.seconds = watch.Seconds();
             t.score = ScoreNeedleAnswer(t.plan, t.answer);
           }
@@ -630,6 +673,13 @@ absl::Status RunNeedle() {
   SNAPFILL_ASSIGN_OR_RETURN(LongInput in, OpenLongInput(g.input_path));
   LoadedModel& model = in.model;
   SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/absl::GetFlag(FLAGS_query_aware)));
+  // --recall_dir where the question does not guide the compression: it
+  // recalls after the prefill (NeedleHarness), which then only keeps the store.
+  int64_t recall_after = 0;
+  if (config.recall_budget > 0 && !(absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv)) {
+    recall_after = config.recall_budget;
+    config.recall_budget = 0;
+  }
   std::vector<int32_t> haystack = model.tokenizer->Encode(in.text, false, false);
   in.text.clear();
   in.text.shrink_to_fit();
@@ -641,9 +691,9 @@ absl::Status RunNeedle() {
   const int64_t context = model.model->config().context_length;
   const NeedlePromptBuilder builder(*model.tokenizer, model.chat_template, std::move(haystack),
                                     absl::GetFlag(FLAGS_system));
-  NeedleHarness harness(model, in.backend.get(), config);
+  NeedleHarness harness(model, in.backend.get(), config, recall_after);
   SNAPFILL_RETURN_IF_ERROR(CheckCells(g, builder, model, config));
-  const std::string label = ConfigLabel(config);
+  const std::string label = ConfigLabel(config, recall_after);
   const Json header = GridHeader(g, model, config, label, builder.haystack_tokens(), context);
   Recorded recorded;
   if (g.resume) {

@@ -64,6 +64,15 @@ struct Prepared {
   // most it may write.
   std::unique_ptr<RecallStore> recall;
   uint64_t recall_disk_bytes = 0;
+  // run --recall_dir where the question does not guide the compression
+  // (--query_aware=false, or a pruner that needs no question): the input is
+  // read without the question (config.recall_budget 0: the chunk loop only
+  // keeps the store), then the question (these tokens, as they close the
+  // prompt) brings back recall_after entries per layer and KV head from the
+  // store and is read as the answer's prompt, as `prefill --recall_dir` and
+  // `generate --cache --recall_dir` do in two commands.
+  std::vector<int32_t> ask_after;
+  int64_t recall_after = 0;
   std::string fingerprint;  // the model's, once read (ModelFingerprint hashes the whole file)
   uint64_t kernel_scratch_peak = 0;  // the most the kernels' buffers held after a step (measured)
 };
@@ -112,6 +121,27 @@ absl::StatusOr<PrefillFootprint> FootprintOf(const Prepared& p, const PrefillCon
                                   !p.backend->HostReachesBuffers());
 }
 
+// The peak of p's run with plan `fp`: PredictPeak, and with a recall after
+// the prefill (Prepared::ask_after) the entries it brings into the cache
+// (room the plan reserved, untouched until then) and what the question's
+// pass over the cache holds before decoding (RecallForQuestion: its
+// activations, each layer's keys and values with the question's, the
+// recall's scratch), counted with decoding's.
+PeakPrediction PredictRunPeak(const Prepared& p, const PrefillFootprint& fp, uint64_t process_bytes) {
+  const LlamaConfig& mc = p.model.model->config();
+  PeakPrediction peak =
+      PredictPeak(mc, *p.backend, p.weight_bytes, fp, process_bytes, p.decode_copy_bytes, p.half_decode_kv);
+  if (!p.ask_after.empty()) {
+    const int64_t n = static_cast<int64_t>(p.ask_after.size());
+    const uint64_t keys = static_cast<uint64_t>(std::max(fp.memory_capacity, fp.final_entries) + n);
+    const uint64_t entry_bytes = mc.num_kv_heads * (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
+    peak.kept += static_cast<uint64_t>(p.recall_after) * mc.num_layers * entry_bytes;
+    peak.after += LlamaForward::ScratchBytes(mc, n) + 2 * keys * mc.num_kv_heads * mc.head_dim * sizeof(float) +
+                  Recaller::ScratchBytes(mc, n, p.recall_after, p.config.pruner.span);
+  }
+  return peak;
+}
+
 // --max_memory: the largest memory and chunk (those the user did not set)
 // whose predicted peak fits (the host's resident set; on a device, the
 // device's memory); a ResourceExhausted naming the prediction if none
@@ -141,8 +171,7 @@ absl::Status ChooseSizes(Prepared& p, uint64_t budget, uint64_t process_bytes) {
         fp->plan.peak_attention_length > mc.context_length) {
       continue;
     }
-    PeakPrediction peak = PredictPeak(mc, *p.backend, p.weight_bytes, *fp, process_bytes,
-                                      p.decode_copy_bytes, p.half_decode_kv);
+    PeakPrediction peak = PredictRunPeak(p, *fp, process_bytes);
     peak.tokenizing = p.tokenizing_peak;
     const DevicePrediction on_device = PredictDevicePeak(*p.model.model, *p.backend, *fp);
     smallest = device ? on_device.Format() : peak.Format();
@@ -209,6 +238,14 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     // The question as it closes the prompt guides every chunk's compression.
     SNAPFILL_ASSIGN_OR_RETURN(p.config.query_tokens,
                               BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
+  } else if (with_question && !question.empty() && p.config.recall_budget > 0) {
+    // The question recalls after the prefill (Prepared::ask_after).
+    SNAPFILL_ASSIGN_OR_RETURN(p.ask_after, BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
+    p.recall_after = p.config.recall_budget;
+    p.config.recall_budget = 0;
+    input_options.with_suffix = false;
+    // The decoder's cache takes the recalled entries and the question too.
+    p.config.decode_reserve += static_cast<int64_t>(p.ask_after.size()) + p.recall_after;
   }
   // The document is read and tokenized as a stream, only its first
   // --max_tokens where that is given; the template's opening and the
@@ -233,8 +270,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     // Let go of this plan before the engine makes its own: a plan is
     // about 300 bytes a step.
     SNAPFILL_ASSIGN_OR_RETURN(PrefillFootprint fp, FootprintOf(p, p.config));
-    p.peak = PredictPeak(p.model.model->config(), *p.backend, p.weight_bytes, fp, process_bytes,
-                         p.decode_copy_bytes, p.half_decode_kv);
+    p.peak = PredictRunPeak(p, fp, process_bytes);
     p.peak.tokenizing = p.tokenizing_peak;
     if (ComputesOnDevice(*p.backend)) p.device = PredictDevicePeak(*p.model.model, *p.backend, fp);
   }
@@ -322,7 +358,10 @@ void PrintPlan(const Prepared& p) {
                 free > 0 ? absl::StrCat(", ", HumanBytes(free), " free there").c_str() : "",
                 c.recall_budget > 0
                     ? absl::StrCat("the question brings back ", c.recall_budget, " per layer and KV head").c_str()
-                    : "kept for generate --cache --recall_dir");
+                : p.recall_after > 0 ? absl::StrCat("the question, read after the input, brings back ", p.recall_after,
+                                                    " per layer and KV head")
+                                           .c_str()
+                                     : "kept for generate --cache --recall_dir");
   }
   std::printf("%s\n", p.peak.Format().c_str());
   if (ComputesOnDevice(*p.backend)) {
@@ -554,21 +593,46 @@ absl::Status RunRun() {
   double prefill_seconds = 0;
   double recall_seconds = 0;
   int64_t recalled = 0;
-  const absl::Status prefill = RunPrefillLoop(p, &prefill_seconds, &recall_seconds, &recalled);
+  absl::Status prefill = RunPrefillLoop(p, &prefill_seconds, &recall_seconds, &recalled);
+  // The prefill's own work (the profile goes on through the decode).
+  BackendProfile* const profiler = p.backend->profile();
+  const Work prefill_work = WorkFromProfile(profiler);
+  std::unique_ptr<KvCache> kv;
+  int64_t next_position = 0;
+  if (prefill.ok()) {
+    absl::StatusOr<std::unique_ptr<KvCache>> taken = p.engine->TakeDecoderCache();
+    if (taken.ok()) {
+      kv = *std::move(taken);
+      next_position = p.engine->next_position();
+    } else {
+      prefill = taken.status();
+    }
+  }
+  if (prefill.ok() && !p.ask_after.empty()) {
+    // The question, read after the input, brings back what it attends to
+    // most, then is read again as the prompt (Prepared::ask_after).
+    Stopwatch watch;
+    absl::StatusOr<int64_t> added = RecallForQuestion(*p.model.model, p.backend.get(), *kv, &next_position, *p.recall,
+                                                      p.ask_after, RecallOptionsFor(p.config, p.recall_after));
+    if (added.ok()) {
+      recalled = *added;
+      recall_seconds = watch.Seconds();
+    } else {
+      prefill = added.status();
+    }
+  }
   if (p.recall != nullptr && prefill.ok()) {
-    std::fprintf(stderr, "recall: %lld entries per layer and KV head brought back from %s of evicted entries "
-                 "(%s) in %.1f s; the store is removed\n",
+    std::fprintf(stderr,
+                 "recall: %lld entries per layer and KV head brought back from %s of evicted entries "
+                 "(%s) in %.1f s%s; the store is removed\n",
                  (long long)recalled, HumanBytes(p.recall->bytes()).c_str(), RecallFormatName(p.config.recall_format),
-                 recall_seconds);
+                 recall_seconds, p.ask_after.empty() ? "" : " by the question read after the input");
   }
   DropRecallStore(p, prefill, /*keep_if_ok=*/false);
   SNAPFILL_RETURN_IF_ERROR(prefill);
   RemoveCheckpoint();
-  // The prefill's own work (the profile goes on through the decode).
-  BackendProfile* const profiler = p.backend->profile();
-  const Work prefill_work = WorkFromProfile(profiler);
-  SNAPFILL_ASSIGN_OR_RETURN(auto kv, p.engine->TakeDecoderCache());
-  SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), 1));
+  SNAPFILL_ASSIGN_OR_RETURN(
+      auto forward, LlamaForward::Create(*p.model.model, p.backend.get(), std::max<int64_t>(1, p.ask_after.size())));
   GenerateOptions gopts;
   gopts.max_new_tokens = n;
   gopts.sampling = sampling;
@@ -578,16 +642,17 @@ absl::Status RunRun() {
   double first_token_at = 0;
   const bool tty = isatty(fileno(stdout));
   const Tokenizer& tokenizer = *p.model.tokenizer;
+  auto print = [&](int32_t id) {
+    if (first_token_at == 0) first_token_at = ttft.Seconds();
+    const std::string piece = tokenizer.TokenToPiece(id);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    if (tty) std::fflush(stdout);
+    return true;
+  };
   SNAPFILL_ASSIGN_OR_RETURN(
-      GenerateResult r,
-      GenerateFromLogits(*forward, *kv, p.engine->next_position(), p.engine->last_logits(), gopts,
-                         [&](int32_t id) {
-                           if (first_token_at == 0) first_token_at = ttft.Seconds();
-                           const std::string piece = tokenizer.TokenToPiece(id);
-                           std::fwrite(piece.data(), 1, piece.size(), stdout);
-                           if (tty) std::fflush(stdout);
-                           return true;
-                         }));
+      GenerateResult r, p.ask_after.empty()
+                            ? GenerateFromLogits(*forward, *kv, next_position, p.engine->last_logits(), gopts, print)
+                            : Generate(*forward, *kv, next_position, p.ask_after, gopts, print));
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (first_token_at == 0) first_token_at = ttft.Seconds();
