@@ -50,7 +50,9 @@ ABSL_FLAG(std::string, question, "",
 ABSL_FLAG(bool, query_aware, true,
           "With a question: compress every chunk by the question's votes (its tokens run after "
           "each chunk, vote, and are dropped), not by the chunk's own last tokens alone; "
-          "=false reads the question only at the end");
+          "=false reads the question only at the end (with --recall_dir, after the input: it brings "
+          "back what it attends to most from the store, then is read, as prefill --recall_dir and "
+          "generate --cache --recall_dir do)");
 ABSL_FLAG(double, query_share, 1.0,
           "Question-guided compression: share of each chunk's picks made by the question's "
           "votes; the rest by the chunk's own window (SnapKV)");
