@@ -611,7 +611,8 @@ TEST_F(ReliabilityTest, RecallAnswersASavedCacheFromItsStore) {
 
 // run --recall_dir where the question does not guide the compression
 // (--query_aware=false): the plan says the question recalls after the
-// input, the run says it did, and the store goes. (That it answers as
+// input, the run says it did, and the store goes; killed after a
+// checkpoint, it resumes (its store cut back) and recalls the same way. (That it answers as
 // prefill --recall_dir and generate --cache --recall_dir do:
 // model_recall_after_test, on the real model, whose answers tell caches
 // apart where this one's do not.)
@@ -630,6 +631,19 @@ TEST_F(ReliabilityTest, RecallAfterAQuestionlessPrefill) {
   EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("by the question read after the input"), std::string::npos) << r.err;
   EXPECT_FALSE(Exists(store)) << "a finished run removes its store";
+  const std::string answer = r.out;
+
+  const std::string job = run + store + " --checkpoint " + checkpoint_;
+  KillAfterFirstCheckpoint(job + " --checkpoint_every 2");
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(Exists(store + "/recall.meta"));
+  r = Run(job + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("resuming from"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("by the question read after the input"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, answer);
+  EXPECT_FALSE(Exists(store));
+  EXPECT_FALSE(Exists(checkpoint_));
 }
 
 }  // namespace
