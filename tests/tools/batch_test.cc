@@ -362,6 +362,61 @@ TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
   EXPECT_FAILS_WITH(Run(job_ + " --cache_dir " + dir_ + "/none --out " + dir_ + "/b.jsonl"), 2, "is not a folder");
 }
 
+// --recall_dir: each document's store takes what its prefill evicts, and
+// each question brings back what it attends to most before it is read. With
+// --cache_dir the store stays beside the cache, and generate --cache
+// --recall_dir gives the batch's answer (at the input's positions, where
+// neither moves the question); without, the stores go with the answers. A
+// guided document recalls at its last step. Each answer records the recall.
+TEST_F(BatchCliTest, RecallDirBringsBackWhatEachQuestionNeeds) {
+  std::string manifest;
+  for (int d = 0; d < 3; ++d) {
+    manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
+                ".txt\", \"questions\": [\"What is said?\"]}\n";
+  }
+  testing::WriteRaw(manifest_, manifest);
+  const std::string caches = dir_ + "/caches", stores = dir_ + "/stores";
+  ASSERT_EQ(::mkdir(caches.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(stores.c_str(), 0755), 0);
+  const std::string recall = job_ + " --original_positions --recall 16 --recall_dir " + stores;
+  testing::Result r = Run(recall + " --cache_dir " + caches + " --out " + dir_ + "/a.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto answers = Answers(dir_ + "/a.jsonl");
+  ASSERT_EQ(answers.size(), 3u);
+  std::istringstream lines(testing::ReadAll(dir_ + "/a.jsonl"));
+  for (std::string line; std::getline(lines, line);) {
+    EXPECT_EQ(Json::parse(line)["settings"]["recall"], 16) << line;
+  }
+  for (int d = 0; d < 3; ++d) {
+    const std::string id = "doc" + std::to_string(d);
+    r = Run("generate --model " + tiny_ + " --cache " + caches + "/" + id + ".kv --recall_dir " + stores + "/" + id +
+            " --recall 16 --prompt 'What is said?' -n 4 --batch 64" + kSampling);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+    ASSERT_FALSE(r.out.empty());
+    EXPECT_EQ(AsJsonText(r.out.substr(0, r.out.size() - 1)), answers.at({id, "What is said?"})) << id;
+  }
+
+  // Without --cache_dir, and a guided document: every store goes.
+  testing::WriteRaw(manifest_, manifest + R"({"id": "g", "input": "d1.txt", "questions": ["Q?"], "guided": true})"
+                                          "\n");
+  const std::string others = dir_ + "/others";
+  ASSERT_EQ(::mkdir(others.c_str(), 0755), 0);
+  r = Run(job_ + " --recall 16 --recall_dir " + others + " --out " + dir_ + "/b.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Answers(dir_ + "/b.jsonl").size(), 4u);
+  EXPECT_TRUE(testing::ListDir(others).empty()) << "the stores go with the answers";
+
+  // Answers given without the recall are not resumed with it; refusals.
+  r = Run(job_ + " --out " + dir_ + "/c.jsonl");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FAILS_WITH(Run(job_ + " --recall_dir " + others + " --out " + dir_ + "/c.jsonl --resume"), 1,
+                    "was answered with the settings");
+  EXPECT_FAILS_WITH(Run(job_ + " --recall_dir " + dir_ + "/none --out " + dir_ + "/d.jsonl"), 2, "is not a folder");
+  EXPECT_FAILS_WITH(
+      Run(job_ + " --recall_dir " + others + " --checkpoint_dir " + caches + " --out " + dir_ + "/d.jsonl"), 2,
+      "are not supported yet");
+}
 
 // The launchers' variables, and a build without MPI refusing to be one of
 // several ranks.

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cctype>
-
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,10 +24,12 @@
 #include "src/base/sys_stats.h"
 #include "src/engine/generate.h"
 #include "src/engine/prompt.h"
+#include "src/engine/recall.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/checkpoint_file.h"
 #include "src/kv/kv_cache.h"
+#include "src/kv/recall_store.h"
 #include "src/model/llama_forward.h"
 #include "tools/cli/batch_manifest.h"
 #include "tools/cli/batch_mpi.h"
@@ -83,10 +84,17 @@ struct Answer {
 class BatchRunner {
  public:
   BatchRunner(LoadedModel& m, Backend* backend, const InputOptions& input, std::string fingerprint,
-              std::string cache_dir, std::string checkpoint_dir, int64_t checkpoint_every, bool resume)
-      : m_(m), backend_(backend), input_(input), fingerprint_(std::move(fingerprint)),
-        cache_dir_(std::move(cache_dir)), checkpoint_dir_(std::move(checkpoint_dir)),
-        checkpoint_every_(checkpoint_every), resume_(resume) {}
+              std::string cache_dir, std::string checkpoint_dir, int64_t checkpoint_every, bool resume,
+              std::string recall_dir)
+      : m_(m),
+        backend_(backend),
+        input_(input),
+        fingerprint_(std::move(fingerprint)),
+        cache_dir_(std::move(cache_dir)),
+        checkpoint_dir_(std::move(checkpoint_dir)),
+        checkpoint_every_(checkpoint_every),
+        resume_(resume),
+        recall_dir_(std::move(recall_dir)) {}
 
   // One document: a prefill shared by its questions, or one per question
   // with the question guiding it; `on_answer` sees each.
@@ -97,8 +105,9 @@ class BatchRunner {
     config.schedule.memory = d.settings.memory;
     config.schedule.chunk = d.settings.chunk;
     config.recall_budget = 0;
-    config.store_evicted = false;
+    config.store_evicted = !recall_dir_.empty();
     SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config, /*question_guided=*/d.settings.guided));
+    const int64_t recall = d.settings.recall;
     GenerateOptions gopts;
     gopts.max_new_tokens = d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(gopts.sampling, SamplingFromFlags());
@@ -114,10 +123,18 @@ class BatchRunner {
         SNAPFILL_ASSIGN_OR_RETURN(InputTokens in, Tokenize(d, frame, o));
         PrefillConfig c = config;
         c.decode_reserve = d.settings.n;
+        c.recall_budget = recall;  // at the last step, from the question in place
         SNAPFILL_ASSIGN_OR_RETURN(c.query_tokens, BuildContinuation(*m_.tokenizer, m_.chat_template, q));
         SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, c, in.tokens->size()));
         const std::string checkpoint = CheckpointPath(d, &q);
-        SNAPFILL_RETURN_IF_ERROR(Prefill(d, *engine, in, checkpoint));
+        SNAPFILL_ASSIGN_OR_RETURN(
+            std::unique_ptr<RecallStore> store,
+            AttachStore(d,
+                        absl::StrCat(".q", std::find(d.questions.begin(), d.questions.end(), q) - d.questions.begin()),
+                        *engine, in));
+        const absl::Status prefilled = Prefill(d, *engine, in, checkpoint);
+        if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
+        SNAPFILL_RETURN_IF_ERROR(prefilled);
         Answer a;
         a.input_tokens = in.tokens->size();
         a.prefill_seconds = watch.Seconds();
@@ -143,12 +160,19 @@ class BatchRunner {
       SNAPFILL_ASSIGN_OR_RETURN(question_ids.emplace_back(), BuildContinuation(*m_.tokenizer, m_.chat_template, q));
       longest = std::max<int64_t>(longest, question_ids.back().size());
     }
-    // Room in the memory itself for the last question and its answer: that
-    // one takes the memory over instead of a copy.
-    config.decode_reserve = longest + d.settings.n;
+    // Room in the memory itself for the last question, what it recalls and
+    // its answer: that one takes the memory over instead of a copy.
+    config.decode_reserve = longest + recall + d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
     const std::string checkpoint = CheckpointPath(d, nullptr);
-    SNAPFILL_RETURN_IF_ERROR(Prefill(d, *engine, in, checkpoint));
+    // --recall_dir: the document's store, which each question reads after
+    // the prefill (as generate --cache --recall_dir does), removed after its
+    // answers unless --cache_dir keeps it beside the cache.
+    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<RecallStore> store, AttachStore(d, "", *engine, in));
+    if (const absl::Status prefilled = Prefill(d, *engine, in, checkpoint); !prefilled.ok()) {
+      if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
+      return prefilled;
+    }
     const double prefill_seconds = watch.Seconds();
     if (!cache_dir_.empty()) {
       // For later questions: generate --cache DIR/ID.kv --prompt "...".
@@ -157,29 +181,52 @@ class BatchRunner {
       cache.config = ConfigJson(engine->config(), m_.path, in.tokens->size());
       cache.kernels = backend_->kernels();
       cache.input_tokens = in.tokens->size();
+      if (store != nullptr) {
+        // Whose store answers this cache's questions (generate --recall_dir).
+        cache.config.pop_back();
+        absl::StrAppendFormat(&cache.config, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
+                              store->info().input_digest, store->info().plan_digest);
+      }
       SNAPFILL_ASSIGN_OR_RETURN(cache.kv, engine->MakeDecoderCache(0));
       cache.next_position = engine->next_position();
       SNAPFILL_RETURN_IF_ERROR(SaveCacheFile(CachePath(cache_dir_, d.id), cache, /*overwrite=*/true));
+      if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->MarkComplete());
     }
     SNAPFILL_ASSIGN_OR_RETURN(auto forward, LlamaForward::Create(*m_.model, backend_, kQuestionBatch));
-    const int64_t next_position = engine->next_position();
-    for (size_t i = 0; i < questions.size(); ++i) {
+    const int64_t document_end = engine->next_position();
+    auto answer = [&](size_t i) -> absl::Status {
       const std::string& q = questions[i];
       const std::vector<int32_t>& ids = question_ids[i];
       // Each question but the last continues a copy of the document's cache.
       std::unique_ptr<KvCache> kv;
       if (i + 1 < questions.size()) {
-        SNAPFILL_ASSIGN_OR_RETURN(kv, engine->MakeDecoderCache(static_cast<int64_t>(ids.size()) + d.settings.n));
+        SNAPFILL_ASSIGN_OR_RETURN(kv,
+                                  engine->MakeDecoderCache(static_cast<int64_t>(ids.size()) + recall + d.settings.n));
       } else {
         SNAPFILL_ASSIGN_OR_RETURN(kv, engine->TakeDecoderCache());
       }
       Answer a;
       a.input_tokens = in.tokens->size() + static_cast<int64_t>(ids.size());
       a.prefill_seconds = prefill_seconds;
+      Stopwatch recalling;
+      int64_t next_position = document_end;
+      if (store != nullptr) {
+        SNAPFILL_RETURN_IF_ERROR(
+            RecallForQuestion(*m_.model, backend_, *kv, &next_position, *store, ids, RecallOptionsFor(config, recall))
+                .status());
+      }
+      const double recall_seconds = recalling.Seconds();
       SNAPFILL_ASSIGN_OR_RETURN(a.result, Generate(*forward, *kv, next_position, ids, gopts, Collect(&a.text)));
-      a.ttft_seconds = prefill_seconds + a.result.ttft_seconds;
-      SNAPFILL_RETURN_IF_ERROR(on_answer(q, a));
+      a.ttft_seconds = prefill_seconds + recall_seconds + a.result.ttft_seconds;
+      return on_answer(q, a);
+    };
+    absl::Status answered = absl::OkStatus();
+    for (size_t i = 0; i < questions.size() && answered.ok(); ++i) answered = answer(i);
+    if (store != nullptr && (cache_dir_.empty() || !answered.ok())) {
+      const absl::Status removed = store->Remove();
+      if (answered.ok()) answered = removed;
     }
+    SNAPFILL_RETURN_IF_ERROR(answered);
     return RemoveCheckpoint(checkpoint);
   }
 
@@ -255,6 +302,29 @@ class BatchRunner {
 
   static constexpr int64_t kQuestionBatch = 64;  // question tokens run at once
 
+  // With --recall_dir, a new store for the document (`suffix` ""; a guided
+  // one's k-th question's: ".q<k>") in RECALL_DIR/ID<suffix>, attached to
+  // `engine` to take what it evicts; else null. With --resume, a store a
+  // stopped job left there for the same model, input and plan is emptied
+  // and used.
+  absl::StatusOr<std::unique_ptr<RecallStore>> AttachStore(const BatchDocument& d, const std::string& suffix,
+                                                           PrefillEngine& engine, const InputTokens& in) {
+    if (recall_dir_.empty()) return nullptr;
+    RecallStoreInfo info = RecallShape(m_.model->config(), engine.config().recall_format);
+    info.model_fingerprint = fingerprint_;
+    info.input_digest = in.tokens->digest();
+    info.input_tokens = static_cast<int64_t>(in.tokens->size());
+    info.plan_digest = engine.plan_digest();
+    const std::string dir = absl::StrCat(recall_dir_, "/", d.id, suffix);
+    absl::StatusOr<std::unique_ptr<RecallStore>> store =
+        resume_ && access(dir.c_str(), F_OK) == 0
+            ? RecallStore::Reopen(dir, info, std::vector<int64_t>(m_.model->config().num_layers, 0))
+            : RecallStore::Create(dir, info);
+    if (!store.ok()) return store.status();
+    SNAPFILL_RETURN_IF_ERROR(engine.AttachRecallStore(store->get()));
+    return store;
+  }
+
   absl::StatusOr<InputTokens> Tokenize(const BatchDocument& d, const PromptFrame& frame, const InputOptions& o) {
     SNAPFILL_ASSIGN_OR_RETURN(auto file, InputFile::Open(d.input, "input"));
     return TokenizeInput(*file, *m_.tokenizer, frame, o);
@@ -275,6 +345,7 @@ class BatchRunner {
   const std::string checkpoint_dir_;
   const int64_t checkpoint_every_;
   const bool resume_;
+  const std::string recall_dir_;
 };
 
 }  // namespace
@@ -317,6 +388,14 @@ absl::Status RunBatchIn(BatchWorld& world) {
   defaults.temp = absl::GetFlag(FLAGS_temp);
   defaults.top_k = absl::GetFlag(FLAGS_top_k);
   defaults.top_p = absl::GetFlag(FLAGS_top_p);
+  defaults.original_positions = absl::GetFlag(FLAGS_original_positions);
+  const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
+  if (!recall_dir.empty()) {
+    defaults.recall = absl::GetFlag(FLAGS_recall);
+    if (defaults.recall < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--recall=", defaults.recall, " must be >= 1"));
+    }
+  }
   SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
   SNAPFILL_ASSIGN_OR_RETURN(std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
   const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
@@ -336,6 +415,15 @@ absl::Status RunBatchIn(BatchWorld& world) {
         CheckFolderForIds("--checkpoint_dir", checkpoint_dir, "a checkpoint", docs, manifest_path));
     if (checkpoint_every < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--checkpoint_every=", checkpoint_every, " must be >= 1"));
+    }
+  }
+  if (!recall_dir.empty()) {
+    SNAPFILL_RETURN_IF_ERROR(CheckFolderForIds("--recall_dir", recall_dir, "a recall store", docs, manifest_path));
+    if (!checkpoint_dir.empty()) {
+      // (A stopped document's store would have to be cut back to its
+      // checkpoint, as run --resume does; not done here yet.)
+      return absl::InvalidArgumentError(
+          "--recall_dir and --checkpoint_dir together are not supported yet: give one of them");
     }
   }
   SNAPFILL_ASSIGN_OR_RETURN(const auto shard, ResolveShard(absl::GetFlag(FLAGS_shard), Getenv));
@@ -399,7 +487,8 @@ absl::Status RunBatchIn(BatchWorld& world) {
                  shard.first, shard.second, (long long)todo_docs, (long long)todo_answers, (long long)skipped,
                  out.c_str(), ranks ? absl::StrCat(", over ", world.size(), " MPI ranks").c_str() : "");
   }
-  BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir, checkpoint_dir, checkpoint_every, resume);
+  BatchRunner runner(m, backend.get(), input, fingerprint, cache_dir, checkpoint_dir, checkpoint_every, resume,
+                     recall_dir);
   Stopwatch job;
   int64_t answers = 0, docs_done = 0, tokens = 0;
   world.Start(order);

@@ -38,6 +38,12 @@ struct BatchSettings {
   double temp = 0;
   int64_t top_k = 0;
   double top_p = 1;
+  // The recall tier (--recall_dir): entries per layer and KV head each
+  // question brings back; 0: none (and not recorded, so answers written
+  // before the tier existed still match).
+  int64_t recall = 0;
+  // --original_positions (recorded only where set, as recall).
+  bool original_positions = false;
   // As recorded with every answer: {"schedule":"imdc","memory":1024,...}.
   std::string Json() const;
   bool operator==(const BatchSettings&) const = default;

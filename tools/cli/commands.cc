@@ -57,8 +57,9 @@ const std::vector<Command>& Commands() {
        "become free and rank 0 merges their answers into --out.",
        Join({{"manifest", "out", "resume", "force", "shard", "guided", "cache_dir", "checkpoint_dir", "checkpoint_every",
               "schedule", "memory", "chunk", "window",
-              "pruner", "repeat_stride", "repeat_prompt", "gates", "score_span", "spool_dir", "spool_after"},
-             kSampling, kPrompt, kMachine, {"verbosity"}}),
+              "pruner", "repeat_stride", "repeat_prompt", "gates", "score_span", "original_positions", "spool_dir",
+              "spool_after"},
+             kRecall, kSampling, kPrompt, kMachine, {"verbosity"}}),
        &RunBatch},
       {"tokenize",
        "Print a model's token ids for a text (--prompt, or --input streamed from a file of any size), "
