@@ -183,9 +183,7 @@ class BatchRunner {
       cache.input_tokens = in.tokens->size();
       if (store != nullptr) {
         // Whose store answers this cache's questions (generate --recall_dir).
-        cache.config.pop_back();
-        absl::StrAppendFormat(&cache.config, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
-                              store->info().input_digest, store->info().plan_digest);
+        AddRecallDigests(store->info().input_digest, store->info().plan_digest, &cache.config);
       }
       SNAPFILL_ASSIGN_OR_RETURN(cache.kv, engine->MakeDecoderCache(0));
       cache.next_position = engine->next_position();

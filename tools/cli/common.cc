@@ -396,6 +396,12 @@ std::string QuestionSelectionLabel(const PrunerConfig& p) {
 
 const char* QueryHeadsName(const PrunerConfig& p) { return p.shared_query_votes ? "shared" : "each"; }
 
+void AddRecallDigests(uint64_t input_digest, uint64_t plan_digest, std::string* config_json) {
+  config_json->pop_back();  // the object's closing brace
+  absl::StrAppendFormat(config_json, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
+                        input_digest, plan_digest);
+}
+
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens) {
   // Question-guided compression's settings, only where a question guides

@@ -157,6 +157,9 @@ const char* QueryHeadsName(const PrunerConfig& p);
 
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens);
+// Adds to a cache's ConfigJson the digests that name the recall store its
+// later questions read (generate --cache --recall_dir checks them).
+void AddRecallDigests(uint64_t input_digest, uint64_t plan_digest, std::string* config_json);
 
 // One JSON record per step (--telemetry), ending in a newline. The origin
 // map is written sparse ([chunk, entries] pairs) when `with_origin`; callers

@@ -731,9 +731,7 @@ absl::Status RunPrefill() {
   cache.config = ConfigJson(p.config, p.model.path, p.total);
   if (p.recall != nullptr) {
     // Whose store answers this cache's questions (generate --recall_dir).
-    cache.config.pop_back();
-    absl::StrAppendFormat(&cache.config, ",\"recall_input_digest\":\"%016x\",\"recall_plan_digest\":\"%016x\"}",
-                          p.recall->info().input_digest, p.recall->info().plan_digest);
+    AddRecallDigests(p.recall->info().input_digest, p.recall->info().plan_digest, &cache.config);
   }
   cache.input_tokens = p.total;
   SNAPFILL_ASSIGN_OR_RETURN(cache.kv, p.engine->TakeDecoderCache());
