@@ -201,6 +201,10 @@ struct PrefillFootprint {
   // its buffers back (TakeDecoderCache): the memory as the last step left
   // it, the recalled entries, and the plan.
   uint64_t kept_bytes = 0;
+  // What each entry recalled per layer and KV head adds to kept_bytes (in
+  // every global layer, on the host): for a recall after the prefill too,
+  // which a caller adds itself.
+  uint64_t recall_entry_bytes = 0;
 };
 
 class PrefillEngine {

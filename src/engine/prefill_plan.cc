@@ -314,7 +314,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   f.resident_peak += f.plan_bytes;
   // (On a device the decoder's cache is the memory where it is: the host
   // keeps its positions.)
-  f.kept_bytes = last_memory + c.recall_budget * num_global * layer_host_bytes + f.plan_bytes;
+  f.recall_entry_bytes = num_global * layer_host_bytes;
+  f.kept_bytes = last_memory + c.recall_budget * f.recall_entry_bytes + f.plan_bytes;
   return f;
 }
 

@@ -235,6 +235,15 @@ class BatchCliTest : public testing::CliTest {
     }
     return m;
   }
+  // Documents doc0.. (d0.txt..) of one question each, "What is said?".
+  static std::string OneQuestionEach(int docs) {
+    std::string manifest;
+    for (int d = 0; d < docs; ++d) {
+      manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
+                  ".txt\", \"questions\": [\"What is said?\"]}\n";
+    }
+    return manifest;
+  }
   static constexpr const char* kSampling = " --temp 1.5 --top_k 0 --top_p 1 --seed 5";
   std::string manifest_, job_;
 };
@@ -337,11 +346,7 @@ TEST_F(BatchCliTest, AStoppedDocumentResumesFromItsCheckpoint) {
 // --cache_dir keeps each document's cache: a later generate --cache with
 // the same question gives the batch's answer.
 TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
-  std::string manifest;
-  for (int d = 0; d < 3; ++d) {
-    manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
-                ".txt\", \"questions\": [\"What is said?\"]}\n";
-  }
+  const std::string manifest = OneQuestionEach(3);
   testing::WriteRaw(manifest_, manifest);
   const std::string caches = dir_ + "/caches";
   ASSERT_EQ(::mkdir(caches.c_str(), 0755), 0);
@@ -369,11 +374,7 @@ TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
 // neither moves the question); without, the stores go with the answers. A
 // guided document recalls at its last step. Each answer records the recall.
 TEST_F(BatchCliTest, RecallDirBringsBackWhatEachQuestionNeeds) {
-  std::string manifest;
-  for (int d = 0; d < 3; ++d) {
-    manifest += "{\"id\": \"doc" + std::to_string(d) + "\", \"input\": \"d" + std::to_string(d) +
-                ".txt\", \"questions\": [\"What is said?\"]}\n";
-  }
+  const std::string manifest = OneQuestionEach(3);
   testing::WriteRaw(manifest_, manifest);
   const std::string caches = dir_ + "/caches", stores = dir_ + "/stores";
   ASSERT_EQ(::mkdir(caches.c_str(), 0755), 0);

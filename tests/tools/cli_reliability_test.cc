@@ -612,14 +612,16 @@ TEST_F(ReliabilityTest, RecallAnswersASavedCacheFromItsStore) {
 // run --recall_dir where the question does not guide the compression
 // (--query_aware=false): the plan says the question recalls after the
 // input, the run says it did, and the store goes; killed after a
-// checkpoint, it resumes (its store cut back) and recalls the same way. (That it answers as
-// prefill --recall_dir and generate --cache --recall_dir do:
-// model_recall_after_test, on the real model, whose answers tell caches
-// apart where this one's do not.)
+// checkpoint, it resumes (its store cut back) and answers the same. (The
+// answers are sampled: the tiny model's greedy ones are line breaks whatever
+// its cache holds; sampled, the same run without the store answers
+// otherwise. That it answers as prefill --recall_dir and generate --cache
+// --recall_dir do: model_recall_after_test, on the real model.)
 TEST_F(ReliabilityTest, RecallAfterAQuestionlessPrefill) {
   const std::string run = "run --model " + model_ + " --input " + text_ +
                           " --schedule fm --memory 64 --chunk 64 --window 8 --progress=false --timing=false"
-                          " --question 'what is it' --query_aware=false -n 8 --recall 16 --recall_dir ";
+                          " --question 'what is it' --query_aware=false -n 8 --temp 1.5 --top_k 0 --top_p 1"
+                          " --seed 5 --recall 16 --recall_dir ";
   const std::string store = dir_ + "/store";
   Result r = Run(run + store + " --dry_run");
   ASSERT_EQ(r.exit_code, 0) << r.err;

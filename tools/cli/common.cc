@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -395,6 +396,11 @@ std::string QuestionSelectionLabel(const PrunerConfig& p) {
 }
 
 const char* QueryHeadsName(const PrunerConfig& p) { return p.shared_query_votes ? "shared" : "each"; }
+
+int64_t MoveRecallAfterPrefill(PrefillConfig* c) {
+  if (c->recall_budget <= 0 || (absl::GetFlag(FLAGS_query_aware) && c->pruner.kind == PrunerKind::kSnapKv)) return 0;
+  return std::exchange(c->recall_budget, 0);
+}
 
 void AddRecallDigests(uint64_t input_digest, uint64_t plan_digest, std::string* config_json) {
   config_json->pop_back();  // the object's closing brace

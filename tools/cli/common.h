@@ -157,6 +157,12 @@ const char* QueryHeadsName(const PrunerConfig& p);
 
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens);
+// --recall_dir where the question does not guide the compression
+// (--query_aware=false, or a pruner that needs no question): the question
+// recalls after the prefill rather than at its last step. Returns that
+// recall's budget and leaves the chunk loop only keeping the store
+// (recall_budget 0); 0, and `c` as it was, otherwise.
+int64_t MoveRecallAfterPrefill(PrefillConfig* c);
 // Adds to a cache's ConfigJson the digests that name the recall store its
 // later questions read (generate --cache --recall_dir checks them).
 void AddRecallDigests(uint64_t input_digest, uint64_t plan_digest, std::string* config_json);

@@ -675,11 +675,7 @@ absl::Status RunNeedle() {
   SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(model, config, /*question_guided=*/absl::GetFlag(FLAGS_query_aware)));
   // --recall_dir where the question does not guide the compression: it
   // recalls after the prefill (NeedleHarness), which then only keeps the store.
-  int64_t recall_after = 0;
-  if (config.recall_budget > 0 && !(absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv)) {
-    recall_after = config.recall_budget;
-    config.recall_budget = 0;
-  }
+  const int64_t recall_after = MoveRecallAfterPrefill(&config);
   std::vector<int32_t> haystack = model.tokenizer->Encode(in.text, false, false);
   in.text.clear();
   in.text.shrink_to_fit();

@@ -134,8 +134,7 @@ PeakPrediction PredictRunPeak(const Prepared& p, const PrefillFootprint& fp, uin
   if (!p.ask_after.empty()) {
     const int64_t n = static_cast<int64_t>(p.ask_after.size());
     const uint64_t keys = static_cast<uint64_t>(std::max(fp.memory_capacity, fp.final_entries) + n);
-    const uint64_t entry_bytes = mc.num_kv_heads * (2 * mc.head_dim * sizeof(float) + sizeof(int32_t));
-    peak.kept += static_cast<uint64_t>(p.recall_after) * mc.num_layers * entry_bytes;
+    peak.kept += static_cast<uint64_t>(p.recall_after) * fp.recall_entry_bytes;
     peak.after += LlamaForward::ScratchBytes(mc, n) + 2 * keys * mc.num_kv_heads * mc.head_dim * sizeof(float) +
                   Recaller::ScratchBytes(mc, n, p.recall_after, p.config.pruner.span);
   }
@@ -238,11 +237,12 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
     // The question as it closes the prompt guides every chunk's compression.
     SNAPFILL_ASSIGN_OR_RETURN(p.config.query_tokens,
                               BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
-  } else if (with_question && !question.empty() && p.config.recall_budget > 0) {
+  } else if (with_question && !question.empty()) {
+    p.recall_after = MoveRecallAfterPrefill(&p.config);
+  }
+  if (p.recall_after > 0) {
     // The question recalls after the prefill (Prepared::ask_after).
     SNAPFILL_ASSIGN_OR_RETURN(p.ask_after, BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
-    p.recall_after = p.config.recall_budget;
-    p.config.recall_budget = 0;
     input_options.with_suffix = false;
     // The decoder's cache takes the recalled entries and the question too.
     p.config.decode_reserve += static_cast<int64_t>(p.ask_after.size()) + p.recall_after;
