@@ -48,19 +48,29 @@ uint64_t Recaller::ScratchBytes(const LlamaConfig& c, int64_t num_q, int64_t bud
          c.num_kv_heads * budget * (2 * c.head_dim + 1) * sizeof(float);
 }
 
-absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride,
-                                              int64_t num_q, const KvView& seen, const RecallOptions& options,
-                                              KvCache& cache, bool rotated) {
+uint64_t Recaller::QuestionScratchBytes(const LlamaConfig& c, int64_t num_q, const RecallOptions& options) {
+  uint64_t bytes = ScratchBytes(c, num_q, options.budget, options.span);
+  if (options.summed) {
+    // Every layer's peaks, their (position, mass) pairs ranked, and the
+    // shared positions' spans in each head's selection.
+    const uint64_t peaks = static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * kPeaksPerEntry * options.budget;
+    bytes += peaks * (sizeof(Peak) + sizeof(std::pair<int32_t, float>)) +
+             c.num_kv_heads * kPeaksPerEntry * options.budget * (options.span + 1) * 2 * sizeof(int64_t);
+  }
+  return bytes;
+}
+
+absl::Status Recaller::ScoreLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
+                                  const KvView& seen, const RecallOptions& options, const KvCache& cache,
+                                  HeadPeaks* out) {
   const LlamaConfig& c = config_;
   const int64_t d = c.head_dim, heads = c.num_kv_heads;
   const int64_t slots = store.slots(layer);
   const int64_t want = std::min(options.budget, slots);
   const int64_t kept = cache.size(layer);
-  if (want <= 0 || num_q <= 0) return 0;
-  if (kept + want > cache.capacity(layer)) {
-    return absl::InternalError(absl::StrCat("recall: layer ", layer, " holds ", kept, " entries, ", want,
-                                            " more pass its capacity of ", cache.capacity(layer)));
-  }
+  HeadPeaks& best = *out;
+  best.assign(heads, {});
+  if (want <= 0 || num_q <= 0) return absl::OkStatus();
   const bool original = options.original_positions;
   const Queries queries = LlamaQueries(c, q, q_stride, num_q);
   // The question's softmax denominators over what it saw (memory ∪ chunk ∪
@@ -68,16 +78,10 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
   lse_.resize(c.num_heads * num_q);
   SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(queries, seen, lse_.data()));
 
-  // 1. Score every stored key; keep each head's best `peaks` (a min-heap
-  //    on score, then on higher position: the ranking the pruner uses).
-  struct Peak {
-    float score;
-    int32_t pos;
-    int64_t slot;
-  };
+  // Score every stored key; keep each head's best `peaks` (a min-heap on
+  // score, then on higher position: the ranking the pruner uses).
   auto better = [](const Peak& a, const Peak& b) { return a.score > b.score || (a.score == b.score && a.pos < b.pos); };
   const int64_t peaks = std::min(slots, kPeaksPerEntry * want);
-  std::vector<std::vector<Peak>> best(heads);
   k_.resize(heads * kBlock * d);
   pos_.resize(heads * kBlock);
   rot_.resize(kBlock);
@@ -124,17 +128,37 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
       }
     }
   }
+  for (std::vector<Peak>& b : best) std::sort(b.begin(), b.end(), better);
+  return absl::OkStatus();
+}
 
-  // 2. Spans (PrunerConfig::query_select): the positions within span/2 of
-  //    every peak, and which slot holds each of them (a pass over the
-  //    positions alone). A position the store does not hold is in the
-  //    memory already, or the question's.
+absl::StatusOr<int64_t> Recaller::MergeLayer(RecallStore& store, int64_t layer, HeadPeaks& best,
+                                             const std::vector<int32_t>& shared, const RecallOptions& options,
+                                             KvCache& cache, bool rotated) {
+  const LlamaConfig& c = config_;
+  const int64_t d = c.head_dim, heads = c.num_kv_heads;
+  const int64_t slots = store.slots(layer);
+  const int64_t want = std::min(options.budget, slots);
+  const int64_t kept = cache.size(layer);
+  if (want <= 0 || static_cast<int64_t>(best.size()) != heads || best[0].empty()) return 0;
+  if (kept + want > cache.capacity(layer)) {
+    return absl::InternalError(absl::StrCat("recall: layer ", layer, " holds ", kept, " entries, ", want,
+                                            " more pass its capacity of ", cache.capacity(layer)));
+  }
+  const bool original = options.original_positions;
+
+  // 1. Spans (PrunerConfig::query_select): the positions within span/2 of
+  //    every shared position and every peak, and which slot holds each of
+  //    them (a pass over the positions alone). A position the store does
+  //    not hold is in the memory already, or the question's.
   const int64_t half = options.span / 2;
   std::vector<std::vector<int32_t>> around(heads);    // sorted, unique
   std::vector<std::vector<int64_t>> slot_of(heads);  // parallel to around: the slot, or -1
   for (int64_t h = 0; h < heads; ++h) {
-    std::sort(best[h].begin(), best[h].end(), better);
     std::vector<int32_t>& a = around[h];
+    for (const int32_t p : shared) {
+      for (int64_t o = -half; o <= half; ++o) a.push_back(static_cast<int32_t>(p + o));
+    }
     for (const Peak& p : best[h]) {
       for (int64_t o = -half; o <= half; ++o) a.push_back(static_cast<int32_t>(p.pos + o));
     }
@@ -142,7 +166,8 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     a.erase(std::unique(a.begin(), a.end()), a.end());
     slot_of[h].assign(a.size(), -1);
   }
-  if (half > 0) {
+  if (half > 0 || !shared.empty()) {
+    pos_.resize(heads * kBlock);
     for (int64_t first = 0; first < slots; first += kBlock) {
       const int64_t nb = std::min(kBlock, slots - first);
       SNAPFILL_RETURN_IF_ERROR(store.ReadPositions(layer, first, nb, pos_.data()));
@@ -163,8 +188,9 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
     }
   }
 
-  // 3. Pick: each peak in order, then its stored neighbours nearest first,
-  //    `want` entries per head (peaks >= want, so the quota always fills).
+  // 2. Pick: each shared position, then each peak, in order, with its
+  //    stored neighbours nearest first, `want` entries per head (a head's
+  //    peaks are at least `want` stored entries, so the quota always fills).
   std::vector<int64_t> chosen;
   std::vector<uint8_t> taken;
   std::vector<float> rk(want * d), rv(want * d);
@@ -182,19 +208,26 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
       taken[i] = 1;
       chosen.push_back(slot_of[h][i]);
     };
+    auto take_span = [&](int32_t pos) {
+      take(pos);
+      for (int64_t o = 1; o <= half && static_cast<int64_t>(chosen.size()) < want; ++o) {
+        take(static_cast<int32_t>(pos - o));
+        if (static_cast<int64_t>(chosen.size()) < want) take(static_cast<int32_t>(pos + o));
+      }
+    };
+    for (const int32_t p : shared) {
+      if (static_cast<int64_t>(chosen.size()) >= want) break;
+      take_span(p);
+    }
     for (const Peak& p : best[h]) {
       if (static_cast<int64_t>(chosen.size()) >= want) break;
-      take(p.pos);
-      for (int64_t o = 1; o <= half && static_cast<int64_t>(chosen.size()) < want; ++o) {
-        take(static_cast<int32_t>(p.pos - o));
-        if (static_cast<int64_t>(chosen.size()) < want) take(static_cast<int32_t>(p.pos + o));
-      }
+      take_span(p.pos);
     }
     if (static_cast<int64_t>(chosen.size()) != want) {
       return absl::InternalError(absl::StrCat("recall picked ", chosen.size(), " of ", want, " entries in layer ",
                                               layer, " head ", h));
     }
-    // 4. Read them and merge them into the layer by input position.
+    // 3. Read them and merge them into the layer by input position.
     for (int64_t i = 0; i < want; ++i) {
       SNAPFILL_RETURN_IF_ERROR(store.ReadEntry(layer, h, chosen[i], rk.data() + i * d, rv.data() + i * d, &rp[i]));
     }
@@ -249,9 +282,45 @@ absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer,
   return want;
 }
 
+absl::StatusOr<int64_t> Recaller::RecallLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride,
+                                              int64_t num_q, const KvView& seen, const RecallOptions& options,
+                                              KvCache& cache, bool rotated) {
+  HeadPeaks best;
+  SNAPFILL_RETURN_IF_ERROR(ScoreLayer(store, layer, q, q_stride, num_q, seen, options, cache, &best));
+  return MergeLayer(store, layer, best, {}, options, cache, rotated);
+}
+
+std::vector<int32_t> Recaller::RankAcrossLayers(const std::vector<HeadPeaks>& layers, int64_t count) {
+  std::vector<std::pair<int32_t, float>> mass;
+  for (const HeadPeaks& layer : layers) {
+    for (const std::vector<Peak>& head : layer) {
+      for (const Peak& p : head) mass.push_back({p.pos, p.score});
+    }
+  }
+  // Each position's scores summed, then the best `count`.
+  std::sort(mass.begin(), mass.end());
+  size_t out = 0;
+  for (size_t i = 0; i < mass.size(); ++i) {
+    if (out > 0 && mass[out - 1].first == mass[i].first) {
+      mass[out - 1].second += mass[i].second;
+    } else {
+      mass[out++] = mass[i];
+    }
+  }
+  mass.resize(out);
+  const size_t n = std::min(out, static_cast<size_t>(std::max<int64_t>(count, 0)));
+  std::partial_sort(mass.begin(), mass.begin() + n, mass.end(), [](const auto& a, const auto& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  });
+  std::vector<int32_t> ranked(n);
+  for (size_t i = 0; i < n; ++i) ranked[i] = mass[i].first;
+  return ranked;
+}
+
 absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* backend, KvCache& cache,
                                           int64_t* next_position, RecallStore& store,
-                                          const std::vector<int32_t>& question, const RecallOptions& options) {
+                                          const std::vector<int32_t>& question, const RecallOptions& options,
+                                          std::vector<int32_t>* ranked) {
   const LlamaConfig& c = model.config();
   const int64_t n = static_cast<int64_t>(question.size());
   if (n == 0 || options.budget <= 0) return 0;
@@ -267,10 +336,15 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
   Recaller recaller(backend, c);
   std::vector<float> tk, tv;  // [heads][m + n][d]: the layer's cache, then the question's keys
   std::vector<Backend::RowGather> copies;
+  // Each layer's peaks, kept for the ranking across layers (options.summed).
+  std::vector<Recaller::HeadPeaks> peaks(options.summed ? c.num_layers : 0);
+  Recaller::HeadPeaks best;
   int64_t added = 0;
   // Each layer: the question's queries and keys at the positions after the
   // cache, attention over cache ∪ question (its outputs feed the next
-  // layer), then the recall into this layer. The question's K/V are dropped.
+  // layer), then the scores of the layer's stored keys, and the recall into
+  // the layer (or, ranked across layers, into every layer after the pass).
+  // The question's K/V are dropped.
   auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
                     int64_t out_rows, float* out) -> absl::Status {
     const int64_t m = cache.size(layer);
@@ -301,12 +375,33 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
       SNAPFILL_RETURN_IF_ERROR(
           backend->Attention(LlamaQueries(c, q, q_stride, rows).From(skip), view, out + skip * q_stride, q_stride));
     }
-    SNAPFILL_ASSIGN_OR_RETURN(const int64_t got,
-                              recaller.RecallLayer(store, layer, q, q_stride, rows, view, options, cache, true));
-    added = std::max(added, got);
+    Recaller::HeadPeaks& scored = options.summed ? peaks[layer] : best;
+    SNAPFILL_RETURN_IF_ERROR(recaller.ScoreLayer(store, layer, q, q_stride, rows, view, options, cache, &scored));
+    if (!options.summed) {
+      SNAPFILL_ASSIGN_OR_RETURN(const int64_t got, recaller.MergeLayer(store, layer, best, {}, options, cache, true));
+      added = std::max(added, got);
+    }
     return absl::OkStatus();
   };
   SNAPFILL_RETURN_IF_ERROR(forward->ForwardWithAttention(question.data(), n, attend, 0, nullptr, 0));
+  if (options.summed) {
+    // The attention the question's queries put on each input position,
+    // summed over every layer and KV head that ranks it among its peaks,
+    // and every layer brings back the spans around the best: a few heads
+    // rank what the question asks about first, with most of their
+    // attention, where the rest rank it in their hundreds, behind what
+    // every question attends to. At 1M tokens each head's own ranking
+    // brought a needle back into 5 of SmolLM2's 90 layers and KV heads, too
+    // few for the answer to read it; summed, its tokens rank 3rd and 4th
+    // (docs/RESULTS.md).
+    const std::vector<int32_t> shared = Recaller::RankAcrossLayers(peaks, kPeaksPerEntry * options.budget);
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+      SNAPFILL_ASSIGN_OR_RETURN(const int64_t got,
+                                recaller.MergeLayer(store, layer, peaks[layer], shared, options, cache, true));
+      added = std::max(added, got);
+    }
+    if (ranked != nullptr) *ranked = shared;
+  }
   if (!options.original_positions) *next_position = cache.max_size();
   return added;
 }

@@ -23,6 +23,11 @@ struct RecallOptions {
   int64_t span = 0;        // each peak brings its stored neighbours within span/2 (0: single entries)
   bool original_positions = false;  // keys rotate at their input positions, not re-encoded
   bool max_weight = false;  // a key's score: the queries' largest weight, not their sum (--query_votes)
+  // RecallForQuestion: every layer and KV head brings back the same input
+  // positions first, those the question's queries put the most attention
+  // on summed over all layers and KV heads (--recall_rank=summed); else
+  // each its own best (heads).
+  bool summed = true;
 };
 
 // The options a prefill's settings give a recall of `budget` entries: the
@@ -37,6 +42,15 @@ RecallStoreInfo RecallShape(const LlamaConfig& config, RecallFormat format);
 
 class Recaller {
  public:
+  // A stored entry and its score in one KV head.
+  struct Peak {
+    float score;
+    int32_t pos;
+    int64_t slot;
+  };
+  // Per KV head, the best-scored entries, best first.
+  using HeadPeaks = std::vector<std::vector<Peak>>;
+
   Recaller(Backend* backend, const LlamaConfig& config) : backend_(backend), config_(config) {}
 
   // Scores every stored entry of `layer` with the question's num_q queries
@@ -52,8 +66,27 @@ class Recaller {
                                       int64_t num_q, const KvView& seen, const RecallOptions& options,
                                       KvCache& cache, bool rotated);
 
+  // The two halves of RecallLayer, for a caller that ranks across layers
+  // (RecallForQuestion). ScoreLayer: each KV head's best 2 * budget stored
+  // entries of `layer`, best first. MergeLayer: brings back budget entries
+  // per head into `cache`'s layer, the spans around the positions of
+  // `shared` first (in its order; those a head does not hold in the store
+  // are skipped), then the spans around the head's own peaks.
+  absl::Status ScoreLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
+                          const KvView& seen, const RecallOptions& options, const KvCache& cache, HeadPeaks* best);
+  absl::StatusOr<int64_t> MergeLayer(RecallStore& store, int64_t layer, HeadPeaks& best,
+                                     const std::vector<int32_t>& shared, const RecallOptions& options, KvCache& cache,
+                                     bool rotated);
+
+  // The `count` input positions with the most score summed over every
+  // layer's and KV head's peaks, best first (ties: the lower position).
+  static std::vector<int32_t> RankAcrossLayers(const std::vector<HeadPeaks>& layers, int64_t count);
+
   // Resident bytes of the scratch for `budget` and `span`.
   static uint64_t ScratchBytes(const LlamaConfig& config, int64_t num_q, int64_t budget, int64_t span);
+  // RecallForQuestion's: ScratchBytes, and with options.summed every
+  // layer's peaks and the positions ranked across them.
+  static uint64_t QuestionScratchBytes(const LlamaConfig& config, int64_t num_q, const RecallOptions& options);
   // Stored entries scored at once (per KV head): the most keys one of the
   // recall's score calls hands the backend.
   static int64_t BlockEntries();
@@ -75,10 +108,13 @@ class Recaller {
 // question's own K/V are dropped: the caller generates from the cache as
 // usual, from *next_position (moved past the entries added when positions
 // are re-encoded). The cache needs room for options.budget more entries.
-// Returns the entries added per layer and KV head.
+// With options.summed, `ranked` (if given) gets the positions every layer
+// brought back first (Recaller::RankAcrossLayers). Returns the entries
+// added per layer and KV head.
 absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* backend, KvCache& cache,
                                           int64_t* next_position, RecallStore& store,
-                                          const std::vector<int32_t>& question, const RecallOptions& options);
+                                          const std::vector<int32_t>& question, const RecallOptions& options,
+                                          std::vector<int32_t>* ranked = nullptr);
 
 }  // namespace snapfill
 

@@ -273,6 +273,83 @@ TEST_F(RecallTest, AQuestionOverASavedCacheBringsBackStoredEntries) {
   }
 }
 
+// Ranked across layers, every layer and KV head brings back the same
+// positions first: walking the ranked positions in order, each with its
+// stored neighbours nearest first, it takes those its own store holds
+// (the rest are in its memory), until the budget fills.
+TEST_F(RecallTest, SummedRankingBringsBackTheSamePositionsInEveryLayer) {
+  const LlamaConfig& mc = model_->config();
+  PrefillConfig config = Config();
+  config.query_tokens.clear();
+  config.store_evicted = true;
+  auto store = NewStore("summed");
+  const auto engine = Run(config, store.get());
+  const std::vector<int32_t> question(ids_.begin() + 300, ids_.begin() + 324);
+  for (const int64_t span : {0, 8}) {
+    std::vector<std::vector<std::set<int32_t>>> recalled[2];  // [summed][layer][head]
+    for (const bool summed : {true, false}) {
+      auto cache = engine->MakeDecoderCache(64);
+      SNAPFILL_ASSERT_OK(cache);
+      int64_t next = engine->next_position();
+      RecallOptions options;
+      options.budget = 40;
+      options.span = span;
+      options.summed = summed;
+      std::vector<int32_t> ranked;
+      auto added = RecallForQuestion(*model_, backend_.get(), **cache, &next, *store, question, options, &ranked);
+      SNAPFILL_ASSERT_OK(added);
+      ASSERT_EQ(*added, 40);
+      ASSERT_EQ(ranked.size(), summed ? 80u : 0u) << "the best 2 * budget positions";
+      auto& got = recalled[summed ? 0 : 1];
+      got.assign(mc.num_layers, std::vector<std::set<int32_t>>(mc.num_kv_heads));
+      for (int64_t l = 0; l < mc.num_layers; ++l) {
+        std::vector<int32_t> stored(store->slots(l) * mc.num_kv_heads);
+        SNAPFILL_ASSERT_OK(store->ReadPositions(l, 0, store->slots(l), stored.data()));
+        for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+          const std::vector<int32_t> base = Positions(engine->memory(), l, h);
+          for (const int32_t p : Positions(**cache, l, h)) {
+            if (!std::binary_search(base.begin(), base.end(), p)) got[l][h].insert(p);
+          }
+          ASSERT_EQ(got[l][h].size(), 40u) << "layer " << l << " head " << h;
+          if (!summed) continue;
+          // The walk over the ranked positions, for this head's store.
+          std::set<int32_t> holds;
+          for (int64_t i = 0; i < store->slots(l); ++i) holds.insert(stored[i * mc.num_kv_heads + h]);
+          std::vector<int32_t> want;
+          auto take = [&](int32_t p) {
+            if (static_cast<int64_t>(want.size()) < 40 && holds.count(p) &&
+                std::find(want.begin(), want.end(), p) == want.end()) {
+              want.push_back(p);
+            }
+          };
+          for (const int32_t p : ranked) {
+            take(p);
+            for (int32_t o = 1; o <= span / 2; ++o) {
+              take(p - o);
+              take(p + o);
+            }
+          }
+          ASSERT_EQ(want.size(), 40u) << "the ranked positions fill the budget here";
+          EXPECT_EQ(got[l][h], std::set<int32_t>(want.begin(), want.end())) << "layer " << l << " head " << h;
+        }
+      }
+    }
+    // Each head's own ranking brings back other positions somewhere.
+    EXPECT_NE(recalled[0], recalled[1]) << "span " << span;
+  }
+}
+
+TEST(RecallRankTest, SumsEachPositionsScoresOverLayersAndHeads) {
+  // Position 7 is no head's best but the best summed; 3 and 9 tie (the lower first).
+  const std::vector<Recaller::HeadPeaks> layers = {
+      {{{5.0f, 3, 0}, {2.0f, 7, 1}}, {{4.0f, 9, 0}, {3.0f, 7, 4}}},
+      {{{1.0f, 9, 2}, {0.5f, 11, 3}}, {{2.5f, 7, 6}}},
+  };
+  EXPECT_EQ(Recaller::RankAcrossLayers(layers, 10), (std::vector<int32_t>{7, 3, 9, 11}));
+  EXPECT_EQ(Recaller::RankAcrossLayers(layers, 2), (std::vector<int32_t>{7, 3}));
+  EXPECT_TRUE(Recaller::RankAcrossLayers({}, 4).empty());
+}
+
 // At the input's last step the chunk's own last rows vote and recall, not
 // the question's copy after the chunk: in a one-step plan, questions of the
 // same length but other tokens leave the same memory, recall included.

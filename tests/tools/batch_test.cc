@@ -69,6 +69,16 @@ TEST_F(BatchManifestTest, ReadsDocumentsQuestionsAndSettings) {
   EXPECT_EQ(b.settings.seed, 3u);
   EXPECT_EQ(b.line, 3);
   EXPECT_EQ(Json::parse(a.settings.Json())["memory"], 512);
+  // The recall's keys only where set, in nlohmann's order (answers compare
+  // the text as parsed).
+  BatchSettings recall = a.settings;
+  EXPECT_FALSE(Json::parse(recall.Json()).contains("recall_rank"));
+  recall.recall = 64;
+  recall.recall_heads = true;
+  const Json parsed = Json::parse(recall.Json());
+  EXPECT_EQ(parsed["recall"], 64);
+  EXPECT_EQ(parsed["recall_rank"], "heads");
+  EXPECT_EQ(parsed.dump(), recall.Json());
 }
 
 TEST_F(BatchManifestTest, EveryBadLineIsNamed) {

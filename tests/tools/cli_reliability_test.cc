@@ -575,6 +575,7 @@ TEST_F(ReliabilityTest, RecallRefusesBadStoresAndSaysWhy) {
                     "needs the question");
   EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall 0"), 2, "--recall=0 must be >= 1");
   EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall_format f32"), 2, "--recall_format=f32");
+  EXPECT_FAILS_WITH(Run(run + dir_ + "/z --recall_rank layers"), 2, "--recall_rank=layers: expected summed or heads");
 }
 
 // prefill --recall_dir keeps the store for the saved cache; generate
@@ -593,6 +594,11 @@ TEST_F(ReliabilityTest, RecallAnswersASavedCacheFromItsStore) {
   r = Run(generate + cache + " --recall_dir " + store + " --recall 16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+  r = Run(generate + cache + " --recall_dir " + store + " --recall 16 --recall_rank heads");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("recall: 16 entries per layer and KV head brought back"), std::string::npos) << r.err;
+  EXPECT_FAILS_WITH(Run(generate + cache + " --recall_dir " + store + " --recall_rank most"), 2,
+                    "--recall_rank=most: expected summed or heads");
   EXPECT_TRUE(Exists(store + "/recall.meta")) << "generate keeps the store for the next question";
 
   // Another input's cache with this store; a cache saved without one.

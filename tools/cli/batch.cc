@@ -210,7 +210,7 @@ class BatchRunner {
       int64_t next_position = document_end;
       if (store != nullptr) {
         SNAPFILL_RETURN_IF_ERROR(
-            RecallForQuestion(*m_.model, backend_, *kv, &next_position, *store, ids, RecallOptionsFor(config, recall))
+            RecallForQuestion(*m_.model, backend_, *kv, &next_position, *store, ids, RecallAfterOptions(config, recall))
                 .status());
       }
       const double recall_seconds = recalling.Seconds();
@@ -393,6 +393,8 @@ absl::Status RunBatchIn(BatchWorld& world) {
     if (defaults.recall < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--recall=", defaults.recall, " must be >= 1"));
     }
+    SNAPFILL_ASSIGN_OR_RETURN(const bool summed, RecallRankSummed());
+    defaults.recall_heads = !summed;
   }
   SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
   SNAPFILL_ASSIGN_OR_RETURN(std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));

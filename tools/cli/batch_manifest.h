@@ -44,6 +44,9 @@ struct BatchSettings {
   int64_t recall = 0;
   // --original_positions (recorded only where set, as recall).
   bool original_positions = false;
+  // --recall_rank=heads (recorded only where set: answers written when the
+  // per-head ranking was the only one resume with the summed one).
+  bool recall_heads = false;
   // As recorded with every answer: {"schedule":"imdc","memory":1024,...}.
   std::string Json() const;
   bool operator==(const BatchSettings&) const = default;

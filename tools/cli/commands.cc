@@ -12,7 +12,7 @@ using Flags = std::vector<const char*>;
 // The flag groups, each declared once; a command lists the groups it reads.
 const Flags kLongInput = {"input", "max_tokens", "spool_dir", "spool_after"};
 const Flags kQuestionGuided = {"query_aware", "query_share", "select", "span", "query_heads", "query_votes"};
-const Flags kRecall = {"recall_dir", "recall", "recall_format"};
+const Flags kRecall = {"recall_dir", "recall", "recall_format", "recall_rank"};
 const Flags kSchedule = {"schedule", "growth", "memory", "chunk", "first_memory", "window", "pool_kernel",
                          "pooling", "pruner", "sinks", "original_positions", "repeat_stride", "repeat_prompt",
                          "gates", "score_span"};
@@ -47,7 +47,7 @@ const std::vector<Command>& Commands() {
        &RunPrefill},
       {"generate",
        "Generate text from a prompt, or from a saved cache (--cache), streaming it to stdout.",
-       Join({{"prompt", "prompt_file", "cache", "recall_dir", "recall", "select", "span", "query_votes"}, kSampling, kPrompt, kMachine,
+       Join({{"prompt", "prompt_file", "cache", "recall_dir", "recall", "recall_rank", "select", "span", "query_votes"}, kSampling, kPrompt, kMachine,
              {"decode_kv_f16", "batch", "timing", "profile", "verbosity"}}),
        &RunGenerate},
       {"batch",

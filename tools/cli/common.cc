@@ -321,6 +321,7 @@ absl::StatusOr<PrefillConfig> PrefillConfigFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--recall=", c.recall_budget, " must be >= 1"));
     }
     SNAPFILL_ASSIGN_OR_RETURN(c.recall_format, ParseRecallFormat(absl::GetFlag(FLAGS_recall_format)));
+    SNAPFILL_RETURN_IF_ERROR(RecallRankSummed().status());
   }
   return c;
 }
@@ -396,6 +397,20 @@ std::string QuestionSelectionLabel(const PrunerConfig& p) {
 }
 
 const char* QueryHeadsName(const PrunerConfig& p) { return p.shared_query_votes ? "shared" : "each"; }
+
+absl::StatusOr<bool> RecallRankSummed() {
+  const std::string rank = absl::GetFlag(FLAGS_recall_rank);
+  if (rank != "summed" && rank != "heads") {
+    return absl::InvalidArgumentError(absl::StrCat("--recall_rank=", rank, ": expected summed or heads"));
+  }
+  return rank == "summed";
+}
+
+RecallOptions RecallAfterOptions(const PrefillConfig& c, int64_t budget) {
+  RecallOptions options = RecallOptionsFor(c, budget);
+  options.summed = absl::GetFlag(FLAGS_recall_rank) == "summed";
+  return options;
+}
 
 int64_t MoveRecallAfterPrefill(PrefillConfig* c) {
   if (c->recall_budget <= 0 || (absl::GetFlag(FLAGS_query_aware) && c->pruner.kind == PrunerKind::kSnapKv)) return 0;

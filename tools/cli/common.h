@@ -13,6 +13,7 @@
 #include "snapfill/backend.h"
 #include "snapfill/engine.h"
 #include "src/base/sys_stats.h"
+#include "src/engine/recall.h"
 #include "src/engine/sampler.h"
 #include "src/kv/checkpoint_file.h"
 #include "src/model/llama_model.h"
@@ -163,6 +164,12 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
 // recall's budget and leaves the chunk loop only keeping the store
 // (recall_budget 0); 0, and `c` as it was, otherwise.
 int64_t MoveRecallAfterPrefill(PrefillConfig* c);
+// --recall_rank: summed (true) or heads.
+absl::StatusOr<bool> RecallRankSummed();
+// The options of a recall after the prefill of `budget` entries: the
+// chunk loop's (RecallOptionsFor) and --recall_rank (checked by the
+// config's parse).
+RecallOptions RecallAfterOptions(const PrefillConfig& c, int64_t budget);
 // Adds to a cache's ConfigJson the digests that name the recall store its
 // later questions read (generate --cache --recall_dir checks them).
 void AddRecallDigests(uint64_t input_digest, uint64_t plan_digest, std::string* config_json);

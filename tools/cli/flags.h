@@ -53,6 +53,7 @@ ABSL_DECLARE_FLAG(std::string, repeat_prompt);
 ABSL_DECLARE_FLAG(std::string, recall_dir);
 ABSL_DECLARE_FLAG(int64_t, recall);
 ABSL_DECLARE_FLAG(std::string, recall_format);
+ABSL_DECLARE_FLAG(std::string, recall_rank);
 ABSL_DECLARE_FLAG(std::string, select);
 ABSL_DECLARE_FLAG(int64_t, span);
 ABSL_DECLARE_FLAG(std::string, query_heads);

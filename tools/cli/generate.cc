@@ -87,6 +87,7 @@ absl::Status RecallFromStore(const LoadedModel& m, Backend* backend, const Promp
   options.original_positions = config.value("positions", "") == "original";
   SNAPFILL_ASSIGN_OR_RETURN(const QueryVotes votes, ParseQueryVotes(absl::GetFlag(FLAGS_query_votes)));
   options.max_weight = votes == QueryVotes::kMax;
+  SNAPFILL_ASSIGN_OR_RETURN(options.summed, RecallRankSummed());
   Stopwatch watch;
   SNAPFILL_ASSIGN_OR_RETURN(const int64_t added,
                             RecallForQuestion(*m.model, backend, kv, start_pos, *store, question, options));

@@ -204,7 +204,7 @@ class NeedleHarness {
     }
     if (ran.ok() && !ask_after.empty()) {
       ran = RecallForQuestion(*model_.model, backend_, *kv, &next_position, *store, ask_after,
-                              RecallOptionsFor(config, recall_after_))
+                              RecallAfterOptions(config, recall_after_))
                 .status();
     }
     if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());

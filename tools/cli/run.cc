@@ -136,7 +136,7 @@ PeakPrediction PredictRunPeak(const Prepared& p, const PrefillFootprint& fp, uin
     const uint64_t keys = static_cast<uint64_t>(std::max(fp.memory_capacity, fp.final_entries) + n);
     peak.kept += static_cast<uint64_t>(p.recall_after) * fp.recall_entry_bytes;
     peak.after += LlamaForward::ScratchBytes(mc, n) + 2 * keys * mc.num_kv_heads * mc.head_dim * sizeof(float) +
-                  Recaller::ScratchBytes(mc, n, p.recall_after, p.config.pruner.span);
+                  Recaller::QuestionScratchBytes(mc, n, RecallAfterOptions(p.config, p.recall_after));
   }
   return peak;
 }
@@ -613,7 +613,7 @@ absl::Status RunRun() {
     // most, then is read again as the prompt (Prepared::ask_after).
     Stopwatch watch;
     absl::StatusOr<int64_t> added = RecallForQuestion(*p.model.model, p.backend.get(), *kv, &next_position, *p.recall,
-                                                      p.ask_after, RecallOptionsFor(p.config, p.recall_after));
+                                                      p.ask_after, RecallAfterOptions(p.config, p.recall_after));
     if (added.ok()) {
       recalled = *added;
       recall_seconds = watch.Seconds();
