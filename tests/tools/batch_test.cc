@@ -353,6 +353,70 @@ TEST_F(BatchCliTest, AStoppedDocumentResumesFromItsCheckpoint) {
   EXPECT_FAILS_WITH(Run(job + " --out " + dir_ + "/b.jsonl --checkpoint_dir " + dir_ + "/none"), 2, "is not a folder");
 }
 
+// With --recall_dir, a stopped document keeps its store beside its
+// checkpoint, and --resume cuts it back to what the checkpoint counted (the
+// steps after it wrote more): the answers are an uninterrupted run's, for a
+// document read once and for a guided one, and the stores go with them.
+TEST_F(BatchCliTest, AStoppedDocumentResumesWithItsRecallStore) {
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text += "Line " + std::to_string(i) + " of the long document.\n";
+  testing::WriteRaw(dir_ + "/long.txt", text);
+  const std::string stores = dir_ + "/stores", ck = dir_ + "/ck";
+  ASSERT_EQ(::mkdir(stores.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(ck.c_str(), 0755), 0);
+  for (const bool guided : {false, true}) {
+    SCOPED_TRACE(guided ? "guided" : "read once");
+    testing::WriteRaw(manifest_, std::string(R"({"id": "long", "input": "long.txt", "questions": ["What is said?"])") +
+                                     (guided ? R"(, "guided": true)" : "") + "}\n");
+    const std::string job = "batch --model " + tiny_ + " --manifest " + manifest_ +
+                            " --schedule fm --memory 64 --chunk 32 --window 8 -n 4 --threads 1 --recall 16 --recall_dir " +
+                            stores + kSampling;
+    const std::string tag = guided ? "g" : "u";
+    testing::Result r = Run(job + " --out " + dir_ + "/ref" + tag + ".jsonl");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto ref = Answers(dir_ + "/ref" + tag + ".jsonl");
+    ASSERT_EQ(ref.size(), 1u);
+    const std::string checkpoint = ck + (guided ? "/long.q0.ck" : "/long.ck");
+    const std::string store = stores + (guided ? "/long.q0" : "/long");
+    // Stopped (its last checkpoint counts the whole store), and killed
+    // (steps after the checkpoint wrote more).
+    for (const int signo : {SIGTERM, SIGKILL}) {
+      const std::string out = dir_ + "/a" + tag + std::to_string(signo) + ".jsonl";
+      const pid_t pid = Spawn(job + " --out " + out + " --checkpoint_dir " + ck + " --checkpoint_every 50");
+      for (int i = 0; i < 40000 && access(checkpoint.c_str(), F_OK) != 0; ++i) ::usleep(500);
+      ::usleep(20000);
+      ASSERT_EQ(::kill(pid, signo), 0);
+      const int status = Wait(pid);
+      if (signo == SIGTERM) {
+        ASSERT_TRUE(WIFEXITED(status)) << status;
+        ASSERT_EQ(WEXITSTATUS(status), 130) << testing::ReadAll(dir_ + "/stderr");
+      }
+      EXPECT_EQ(access(store.c_str(), F_OK), 0) << "the stopped document's store stays for --resume";
+      r = Run(job + " --out " + out + " --checkpoint_dir " + ck + " --resume");
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_NE(r.err.find("[batch] long: resuming from " + checkpoint + " after step "), std::string::npos) << r.err;
+      EXPECT_EQ(Answers(out), ref) << "signal " << signo;
+      EXPECT_NE(access(checkpoint.c_str(), F_OK), 0) << "the checkpoint outlived its answer";
+      EXPECT_TRUE(testing::ListDir(stores).empty()) << "the stores go with the answers";
+    }
+  }
+  // A checkpoint of a job without the store cannot resume one with it: the
+  // document starts over.
+  testing::WriteRaw(manifest_, R"({"id": "long", "input": "long.txt", "questions": ["What is said?"]})"
+                               "\n");
+  const std::string plain = "batch --model " + tiny_ + " --manifest " + manifest_ +
+                            " --schedule fm --memory 64 --chunk 32 --window 8 -n 4 --threads 1" + kSampling;
+  const pid_t pid = Spawn(plain + " --out " + dir_ + "/p.jsonl --checkpoint_dir " + ck + " --checkpoint_every 1");
+  for (int i = 0; i < 20000 && access((ck + "/long.ck").c_str(), F_OK) != 0; ++i) ::usleep(500);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  ASSERT_EQ(WEXITSTATUS(Wait(pid)), 130);
+  const testing::Result r = Run(plain + " --recall 16 --recall_dir " + stores + " --out " + dir_ + "/p.jsonl" +
+                                " --checkpoint_dir " + ck + " --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("it counted no recall store"), std::string::npos) << r.err;
+  EXPECT_EQ(Answers(dir_ + "/p.jsonl"), Answers(dir_ + "/refu.jsonl"));
+}
+
 // --cache_dir keeps each document's cache: a later generate --cache with
 // the same question gives the batch's answer.
 TEST_F(BatchCliTest, CacheDirKeepsCachesForLaterQuestions) {
@@ -424,9 +488,6 @@ TEST_F(BatchCliTest, RecallDirBringsBackWhatEachQuestionNeeds) {
   EXPECT_FAILS_WITH(Run(job_ + " --recall_dir " + others + " --out " + dir_ + "/c.jsonl --resume"), 1,
                     "was answered with the settings");
   EXPECT_FAILS_WITH(Run(job_ + " --recall_dir " + dir_ + "/none --out " + dir_ + "/d.jsonl"), 2, "is not a folder");
-  EXPECT_FAILS_WITH(
-      Run(job_ + " --recall_dir " + others + " --checkpoint_dir " + caches + " --out " + dir_ + "/d.jsonl"), 2,
-      "are not supported yet");
 }
 
 // The launchers' variables, and a build without MPI refusing to be one of

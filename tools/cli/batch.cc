@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,12 +129,13 @@ class BatchRunner {
         SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, c, in.tokens->size()));
         const std::string checkpoint = CheckpointPath(d, &q);
         SNAPFILL_ASSIGN_OR_RETURN(
-            std::unique_ptr<RecallStore> store,
-            AttachStore(d,
-                        absl::StrCat(".q", std::find(d.questions.begin(), d.questions.end(), q) - d.questions.begin()),
-                        *engine, in));
-        const absl::Status prefilled = Prefill(d, *engine, in, checkpoint);
-        if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
+            Started started,
+            Start(d, absl::StrCat(".q", std::find(d.questions.begin(), d.questions.end(), q) - d.questions.begin()),
+                  *engine, in, checkpoint));
+        std::unique_ptr<RecallStore>& store = started.store;
+        const absl::Status prefilled = Prefill(*engine, in, checkpoint, store.get(), started.first_step);
+        // (A stopped prefill's store stays with its checkpoint, for --resume.)
+        if (store != nullptr && !absl::IsCancelled(prefilled)) SNAPFILL_RETURN_IF_ERROR(store->Remove());
         SNAPFILL_RETURN_IF_ERROR(prefilled);
         Answer a;
         a.input_tokens = in.tokens->size();
@@ -168,9 +170,11 @@ class BatchRunner {
     // --recall_dir: the document's store, which each question reads after
     // the prefill (as generate --cache --recall_dir does), removed after its
     // answers unless --cache_dir keeps it beside the cache.
-    SNAPFILL_ASSIGN_OR_RETURN(std::unique_ptr<RecallStore> store, AttachStore(d, "", *engine, in));
-    if (const absl::Status prefilled = Prefill(d, *engine, in, checkpoint); !prefilled.ok()) {
-      if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
+    SNAPFILL_ASSIGN_OR_RETURN(Started started, Start(d, "", *engine, in, checkpoint));
+    std::unique_ptr<RecallStore>& store = started.store;
+    if (const absl::Status prefilled = Prefill(*engine, in, checkpoint, store.get(), started.first_step);
+        !prefilled.ok()) {
+      if (store != nullptr && !absl::IsCancelled(prefilled)) SNAPFILL_RETURN_IF_ERROR(store->Remove());
       return prefilled;
     }
     const double prefill_seconds = watch.Seconds();
@@ -243,36 +247,103 @@ class BatchRunner {
     return FileErrnoStatus(errno, "cannot remove", path);
   }
 
-  // Runs the prefill; with a checkpoint path, saves its state there every
-  // checkpoint_every_ steps and on SIGINT/SIGTERM (then stops: Cancelled),
-  // and with --resume first goes on from the checkpoint found there, if it
-  // is this prefill's (model, input, settings, plan); one that is not is
-  // said and replaced.
-  absl::Status Prefill(const BatchDocument& d, PrefillEngine& engine, const InputTokens& in,
-                       const std::string& path) {
+  // What a document's prefill starts from: with --resume, the checkpoint
+  // at `path` if it is this prefill's (model, input, settings, plan; with
+  // --recall_dir one that counted its store), restored into `engine`; and
+  // with --recall_dir the store in RECALL_DIR/ID<suffix> (a guided
+  // document's k-th question's: ".q<k>") attached to `engine`: the one the
+  // checkpoint counted, cut back to it, else a new or emptied one. A
+  // checkpoint or store that does not fit is said and the document starts
+  // over.
+  struct Started {
+    std::unique_ptr<RecallStore> store;
+    int64_t first_step = 0;
+  };
+  absl::StatusOr<Started> Start(const BatchDocument& d, const std::string& suffix, PrefillEngine& engine,
+                                const InputTokens& in, const std::string& path) {
+    Started started;
+    std::optional<PrefillCheckpoint> ck;
+    const auto over = [&](const absl::Status& why) {
+      std::fprintf(stderr, "snapfill: warning: %s: not this prefill's checkpoint (%s): starting the document over\n",
+                   path.c_str(), std::string(why.message()).c_str());
+      ck.reset();
+    };
+    if (!path.empty() && resume_ && access(path.c_str(), F_OK) == 0) {
+      const int64_t total = static_cast<int64_t>(in.tokens->size());
+      const CheckpointState run = PrefillCheckpointState(engine, *backend_, fingerprint_, in.tokens->digest(), total);
+      absl::StatusOr<PrefillCheckpoint> loaded = LoadCheckpointFile(path);
+      std::string warning;
+      absl::Status fits = loaded.ok() ? CheckpointMismatch(loaded->state, run, path, &warning) : loaded.status();
+      if (fits.ok() && engine.plan().steps[loaded->state.steps_done].start_token != loaded->state.next_token) {
+        fits = absl::FailedPreconditionError("its next token is not where this plan's step starts");
+      }
+      if (fits.ok() && !recall_dir_.empty() && loaded->state.recall_slots.empty()) {
+        fits = absl::FailedPreconditionError("it counted no recall store, and --recall_dir keeps one");
+      }
+      if (fits.ok()) {
+        if (!warning.empty()) std::fprintf(stderr, "snapfill: warning: %s\n", warning.c_str());
+        ck = *std::move(loaded);
+      } else {
+        over(fits);
+      }
+    }
+    if (!recall_dir_.empty()) {
+      RecallStoreInfo info = RecallShape(m_.model->config(), engine.config().recall_format);
+      info.model_fingerprint = fingerprint_;
+      info.input_digest = in.tokens->digest();
+      info.input_tokens = static_cast<int64_t>(in.tokens->size());
+      info.plan_digest = engine.plan_digest();
+      const std::string dir = absl::StrCat(recall_dir_, "/", d.id, suffix);
+      if (ck) {
+        // The store as it was at the checkpoint (what later steps wrote is cut).
+        absl::StatusOr<std::unique_ptr<RecallStore>> kept = RecallStore::Reopen(dir, info, ck->state.recall_slots);
+        if (kept.ok()) {
+          started.store = *std::move(kept);
+        } else {
+          over(absl::FailedPreconditionError(absl::StrCat("its recall store: ", kept.status().message())));
+        }
+      }
+      if (ck) {
+        // (Restore checks everything before it changes the engine.)
+        if (const absl::Status restored = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
+            !restored.ok()) {
+          over(restored);
+          started.store.reset();
+        }
+      }
+      if (started.store == nullptr) {
+        // A store a stopped job left for the same model, input and plan is
+        // emptied and used.
+        SNAPFILL_ASSIGN_OR_RETURN(
+            started.store, resume_ && access(dir.c_str(), F_OK) == 0
+                               ? RecallStore::Reopen(dir, info, std::vector<int64_t>(m_.model->config().num_layers, 0))
+                               : RecallStore::Create(dir, info));
+      }
+    } else if (ck) {
+      if (const absl::Status restored = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
+          !restored.ok()) {
+        over(restored);
+      }
+    }
+    if (ck) {
+      started.first_step = ck->state.steps_done;
+      std::fprintf(stderr, "[batch] %s: resuming from %s after step %lld/%zu\n", d.id.c_str(), path.c_str(),
+                   (long long)started.first_step, engine.plan().steps.size());
+    }
+    if (started.store != nullptr) SNAPFILL_RETURN_IF_ERROR(engine.AttachRecallStore(started.store.get()));
+    return started;
+  }
+
+  // Runs the prefill from `first_step` (Start); with a checkpoint path,
+  // saves its state there every checkpoint_every_ steps and on
+  // SIGINT/SIGTERM (then stops: Cancelled), with `store`'s slots synced to
+  // disk and counted.
+  absl::Status Prefill(PrefillEngine& engine, const InputTokens& in, const std::string& path, RecallStore* store,
+                       int64_t first_step) {
     if (path.empty()) return engine.Run(*in.tokens, nullptr);
     const int64_t total = static_cast<int64_t>(in.tokens->size());
     const std::vector<ScheduleStep>& steps = engine.plan().steps;
     const CheckpointState run = PrefillCheckpointState(engine, *backend_, fingerprint_, in.tokens->digest(), total);
-    int64_t first_step = 0;
-    if (resume_ && access(path.c_str(), F_OK) == 0) {
-      absl::StatusOr<PrefillCheckpoint> ck = LoadCheckpointFile(path);
-      std::string warning;
-      absl::Status fits = ck.ok() ? CheckpointMismatch(ck->state, run, path, &warning) : ck.status();
-      if (fits.ok() && steps[ck->state.steps_done].start_token != ck->state.next_token) {
-        fits = absl::FailedPreconditionError("its next token is not where this plan's step starts");
-      }
-      if (fits.ok()) fits = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
-      if (fits.ok()) {
-        first_step = ck->state.steps_done;
-        if (!warning.empty()) std::fprintf(stderr, "snapfill: warning: %s\n", warning.c_str());
-        std::fprintf(stderr, "[batch] %s: resuming from %s after step %lld/%zu\n", d.id.c_str(), path.c_str(),
-                     (long long)first_step, steps.size());
-      } else {
-        std::fprintf(stderr, "snapfill: warning: %s: not this prefill's checkpoint (%s): starting the document over\n",
-                     path.c_str(), std::string(fits.message()).c_str());
-      }
-    }
     ResetStopSignal();
     StopSignals signals;
     absl::Status stopped;
@@ -285,6 +356,12 @@ class BatchRunner {
       state.steps_done = engine.steps_done();
       state.next_token = t.start_token + t.chunk_tokens;
       state.retention = engine.retention();
+      if (store != nullptr) {
+        // The store's entries are on disk before the checkpoint counts them.
+        stopped = store->Sync();
+        if (!stopped.ok()) return false;
+        state.recall_slots = store->all_slots();
+      }
       stopped = SaveCheckpointFile(path, state, engine.memory());
       if (!stopped.ok()) return false;
       if (signo == 0) return true;
@@ -299,29 +376,6 @@ class BatchRunner {
   }
 
   static constexpr int64_t kQuestionBatch = 64;  // question tokens run at once
-
-  // With --recall_dir, a new store for the document (`suffix` ""; a guided
-  // one's k-th question's: ".q<k>") in RECALL_DIR/ID<suffix>, attached to
-  // `engine` to take what it evicts; else null. With --resume, a store a
-  // stopped job left there for the same model, input and plan is emptied
-  // and used.
-  absl::StatusOr<std::unique_ptr<RecallStore>> AttachStore(const BatchDocument& d, const std::string& suffix,
-                                                           PrefillEngine& engine, const InputTokens& in) {
-    if (recall_dir_.empty()) return nullptr;
-    RecallStoreInfo info = RecallShape(m_.model->config(), engine.config().recall_format);
-    info.model_fingerprint = fingerprint_;
-    info.input_digest = in.tokens->digest();
-    info.input_tokens = static_cast<int64_t>(in.tokens->size());
-    info.plan_digest = engine.plan_digest();
-    const std::string dir = absl::StrCat(recall_dir_, "/", d.id, suffix);
-    absl::StatusOr<std::unique_ptr<RecallStore>> store =
-        resume_ && access(dir.c_str(), F_OK) == 0
-            ? RecallStore::Reopen(dir, info, std::vector<int64_t>(m_.model->config().num_layers, 0))
-            : RecallStore::Create(dir, info);
-    if (!store.ok()) return store.status();
-    SNAPFILL_RETURN_IF_ERROR(engine.AttachRecallStore(store->get()));
-    return store;
-  }
 
   absl::StatusOr<InputTokens> Tokenize(const BatchDocument& d, const PromptFrame& frame, const InputOptions& o) {
     SNAPFILL_ASSIGN_OR_RETURN(auto file, InputFile::Open(d.input, "input"));
@@ -419,12 +473,6 @@ absl::Status RunBatchIn(BatchWorld& world) {
   }
   if (!recall_dir.empty()) {
     SNAPFILL_RETURN_IF_ERROR(CheckFolderForIds("--recall_dir", recall_dir, "a recall store", docs, manifest_path));
-    if (!checkpoint_dir.empty()) {
-      // (A stopped document's store would have to be cut back to its
-      // checkpoint, as run --resume does; not done here yet.)
-      return absl::InvalidArgumentError(
-          "--recall_dir and --checkpoint_dir together are not supported yet: give one of them");
-    }
   }
   SNAPFILL_ASSIGN_OR_RETURN(const auto shard, ResolveShard(absl::GetFlag(FLAGS_shard), Getenv));
   const std::vector<int> assigned = AssignShards(docs, shard.second);
