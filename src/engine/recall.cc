@@ -132,7 +132,7 @@ absl::Status Recaller::ScoreLayer(RecallStore& store, int64_t layer, const float
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Recaller::MergeLayer(RecallStore& store, int64_t layer, HeadPeaks& best,
+absl::StatusOr<int64_t> Recaller::MergeLayer(RecallStore& store, int64_t layer, const HeadPeaks& best,
                                              const std::vector<int32_t>& shared, const RecallOptions& options,
                                              KvCache& cache, bool rotated) {
   const LlamaConfig& c = config_;

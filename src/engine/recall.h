@@ -74,7 +74,7 @@ class Recaller {
   // are skipped), then the spans around the head's own peaks.
   absl::Status ScoreLayer(RecallStore& store, int64_t layer, const float* q, int64_t q_stride, int64_t num_q,
                           const KvView& seen, const RecallOptions& options, const KvCache& cache, HeadPeaks* best);
-  absl::StatusOr<int64_t> MergeLayer(RecallStore& store, int64_t layer, HeadPeaks& best,
+  absl::StatusOr<int64_t> MergeLayer(RecallStore& store, int64_t layer, const HeadPeaks& best,
                                      const std::vector<int32_t>& shared, const RecallOptions& options, KvCache& cache,
                                      bool rotated);
 
