@@ -406,6 +406,24 @@ TEST_F(QualityCliTest, NeedleBadFlags) {
   EXPECT_FAILS_WITH(Run("needle --model " + tiny_), 2, "--input");
 }
 
+// A recall after the prefill names its ranking in the grid's label where
+// it is not the default (a grid resumes only with the settings it names),
+// and runs with either.
+TEST_F(QualityCliTest, NeedleLabelNamesTheRecallRanking) {
+  const std::string base = "needle --model " + tiny_ + " --input " + text_ +
+                           " --lengths 160 --depths 0.5 --seeds 1 --memory 48 --chunk 64 --window 8 --progress=false"
+                           " --baseline=false --query_aware=false --recall 8 --recall_dir " +
+                           dir_ + "/store --json ";
+  for (const std::string rank : {"summed", "heads"}) {
+    const std::string json = dir_ + "/" + rank + ".json";
+    const Result r = Run(base + json + " --recall_rank " + rank);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string label = ReadJson(json)["label"];
+    EXPECT_NE(label.find("recall 8 q8 after the prefill"), std::string::npos) << label;
+    EXPECT_EQ(label.find("ranked by heads") != std::string::npos, rank == "heads") << label;
+  }
+}
+
 bool IsPng(const std::string& path) { return testing::ReadAll(path).rfind("\x89PNG", 0) == 0; }
 
 TEST_F(QualityCliTest, PlotsArePngs) {

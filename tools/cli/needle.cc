@@ -267,6 +267,9 @@ std::string ConfigLabel(const PrefillConfig& c, int64_t recall_after) {
   }
   if (recall_after > 0) {
     absl::StrAppend(&s, " recall ", recall_after, " ", RecallFormatName(c.recall_format), " after the prefill");
+    // (Named only where it is not the default, as batch records it: grids
+    // made before the ranking across layers resume with it.)
+    if (!RecallAfterOptions(c, recall_after).summed) absl::StrAppend(&s, ", ranked by heads");
   }
   return s;
 }
