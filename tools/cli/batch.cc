@@ -109,6 +109,9 @@ class BatchRunner {
     config.store_evicted = !recall_dir_.empty();
     SNAPFILL_RETURN_IF_ERROR(SetPrunerInputs(m_, config, /*question_guided=*/d.settings.guided));
     const int64_t recall = d.settings.recall;
+    // An unguided document's questions recall after its prefill, ranked as its answers record.
+    RecallOptions options = RecallOptionsFor(config, recall);
+    options.summed = !d.settings.recall_heads;
     GenerateOptions gopts;
     gopts.max_new_tokens = d.settings.n;
     SNAPFILL_ASSIGN_OR_RETURN(gopts.sampling, SamplingFromFlags());
@@ -214,7 +217,7 @@ class BatchRunner {
       int64_t next_position = document_end;
       if (store != nullptr) {
         SNAPFILL_RETURN_IF_ERROR(
-            RecallForQuestion(*m_.model, backend_, *kv, &next_position, *store, ids, RecallAfterOptions(config, recall))
+            RecallForQuestion(*m_.model, backend_, *kv, &next_position, *store, ids, options)
                 .status());
       }
       const double recall_seconds = recalling.Seconds();
@@ -287,43 +290,36 @@ class BatchRunner {
         over(fits);
       }
     }
-    if (!recall_dir_.empty()) {
-      RecallStoreInfo info = RecallShape(m_.model->config(), engine.config().recall_format);
-      info.model_fingerprint = fingerprint_;
-      info.input_digest = in.tokens->digest();
-      info.input_tokens = static_cast<int64_t>(in.tokens->size());
-      info.plan_digest = engine.plan_digest();
-      const std::string dir = absl::StrCat(recall_dir_, "/", d.id, suffix);
-      if (ck) {
-        // The store as it was at the checkpoint (what later steps wrote is cut).
-        absl::StatusOr<std::unique_ptr<RecallStore>> kept = RecallStore::Reopen(dir, info, ck->state.recall_slots);
-        if (kept.ok()) {
-          started.store = *std::move(kept);
-        } else {
-          over(absl::FailedPreconditionError(absl::StrCat("its recall store: ", kept.status().message())));
-        }
+    RecallStoreInfo info = RecallShape(m_.model->config(), engine.config().recall_format);
+    info.model_fingerprint = fingerprint_;
+    info.input_digest = in.tokens->digest();
+    info.input_tokens = static_cast<int64_t>(in.tokens->size());
+    info.plan_digest = engine.plan_digest();
+    const std::string dir = absl::StrCat(recall_dir_, "/", d.id, suffix);
+    if (!recall_dir_.empty() && ck) {
+      // The store as it was at the checkpoint (what later steps wrote is cut).
+      absl::StatusOr<std::unique_ptr<RecallStore>> kept = RecallStore::Reopen(dir, info, ck->state.recall_slots);
+      if (kept.ok()) {
+        started.store = *std::move(kept);
+      } else {
+        over(absl::FailedPreconditionError(absl::StrCat("its recall store: ", kept.status().message())));
       }
-      if (ck) {
-        // (Restore checks everything before it changes the engine.)
-        if (const absl::Status restored = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
-            !restored.ok()) {
-          over(restored);
-          started.store.reset();
-        }
-      }
-      if (started.store == nullptr) {
-        // A store a stopped job left for the same model, input and plan is
-        // emptied and used.
-        SNAPFILL_ASSIGN_OR_RETURN(
-            started.store, resume_ && access(dir.c_str(), F_OK) == 0
-                               ? RecallStore::Reopen(dir, info, std::vector<int64_t>(m_.model->config().num_layers, 0))
-                               : RecallStore::Create(dir, info));
-      }
-    } else if (ck) {
+    }
+    if (ck) {
+      // (Restore checks everything before it changes the engine.)
       if (const absl::Status restored = engine.Restore(ck->state.steps_done, ck->state.retention, *ck->memory);
           !restored.ok()) {
         over(restored);
+        started.store.reset();  // cut back to a checkpoint the document does not resume from
       }
+    }
+    if (!recall_dir_.empty() && started.store == nullptr) {
+      // A store a stopped job left for the same model, input and plan is
+      // emptied and used.
+      SNAPFILL_ASSIGN_OR_RETURN(
+          started.store, resume_ && access(dir.c_str(), F_OK) == 0
+                             ? RecallStore::Reopen(dir, info, std::vector<int64_t>(m_.model->config().num_layers, 0))
+                             : RecallStore::Create(dir, info));
     }
     if (ck) {
       started.first_step = ck->state.steps_done;
