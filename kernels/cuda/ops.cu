@@ -461,13 +461,24 @@ __global__ void ToInt8RowsKernel(const float* __restrict__ x, uint8_t* __restric
   for (int64_t r = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     const float* xr = x + r * dim;
     float amax = 0.0f;
-    for (int64_t i = lane; i < dim; i += 32) amax = fmaxf(amax, fabsf(xr[i]));
+    bool not_finite = false;
+    for (int64_t i = lane; i < dim; i += 32) {
+      const float a = fabsf(xr[i]);
+      amax = fmaxf(amax, a);
+      not_finite |= Int8NotFinite(a);
+    }
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+    uint8_t* out = y + r * Int8RowBytes(dim);
+    int8_t* q = reinterpret_cast<int8_t*>(out + sizeof(float));
+    if (__any_sync(kFullMask, not_finite)) {
+      // A NaN or an infinity: the twin's record for it, scale NaN, every q 0.
+      if (lane == 0) EncodeInt8NotFiniteScale(out);
+      for (int64_t i = lane; i < dim; i += 32) q[i] = 0;
+      continue;
+    }
     const float scale = Int8RowScale(amax);
     const float inverse = Int8RowInverse(scale);
-    uint8_t* out = y + r * Int8RowBytes(dim);
     if (lane == 0) std::memcpy(out, &scale, sizeof(float));  // (4 + dim bytes apart: maybe unaligned)
-    int8_t* q = reinterpret_cast<int8_t*>(out + sizeof(float));
     for (int64_t i = lane; i < dim; i += 32) q[i] = Int8Quantize(xr[i], inverse);
   }
 }

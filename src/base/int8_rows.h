@@ -5,9 +5,13 @@
 // of zeros has scale 0 and every q 0). Each q · scale is within
 // max|x| / 254 of its x, half a step. These are the twins of the vector
 // kernels (cpu::ToInt8Rows, cuda::ToInt8Rows), which compute the same
-// operations in the same order, so the bits agree for finite rows: the
-// maximum is exact in any order, and the division, reciprocal, product and
-// rounding are IEEE's. Like half.h, they compile for CUDA devices as well.
+// operations in the same order, so the bits agree: the maximum is exact in
+// any order, and the division, reciprocal, product and rounding are IEEE's.
+// A row holding a NaN or an infinity (the model broke before it) is a
+// record of its own, scale NaN and every q 0: each path's maximum and
+// float-to-int conversion would treat those values its own way, and the
+// record decodes to NaNs, so a recall that scores it reports it. Like
+// half.h, they compile for CUDA devices as well.
 #ifndef SNAPFILL_BASE_INT8_ROWS_H_
 #define SNAPFILL_BASE_INT8_ROWS_H_
 
@@ -45,13 +49,34 @@ SNAPFILL_INT8_HOST_DEVICE inline int8_t Int8Quantize(float x, float inverse) {
   return static_cast<int8_t>(rintf(x * inverse));
 }
 
+// Whether a magnitude |x| is a NaN or an infinity.
+SNAPFILL_INT8_HOST_DEVICE inline bool Int8NotFinite(float a) { return !(a <= FLT_MAX); }
+
+// The record of a row that is not finite: scale NaN (the quiet NaN's
+// bits), every q 0. (q written by the caller on the device, a lane each.)
+SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8NotFiniteScale(uint8_t* out) {
+  const uint32_t nan_bits = 0x7FC00000u;
+  std::memcpy(out, &nan_bits, sizeof(float));
+}
+inline void EncodeInt8NotFiniteRow(int64_t dim, uint8_t* out) {
+  EncodeInt8NotFiniteScale(out);
+  std::memset(out + sizeof(float), 0, dim);
+}
+
 SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8Row(const float* x, int64_t dim, uint8_t* out) {
   float amax = 0.0f;
+  bool not_finite = false;
   for (int64_t i = 0; i < dim; ++i) {
     // (A comparison, not fmaxf: the compiler makes it a vector max where
     // fmaxf stays a library call: 4x slower over a 7B layer's rows.)
     const float a = fabsf(x[i]);
     amax = a > amax ? a : amax;
+    not_finite |= Int8NotFinite(a);
+  }
+  if (not_finite) {
+    EncodeInt8NotFiniteScale(out);
+    for (int64_t i = 0; i < dim; ++i) out[sizeof(float) + i] = 0;
+    return;
   }
   const float scale = Int8RowScale(amax);
   const float inverse = Int8RowInverse(scale);

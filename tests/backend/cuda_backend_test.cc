@@ -1055,12 +1055,19 @@ TEST(CudaBackend, ToInt8RowsInBuffersIsTheTwin) {
     for (float& v : x) v = dist(rng);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = x.data() + r * dim;
-      switch (r % 5) {
+      switch (r % 7) {
         case 1:
           std::fill(row, row + dim, 0.0f);
           break;
         case 2:  // (every other one so small that its scale's reciprocal overflows: every q 0)
-          for (int64_t i = 0; i < dim; ++i) row[i] *= r % 10 == 2 ? 1e-30f : 1e-38f;
+          for (int64_t i = 0; i < dim; ++i) row[i] *= (r / 7) % 2 == 0 ? 1e-30f : 1e-38f;
+          break;
+        case 5:  // (a NaN, then infinities: scale NaN, every q 0, as the twin writes)
+          row[(r * 5) % dim] = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 6:
+          row[r % dim] = std::numeric_limits<float>::infinity();
+          row[dim - 1] = -std::numeric_limits<float>::infinity();
           break;
         case 3:
           for (int64_t i = 0; i < dim; ++i) row[i] *= 1e30f;

@@ -17,8 +17,10 @@
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -402,10 +404,11 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
   // Rows of their own: zeros (scale 0, every q 0), magnitudes from tiny to
   // huge, one large value among small ones, exact ties (max 127, so scale
   // 1: q = round-half-even(x)), and a row so small that its scale's
-  // reciprocal overflows (every q 0, on every path).
+  // reciprocal overflows (every q 0, on every path); and rows with a NaN,
+  // or infinities, in the vector part or the tail (scale NaN, every q 0).
   for (int64_t r = 0; r < c.rows; ++r) {
     float* row = x.data() + r * c.dim;
-    switch (r % 7) {
+    switch (r % 9) {
       case 1:
         std::fill(row, row + c.dim, 0.0f);
         break;
@@ -425,6 +428,13 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
       case 6:
         for (int64_t i = 0; i < c.dim; ++i) row[i] *= 1e-38f;
         break;
+      case 7:
+        row[(r * 5) % c.dim] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 8:
+        row[r % c.dim] = std::numeric_limits<float>::infinity();
+        row[c.dim - 1] = -std::numeric_limits<float>::infinity();
+        break;
       default:
         break;
     }
@@ -442,13 +452,25 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
   std::vector<float> back(c.rows * c.dim + 1, -7.0f), twin(c.rows * c.dim);
   cpu::FromInt8Rows(got.data() + 1, back.data(), c.rows, c.dim);
   DecodeInt8Rows(want.data() + 1, c.rows, c.dim, twin.data());
-  for (int64_t i = 0; i < c.rows * c.dim; ++i) ASSERT_EQ(back[i], twin[i]) << i;
+  for (int64_t i = 0; i < c.rows * c.dim; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), std::bit_cast<uint32_t>(twin[i])) << i;  // (NaNs too)
+  }
   EXPECT_EQ(back[c.rows * c.dim], -7.0f) << "wrote past its output";
 
   // What the records hold: every value within half a step of its row's
   // max|x| / 127, and the ties rounded to even.
   for (int64_t r = 0; r < c.rows; ++r) {
     const float* row = x.data() + r * c.dim;
+    if (r % 9 >= 7) {
+      float scale;
+      std::memcpy(&scale, got.data() + 1 + r * bytes, sizeof(float));
+      ASSERT_TRUE(std::isnan(scale)) << "row " << r << " is not finite; its scale is " << scale;
+      for (int64_t i = 0; i < c.dim; ++i) {
+        ASSERT_EQ(got[1 + r * bytes + sizeof(float) + i], 0) << r << " " << i;
+        ASSERT_TRUE(std::isnan(back[r * c.dim + i])) << r << " " << i;
+      }
+      continue;
+    }
     float amax = 0.0f;
     for (int64_t i = 0; i < c.dim; ++i) amax = std::max(amax, std::abs(row[i]));
     if (amax > 0 && !std::isfinite(1.0f / Int8RowScale(amax))) {
@@ -458,7 +480,7 @@ TEST_P(Int8RowsTest, MatchesTwinBitForBit) {
     for (int64_t i = 0; i < c.dim; ++i) {
       ASSERT_LE(std::abs(back[r * c.dim + i] - row[i]), amax / 254 * 1.0001f) << r << " " << i;
     }
-    if (r % 7 == 5 && c.dim > 1) {
+    if (r % 9 == 5 && c.dim > 1) {
       for (int64_t i = 0; i + 1 < c.dim; ++i) {
         ASSERT_EQ(back[r * c.dim + i], std::nearbyint(row[i])) << "a tie at " << row[i];
       }
