@@ -157,6 +157,13 @@ step smollm2_question_recall_q8 30 bash -c '"$BIN/snapfill" run --device cuda --
   --max_tokens 8192 --memory 1024 --chunk 1024 --question "Who built the ark?" --recall_dir "$WORK/recall_q8" \
   --recall_format q8 --recall 64 -n 8 --progress=false --timing --telemetry "$WORK/recall_q8.jsonl" \
   && grep -o "\"backend_selections\":[0-9]*\|\"recalled\":[0-9]*" "$WORK/recall_q8.jsonl" | tail -2' "$SMOL"
+# A question asked after a prefill it did not guide: the evicted rows to a
+# store, then generate --cache brings back into the device's cache what the
+# question attends to, ranked across layers (RecallForQuestion).
+step smollm2_recall_after 60 bash -c '"$BIN/snapfill" prefill --device cuda --model "$0" --input "$TEXT" \
+  --max_tokens 16384 --memory 1024 --chunk 1024 --recall_dir "$WORK/after" --out "$WORK/after.kv" --force \
+  --progress=false && "$BIN/snapfill" generate --device cuda --model "$0" --cache "$WORK/after.kv" \
+  --recall_dir "$WORK/after" --prompt "Who built the ark?" -n 8 --timing' "$SMOL"
 # Context reconstruction: its scores made on the device and kept there with
 # the memory, its selection one op per layer.
 step smollm2_reconstruct 40 bash -c 'prefill "$0" 16384 imdc --pruner reconstruct --profile=false \
