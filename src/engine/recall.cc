@@ -294,10 +294,10 @@ std::vector<int32_t> Recaller::RankAcrossLayers(const std::vector<HeadPeaks>& la
   std::vector<std::pair<int32_t, float>> mass;
   for (const HeadPeaks& layer : layers) {
     for (const std::vector<Peak>& head : layer) {
-      for (const Peak& p : head) mass.push_back({p.pos, p.score});
+      for (const Peak& p : head) mass.push_back({p.pos, p.score * p.score});
     }
   }
-  // Each position's scores summed, then the best `count`.
+  // Each position's squared scores summed, then the best `count`.
   std::sort(mass.begin(), mass.end());
   size_t out = 0;
   for (size_t i = 0; i < mass.size(); ++i) {
@@ -386,14 +386,18 @@ absl::StatusOr<int64_t> RecallForQuestion(const LlamaModel& model, Backend* back
   SNAPFILL_RETURN_IF_ERROR(forward->ForwardWithAttention(question.data(), n, attend, 0, nullptr, 0));
   if (options.summed) {
     // The attention the question's queries put on each input position,
-    // summed over every layer and KV head that ranks it among its peaks,
-    // and every layer brings back the spans around the best: a few heads
-    // rank what the question asks about first, with most of their
-    // attention, where the rest rank it in their hundreds, behind what
-    // every question attends to. At 1M tokens each head's own ranking
+    // squared and summed over every layer and KV head that ranks it among
+    // its peaks, and every layer brings back the spans around the best: a
+    // few heads rank what the question asks about first, with most of
+    // their attention, where the rest rank it in their hundreds, behind
+    // what every question attends to. At 1M tokens each head's own ranking
     // brought a needle back into 5 of SmolLM2's 90 layers and KV heads, too
-    // few for the answer to read it; summed, its tokens rank 3rd and 4th
-    // (docs/RESULTS.md).
+    // few for the answer to read it. Squared, a few heads' strong attention
+    // outweighs many heads' weak attention: in another 1M trial the
+    // needle's tokens had 4 heads' peaks each (scores up to 5) where the
+    // passages around them had 22-26 heads' (about 0.3 each); summed they
+    // ranked 21st and 29th, behind more passages than the budget's spans
+    // hold, squared 5th and 7th (docs/RESULTS.md).
     const std::vector<int32_t> shared = Recaller::RankAcrossLayers(peaks, kPeaksPerEntry * options.budget);
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       SNAPFILL_ASSIGN_OR_RETURN(const int64_t got,

@@ -25,8 +25,8 @@ struct RecallOptions {
   bool max_weight = false;  // a key's score: the queries' largest weight, not their sum (--query_votes)
   // RecallForQuestion: every layer and KV head brings back the same input
   // positions first, those the question's queries put the most attention
-  // on summed over all layers and KV heads (--recall_rank=summed); else
-  // each its own best (heads).
+  // on over all layers and KV heads, each head's squared and summed
+  // (--recall_rank=summed); else each its own best (heads).
   bool summed = true;
 };
 
@@ -78,8 +78,9 @@ class Recaller {
                                      const std::vector<int32_t>& shared, const RecallOptions& options, KvCache& cache,
                                      bool rotated);
 
-  // The `count` input positions with the most score summed over every
-  // layer's and KV head's peaks, best first (ties: the lower position).
+  // The `count` input positions with the most squared score summed over
+  // every layer's and KV head's peaks, best first (ties: the lower
+  // position).
   static std::vector<int32_t> RankAcrossLayers(const std::vector<HeadPeaks>& layers, int64_t count);
 
   // Resident bytes of the scratch for `budget` and `span`.

@@ -339,13 +339,17 @@ TEST_F(RecallTest, SummedRankingBringsBackTheSamePositionsInEveryLayer) {
   }
 }
 
-TEST(RecallRankTest, SumsEachPositionsScoresOverLayersAndHeads) {
-  // Position 7 is no head's best but the best summed; 3 and 9 tie (the lower first).
+TEST(RecallRankTest, SumsEachPositionsSquaredScoresOverLayersAndHeads) {
+  // Squared and summed: 7 is no head's best but the best (9 + 12.25 +
+  // 8.41); 3 and 9 tie (25 = 16 + 9: the lower first); 11 has the most
+  // score summed (6 × 1.6 = 9.6, against 7's 9.4), but many heads' weak
+  // attention counts for less than one head's strong attention (15.36).
   const std::vector<Recaller::HeadPeaks> layers = {
-      {{{5.0f, 3, 0}, {2.0f, 7, 1}}, {{4.0f, 9, 0}, {3.0f, 7, 4}}},
-      {{{1.0f, 9, 2}, {0.5f, 11, 3}}, {{2.5f, 7, 6}}},
+      {{{5.0f, 3, 0}, {3.0f, 7, 1}, {1.6f, 11, 5}}, {{4.0f, 9, 0}, {3.5f, 7, 4}, {1.6f, 11, 7}}},
+      {{{3.0f, 9, 2}, {2.9f, 7, 3}, {1.6f, 11, 3}}, {{1.6f, 11, 8}}},
+      {{{1.6f, 11, 9}}, {{1.6f, 11, 1}, {0.5f, 13, 2}}},
   };
-  EXPECT_EQ(Recaller::RankAcrossLayers(layers, 10), (std::vector<int32_t>{7, 3, 9, 11}));
+  EXPECT_EQ(Recaller::RankAcrossLayers(layers, 10), (std::vector<int32_t>{7, 3, 9, 11, 13}));
   EXPECT_EQ(Recaller::RankAcrossLayers(layers, 2), (std::vector<int32_t>{7, 3}));
   EXPECT_TRUE(Recaller::RankAcrossLayers({}, 4).empty());
 }

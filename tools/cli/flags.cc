@@ -74,9 +74,9 @@ ABSL_FLAG(int64_t, recall, 256,
           "--recall_dir: entries per layer and KV head the question brings back, beside the memory");
 ABSL_FLAG(std::string, recall_rank, "summed",
           "A recall after the compression (generate --cache, or a question that did not guide it): "
-          "every layer brings back the input positions the question attends to most summed over all "
-          "layers and KV heads (summed; finds a needle at 1M tokens), or each layer and KV head its "
-          "own best (heads)");
+          "every layer brings back the input positions the question attends to most over all layers "
+          "and KV heads, each head's attention squared and summed (summed; finds a needle at 1M "
+          "tokens), or each layer and KV head its own best (heads)");
 ABSL_FLAG(std::string, recall_format, "q8",
           "--recall_dir: how the store keeps keys and values: q8 (8 bits and a scale per vector; finds "
           "the needles f16 finds, in half the disk) or f16 (exact to fp16)");
