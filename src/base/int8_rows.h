@@ -58,9 +58,9 @@ SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8NotFiniteScale(uint8_t* out) {
   const uint32_t nan_bits = 0x7FC00000u;
   std::memcpy(out, &nan_bits, sizeof(float));
 }
-inline void EncodeInt8NotFiniteRow(int64_t dim, uint8_t* out) {
+SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8NotFiniteRow(int64_t dim, uint8_t* out) {
   EncodeInt8NotFiniteScale(out);
-  std::memset(out + sizeof(float), 0, dim);
+  for (int64_t i = 0; i < dim; ++i) out[sizeof(float) + i] = 0;
 }
 
 SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8Row(const float* x, int64_t dim, uint8_t* out) {
@@ -74,8 +74,7 @@ SNAPFILL_INT8_HOST_DEVICE inline void EncodeInt8Row(const float* x, int64_t dim,
     not_finite |= Int8NotFinite(a);
   }
   if (not_finite) {
-    EncodeInt8NotFiniteScale(out);
-    for (int64_t i = 0; i < dim; ++i) out[sizeof(float) + i] = 0;
+    EncodeInt8NotFiniteRow(dim, out);
     return;
   }
   const float scale = Int8RowScale(amax);
