@@ -123,9 +123,12 @@ step bench_gather 30 "$BIN/bm_gather" --benchmark_filter=Cuda --benchmark_min_ti
 SMOL="$WORK/smollm2-shaped-q8_0.gguf"
 step make_smollm2 60 "$BIN/make_tiny_gguf" --preset smollm2-135m --type Q8_0 --fast_weights --seed 1 --out "$SMOL"
 step info 60 "$BIN/snapfill" info --device cuda --model "$SMOL"
+# (Every step compressed, the last too, as the IMDC paper's schedules whose
+# TTFT and memory these are measured against.)
 prefill() {  # MODEL TOKENS SCHEDULE [--profile=false: the TTFT without the per-op waits profiling adds]
   "$BIN/snapfill" prefill --device cuda --model "$1" --input "$TEXT" --max_tokens "$2" --schedule "$3" \
-    --memory 1024 --chunk 1024 --out "$WORK/cache.kv" --force --progress=false --profile "${@:4}"
+    --memory 1024 --chunk 1024 --keep_last_chunk=false --out "$WORK/cache.kv" --force --progress=false \
+    --profile "${@:4}"
 }
 export -f prefill
 step smollm2_imdc_64k 60 prefill "$SMOL" 65536 imdc

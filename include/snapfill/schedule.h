@@ -80,6 +80,13 @@ struct ScheduleConfig {
   Growth growth = Growth::kLinear;
   int64_t sink_tokens = 0;   // s (--sink_tokens): first tokens pinned outside the budget
   int64_t max_position = 0;  // the model's trained context (positions); 0 = unknown
+  // (--keep_last_chunk) The last step keeps its chunk whole beside the
+  // memory: budget m_{n−1} + c_{n−1}, so nothing of the input's end is
+  // evicted (an input of one chunk is kept whole). For a question read
+  // after the prefill, which then sees the input's end as a question in the
+  // prompt would (DESIGN.md §5). Not with adaptive growth (a warning says
+  // so): its budgets are redistributed every step.
+  bool keep_last_chunk = false;
 };
 
 // One chunk of the loop.

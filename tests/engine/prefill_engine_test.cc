@@ -174,6 +174,75 @@ TEST(PrefillEngineTest, CompressionFollowsThePlan) {
   }
 }
 
+// ScheduleConfig::keep_last_chunk: every step but the last compresses as
+// without it, the last evicts nothing (the memory before it and the whole
+// chunk), and the input's last logits are the same bit for bit.
+TEST(PrefillEngineTest, KeepLastChunkEvictsNothingAtTheLastStep) {
+  auto model = TinyModel();
+  auto backend = CreateBackend(Device::kCpu, {});
+  const LlamaConfig& mc = model->config();
+  const int n = 1000;
+  auto ids = Tokens(n, mc.vocab_size);
+  const GateModel gates = GateModel::Create(mc.num_layers, mc.num_kv_heads, mc.head_dim, 4).value();
+  for (PrunerKind pruner : {PrunerKind::kSnapKv, PrunerKind::kStreaming, PrunerKind::kGate}) {
+    for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncrementalDecremental}) {
+      SCOPED_TRACE(absl::StrCat(PrunerKindName(pruner), " ", std::string(ScheduleKindName(kind))));
+      PrefillConfig config;
+      config.pruner.kind = pruner;
+      if (pruner == PrunerKind::kGate) config.gate = &gates;
+      config.schedule.kind = kind;
+      config.schedule.chunk = 128;
+      config.schedule.memory = 96;
+      config.schedule.window = 16;
+      config.schedule.sink_tokens = 4;
+      auto plain = PrefillEngine::Create(*model, backend->get(), config, n);
+      config.schedule.keep_last_chunk = true;
+      auto kept = PrefillEngine::Create(*model, backend->get(), config, n);
+      SNAPFILL_ASSERT_OK(plain);
+      SNAPFILL_ASSERT_OK(kept);
+      std::vector<std::vector<int64_t>> plain_sizes, kept_sizes;
+      SNAPFILL_ASSERT_OK((*plain)->Run(ids, [&](const StepTelemetry& t) {
+        plain_sizes.push_back(t.memory);
+        return true;
+      }));
+      SNAPFILL_ASSERT_OK((*kept)->Run(ids, [&](const StepTelemetry& t) {
+        kept_sizes.push_back(t.memory);
+        return true;
+      }));
+      const SchedulePlan& plan = (*kept)->plan();
+      const int64_t steps = static_cast<int64_t>(plan.steps.size());
+      ASSERT_GT(steps, 2);
+      ASSERT_EQ(static_cast<int64_t>(kept_sizes.size()), steps);
+      for (int64_t i = 0; i + 1 < steps; ++i) EXPECT_EQ(kept_sizes[i], plain_sizes[i]) << "step " << i;
+      const ScheduleStep& last = plan.steps.back();
+      const KvCache& memory = (*kept)->memory();
+      for (int64_t l = 0; l < mc.num_layers; ++l) {
+        // Sinks (4) are counted beside the budget in the memory's size.
+        EXPECT_EQ(kept_sizes.back()[l], kept_sizes[steps - 2][l] + last.chunk_tokens) << "layer " << l;
+        EXPECT_LT(plain_sizes.back()[l], kept_sizes.back()[l]);
+        ASSERT_EQ(memory.size(l), kept_sizes.back()[l]);
+        for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+          // The last chunk whole, in order, at the end of every head.
+          const int32_t* pos = memory.pos(l, h);
+          const int64_t size = memory.size(l);
+          for (int64_t j = 0; j < last.chunk_tokens; ++j) {
+            ASSERT_EQ(pos[size - last.chunk_tokens + j], last.start_token + j) << "layer " << l << " head " << h;
+          }
+          for (int64_t j = 1; j < size; ++j) ASSERT_LT(pos[j - 1], pos[j]);
+        }
+      }
+      EXPECT_EQ((*kept)->next_position(), memory.size(0));
+      ASSERT_EQ((*kept)->last_logits().size(), (*plain)->last_logits().size());
+      EXPECT_EQ(0, std::memcmp((*kept)->last_logits().data(), (*plain)->last_logits().data(),
+                               (*plain)->last_logits().size() * sizeof(float)));
+      // The decoder's cache takes it, with room to answer.
+      auto kv = (*kept)->MakeDecoderCache(8);
+      SNAPFILL_ASSERT_OK(kv);
+      EXPECT_EQ((*kv)->size(0), memory.size(0));
+    }
+  }
+}
+
 // Question-guided compression (PrefillConfig::query_tokens). The
 // question's rows run after each chunk and never feed the chunk's rows:
 // with no share of the picks, the run is the run without a question, bit

@@ -574,6 +574,69 @@ TEST(ScheduleRefusalTest, SinksCountInAttentionAndKv) {
   EXPECT_EQ(plan->peak_kv_slots, 516 + 1540);
 }
 
+TEST(ScheduleKeepLastChunkTest, LastStepKeepsMemoryAndChunk) {
+  // FM, L = 4096 + 700, c = 1024, m = 512, 2 layers, 4 sinks: chunks
+  // 1024 × 4 and 700; the last step keeps 512 + 700 in each layer.
+  for (const ScheduleKind kind :
+       {ScheduleKind::kFixed, ScheduleKind::kIncremental, ScheduleKind::kIncrementalDecremental}) {
+    ScheduleConfig c = Make(kind, 4796, 1024, 512, 32, 2);
+    c.sink_tokens = 4;
+    const auto base = PlanSchedule(c);
+    c.keep_last_chunk = true;
+    const auto kept = PlanSchedule(c);
+    SNAPFILL_ASSERT_OK(base);
+    SNAPFILL_ASSERT_OK(kept);
+    const int64_t n = static_cast<int64_t>(base->steps.size());
+    ASSERT_EQ(static_cast<int64_t>(kept->steps.size()), n) << ScheduleKindName(kind);
+    ASSERT_GT(n, 1);
+    // Only the last step's budgets change, by its chunk: the memory before
+    // it (at most the step before's budget) and the whole chunk fit.
+    for (int64_t i = 0; i + 1 < n; ++i) EXPECT_EQ(kept->steps[i].budget, base->steps[i].budget);
+    const ScheduleStep& last = kept->steps.back();
+    for (int64_t l = 0; l < 2; ++l) {
+      EXPECT_EQ(last.budget[l], base->steps.back().budget[l] + last.chunk_tokens);
+      EXPECT_GE(last.budget[l], base->steps[n - 2].budget[l] + last.chunk_tokens);
+    }
+    EXPECT_EQ(Chunks(*kept), Chunks(*base));
+    EXPECT_EQ(kept->peak_attention_length, base->peak_attention_length);
+    EXPECT_DOUBLE_EQ(kept->mean_memory, base->mean_memory);  // eq. 4's m̂: steps 0..n−2
+    EXPECT_THAT(FormatPlan(*kept), HasSubstr("keeps its chunk whole"));
+    EXPECT_THAT(FormatPlan(*base), ::testing::Not(HasSubstr("keeps its chunk whole")));
+  }
+  // FM by hand: at the last step layer 0 holds 4 + 512 + 700 and layer 1,
+  // compressing, 4 + 512 + 700 as well (nothing leaves): 2432 live slots.
+  ScheduleConfig c = Make(ScheduleKind::kFixed, 4796, 1024, 512, 32, 2);
+  c.sink_tokens = 4;
+  c.keep_last_chunk = true;
+  const auto plan = PlanSchedule(c);
+  SNAPFILL_ASSERT_OK(plan);
+  EXPECT_EQ(plan->steps.back().chunk_tokens, 700);
+  EXPECT_EQ(plan->peak_kv_slots, 2 * (4 + 512 + 700));
+}
+
+TEST(ScheduleKeepLastChunkTest, AdaptiveAndOneChunkAreLeftAsPlanned) {
+  ScheduleConfig c = Make(ScheduleKind::kIncremental, 8192, 1024, 512, 32, 2);
+  c.growth = Growth::kAdaptive;
+  const auto base = PlanSchedule(c);
+  c.keep_last_chunk = true;
+  const auto plan = PlanSchedule(c);
+  SNAPFILL_ASSERT_OK(base);
+  SNAPFILL_ASSERT_OK(plan);
+  EXPECT_EQ(plan->steps.back().budget, base->steps.back().budget);
+  EXPECT_TRUE(HasWarning(*plan, "--keep_last_chunk has no effect with --growth=adaptive"));
+}
+
+TEST(ScheduleKeepLastChunkTest, AnInputOfOneChunkIsKeptWhole) {
+  // L = 900 <= c: one step, which would compress 900 to 512.
+  ScheduleConfig one = Make(ScheduleKind::kFixed, 900, 1024, 512);
+  one.keep_last_chunk = true;
+  const auto single = PlanSchedule(one);
+  SNAPFILL_ASSERT_OK(single);
+  ASSERT_EQ(single->steps.size(), 1u);
+  EXPECT_EQ(single->steps[0].budget[0], 512 + 900);
+  EXPECT_EQ(single->peak_kv_slots, 900);
+}
+
 // ---------------------------------------------------------------------------
 // Adaptive budgets, retention, speed-up.
 

@@ -79,6 +79,15 @@ TEST_F(BatchManifestTest, ReadsDocumentsQuestionsAndSettings) {
   EXPECT_EQ(parsed["recall"], 64);
   EXPECT_EQ(parsed["recall_rank"], "heads");
   EXPECT_EQ(parsed.dump(), recall.Json());
+  // --keep_last_chunk only for an unguided document, whose questions come
+  // after the prefill.
+  BatchSettings kept = a.settings;
+  EXPECT_FALSE(Json::parse(kept.Json()).contains("keep_last_chunk"));
+  kept.keep_last_chunk = true;
+  EXPECT_EQ(Json::parse(kept.Json())["keep_last_chunk"], true);
+  EXPECT_EQ(Json::parse(kept.Json()).dump(), kept.Json());
+  kept.guided = true;
+  EXPECT_FALSE(Json::parse(kept.Json()).contains("keep_last_chunk"));
 }
 
 TEST_F(BatchManifestTest, EveryBadLineIsNamed) {

@@ -271,6 +271,45 @@ TEST_F(CliTest, RunAnswersAndPrefillDoesNotOverwrite) {
                     "checksum");
 }
 
+// --keep_last_chunk applies where the question is read after the prefill:
+// prefill, and run with a store its question does not guide; not where the
+// question closes the chunk loop's input. The plan says so, and the saved
+// cache holds the memory and the whole last chunk.
+TEST_F(CliTest, TheLastChunkIsKeptWholeWhereTheQuestionComesAfter) {
+  const std::string kept_line = "the last step keeps its chunk whole";
+  const std::string common = " --model " + tiny_ + " --input " + text_ + " --memory 64 --chunk 128 --window 8 ";
+  Result r = Run("prefill" + common + "--dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(kept_line), std::string::npos) << r.out;
+  r = Run("prefill" + common + "--dry_run --keep_last_chunk=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find(kept_line), std::string::npos) << r.out;
+  r = Run("run" + common + "--question why --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find(kept_line), std::string::npos) << "guided: the question closes the input\n" << r.out;
+  r = Run("run" + common + "--question why --query_aware=false --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find(kept_line), std::string::npos) << "no store: the question closes the input\n" << r.out;
+  r = Run("run" + common + "--question why --query_aware=false --recall_dir " + dir_ + "/store --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(kept_line), std::string::npos) << "asked after the prefill\n" << r.out;
+  // The saved caches: the one that keeps the last chunk holds more entries
+  // (the config records it), and both answer.
+  const std::string kept = dir_ + "/kept.kv", compressed = dir_ + "/compressed.kv";
+  r = Run("prefill" + common + "--progress=false --out " + kept);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = Run("prefill" + common + "--progress=false --keep_last_chunk=false --out " + compressed);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string kept_bytes = testing::ReadAll(kept);
+  EXPECT_GT(kept_bytes.size(), testing::ReadAll(compressed).size());
+  EXPECT_NE(kept_bytes.find("\"keep_last_chunk\":true"), std::string::npos);
+  EXPECT_EQ(testing::ReadAll(compressed).find("keep_last_chunk"), std::string::npos);
+  for (const std::string& cache : {kept, compressed}) {
+    r = Run("generate --model " + tiny_ + " --cache " + cache + " --prompt why -n 3");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+}
+
 // A question guides every chunk unless --query_aware=false: the plan says
 // so and counts its rows; telemetry records them (and the layers whose
 // selection was a backend op: all but with the recall tier); bad settings

@@ -166,8 +166,10 @@ class BatchRunner {
       longest = std::max<int64_t>(longest, question_ids.back().size());
     }
     // Room in the memory itself for the last question, what it recalls and
-    // its answer: that one takes the memory over instead of a copy.
+    // its answer: that one takes the memory over instead of a copy. The
+    // questions come after the prefill: they read its last chunk whole.
     config.decode_reserve = longest + recall + d.settings.n;
+    config.schedule.keep_last_chunk = d.settings.keep_last_chunk;
     SNAPFILL_ASSIGN_OR_RETURN(auto engine, PrefillEngine::Create(*m_.model, backend_, config, in.tokens->size()));
     const std::string checkpoint = CheckpointPath(d, nullptr);
     // --recall_dir: the document's store, which each question reads after
@@ -437,6 +439,7 @@ absl::Status RunBatchIn(BatchWorld& world) {
   defaults.top_k = absl::GetFlag(FLAGS_top_k);
   defaults.top_p = absl::GetFlag(FLAGS_top_p);
   defaults.original_positions = absl::GetFlag(FLAGS_original_positions);
+  defaults.keep_last_chunk = absl::GetFlag(FLAGS_keep_last_chunk);
   const std::string recall_dir = absl::GetFlag(FLAGS_recall_dir);
   if (!recall_dir.empty()) {
     defaults.recall = absl::GetFlag(FLAGS_recall);

@@ -90,8 +90,9 @@ std::string Folder(const std::string& path) {
 std::string BatchSettings::Json() const {
   // Keys in nlohmann's order (sorted), so that the text compares as parsed.
   return absl::StrFormat(
-      R"({"chunk":%d,"guided":%s,"memory":%d,"n":%d,%s"pruner":"%s",%s%s"schedule":"%s","seed":%d,"temp":%s,"top_k":%d,"top_p":%s,"window":%d})",
-      chunk, guided ? "true" : "false", memory, n, original_positions ? R"("original_positions":true,)" : "", pruner,
+      R"({"chunk":%d,"guided":%s,%s"memory":%d,"n":%d,%s"pruner":"%s",%s%s"schedule":"%s","seed":%d,"temp":%s,"top_k":%d,"top_p":%s,"window":%d})",
+      chunk, guided ? "true" : "false", !guided && keep_last_chunk ? R"("keep_last_chunk":true,)" : "", memory, n,
+      original_positions ? R"("original_positions":true,)" : "", pruner,
       recall > 0 ? absl::StrFormat(R"("recall":%d,)", recall) : std::string(),
       recall > 0 && recall_heads ? R"("recall_rank":"heads",)" : "", schedule, seed, nlohmann::json(temp).dump(), top_k,
       nlohmann::json(top_p).dump(), window);

@@ -47,6 +47,10 @@ struct BatchSettings {
   // --recall_rank=heads (recorded only where set: answers written when the
   // per-head ranking was the only one resume with the summed one).
   bool recall_heads = false;
+  // --keep_last_chunk, for an unguided document (its questions are read
+  // after the prefill); recorded only there and where set, so answers
+  // written before it existed, or guided, still match.
+  bool keep_last_chunk = false;
   // As recorded with every answer: {"schedule":"imdc","memory":1024,...}.
   std::string Json() const;
   bool operator==(const BatchSettings&) const = default;

@@ -412,6 +412,10 @@ RecallOptions RecallAfterOptions(const PrefillConfig& c, int64_t budget) {
   return options;
 }
 
+void KeepLastChunkForQuestionAfter(PrefillConfig* c) {
+  c->schedule.keep_last_chunk = absl::GetFlag(FLAGS_keep_last_chunk);
+}
+
 int64_t MoveRecallAfterPrefill(PrefillConfig* c) {
   if (c->recall_budget <= 0 || (absl::GetFlag(FLAGS_query_aware) && c->pruner.kind == PrunerKind::kSnapKv)) return 0;
   return std::exchange(c->recall_budget, 0);
@@ -453,6 +457,8 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
     absl::StrAppendFormat(&query, ",\"recall\":%d,\"recall_format\":\"%s\"", c.recall_budget,
                           RecallFormatName(c.recall_format));
   }
+  // Only where it is set (a configuration without it reads as before).
+  if (c.schedule.keep_last_chunk) absl::StrAppend(&query, ",\"keep_last_chunk\":true");
   return absl::StrFormat(
       "{%s\"input_tokens\":%d,\"schedule\":\"%s\",\"growth\":\"%s\","
       "\"memory\":%d,\"chunk\":%d,\"first_memory\":%d,\"window\":%d,\"pruner\":\"%s\","

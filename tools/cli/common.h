@@ -158,6 +158,10 @@ const char* QueryHeadsName(const PrunerConfig& p);
 
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens);
+// A prefill whose question is read after it (prefill; run, needle and
+// batch where the question neither guides nor closes the chunk loop's
+// input): --keep_last_chunk into c's schedule.
+void KeepLastChunkForQuestionAfter(PrefillConfig* c);
 // --recall_dir where the question does not guide the compression
 // (--query_aware=false, or a pruner that needs no question): the question
 // recalls after the prefill rather than at its last step. Returns that

@@ -121,6 +121,11 @@ ABSL_FLAG(std::string, repeat_prompt, "Repeat the previous text exactly.",
 ABSL_FLAG(int64_t, sinks, 4,
           "Always keep the first s input tokens (attention sinks), outside the memory budget; "
           "without them a small memory loses the sink and the loss jumps (docs/RESULTS.md)");
+ABSL_FLAG(bool, keep_last_chunk, true,
+          "Where the question is read after the prefill (prefill; run, needle and an unguided batch "
+          "document with a question that does not guide): the last step keeps its chunk whole beside "
+          "the memory, so the question reads the input's end uncompressed, as a question in the "
+          "prompt does (the final cache grows by the last chunk, at most --chunk entries)");
 ABSL_FLAG(bool, original_positions, false,
           "Rotate memory at its original input positions instead of re-encoding 0..m+c");
 ABSL_FLAG(bool, dry_run, false,

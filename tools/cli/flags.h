@@ -60,6 +60,7 @@ ABSL_DECLARE_FLAG(std::string, query_heads);
 ABSL_DECLARE_FLAG(std::string, query_votes);
 ABSL_DECLARE_FLAG(std::string, pruner);
 ABSL_DECLARE_FLAG(int64_t, sinks);
+ABSL_DECLARE_FLAG(bool, keep_last_chunk);
 ABSL_DECLARE_FLAG(bool, original_positions);
 ABSL_DECLARE_FLAG(bool, dry_run);
 ABSL_DECLARE_FLAG(std::string, max_memory);

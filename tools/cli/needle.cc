@@ -270,6 +270,9 @@ std::string ConfigLabel(const PrefillConfig& c, int64_t recall_after) {
     // (Named only where it is not the default, as batch records it: grids
     // made before the ranking across layers resume with it.)
     if (!RecallAfterOptions(c, recall_after).summed) absl::StrAppend(&s, ", ranked by heads");
+    // (Named: a grid made while the last chunk was compressed does not
+    // resume into one that keeps it.)
+    if (c.schedule.keep_last_chunk) absl::StrAppend(&s, ", last chunk whole");
   }
   return s;
 }
@@ -679,6 +682,7 @@ absl::Status RunNeedle() {
   // --recall_dir where the question does not guide the compression: it
   // recalls after the prefill (NeedleHarness), which then only keeps the store.
   const int64_t recall_after = MoveRecallAfterPrefill(&config);
+  if (recall_after > 0) KeepLastChunkForQuestionAfter(&config);
   std::vector<int32_t> haystack = model.tokenizer->Encode(in.text, false, false);
   in.text.clear();
   in.text.shrink_to_fit();
