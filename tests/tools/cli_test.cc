@@ -293,6 +293,15 @@ TEST_F(CliTest, TheLastChunkIsKeptWholeWhereTheQuestionComesAfter) {
   r = Run("run" + common + "--question why --query_aware=false --recall_dir " + dir_ + "/store --dry_run");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find(kept_line), std::string::npos) << "asked after the prefill\n" << r.out;
+  // Given where it has no effect, it says so; not where it applies.
+  const std::string unused = "--keep_last_chunk has no effect here";
+  r = Run("run" + common + "--question why --keep_last_chunk --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find(unused), std::string::npos) << r.err;
+  r = Run("run" + common + "--question why --query_aware=false --recall_dir " + dir_ +
+          "/store --keep_last_chunk --dry_run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find(unused), std::string::npos) << r.err;
   // The saved caches: the one that keeps the last chunk holds more entries
   // (the config records it), and both answer.
   const std::string kept = dir_ + "/kept.kv", compressed = dir_ + "/compressed.kv";

@@ -451,6 +451,9 @@ absl::Status RunBatchIn(BatchWorld& world) {
   }
   SNAPFILL_ASSIGN_OR_RETURN(const std::string manifest, ReadInput(manifest_path, "--manifest"));
   SNAPFILL_ASSIGN_OR_RETURN(std::vector<BatchDocument> docs, ParseManifest(manifest, manifest_path, defaults));
+  if (std::all_of(docs.begin(), docs.end(), [](const BatchDocument& d) { return d.settings.guided; })) {
+    WarnKeepLastChunkUnused();
+  }
   const std::string cache_dir = absl::GetFlag(FLAGS_cache_dir);
   if (!cache_dir.empty()) {
     SNAPFILL_RETURN_IF_ERROR(CheckFolderForIds("--cache_dir", cache_dir, "a cache file", docs, manifest_path));

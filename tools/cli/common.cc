@@ -416,6 +416,14 @@ void KeepLastChunkForQuestionAfter(PrefillConfig* c) {
   c->schedule.keep_last_chunk = absl::GetFlag(FLAGS_keep_last_chunk);
 }
 
+void WarnKeepLastChunkUnused() {
+  if (!FlagGiven("keep_last_chunk")) return;
+  std::fprintf(stderr,
+               "snapfill: warning: --keep_last_chunk has no effect here: it applies where a question is read after "
+               "the prefill (prefill, or --query_aware=false with --recall_dir), not where the input the chunk loop "
+               "reads ends with the question itself\n");
+}
+
 int64_t MoveRecallAfterPrefill(PrefillConfig* c) {
   if (c->recall_budget <= 0 || (absl::GetFlag(FLAGS_query_aware) && c->pruner.kind == PrunerKind::kSnapKv)) return 0;
   return std::exchange(c->recall_budget, 0);

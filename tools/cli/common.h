@@ -162,6 +162,8 @@ std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
 // batch where the question neither guides nor closes the chunk loop's
 // input): --keep_last_chunk into c's schedule.
 void KeepLastChunkForQuestionAfter(PrefillConfig* c);
+// Where it does not apply: a warning if --keep_last_chunk was given.
+void WarnKeepLastChunkUnused();
 // --recall_dir where the question does not guide the compression
 // (--query_aware=false, or a pruner that needs no question): the question
 // recalls after the prefill rather than at its last step. Returns that

@@ -243,6 +243,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   } else if (with_question && !question.empty()) {
     p.recall_after = MoveRecallAfterPrefill(&p.config);
   }
+  if (with_question && p.recall_after == 0) WarnKeepLastChunkUnused();
   if (p.recall_after > 0) {
     // The question recalls after the prefill (Prepared::ask_after), and
     // reads the input's last chunk whole.
