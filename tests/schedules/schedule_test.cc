@@ -614,7 +614,7 @@ TEST(ScheduleKeepLastChunkTest, LastStepKeepsMemoryAndChunk) {
   EXPECT_EQ(plan->peak_kv_slots, 2 * (4 + 512 + 700));
 }
 
-TEST(ScheduleKeepLastChunkTest, AdaptiveAndOneChunkAreLeftAsPlanned) {
+TEST(ScheduleKeepLastChunkTest, AdaptiveIsLeftAsPlanned) {
   ScheduleConfig c = Make(ScheduleKind::kIncremental, 8192, 1024, 512, 32, 2);
   c.growth = Growth::kAdaptive;
   const auto base = PlanSchedule(c);

@@ -412,16 +412,18 @@ RecallOptions RecallAfterOptions(const PrefillConfig& c, int64_t budget) {
   return options;
 }
 
-void KeepLastChunkForQuestionAfter(PrefillConfig* c) {
-  c->schedule.keep_last_chunk = absl::GetFlag(FLAGS_keep_last_chunk);
-}
-
 void WarnKeepLastChunkUnused() {
   if (!FlagGiven("keep_last_chunk")) return;
   std::fprintf(stderr,
                "snapfill: warning: --keep_last_chunk has no effect here: it applies where a question is read after "
                "the prefill (prefill, or --query_aware=false with --recall_dir), not where the input the chunk loop "
                "reads ends with the question itself\n");
+}
+
+bool KeepLastChunkFor(bool question_after) {
+  if (question_after) return absl::GetFlag(FLAGS_keep_last_chunk);
+  WarnKeepLastChunkUnused();
+  return false;
 }
 
 int64_t MoveRecallAfterPrefill(PrefillConfig* c) {

@@ -158,12 +158,13 @@ const char* QueryHeadsName(const PrunerConfig& p);
 
 std::string ConfigJson(const PrefillConfig& c, const std::string& model_path,
                        int64_t input_tokens);
-// A prefill whose question is read after it (prefill; run, needle and
-// batch where the question neither guides nor closes the chunk loop's
-// input): --keep_last_chunk into c's schedule.
-void KeepLastChunkForQuestionAfter(PrefillConfig* c);
-// Where it does not apply: a warning if --keep_last_chunk was given.
+// A warning if --keep_last_chunk was given where it does not apply.
 void WarnKeepLastChunkUnused();
+// ScheduleConfig::keep_last_chunk for a prefill whose question is read
+// after it (question_after: prefill; run, needle and batch where the
+// question neither guides nor closes the chunk loop's input): the flag;
+// elsewhere false, with WarnKeepLastChunkUnused.
+bool KeepLastChunkFor(bool question_after);
 // --recall_dir where the question does not guide the compression
 // (--query_aware=false, or a pruner that needs no question): the question
 // recalls after the prefill rather than at its last step. Returns that

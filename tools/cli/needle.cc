@@ -682,11 +682,7 @@ absl::Status RunNeedle() {
   // --recall_dir where the question does not guide the compression: it
   // recalls after the prefill (NeedleHarness), which then only keeps the store.
   const int64_t recall_after = MoveRecallAfterPrefill(&config);
-  if (recall_after > 0) {
-    KeepLastChunkForQuestionAfter(&config);
-  } else {
-    WarnKeepLastChunkUnused();
-  }
+  config.schedule.keep_last_chunk = KeepLastChunkFor(recall_after > 0);
   std::vector<int32_t> haystack = model.tokenizer->Encode(in.text, false, false);
   in.text.clear();
   in.text.shrink_to_fit();

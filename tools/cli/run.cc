@@ -218,10 +218,7 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   p.config.decode_reserve = with_question ? absl::GetFlag(FLAGS_n) : 0;
   // prefill has no question to recall with: it keeps the store for
   // `generate --cache --recall_dir`.
-  if (!with_question) {
-    p.config.recall_budget = 0;
-    KeepLastChunkForQuestionAfter(&p.config);
-  }
+  if (!with_question) p.config.recall_budget = 0;
   p.model = std::move(in.model);
   p.backend = std::move(in.backend);
   p.weight_bytes = LlamaForward::ResidentWeightBytes(*p.model.model, *p.backend, /*decode=*/false);
@@ -243,11 +240,11 @@ absl::StatusOr<Prepared> Prepare(bool with_question) {
   } else if (with_question && !question.empty()) {
     p.recall_after = MoveRecallAfterPrefill(&p.config);
   }
-  if (with_question && p.recall_after == 0) WarnKeepLastChunkUnused();
+  // prefill's later question, and one that recalls after the prefill,
+  // read the input's last chunk whole.
+  p.config.schedule.keep_last_chunk = KeepLastChunkFor(!with_question || p.recall_after > 0);
   if (p.recall_after > 0) {
-    // The question recalls after the prefill (Prepared::ask_after), and
-    // reads the input's last chunk whole.
-    KeepLastChunkForQuestionAfter(&p.config);
+    // The question recalls after the prefill (Prepared::ask_after).
     SNAPFILL_ASSIGN_OR_RETURN(p.ask_after, BuildContinuation(*p.model.tokenizer, p.model.chat_template, question));
     input_options.with_suffix = false;
     // The decoder's cache takes the recalled entries and the question too.
