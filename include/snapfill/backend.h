@@ -479,6 +479,20 @@ class Backend {
   // the kv.num_keys positions) over kv; see kernels/cpu/ops.h for the rule.
   // out: [q.count, num_heads * head_dim] at out_stride.
   virtual absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) = 0;
+  // Attention, and each query's log softmax denominator over the keys it
+  // saw into lse ([num_heads][q.count], QueryLogSumExp's layout), which
+  // context reconstruction weighs the chunk's keys by. The CPU's kernels
+  // keep it from their own pass (of the scores they computed: bf16 where
+  // the chunk's attention is bf16); this default runs QueryLogSumExp after
+  // Attention (no window: refused with one).
+  virtual absl::Status AttentionWithLse(const Queries& q, const KvView& kv, float* out, int64_t out_stride,
+                                        float* lse) {
+    absl::Status s = lse != nullptr && q.window > 0
+                         ? absl::InvalidArgumentError("attention_with_lse: QueryLogSumExp has no window")
+                         : Attention(q, kv, out, out_stride);
+    if (!s.ok() || lse == nullptr) return s;
+    return QueryLogSumExp(q, kv, lse);
+  }
   // SnapKV votes: for each KV head and key j < kv.num_keys, the queries'
   // softmax weight on j summed over the q.count queries and averaged over
   // the KV group's query heads (Attention's visibility rule).

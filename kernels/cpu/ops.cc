@@ -215,16 +215,17 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n) {
 
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
-               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window) {
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window, float* lse) {
   SNAPFILL_CPU_DISPATCH(Attention, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q,
-                        num_keys, num_heads, num_kv_heads, head_dim, scale, window);
+                        num_keys, num_heads, num_kv_heads, head_dim, scale, window, lse);
 }
 
 void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                   int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
-                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window) {
+                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window,
+                  float* lse) {
   SNAPFILL_CPU_DISPATCH(AttentionF32, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q,
-                        num_keys, num_heads, num_kv_heads, head_dim, scale, window);
+                        num_keys, num_heads, num_kv_heads, head_dim, scale, window, lse);
 }
 
 void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_head_stride,

@@ -92,10 +92,16 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // sees only keys j > (num_keys - num_q) + i - window, the last `window`
 // positions up to its own. The kernels skip the blocks before a row
 // group's windows and mask both ends.
+//
+// lse (optional, [num_heads][num_q]): each query's log softmax denominator
+// over the keys it saw, log Σ_j e^(scale · q·k_j), from the pass's own
+// running max and sum (so in the bf16 kernels, of the bf16 scores: within
+// about 1e-3 of QueryLogSumExp's); context reconstruction takes it instead
+// of a second pass over the keys.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window = 0);
+               int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
 
 // One query (decode) over K and V stored as IEEE fp16 (the decode copy of
 // the KV cache: half the bytes each step streams), same layout and
@@ -111,7 +117,7 @@ void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, in
 void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
                   int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                   int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-                  int64_t head_dim, float scale, int64_t window = 0);
+                  int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
 
 // Which Attention implementation runs a chunk. kAuto: by the CPU's flags,
 // AMX-BF16 where available, else AVX512-BF16 where available, else f32;

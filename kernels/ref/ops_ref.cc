@@ -99,7 +99,7 @@ void SoftmaxDouble(std::vector<double>& s) {
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window) {
+               int64_t head_dim, float scale, int64_t window, float* lse) {
   assert(num_heads % num_kv_heads == 0 && num_keys >= num_q && window >= 0);
   const int64_t group = num_heads / num_kv_heads;
   std::vector<double> p;
@@ -113,6 +113,12 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
       const float* kh = k + kvh * kv_head_stride + first * kv_key_stride;
       const float* vh = v + kvh * kv_head_stride + first * kv_key_stride;
       Scores(q + i * q_stride + h * head_dim, kh, kv_key_stride, num_visible, head_dim, scale, p);
+      if (lse != nullptr) {
+        const double mx = *std::max_element(p.begin(), p.end());
+        double sum = 0.0;
+        for (double x : p) sum += std::exp(x - mx);
+        lse[h * num_q + i] = static_cast<float>(mx + std::log(sum));
+      }
       SoftmaxDouble(p);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < num_visible; ++j) {
@@ -127,7 +133,7 @@ void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
 void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                    int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out,
-                   int64_t window) {
+                   int64_t window, float* lse) {
   assert(num_heads % num_kv_heads == 0 && num_keys >= num_q && window >= 0);
   const int64_t group = num_heads / num_kv_heads;
   auto bf = [](float x) { return static_cast<double>(Bf16ToFp32(Fp32ToBf16Rne(x))); };
@@ -160,6 +166,7 @@ void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float
           acc_abs[d] += std::fabs(term);
         }
       }
+      if (lse != nullptr) lse[h * num_q + i] = static_cast<float>(mx + std::log(sum));
       for (int64_t d = 0; d < head_dim; ++d) {
         out[i * out_stride + h * head_dim + d] = static_cast<float>(acc[d] / sum);
         if (abs_out != nullptr) abs_out[i * out_stride + h * head_dim + d] = static_cast<float>(acc_abs[d] / sum);

@@ -33,22 +33,23 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // Naive attention: for each query and head, s_j = scale · q·k_j over the
 // visible keys j <= num_keys - num_q + i (and, with window > 0, j >
 // num_keys - num_q + i - window: a sliding window), p = softmax(s), out =
-// Σ_j p_j v_j, all in double. Layouts as cpu::Attention.
+// Σ_j p_j v_j, all in double. Layouts as cpu::Attention; lse (optional,
+// [num_heads][num_q]): log Σ_j e^(s_j) over the visible keys.
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
                int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
                int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window = 0);
+               int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
 
 // The AMX-BF16 attention's arithmetic (cpu::Attention of a chunk where
 // cpu::AttentionHasAmx(), and cuda::FlashAttention): q·scale, k and v rounded to bf16 (Fp32ToBf16Rne),
 // scores and the softmax in double, each probability rounded to bf16 before
 // it weights v, the sum over the unrounded ones. If abs_out is not null it
 // receives Σ|p̂·v̂| / Σp per output (same layout as out), the scale for
-// tolerances. Layouts and window as cpu::Attention.
+// tolerances. Layouts, window and lse (of the bf16 scores) as cpu::Attention.
 void AttentionBf16(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                    int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, float* abs_out = nullptr,
-                   int64_t window = 0);
+                   int64_t window = 0, float* lse = nullptr);
 
 // SnapKV votes: votes[h][j] = (1/group) Σ_{query heads g of h} Σ_i
 // softmax_i(scale · q_i·k)[j], invisible keys contributing 0; in double.

@@ -688,11 +688,16 @@ class CpuBackend final : public Backend, public BackendProfile {
   }
 
   absl::Status Attention(const Queries& q, const KvView& kv, float* out, int64_t out_stride) override {
+    return AttentionWithLse(q, kv, out, out_stride, nullptr);
+  }
+
+  absl::Status AttentionWithLse(const Queries& q, const KvView& kv, float* out, int64_t out_stride,
+                                float* lse) override {
     OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kAttention], &calls_[kAttention]);
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("attention", q, kv, /*causal=*/true));
     if (out_stride < q.num_heads * q.head_dim) return absl::InvalidArgumentError("attention: stride smaller than a row");
     if (profile_) ops_[kAttention] += 4.0 * q.head_dim * q.num_heads * VisiblePairs(q.count, kv.num_keys, q.window);
-    if (q.count == 1 && kv.k16 != nullptr && kv.v16 != nullptr) {
+    if (q.count == 1 && kv.k16 != nullptr && kv.v16 != nullptr && lse == nullptr) {
       // One query's window: the last q.window keys.
       const int64_t first = q.window > 0 ? std::max<int64_t>(0, kv.num_keys - q.window) : 0;
       cpu::AttentionDecodeF16(q.q, kv.k16 + first * kv.key_stride, kv.v16 + first * kv.key_stride, kv.head_stride,
@@ -703,7 +708,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     // The exact backend keeps attention in f32 too (no bf16 tiles).
     (exact_ ? cpu::AttentionF32 : cpu::Attention)(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out,
                                                   out_stride, q.count, kv.num_keys, q.num_heads, q.num_kv_heads,
-                                                  q.head_dim, q.scale, q.window);
+                                                  q.head_dim, q.scale, q.window, lse);
     return absl::OkStatus();
   }
 

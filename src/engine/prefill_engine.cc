@@ -458,10 +458,21 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     const int64_t skip = rows - chunk_out;
     SNAPFILL_RETURN_IF_ERROR(backend_->Attention(attending(rows).From(skip), view, out + skip * q_stride, q_stride));
   }
+  // Context reconstruction weighs the chunk's keys by the repetition's
+  // softmax denominators: where every row of the repetition is attended
+  // (each layer but the last) they come with that attention, into
+  // query_lse_ ([num_heads][qn]), rather than from a second pass over the
+  // keys (QueryLogSumExp, which took two thirds of the scoring).
+  const int64_t prompt_rows = reconstruct ? static_cast<int64_t>(config_.repeat_prompt.size()) : 0;
+  const bool lse_with_attention =
+      reconstruct && question_out == qn && qn > prompt_rows && backend_->HostReachesBuffers();
   if (question_out > 0) {
     const int64_t skip = qn - question_out;
+    const Queries rows_out = attending(qn).From(skip);
     SNAPFILL_RETURN_IF_ERROR(
-        backend_->Attention(attending(qn).From(skip), with_question, out + skip * q_stride, q_stride));
+        lse_with_attention
+            ? backend_->AttentionWithLse(rows_out, with_question, out + skip * q_stride, q_stride, query_lse_.data())
+            : backend_->Attention(rows_out, with_question, out + skip * q_stride, q_stride));
   }
 
   // 4. Compress right away: this layer's chunk KV is not needed any more.
@@ -511,9 +522,19 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       // weight from the repeated tokens' queries (not the prompt's), over
       // every key they see (the real denominators). They are the batch's
       // last rows of with_question.
-      const Queries repeat =
-          LlamaQueries(c, q, q_stride, qn).From(static_cast<int64_t>(config_.repeat_prompt.size()));
-      SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, lse));
+      const Queries repeat = LlamaQueries(c, q, q_stride, qn).From(prompt_rows);
+      if (lse_with_attention) {
+        // Each head's rows [prompt_rows, qn) of the attention's, in
+        // QueryLogSumExp's layout ([num_heads][repeat.count]). lse may be
+        // query_lse_ itself: a head's row moves down, to before the next
+        // head's source, so memmove in head order.
+        for (int64_t h = 0; h < c.num_heads; ++h) {
+          std::memmove(lse + h * repeat.count, query_lse_.data() + h * qn + prompt_rows,
+                       repeat.count * sizeof(float));
+        }
+      } else {
+        SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, lse));
+      }
       KvView chunk_keys = view;
       chunk_keys.k += m * d;
       chunk_keys.v += m * d;

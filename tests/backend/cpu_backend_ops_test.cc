@@ -735,6 +735,50 @@ TEST(CpuBackendOps, GuardedBuffersOpenOnlyInsideOps) {
   }
 }
 
+// Attention with its queries' log-denominators (what context reconstruction
+// weighs the chunk's keys by): the output is Attention's, bit for bit; the
+// denominators QueryLogSumExp's, or with a window those of the window's keys
+// (ref::Attention's), within the bf16 scores' roundings where the process's
+// kernel takes them (the kernel tests hold each path to its own twin); a
+// row or head out of place, or the window ignored, moves them by tenths or
+// more.
+TEST(CpuBackendOps, AttentionWithLseKeepsTheQueriesDenominators) {
+  Backend& b = testing::SharedCpuBackend();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (const int64_t head_dim : {int64_t{24}, int64_t{64}}) {
+    const int64_t num_q = 70, num_keys = 300, heads = 9, kv_heads = 3;
+    const int64_t q_stride = heads * head_dim + 5, key_stride = head_dim + 3, head_stride = num_keys * key_stride;
+    std::vector<float> q(num_q * q_stride), k(kv_heads * head_stride), v(k.size());
+    for (std::vector<float>* x : {&q, &k, &v}) {
+      for (float& f : *x) f = normal(rng);
+    }
+    Queries queries{.q = q.data(), .stride = q_stride, .count = num_q, .num_heads = heads, .num_kv_heads = kv_heads,
+                    .head_dim = head_dim, .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
+    KvView kv;
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.head_stride = head_stride;
+    kv.key_stride = key_stride;
+    kv.num_keys = num_keys;
+    for (const int64_t window : {int64_t{0}, int64_t{40}}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << ", window " << window);
+      queries.window = window;
+      std::vector<float> out(num_q * q_stride, 3.0f), with(out), lse(heads * num_q, -9.0f), want(lse.size());
+      ASSERT_TRUE(b.Attention(queries, kv, out.data(), q_stride).ok());
+      ASSERT_TRUE(b.AttentionWithLse(queries, kv, with.data(), q_stride, lse.data()).ok());
+      EXPECT_EQ(with, out);
+      if (window == 0) {
+        ASSERT_TRUE(b.QueryLogSumExp(queries, kv, want.data()).ok());
+      } else {
+        ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out.data(), q_stride, num_q,
+                       num_keys, heads, kv_heads, head_dim, queries.scale, window, want.data());
+      }
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], want[i], 0.05) << "head " << i / num_q << " query " << i % num_q;
+    }
+  }
+}
+
 TEST(CpuBackendOps, BadArgumentsAreRefused) {
   Backend& b = testing::SharedCpuBackend();
   std::vector<float> v(8, 1.0f), out(8);

@@ -253,6 +253,17 @@ TEST(CudaBackend, AttentionFamilyMatchesTheTwins) {
     ref::QueryLogSumExp(q.data(), q_stride, k.data(), head_stride, key_stride, c.num_q, c.num_keys, c.heads,
                         c.kv_heads, c.head_dim, scale, lse_ref.data());
     for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], lse_ref[i], 2e-5 * std::max(1.0, MaxAbs(lse_ref)));
+    // AttentionWithLse, the base class's here: Attention, then QueryLogSumExp
+    // (the same results); a window with denominators is refused.
+    std::vector<float> with(out.size(), 9.0f), with_lse(lse.size());
+    SNAPFILL_ASSERT_OK(b->Attention(queries, kv, out.data(), out_stride));
+    SNAPFILL_ASSERT_OK(b->AttentionWithLse(queries, kv, with.data(), out_stride, with_lse.data()));
+    EXPECT_EQ(with, out);
+    EXPECT_EQ(with_lse, lse);
+    Queries windowed = queries;
+    windowed.window = 7;
+    EXPECT_EQ(b->AttentionWithLse(windowed, kv, with.data(), out_stride, with_lse.data()).code(),
+              absl::StatusCode::kInvalidArgument);
 
     // The recall tier's scores of other keys (every one visible), stored
     // token-major as the recall store reads them: a key's heads side by side.

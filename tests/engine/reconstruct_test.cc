@@ -95,17 +95,14 @@ std::vector<std::vector<std::vector<double>>> NaiveScores(const LlamaModel& mode
   return scores;
 }
 
-class ReconstructScoreTest : public ::testing::TestWithParam<int64_t> {};
-
 // With a memory that holds everything, every entry's stored score is the one
 // its own chunk's repetition gave it: the naive loop over [tokens up to the
 // chunk's end; prompt; every stride-th token of the chunk], scored by the
-// repeated rows only (not the prompt's).
-TEST_P(ReconstructScoreTest, EveryEntryKeepsItsOwnChunksScore) {
-  const int64_t stride = GetParam();
-  auto model = TinyModel();
+// repeated rows only (not the prompt's); within rel · w + abs of it. (Each
+// layer but the last takes the repetition's log-denominators from its
+// attention, Backend::AttentionWithLse; the last from QueryLogSumExp.)
+void ExpectScoresOfTheNaiveLoop(const LlamaModel* model, Backend* backend, int64_t stride, double rel, double abs) {
   const LlamaConfig& mc = model->config();
-  auto backend = testing::CreateRefBackend(/*quantized_activations=*/false);
   const int n = 150;
   const auto ids = testing::TestTokens(n, mc.vocab_size);
   PrefillConfig config;
@@ -116,7 +113,7 @@ TEST_P(ReconstructScoreTest, EveryEntryKeepsItsOwnChunksScore) {
   config.schedule.chunk = 48;
   config.schedule.memory = 512;  // nothing is evicted
   config.schedule.window = 8;
-  auto engine = PrefillEngine::Create(*model, backend.get(), config, n);
+  auto engine = PrefillEngine::Create(*model, backend, config, n);
   SNAPFILL_ASSERT_OK(engine);
   std::vector<int64_t> rows;
   SNAPFILL_ASSERT_OK((*engine)->Run(ids, [&](const StepTelemetry& t) {
@@ -133,19 +130,45 @@ TEST_P(ReconstructScoreTest, EveryEntryKeepsItsOwnChunksScore) {
     std::vector<int32_t> seq(ids.begin(), ids.begin() + end);
     seq.insert(seq.end(), config.repeat_prompt.begin(), config.repeat_prompt.end());
     for (int64_t t = begin; t < end; t += stride) seq.push_back(ids[t]);
-    const auto want = NaiveScores(*model, backend.get(), seq, begin, end, end + 5);
+    const auto want = NaiveScores(*model, backend, seq, begin, end, end + 5);
     for (int64_t l = 0; l < mc.num_layers; ++l) {
       ASSERT_EQ(memory.size(l), n);
       for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
         for (int64_t j = begin; j < end; ++j) {
           ASSERT_EQ(memory.pos(l, h)[j], j);
           const double w = want[l][h][j - begin];
-          EXPECT_NEAR(memory.score(l, h)[j], w, 1e-4 * w + 1e-7)
+          ASSERT_NEAR(memory.score(l, h)[j], w, rel * w + abs)
               << "step " << i << " layer " << l << " KV head " << h << " entry " << j;
         }
       }
     }
   }
+}
+
+class ReconstructScoreTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ReconstructScoreTest, EveryEntryKeepsItsOwnChunksScore) {
+  auto model = TinyModel();
+  auto backend = testing::CreateRefBackend(/*quantized_activations=*/false);
+  ExpectScoresOfTheNaiveLoop(model.get(), backend.get(), GetParam(), 1e-4, 1e-7);
+}
+
+// The CPU backend at head_dim 64, where a chunk's attention runs on bf16
+// operands (AMX or AVX512-BF16, where the CPU has them; else f32): its
+// log-denominators are those of the bf16 scores and the layers' inputs
+// carry its roundings, so each weight is within a few percent (a wrong row
+// or head of log-denominators moves it by a factor e^Δ, Δ of order 1).
+TEST_P(ReconstructScoreTest, TheCpuBackendsScoresAreTheNaiveLoopsWithinItsRoundings) {
+  TinyLlamaOptions opts;
+  opts.num_layers = 3;
+  opts.num_heads = 4;
+  opts.num_kv_heads = 2;
+  opts.head_dim = 64;
+  opts.context_length = 4096;
+  auto model = testing::LoadTinyModel(opts);
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  ExpectScoresOfTheNaiveLoop(model.get(), backend->get(), GetParam(), 0.05, 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strides, ReconstructScoreTest, ::testing::Values(1, 2, 3),

@@ -159,15 +159,16 @@ std::vector<double> AttentionBound(const AttnData& a) {
 
 // Runs cpu::Attention into a padded output filled with a sentinel; checks the
 // padding is untouched and returns the dense [num_q][num_heads][head_dim].
+// With lse, the queries' log-denominators into it ([num_heads][num_q]).
 std::vector<float> RunCpuAttention(const AttnData& a, int64_t q_offset_rows = 0,
-                                   int64_t num_q = -1) {
+                                   int64_t num_q = -1, float* lse = nullptr) {
   const AttnCase& c = a.c;
   if (num_q < 0) num_q = c.num_q;
   const float kSentinel = 12345.0f;
   std::vector<float> out(1 + num_q * a.out_stride, kSentinel);
   cpu::Attention(a.Q() + q_offset_rows * a.q_stride, a.q_stride, a.K(), a.Vv(), a.kv_head_stride,
                  a.kv_key_stride, out.data() + 1, a.out_stride, num_q, c.num_keys, c.num_heads,
-                 c.num_kv_heads, c.head_dim, a.scale, c.window);
+                 c.num_kv_heads, c.head_dim, a.scale, c.window, lse);
   std::vector<float> dense;
   dense.reserve(num_q * c.num_heads * c.head_dim);
   EXPECT_EQ(out[0], kSentinel) << "wrote before the output";
@@ -331,6 +332,31 @@ void ExpectOneAndTwoThreadsAgree(const AttnData& a) {
 }
 
 TEST_P(AttentionTest, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(GetParam(), 23)); }
+
+// The log-denominators the pass keeps (what context reconstruction weighs
+// keys by) against the twin's, windows included: the f32 row sum's and
+// scores' roundings (the header's ε) move log l by about ε, far below 1e-4
+// (a wrong row, mask or scale moves it by order 1). Asking for them leaves
+// the output as it was, bit for bit; one query takes the tiled pass then,
+// not the decode pass, so its output is only within the bound.
+TEST_P(AttentionTest, LogDenominatorsMatchRef) {
+  const AttnData a = MakeData(GetParam(), 24);
+  const AttnCase& c = a.c;
+  std::vector<float> lse(c.num_heads * c.num_q, -7.0f), want(lse.size());
+  const std::vector<float> with = RunCpuAttention(a, 0, -1, lse.data());
+  std::vector<float> out(c.num_q * a.out_stride);
+  ref::Attention(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(), a.out_stride,
+                 c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, c.window, want.data());
+  for (size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_NEAR(lse[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "head " << i / c.num_q << " query " << i % c.num_q;
+  }
+  if (c.num_q > 1) {
+    const std::vector<float> without = RunCpuAttention(a);
+    for (size_t i = 0; i < with.size(); ++i) ASSERT_EQ(with[i], without[i]) << "element " << i;
+  } else {
+    EXPECT_TRUE(Report(with, RunRefAttention(a), AttentionBound(a)));
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest, ::testing::ValuesIn(SweepCases()),
                          [](const ::testing::TestParamInfo<AttnCase>& info) {
@@ -578,6 +604,25 @@ TEST_P(AttentionBf16Test, HalvesOfAChunkGiveTheSameRows) {
 }
 
 TEST_P(AttentionBf16Test, OneAndTwoThreadsAgreeBitForBit) { ExpectOneAndTwoThreadsAgree(MakeData(Case(), 33)); }
+
+// The log-denominators of the bf16 pass: those of the bf16 scores, as the
+// twin's (the same roundings, double sums), within the exp's 7.5e-5 and the
+// f32 sums; the output as without them, bit for bit.
+TEST_P(AttentionBf16Test, LogDenominatorsMatchBf16Reference) {
+  const AttnData a = MakeData(Case(), 34);
+  const AttnCase& c = a.c;
+  std::vector<float> lse(c.num_heads * c.num_q, -7.0f), want(lse.size());
+  const std::vector<float> with = RunCpuAttention(a, 0, -1, lse.data());
+  std::vector<float> out(c.num_q * a.out_stride);
+  ref::AttentionBf16(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(), a.out_stride,
+                     c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, nullptr, c.window,
+                     want.data());
+  for (size_t i = 0; i < lse.size(); ++i) {
+    ASSERT_NEAR(lse[i], want[i], 2e-4 + 1e-5 * std::abs(want[i])) << "head " << i / c.num_q << " query " << i % c.num_q;
+  }
+  const std::vector<float> without = RunCpuAttention(a);
+  for (size_t i = 0; i < with.size(); ++i) ASSERT_EQ(with[i], without[i]) << "element " << i;
+}
 
 std::vector<AttnCase> AmxCases() {
   return {
@@ -877,8 +922,11 @@ TEST_P(RecallScoresTest, MaxWeightMatchesRef) {
 }
 
 std::vector<AttnCase> RecallCases() {
+  // (The last two: a chunk's repetition, several query blocks per KV head
+  // in QueryLogSumExp, a ragged last one, and key pieces in RecallScores.)
   return {{1, 5, 2, 1, 16},      {1, 300, 9, 3, 64},   {30, 2100, 9, 3, 64},
-          {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128}, {3, 70, 4, 4, 17}};
+          {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128}, {3, 70, 4, 4, 17},
+          {300, 1400, 9, 3, 64},  {130, 700, 4, 1, 64, 6.0f}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RecallScoresTest, ::testing::ValuesIn(RecallCases()),

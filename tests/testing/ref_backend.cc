@@ -64,6 +64,12 @@ class RefBackend final : public Backend {
                    q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window);
     return absl::OkStatus();
   }
+  absl::Status AttentionWithLse(const Queries& q, const KvView& kv, float* out, int64_t out_stride,
+                                float* lse) override {
+    ref::Attention(q.q, q.stride, kv.k, kv.v, kv.head_stride, kv.key_stride, out, out_stride, q.count, kv.num_keys,
+                   q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window, lse);
+    return absl::OkStatus();
+  }
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
     ref::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
                         q.num_kv_heads, q.head_dim, q.scale, lse);
