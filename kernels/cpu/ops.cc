@@ -216,14 +216,13 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n) {
 void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window, float* lse) {
-  SNAPFILL_CPU_DISPATCH(Attention, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q,
-                        num_keys, num_heads, num_kv_heads, head_dim, scale, window, lse);
+  SNAPFILL_CPU_DISPATCH(Attention, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q, num_keys,
+                        num_heads, num_kv_heads, head_dim, scale, window, lse);
 }
 
 void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
                   int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
-                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window,
-                  float* lse) {
+                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window, float* lse) {
   SNAPFILL_CPU_DISPATCH(AttentionF32, q, q_stride, k, v, kv_head_stride, kv_key_stride, out, out_stride, num_q,
                         num_keys, num_heads, num_kv_heads, head_dim, scale, window, lse);
 }
@@ -262,6 +261,14 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
                   float scale, bool max_weight) {
   SNAPFILL_CPU_DISPATCH(RecallScores, q, q_stride, num_q, lse, k, kv_head_stride, kv_key_stride, num_keys, scores,
                         scores_stride, num_heads, num_kv_heads, head_dim, scale, max_weight);
+}
+
+bool RecallMaxWeightsBf16(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                          int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                          int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                          float scale) {
+  SNAPFILL_CPU_DISPATCH(RecallMaxWeightsBf16, q, q_stride, num_q, lse, k, kv_head_stride, kv_key_stride, num_keys,
+                        scores, scores_stride, num_heads, num_kv_heads, head_dim, scale);
 }
 
 void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {

@@ -98,10 +98,10 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // running max and sum (so in the bf16 kernels, of the bf16 scores: within
 // about 1e-3 of QueryLogSumExp's); context reconstruction takes it instead
 // of a second pass over the keys.
-void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
-               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
-               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
+               int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window = 0,
+               float* lse = nullptr);
 
 // One query (decode) over K and V stored as IEEE fp16 (the decode copy of
 // the KV cache: half the bytes each step streams), same layout and
@@ -114,10 +114,10 @@ void AttentionDecodeF16(const float* q, const uint16_t* k, const uint16_t* v, in
 
 // Attention always in f32 (the path Attention takes without AMX-BF16 or
 // AVX512-BF16, and for one query): for exact references.
-void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v,
-                  int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
-                  int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-                  int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
+void AttentionF32(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
+                  int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
+                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window = 0,
+                  float* lse = nullptr);
 
 // Which Attention implementation runs a chunk. kAuto: by the CPU's flags,
 // AMX-BF16 where available, else AVX512-BF16 where available, else f32;
@@ -176,6 +176,18 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   float scale, bool max_weight = false);
+
+// RecallScores' max_weight (context reconstruction's score) on the bf16
+// operands the chunk's attention takes where it takes them (AMX-BF16 tiles
+// or AVX512-BF16 rows: AttentionHasAmx, AttentionHasAvx512Bf16; num_q > 1,
+// head_dim 64, 128 or 256): q·scale and k rounded to bf16, f32 sums, so the
+// scores are those whose denominators Attention keeps (its lse). Twin:
+// ref::RecallMaxWeightsBf16. Returns false, writing nothing, where the
+// attention takes f32 (then RecallScores computes them in f32).
+bool RecallMaxWeightsBf16(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                          int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                          int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                          float scale);
 
 // True if Attention of a chunk (num_q > 1, head_dim 64, 128 or 256) runs on AMX-BF16
 // tiles: the CPU and OS allow it (cpu::MatMulHasAmxBf16) and the impl is kAuto.

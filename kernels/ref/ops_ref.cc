@@ -96,10 +96,9 @@ void SoftmaxDouble(std::vector<double>& s) {
 
 }  // namespace
 
-void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
-               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
-               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window, float* lse) {
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
+               int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window, float* lse) {
   assert(num_heads % num_kv_heads == 0 && num_keys >= num_q && window >= 0);
   const int64_t group = num_heads / num_kv_heads;
   std::vector<double> p;
@@ -242,6 +241,29 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
       scores[kvh * scores_stride + j] = static_cast<float>(max_weight ? acc[j] : acc[j] / static_cast<double>(group));
     }
   }
+}
+
+void RecallMaxWeightsBf16(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                          int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                          int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                          float scale) {
+  auto bf = [](float x) { return Bf16ToFp32(Fp32ToBf16Rne(x)); };
+  // q·scale and k rounded as the kernels round them, then RecallScores' max
+  // at scale 1 (dense copies: row stride head_dim · heads, key stride head_dim).
+  std::vector<float> qr(num_q * num_heads * head_dim), kr(num_kv_heads * num_keys * head_dim);
+  for (int64_t i = 0; i < num_q; ++i) {
+    for (int64_t t = 0; t < num_heads * head_dim; ++t)
+      qr[i * num_heads * head_dim + t] = bf(q[i * q_stride + t] * scale);
+  }
+  for (int64_t h = 0; h < num_kv_heads; ++h) {
+    for (int64_t j = 0; j < num_keys; ++j) {
+      for (int64_t t = 0; t < head_dim; ++t) {
+        kr[(h * num_keys + j) * head_dim + t] = bf(k[h * kv_head_stride + j * kv_key_stride + t]);
+      }
+    }
+  }
+  RecallScores(qr.data(), num_heads * head_dim, num_q, lse, kr.data(), num_keys * head_dim, head_dim, num_keys, scores,
+               scores_stride, num_heads, num_kv_heads, head_dim, 1.0f, /*max_weight=*/true);
 }
 
 void AvgPool1d(const float* in, float* out, int64_t n, int64_t kernel) {

@@ -35,10 +35,10 @@ void GeluGlu(const float* gate, const float* up, float* out, int64_t n);
 // num_keys - num_q + i - window: a sliding window), p = softmax(s), out =
 // Σ_j p_j v_j, all in double. Layouts as cpu::Attention; lse (optional,
 // [num_heads][num_q]): log Σ_j e^(s_j) over the visible keys.
-void Attention(const float* q, int64_t q_stride, const float* k, const float* v,
-               int64_t kv_head_stride, int64_t kv_key_stride, float* out, int64_t out_stride,
-               int64_t num_q, int64_t num_keys, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, float scale, int64_t window = 0, float* lse = nullptr);
+void Attention(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_head_stride,
+               int64_t kv_key_stride, float* out, int64_t out_stride, int64_t num_q, int64_t num_keys,
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, float scale, int64_t window = 0,
+               float* lse = nullptr);
 
 // The AMX-BF16 attention's arithmetic (cpu::Attention of a chunk where
 // cpu::AttentionHasAmx(), and cuda::FlashAttention): q·scale, k and v rounded to bf16 (Fp32ToBf16Rne),
@@ -79,6 +79,13 @@ void RecallScores(const float* q, int64_t q_stride, int64_t num_q, const float* 
                   int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
                   int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                   float scale, bool max_weight = false);
+
+// cpu::RecallMaxWeightsBf16's arithmetic: RecallScores' max_weight over
+// q·scale and k rounded to bf16 (Fp32ToBf16Rne), in double.
+void RecallMaxWeightsBf16(const float* q, int64_t q_stride, int64_t num_q, const float* lse, const float* k,
+                          int64_t kv_head_stride, int64_t kv_key_stride, int64_t num_keys, float* scores,
+                          int64_t scores_stride, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                          float scale);
 
 // Stride-1 pooling with kernel/2 padding on both sides; output length n.
 // Avg: pads count as zeros, always divided by kernel (PyTorch avg_pool1d

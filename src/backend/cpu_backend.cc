@@ -737,6 +737,14 @@ class CpuBackend final : public Backend, public BackendProfile {
     SNAPFILL_RETURN_IF_ERROR(CheckQueries("recall_scores", q, keys, /*causal=*/false));
     if (scores_stride < keys.num_keys) return absl::InvalidArgumentError("recall_scores: stride below the keys");
     if (profile_) ops_[kWindowScores] += 2.0 * q.head_dim * q.num_heads * q.count * keys.num_keys;
+    // Context reconstruction's largest weights on the chunk attention's bf16
+    // operands where it takes them (their denominators come from it:
+    // AttentionWithLse); the exact backend's, and everything else, in f32.
+    if (max_weight && !exact_ &&
+        cpu::RecallMaxWeightsBf16(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys,
+                                  scores, scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale)) {
+      return absl::OkStatus();
+    }
     cpu::RecallScores(q.q, q.stride, q.count, lse, keys.k, keys.head_stride, keys.key_stride, keys.num_keys, scores,
                       scores_stride, q.num_heads, q.num_kv_heads, q.head_dim, q.scale, max_weight);
     return absl::OkStatus();

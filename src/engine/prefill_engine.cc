@@ -459,15 +459,16 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     SNAPFILL_RETURN_IF_ERROR(backend_->Attention(attending(rows).From(skip), view, out + skip * q_stride, q_stride));
   }
   // Context reconstruction weighs the chunk's keys by the repetition's
-  // softmax denominators: where every row of the repetition is attended
-  // (each layer but the last) they come with that attention, into
+  // softmax denominators: they come with the repetition's attention, into
   // query_lse_ ([num_heads][qn]), rather than from a second pass over the
-  // keys (QueryLogSumExp, which took two thirds of the scoring).
+  // keys (QueryLogSumExp, which took two thirds of the scoring), and of the
+  // same scores as RecallScores' (bf16 where the attention's are). In the
+  // last layer, whose repetition rows are not read, they are attended for
+  // that alone (on bf16 tiles a third of QueryLogSumExp's f32 pass).
   const int64_t prompt_rows = reconstruct ? static_cast<int64_t>(config_.repeat_prompt.size()) : 0;
-  const bool lse_with_attention =
-      reconstruct && question_out == qn && qn > prompt_rows && backend_->HostReachesBuffers();
-  if (question_out > 0) {
-    const int64_t skip = qn - question_out;
+  const bool lse_with_attention = reconstruct && qn > prompt_rows && backend_->HostReachesBuffers();
+  if (question_out > 0 || lse_with_attention) {
+    const int64_t skip = lse_with_attention ? 0 : qn - question_out;
     const Queries rows_out = attending(qn).From(skip);
     SNAPFILL_RETURN_IF_ERROR(
         lse_with_attention
@@ -529,8 +530,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
         // query_lse_ itself: a head's row moves down, to before the next
         // head's source, so memmove in head order.
         for (int64_t h = 0; h < c.num_heads; ++h) {
-          std::memmove(lse + h * repeat.count, query_lse_.data() + h * qn + prompt_rows,
-                       repeat.count * sizeof(float));
+          std::memmove(lse + h * repeat.count, query_lse_.data() + h * qn + prompt_rows, repeat.count * sizeof(float));
         }
       } else {
         SNAPFILL_RETURN_IF_ERROR(backend_->QueryLogSumExp(repeat, with_question, lse));

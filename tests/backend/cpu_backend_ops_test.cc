@@ -753,8 +753,13 @@ TEST(CpuBackendOps, AttentionWithLseKeepsTheQueriesDenominators) {
     for (std::vector<float>* x : {&q, &k, &v}) {
       for (float& f : *x) f = normal(rng);
     }
-    Queries queries{.q = q.data(), .stride = q_stride, .count = num_q, .num_heads = heads, .num_kv_heads = kv_heads,
-                    .head_dim = head_dim, .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
+    Queries queries{.q = q.data(),
+                    .stride = q_stride,
+                    .count = num_q,
+                    .num_heads = heads,
+                    .num_kv_heads = kv_heads,
+                    .head_dim = head_dim,
+                    .scale = 1.0f / std::sqrt(static_cast<float>(head_dim))};
     KvView kv;
     kv.k = k.data();
     kv.v = v.data();
@@ -774,7 +779,8 @@ TEST(CpuBackendOps, AttentionWithLseKeepsTheQueriesDenominators) {
         ref::Attention(q.data(), q_stride, k.data(), v.data(), head_stride, key_stride, out.data(), q_stride, num_q,
                        num_keys, heads, kv_heads, head_dim, queries.scale, window, want.data());
       }
-      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], want[i], 0.05) << "head " << i / num_q << " query " << i % num_q;
+      for (size_t i = 0; i < lse.size(); ++i)
+        ASSERT_NEAR(lse[i], want[i], 0.05) << "head " << i / num_q << " query " << i % num_q;
     }
   }
 }

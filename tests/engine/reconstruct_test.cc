@@ -98,9 +98,10 @@ std::vector<std::vector<std::vector<double>>> NaiveScores(const LlamaModel& mode
 // With a memory that holds everything, every entry's stored score is the one
 // its own chunk's repetition gave it: the naive loop over [tokens up to the
 // chunk's end; prompt; every stride-th token of the chunk], scored by the
-// repeated rows only (not the prompt's); within rel · w + abs of it. (Each
-// layer but the last takes the repetition's log-denominators from its
-// attention, Backend::AttentionWithLse; the last from QueryLogSumExp.)
+// repeated rows only (not the prompt's); within rel · w + abs of it. (Every
+// layer takes the repetition's log-denominators from its attention,
+// Backend::AttentionWithLse, the last one attending the repetition for them
+// alone.)
 void ExpectScoresOfTheNaiveLoop(const LlamaModel* model, Backend* backend, int64_t stride, double rel, double abs) {
   const LlamaConfig& mc = model->config();
   const int n = 150;

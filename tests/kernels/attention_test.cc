@@ -160,15 +160,15 @@ std::vector<double> AttentionBound(const AttnData& a) {
 // Runs cpu::Attention into a padded output filled with a sentinel; checks the
 // padding is untouched and returns the dense [num_q][num_heads][head_dim].
 // With lse, the queries' log-denominators into it ([num_heads][num_q]).
-std::vector<float> RunCpuAttention(const AttnData& a, int64_t q_offset_rows = 0,
-                                   int64_t num_q = -1, float* lse = nullptr) {
+std::vector<float> RunCpuAttention(const AttnData& a, int64_t q_offset_rows = 0, int64_t num_q = -1,
+                                   float* lse = nullptr) {
   const AttnCase& c = a.c;
   if (num_q < 0) num_q = c.num_q;
   const float kSentinel = 12345.0f;
   std::vector<float> out(1 + num_q * a.out_stride, kSentinel);
-  cpu::Attention(a.Q() + q_offset_rows * a.q_stride, a.q_stride, a.K(), a.Vv(), a.kv_head_stride,
-                 a.kv_key_stride, out.data() + 1, a.out_stride, num_q, c.num_keys, c.num_heads,
-                 c.num_kv_heads, c.head_dim, a.scale, c.window, lse);
+  cpu::Attention(a.Q() + q_offset_rows * a.q_stride, a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride,
+                 out.data() + 1, a.out_stride, num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale,
+                 c.window, lse);
   std::vector<float> dense;
   dense.reserve(num_q * c.num_heads * c.head_dim);
   EXPECT_EQ(out[0], kSentinel) << "wrote before the output";
@@ -345,8 +345,8 @@ TEST_P(AttentionTest, LogDenominatorsMatchRef) {
   std::vector<float> lse(c.num_heads * c.num_q, -7.0f), want(lse.size());
   const std::vector<float> with = RunCpuAttention(a, 0, -1, lse.data());
   std::vector<float> out(c.num_q * a.out_stride);
-  ref::Attention(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(), a.out_stride,
-                 c.num_q, c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, c.window, want.data());
+  ref::Attention(a.Q(), a.q_stride, a.K(), a.Vv(), a.kv_head_stride, a.kv_key_stride, out.data(), a.out_stride, c.num_q,
+                 c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, c.window, want.data());
   for (size_t i = 0; i < lse.size(); ++i) {
     ASSERT_NEAR(lse[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "head " << i / c.num_q << " query " << i % c.num_q;
   }
@@ -921,12 +921,62 @@ TEST_P(RecallScoresTest, MaxWeightMatchesRef) {
   }
 }
 
+// The largest weights on the chunk attention's bf16 operands (context
+// reconstruction beside the bf16 attention's denominators), on the tiles
+// and on the AVX512-BF16 rows: against their twin (the same roundings, in
+// double: f32 sums of exact products), and within the bf16 roundings of the
+// f32 op. Where the attention takes f32 they write nothing and say so.
+TEST_P(RecallScoresTest, MaxWeightOnBf16OperandsMatchesItsTwin) {
+  const AttnData a = MakeData(GetParam(), 44);
+  const AttnCase& c = a.c;
+  std::vector<float> lse(c.num_heads * c.num_q);
+  ref::QueryLogSumExp(a.Q(), a.q_stride, a.K(), a.kv_head_stride, a.kv_key_stride, c.num_q, c.num_keys, c.num_heads,
+                      c.num_kv_heads, c.head_dim, a.scale, lse.data());
+  const int64_t stride = c.num_keys + 2;
+  std::vector<float> want(c.num_kv_heads * c.num_keys), f32(c.num_kv_heads * c.num_keys);
+  ref::RecallMaxWeightsBf16(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride,
+                            c.num_keys, want.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale);
+  ref::RecallScores(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride, c.num_keys,
+                    f32.data(), c.num_keys, c.num_heads, c.num_kv_heads, c.head_dim, a.scale, /*max_weight=*/true);
+  const bool bf16_dim = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
+  for (const cpu::AttentionImpl impl :
+       {cpu::AttentionImpl::kF32, cpu::AttentionImpl::kAvx512Bf16, cpu::AttentionImpl::kAmxBf16}) {
+    cpu::SetAttentionImplForTesting(impl);
+    const bool route = c.num_q > 1 && bf16_dim &&
+                       (impl == cpu::AttentionImpl::kAmxBf16 ? cpu::AttentionHasAmx() : cpu::AttentionHasAvx512Bf16());
+    SCOPED_TRACE(cpu::AttentionImplName(impl));
+    std::vector<float> got(c.num_kv_heads * stride, kVoteSentinel);
+    ASSERT_EQ(
+        cpu::RecallMaxWeightsBf16(a.Q(), a.q_stride, c.num_q, lse.data(), a.K(), a.kv_head_stride, a.kv_key_stride,
+                                  c.num_keys, got.data(), stride, c.num_heads, c.num_kv_heads, c.head_dim, a.scale),
+        route);
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int64_t j = 0; j < c.num_keys; ++j) {
+        const float w = want[h * c.num_keys + j], x = f32[h * c.num_keys + j];
+        if (!route) {
+          ASSERT_EQ(got[h * stride + j], kVoteSentinel) << "wrote where the attention takes f32";
+          continue;
+        }
+        ASSERT_NEAR(got[h * stride + j], w, 1e-4 * w + 1e-30) << "KV head " << h << " key " << j;
+        // bf16 operands: each score within about 2^-8 of Σ|q·k| (a few
+        // units at these scales) of the f32 one, so each weight within a
+        // factor e^(±0.1·scale multiplier) or so of the f32 weight.
+        ASSERT_NEAR(std::log(std::max(w, 1e-30f)), std::log(std::max(x, 1e-30f)), 0.1 * c.scale_mult + 1e-3)
+            << "KV head " << h << " key " << j;
+      }
+      EXPECT_EQ(got[h * stride + c.num_keys], kVoteSentinel) << "wrote into the padding";
+    }
+  }
+  cpu::SetAttentionImplForTesting(cpu::AttentionImpl::kF32);
+}
+
 std::vector<AttnCase> RecallCases() {
-  // (The last two: a chunk's repetition, several query blocks per KV head
-  // in QueryLogSumExp, a ragged last one, and key pieces in RecallScores.)
-  return {{1, 5, 2, 1, 16},      {1, 300, 9, 3, 64},   {30, 2100, 9, 3, 64},
-          {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128}, {3, 70, 4, 4, 17},
-          {300, 1400, 9, 3, 64},  {130, 700, 4, 1, 64, 6.0f}};
+  // (Then a chunk's repetition: several query blocks per KV head in
+  // QueryLogSumExp, a ragged last one, and key pieces in RecallScores; and
+  // Gemma 3's head_dim 256 with padded rows on the bf16 operands.)
+  return {{1, 5, 2, 1, 16},         {1, 300, 9, 3, 64},         {30, 2100, 9, 3, 64},
+          {7, 111, 6, 2, 64, 6.0f}, {5, 1500, 32, 8, 128},      {3, 70, 4, 4, 17},
+          {300, 1400, 9, 3, 64},    {130, 700, 4, 1, 64, 6.0f}, {70, 300, 4, 1, 256}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RecallScoresTest, ::testing::ValuesIn(RecallCases()),
