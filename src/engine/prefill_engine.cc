@@ -304,11 +304,15 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     // The question (or the repetition), then the chunk (see batch_), and
     // the token after it.
     const bool reconstruct = config_.pruner.kind == PrunerKind::kReconstruct;
-    step_query_rows_ = reconstruct ? QueryRows(config_, step.chunk_tokens) : query_rows_;
+    // A last step that keeps its chunk whole (--keep_last_chunk) evicts
+    // nothing, so no score of it is ever compared: no repetition there; its
+    // chunk's entries keep a score of 0.
+    const bool scores_unread = last && plan_.config.keep_last_chunk && !plan_.adaptive;
+    step_query_rows_ = reconstruct ? (scores_unread ? 0 : QueryRows(config_, step.chunk_tokens)) : query_rows_;
     const int64_t past = step.start_token + step.chunk_tokens < tokens.size() ? 1 : 0;
     SNAPFILL_RETURN_IF_ERROR(
         tokens.Read(step.start_token, step.chunk_tokens + past, batch_.data() + step_query_rows_));
-    if (reconstruct) {  // the prompt, then every stride-th token of the chunk
+    if (reconstruct && step_query_rows_ > 0) {  // the prompt, then every stride-th token of the chunk
       const std::vector<int32_t>& prompt = config_.repeat_prompt;
       std::copy(prompt.begin(), prompt.end(), batch_.begin());
       const int64_t stride = config_.pruner.repeat_stride;
@@ -523,6 +527,19 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       // weight from the repeated tokens' queries (not the prompt's), over
       // every key they see (the real denominators). They are the batch's
       // last rows of with_question.
+      if (qn == 0) {  // (no repetition: a last step that keeps its chunk whole)
+        for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+          float* row = scores + h * cand_capacity_ + m;
+          // (votes_ is the host's; the backend's op row is the backend's.)
+          if (scores == votes_.data()) {
+            std::fill(row, row + n, 0.0f);
+          } else {
+            SNAPFILL_RETURN_IF_ERROR(backend_->Fill(row, n, 0.0f));
+          }
+        }
+        telemetry_.score_seconds += watch.Seconds();
+        return absl::OkStatus();
+      }
       const Queries repeat = LlamaQueries(c, q, q_stride, qn).From(prompt_rows);
       if (lse_with_attention) {
         // Each head's rows [prompt_rows, qn) of the attention's, in

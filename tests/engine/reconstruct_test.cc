@@ -248,6 +248,80 @@ TEST(ReconstructTest, ScoresTravelWithTheirEntries) {
   std::remove(path.c_str());
 }
 
+// A last step that keeps its chunk whole (--keep_last_chunk) evicts
+// nothing, so it runs no repetition: its chunk's entries join with a score
+// of 0, the memory before them keeps its scores, and every step before is
+// the run's without the flag, bit for bit.
+TEST(ReconstructTest, ALastStepThatKeepsItsChunkRepeatsNothing) {
+  auto model = TinyModel();
+  const LlamaConfig& mc = model->config();
+  auto backend = CreateBackend(Device::kCpu, {});
+  SNAPFILL_ASSERT_OK(backend);
+  const int n = 600;
+  const auto ids = testing::TestTokens(n, mc.vocab_size);
+  struct Snapshot {
+    int64_t query_rows = 0, start = 0;
+    std::vector<std::vector<int32_t>> pos;  // [layer · heads + head]
+    std::vector<std::vector<float>> score;
+  };
+  auto run = [&](bool keep) {
+    PrefillConfig config;
+    config.pruner.kind = PrunerKind::kReconstruct;
+    config.repeat_prompt = {7, 3, 19};
+    config.schedule.kind = ScheduleKind::kFixed;
+    config.schedule.chunk = 100;
+    config.schedule.memory = 64;
+    config.schedule.window = 8;
+    config.schedule.sink_tokens = 2;
+    config.schedule.keep_last_chunk = keep;
+    auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
+    SNAPFILL_CHECK(engine.ok()) << engine.status();
+    std::vector<Snapshot> steps;
+    SNAPFILL_CHECK((*engine)
+                       ->Run(ids,
+                             [&](const StepTelemetry& t) {
+                               const KvCache& m = (*engine)->memory();
+                               Snapshot s{t.query_rows, t.start_token, {}, {}};
+                               for (int64_t l = 0; l < mc.num_layers; ++l) {
+                                 for (int64_t h = 0; h < mc.num_kv_heads; ++h) {
+                                   s.pos.emplace_back(m.pos(l, h), m.pos(l, h) + m.size(l));
+                                   s.score.emplace_back(m.score(l, h), m.score(l, h) + m.size(l));
+                                 }
+                               }
+                               steps.push_back(std::move(s));
+                               return true;
+                             })
+                       .ok());
+    return steps;
+  };
+  const std::vector<Snapshot> plain = run(false), kept = run(true);
+  ASSERT_EQ(plain.size(), kept.size());
+  const size_t last = kept.size() - 1;
+  ASSERT_GE(last, 2u);
+  for (size_t i = 0; i < last; ++i) {
+    EXPECT_EQ(kept[i].query_rows, plain[i].query_rows) << "step " << i;
+    EXPECT_GT(kept[i].query_rows, 0);
+    EXPECT_EQ(kept[i].pos, plain[i].pos) << "step " << i;
+    EXPECT_EQ(kept[i].score, plain[i].score) << "step " << i;
+  }
+  EXPECT_EQ(kept[last].query_rows, 0);
+  EXPECT_GT(plain[last].query_rows, 0);
+  for (size_t lh = 0; lh < kept[last].pos.size(); ++lh) {
+    const std::vector<int32_t>& before = kept[last - 1].pos[lh];
+    const std::vector<int32_t>& pos = kept[last].pos[lh];
+    ASSERT_EQ(pos.size(), before.size() + (n - kept[last].start)) << "layer and head " << lh;
+    for (size_t j = 0; j < pos.size(); ++j) {
+      if (j < before.size()) {
+        EXPECT_EQ(pos[j], before[j]);
+        EXPECT_EQ(kept[last].score[lh][j], kept[last - 1].score[lh][j]) << "an older entry's score changed";
+      } else {
+        EXPECT_EQ(pos[j], kept[last].start + static_cast<int32_t>(j - before.size()));
+        EXPECT_EQ(kept[last].score[lh][j], 0.0f);
+      }
+    }
+  }
+}
+
 TEST(ReconstructTest, ConfigurationChecks) {
   auto model = TinyModel();
   auto backend = CreateBackend(Device::kCpu, {});
