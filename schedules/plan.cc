@@ -258,16 +258,13 @@ absl::StatusOr<SchedulePlan> PlanSchedule(const ScheduleConfig& config) {
   SNAPFILL_CHECK(start == config.total_tokens) << "chunks cover " << start << " of "
                                                << config.total_tokens << " tokens";
   if (config.keep_last_chunk) {
-    if (plan.adaptive) {
-      plan.warnings.push_back(
-          "--keep_last_chunk has no effect with --growth=adaptive (its budgets are redistributed every step)");
-    } else {
-      // Every layer held at most m_{n−2} <= m_{n−1} entries before the last
-      // chunk (none before a first and only one): with its c_{n−1} added to
-      // the budget nothing is evicted.
-      ScheduleStep& last = plan.steps.back();
-      for (int64_t& b : last.budget) b += last.chunk_tokens;
-    }
+    // Every layer held at most m_{n−2} <= m_{n−1} entries before the last
+    // chunk (none before a first and only one): with its c_{n−1} added to
+    // the budget nothing is evicted. (Adaptive growth redistributes the
+    // earlier budgets; its engine keeps each layer's memory as it is and the
+    // chunk, within the room the memory leaves for it, PrefillEngine.)
+    ScheduleStep& last = plan.steps.back();
+    for (int64_t& b : last.budget) b += last.chunk_tokens;
   }
   FillStatistics(plan);
   AddWarnings(plan, config, core.tail_extra);
@@ -317,7 +314,7 @@ std::string FormatPlan(const SchedulePlan& plan, int max_rows) {
                         "length %d; largest chunk %d; peak KV slots %d (per KV head, all layers)\n",
                         n, c.total_tokens, plan.mean_memory, plan.peak_attention_length,
                         plan.max_chunk_tokens, plan.peak_kv_slots);
-  if (c.keep_last_chunk && !plan.adaptive) {
+  if (c.keep_last_chunk) {
     absl::StrAppend(&out, "the last step keeps its chunk whole beside the memory (--keep_last_chunk)\n");
   }
   if (plan.adaptive) {

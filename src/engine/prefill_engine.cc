@@ -17,6 +17,7 @@
 
 namespace snapfill {
 
+using prefill_internal::AdaptiveTail;
 using prefill_internal::EvictedBufferBytes;
 using prefill_internal::EvictedF32Offset;
 using prefill_internal::EvictedHostBytes;
@@ -277,6 +278,11 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     budgets_ = step.budget;
     if (full) {
       std::fill(budgets_.begin(), budgets_.end(), prefill_capacity_);
+    } else if (plan_.adaptive && step_ > 0 && AdaptiveTail(plan_) > 0 &&
+               step_ + 1 == static_cast<int64_t>(plan_.steps.size())) {
+      // The last chunk kept whole: every layer's memory as it is, and the
+      // chunk (the earlier budgets left it the room).
+      std::fill(budgets_.begin(), budgets_.end(), prefill_capacity_ - plan_.config.sink_tokens);
     } else if (plan_.adaptive && step_ > 0) {
       std::vector<double> retention;
       for (int64_t l = 0; l < mc.num_layers; ++l) {
@@ -284,7 +290,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
       }
       SNAPFILL_ASSIGN_OR_RETURN(budgets_,
                                 AdaptiveBudgets(step.budget[0], retention, plan_.config.window,
-                                                prefill_capacity_ - plan_.config.sink_tokens));
+                                                prefill_capacity_ - plan_.config.sink_tokens - AdaptiveTail(plan_)));
     }
     telemetry_ = StepTelemetry();
     telemetry_.step = step_;

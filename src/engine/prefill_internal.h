@@ -35,6 +35,13 @@ std::vector<int64_t> GlobalLayers(const LlamaConfig& mc);
 // PrunerConfig::repeat_stride-th one).
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens);
 
+// The room a plan of adaptive growth leaves in each layer's memory for a
+// last chunk kept whole (ScheduleConfig::keep_last_chunk): that chunk's
+// tokens; 0 otherwise. The memory holds twice the linear budget plus it, the
+// budgets before the last step are capped at twice the linear one, and the
+// last step keeps every layer's memory and the chunk.
+int64_t AdaptiveTail(const SchedulePlan& plan);
+
 // Whether a recall store takes every step's evicted entries
 // (PrefillConfig::store_evicted, or a recall budget).
 inline bool StoresEvicted(const PrefillConfig& c) { return c.store_evicted || c.recall_budget > 0; }

@@ -112,6 +112,10 @@ absl::StatusOr<PrefillConfig> Resolve(const LlamaConfig& mc, const PrefillConfig
   return c;
 }
 
+int64_t AdaptiveTail(const SchedulePlan& plan) {
+  return plan.adaptive && plan.config.keep_last_chunk && !plan.steps.empty() ? plan.steps.back().chunk_tokens : 0;
+}
+
 int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
   if (c.pruner.kind == PrunerKind::kReconstruct) {
     const int64_t stride = c.pruner.repeat_stride;
@@ -122,6 +126,7 @@ int64_t QueryRows(const PrefillConfig& c, int64_t chunk_tokens) {
 
 }  // namespace prefill_internal
 
+using prefill_internal::AdaptiveTail;
 using prefill_internal::EvictedBufferBytes;
 using prefill_internal::EvictedHostBytes;
 using prefill_internal::EvictsInBackend;
@@ -142,13 +147,17 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   SNAPFILL_ASSIGN_OR_RETURN(const PrefillConfig c, Resolve(mc, config, total_tokens));
   PrefillFootprint f;
   SNAPFILL_ASSIGN_OR_RETURN(f.plan, PlanSchedule(c.schedule));
-  int64_t max_budget = 0;
-  for (const ScheduleStep& s : f.plan.steps) {
-    for (int64_t b : s.budget) max_budget = std::max(max_budget, b);
-  }
   // Adaptive growth may give a layer more than the linear budget; cap it at
-  // twice that so the memory can be allocated up front.
-  if (f.plan.adaptive) max_budget *= 2;
+  // twice that so the memory can be allocated up front, and a last chunk
+  // kept whole beside it (AdaptiveTail).
+  const int64_t tail = AdaptiveTail(f.plan);
+  int64_t max_budget = 0;
+  for (size_t i = 0; i < f.plan.steps.size(); ++i) {
+    for (int64_t b : f.plan.steps[i].budget) {
+      max_budget = std::max(max_budget, i + 1 == f.plan.steps.size() ? b - tail : b);
+    }
+  }
+  if (f.plan.adaptive) max_budget = 2 * max_budget + tail;
   f.memory_capacity = max_budget + c.schedule.sink_tokens;
   if (c.pruner.kind == PrunerKind::kFull) f.memory_capacity = total_tokens;
   f.final_entries = f.memory_capacity;

@@ -185,12 +185,18 @@ TEST(PrefillEngineTest, KeepLastChunkEvictsNothingAtTheLastStep) {
   auto ids = Tokens(n, mc.vocab_size);
   const GateModel gates = GateModel::Create(mc.num_layers, mc.num_kv_heads, mc.head_dim, 4).value();
   for (PrunerKind pruner : {PrunerKind::kSnapKv, PrunerKind::kStreaming, PrunerKind::kGate}) {
-    for (ScheduleKind kind : {ScheduleKind::kFixed, ScheduleKind::kIncrementalDecremental}) {
-      SCOPED_TRACE(absl::StrCat(PrunerKindName(pruner), " ", std::string(ScheduleKindName(kind))));
+    // (IM with adaptive growth: each layer's budget by its measured
+    // retention, up to twice the linear one; the tail beside it.)
+    for (ScheduleKind kind :
+         {ScheduleKind::kFixed, ScheduleKind::kIncrementalDecremental, ScheduleKind::kIncremental}) {
+      const bool adaptive = kind == ScheduleKind::kIncremental;
+      SCOPED_TRACE(
+          absl::StrCat(PrunerKindName(pruner), " ", std::string(ScheduleKindName(kind)), adaptive ? " adaptive" : ""));
       PrefillConfig config;
       config.pruner.kind = pruner;
       if (pruner == PrunerKind::kGate) config.gate = &gates;
       config.schedule.kind = kind;
+      if (adaptive) config.schedule.growth = Growth::kAdaptive;
       config.schedule.chunk = 128;
       config.schedule.memory = 96;
       config.schedule.window = 16;
@@ -210,6 +216,7 @@ TEST(PrefillEngineTest, KeepLastChunkEvictsNothingAtTheLastStep) {
         return true;
       }));
       const SchedulePlan& plan = (*kept)->plan();
+      ASSERT_EQ(plan.adaptive, adaptive);
       const int64_t steps = static_cast<int64_t>(plan.steps.size());
       ASSERT_GT(steps, 2);
       ASSERT_EQ(static_cast<int64_t>(kept_sizes.size()), steps);
@@ -231,7 +238,7 @@ TEST(PrefillEngineTest, KeepLastChunkEvictsNothingAtTheLastStep) {
           for (int64_t j = 1; j < size; ++j) ASSERT_LT(pos[j - 1], pos[j]);
         }
       }
-      EXPECT_EQ((*kept)->next_position(), memory.size(0));
+      EXPECT_EQ((*kept)->next_position(), memory.max_size());  // (adaptive: the largest layer's)
       ASSERT_EQ((*kept)->last_logits().size(), (*plain)->last_logits().size());
       EXPECT_EQ(0, std::memcmp((*kept)->last_logits().data(), (*plain)->last_logits().data(),
                                (*plain)->last_logits().size() * sizeof(float)));

@@ -614,7 +614,9 @@ TEST(ScheduleKeepLastChunkTest, LastStepKeepsMemoryAndChunk) {
   EXPECT_EQ(plan->peak_kv_slots, 2 * (4 + 512 + 700));
 }
 
-TEST(ScheduleKeepLastChunkTest, AdaptiveIsLeftAsPlanned) {
+// Adaptive growth's plan keeps the tail as the others do (the engine then
+// keeps each layer's memory as it is, PrefillEngineTest), with no warning.
+TEST(ScheduleKeepLastChunkTest, AdaptiveKeepsTheTailToo) {
   ScheduleConfig c = Make(ScheduleKind::kIncremental, 8192, 1024, 512, 32, 2);
   c.growth = Growth::kAdaptive;
   const auto base = PlanSchedule(c);
@@ -622,8 +624,12 @@ TEST(ScheduleKeepLastChunkTest, AdaptiveIsLeftAsPlanned) {
   const auto plan = PlanSchedule(c);
   SNAPFILL_ASSERT_OK(base);
   SNAPFILL_ASSERT_OK(plan);
-  EXPECT_EQ(plan->steps.back().budget, base->steps.back().budget);
-  EXPECT_TRUE(HasWarning(*plan, "--keep_last_chunk has no effect with --growth=adaptive"));
+  ASSERT_TRUE(plan->adaptive);
+  std::vector<int64_t> want = base->steps.back().budget;
+  for (int64_t& b : want) b += base->steps.back().chunk_tokens;
+  EXPECT_EQ(plan->steps.back().budget, want);
+  EXPECT_TRUE(plan->warnings.empty()) << plan->warnings.front();
+  EXPECT_THAT(FormatPlan(*plan), HasSubstr("keeps its chunk whole"));
 }
 
 TEST(ScheduleKeepLastChunkTest, AnInputOfOneChunkIsKeptWhole) {
