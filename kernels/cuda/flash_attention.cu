@@ -33,6 +33,7 @@
 // of a row (two shuffles).
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -412,16 +413,21 @@ bool FlashAttentionSupports(int64_t head_dim, int compute_major, size_t shared_o
   // Mma is a trap that kills the context.)
   // The virtual architecture the code was made from (a JIT for an sm_90
   // device from compute_75 PTX has binaryVersion 90 and still traps), asked
-  // once: the chunk loop asks per layer.
-  static const bool has_mma = [] {
+  // once it has an answer: the chunk loop asks per layer. A query that
+  // fails is not kept (the next call asks again), so that one failure does
+  // not turn the tensor cores off for the process.
+  static std::atomic<int> has_mma{0};  // 0: not known yet, 1: yes, 2: no
+  int known = has_mma.load(std::memory_order_relaxed);
+  if (known == 0) {
     cudaFuncAttributes attributes;
     if (cudaFuncGetAttributes(&attributes, FlashAttentionKernel<64>) != cudaSuccess) {
-      cudaGetLastError();
+      cudaGetLastError();  // (the query's own error, not an op's)
       return false;
     }
-    return attributes.ptxVersion >= 80;
-  }();
-  if (!has_mma) return false;
+    known = attributes.ptxVersion >= 80 ? 1 : 2;
+    has_mma.store(known, std::memory_order_relaxed);
+  }
+  if (known != 1) return false;
   const size_t shared = ByHeadDim(head_dim, size_t{0}, [](auto hd) { return SharedBytes<decltype(hd)::value>(); });
   return shared > 0 && shared <= shared_optin;
 }
