@@ -177,6 +177,19 @@ INSTANTIATE_TEST_SUITE_P(Strides, ReconstructScoreTest, ::testing::Values(1, 2, 
                            return "stride" + std::to_string(info.param);
                          });
 
+// Reconstruction under eviction: FM, chunks of 100, a memory of 64 and 2 sinks.
+PrefillConfig EvictingConfig() {
+  PrefillConfig config;
+  config.pruner.kind = PrunerKind::kReconstruct;
+  config.repeat_prompt = {7, 3, 19};
+  config.schedule.kind = ScheduleKind::kFixed;
+  config.schedule.chunk = 100;
+  config.schedule.memory = 64;
+  config.schedule.window = 8;
+  config.schedule.sink_tokens = 2;
+  return config;
+}
+
 // Under eviction the memory keeps, beside each entry, the score it was
 // given when its chunk was repeated (never judged again).
 // A saved cache carries the scores, bit for bit.
@@ -187,15 +200,8 @@ TEST(ReconstructTest, ScoresTravelWithTheirEntries) {
   SNAPFILL_ASSERT_OK(backend);
   const int n = 600;
   const auto ids = testing::TestTokens(n, mc.vocab_size);
-  PrefillConfig config;
-  config.pruner.kind = PrunerKind::kReconstruct;
+  PrefillConfig config = EvictingConfig();
   config.pruner.pool_kernel = 1;
-  config.repeat_prompt = {7, 3, 19};
-  config.schedule.kind = ScheduleKind::kFixed;
-  config.schedule.chunk = 100;
-  config.schedule.memory = 64;
-  config.schedule.window = 8;
-  config.schedule.sink_tokens = 2;
   auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
   SNAPFILL_ASSERT_OK(engine);
   // score of (layer, head, position) when first seen; checked on later steps.
@@ -265,14 +271,7 @@ TEST(ReconstructTest, ALastStepThatKeepsItsChunkRepeatsNothing) {
     std::vector<std::vector<float>> score;
   };
   auto run = [&](bool keep) {
-    PrefillConfig config;
-    config.pruner.kind = PrunerKind::kReconstruct;
-    config.repeat_prompt = {7, 3, 19};
-    config.schedule.kind = ScheduleKind::kFixed;
-    config.schedule.chunk = 100;
-    config.schedule.memory = 64;
-    config.schedule.window = 8;
-    config.schedule.sink_tokens = 2;
+    PrefillConfig config = EvictingConfig();
     config.schedule.keep_last_chunk = keep;
     auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
     SNAPFILL_CHECK(engine.ok()) << engine.status();
