@@ -265,6 +265,52 @@ BENCHMARK(BM_RecallScores_Cpu)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// Context reconstruction's scoring of a chunk's keys: its repetition's rows
+// (a chunk of 1,024, repeated whole or every other token) against the
+// chunk's 1,024 keys, the largest weight per key; in f32 (arg bf16 0:
+// cpu::RecallScores) or on the chunk attention's bf16 operands (1:
+// cpu::RecallMaxWeightsBf16, where this CPU's attention takes them; skipped
+// elsewhere).
+void BM_ReconstructWeights_Cpu(benchmark::State& state) {
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t num_q = state.range(0);
+  const bool bf16 = state.range(1) != 0;
+  const int64_t num_keys = 1024;
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const std::vector<float> q = Random(num_q * q_stride, 6);
+  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 7);
+  std::vector<float> lse(m.num_heads * num_q, 8.0f);
+  std::vector<float> scores(m.num_kv_heads * num_keys);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  auto run = [&] {
+    if (bf16) {
+      return cpu::RecallMaxWeightsBf16(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim,
+                                       m.head_dim, num_keys, scores.data(), num_keys, m.num_heads, m.num_kv_heads,
+                                       m.head_dim, scale);
+    }
+    cpu::RecallScores(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim, m.head_dim, num_keys,
+                      scores.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale, /*max_weight=*/true);
+    return true;
+  };
+  if (!run()) {
+    state.SkipWithError("this CPU's chunk attention takes f32 operands");
+    return;
+  }
+  for (int i = 0; i < 2; ++i) run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * num_q * num_keys * m.head_dim * m.num_heads;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_ReconstructWeights_Cpu)
+    ->ArgNames({"rows", "bf16"})
+    ->ArgsProduct({{512, 1024}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 void BM_RmsNorm_Cpu(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t dim = state.range(1);
