@@ -313,7 +313,7 @@ absl::Status PrefillEngineImpl::Run(const TokenSource& tokens,
     // A last step that keeps its chunk whole (--keep_last_chunk) evicts
     // nothing, so no score of it is ever compared: no repetition there; its
     // chunk's entries keep a score of 0.
-    const bool scores_unread = last && plan_.config.keep_last_chunk && !plan_.adaptive;
+    const bool scores_unread = last && plan_.config.keep_last_chunk;
     step_query_rows_ = reconstruct ? (scores_unread ? 0 : QueryRows(config_, step.chunk_tokens)) : query_rows_;
     const int64_t past = step.start_token + step.chunk_tokens < tokens.size() ? 1 : 0;
     SNAPFILL_RETURN_IF_ERROR(

@@ -14,11 +14,11 @@
 #include "gtest/gtest.h"
 #include "kernels/ref/ops_ref.h"
 #include "snapfill/engine.h"
-#include "src/model/llama_forward.h"
 #include "snapfill/status.h"
 #include "src/gguf/fingerprint.h"
 #include "src/kv/cache_file.h"
 #include "src/kv/kv_cache.h"
+#include "src/model/llama_forward.h"
 #include "tests/testing/ref_backend.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_model.h"
@@ -50,8 +50,7 @@ std::vector<std::vector<std::vector<double>>> NaiveScores(const LlamaModel& mode
   auto attend = [&](int64_t layer, float* q, int64_t q_stride, float* k, float* v, int64_t kv_stride, int64_t rows,
                     int64_t out_rows, float* out) -> absl::Status {
     SNAPFILL_CHECK(rows == n);
-    ref::Rope(q, n, c.num_heads, d, q_stride, pos.data(), c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
-              c.rope_neox);
+    ref::Rope(q, n, c.num_heads, d, q_stride, pos.data(), c.rope_dim, c.rope_freq_base, c.rope_freq_scale, c.rope_neox);
     ref::Rope(k, n, c.num_kv_heads, d, kv_stride, pos.data(), c.rope_dim, c.rope_freq_base, c.rope_freq_scale,
               c.rope_neox);
     std::vector<double> p;
@@ -270,8 +269,12 @@ TEST(ReconstructTest, ALastStepThatKeepsItsChunkRepeatsNothing) {
     std::vector<std::vector<int32_t>> pos;  // [layer · heads + head]
     std::vector<std::vector<float>> score;
   };
-  auto run = [&](bool keep) {
+  auto run = [&](bool keep, bool adaptive) {
     PrefillConfig config = EvictingConfig();
+    if (adaptive) {  // (IM, each layer's budget by its measured retention)
+      config.schedule.kind = ScheduleKind::kIncremental;
+      config.schedule.growth = Growth::kAdaptive;
+    }
     config.schedule.keep_last_chunk = keep;
     auto engine = PrefillEngine::Create(*model, backend->get(), config, n);
     SNAPFILL_CHECK(engine.ok()) << engine.status();
@@ -293,29 +296,32 @@ TEST(ReconstructTest, ALastStepThatKeepsItsChunkRepeatsNothing) {
                        .ok());
     return steps;
   };
-  const std::vector<Snapshot> plain = run(false), kept = run(true);
-  ASSERT_EQ(plain.size(), kept.size());
-  const size_t last = kept.size() - 1;
-  ASSERT_GE(last, 2u);
-  for (size_t i = 0; i < last; ++i) {
-    EXPECT_EQ(kept[i].query_rows, plain[i].query_rows) << "step " << i;
-    EXPECT_GT(kept[i].query_rows, 0);
-    EXPECT_EQ(kept[i].pos, plain[i].pos) << "step " << i;
-    EXPECT_EQ(kept[i].score, plain[i].score) << "step " << i;
-  }
-  EXPECT_EQ(kept[last].query_rows, 0);
-  EXPECT_GT(plain[last].query_rows, 0);
-  for (size_t lh = 0; lh < kept[last].pos.size(); ++lh) {
-    const std::vector<int32_t>& before = kept[last - 1].pos[lh];
-    const std::vector<int32_t>& pos = kept[last].pos[lh];
-    ASSERT_EQ(pos.size(), before.size() + (n - kept[last].start)) << "layer and head " << lh;
-    for (size_t j = 0; j < pos.size(); ++j) {
-      if (j < before.size()) {
-        EXPECT_EQ(pos[j], before[j]);
-        EXPECT_EQ(kept[last].score[lh][j], kept[last - 1].score[lh][j]) << "an older entry's score changed";
-      } else {
-        EXPECT_EQ(pos[j], kept[last].start + static_cast<int32_t>(j - before.size()));
-        EXPECT_EQ(kept[last].score[lh][j], 0.0f);
+  for (const bool adaptive : {false, true}) {
+    SCOPED_TRACE(adaptive ? "IM, adaptive" : "FM");
+    const std::vector<Snapshot> plain = run(false, adaptive), kept = run(true, adaptive);
+    ASSERT_EQ(plain.size(), kept.size());
+    const size_t last = kept.size() - 1;
+    ASSERT_GE(last, 2u);
+    for (size_t i = 0; i < last; ++i) {
+      EXPECT_EQ(kept[i].query_rows, plain[i].query_rows) << "step " << i;
+      EXPECT_GT(kept[i].query_rows, 0);
+      EXPECT_EQ(kept[i].pos, plain[i].pos) << "step " << i;
+      EXPECT_EQ(kept[i].score, plain[i].score) << "step " << i;
+    }
+    EXPECT_EQ(kept[last].query_rows, 0);
+    EXPECT_GT(plain[last].query_rows, 0);
+    for (size_t lh = 0; lh < kept[last].pos.size(); ++lh) {
+      const std::vector<int32_t>& before = kept[last - 1].pos[lh];
+      const std::vector<int32_t>& pos = kept[last].pos[lh];
+      ASSERT_EQ(pos.size(), before.size() + (n - kept[last].start)) << "layer and head " << lh;
+      for (size_t j = 0; j < pos.size(); ++j) {
+        if (j < before.size()) {
+          EXPECT_EQ(pos[j], before[j]);
+          EXPECT_EQ(kept[last].score[lh][j], kept[last - 1].score[lh][j]) << "an older entry's score changed";
+        } else {
+          EXPECT_EQ(pos[j], kept[last].start + static_cast<int32_t>(j - before.size()));
+          EXPECT_EQ(kept[last].score[lh][j], 0.0f);
+        }
       }
     }
   }
