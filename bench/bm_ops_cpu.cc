@@ -235,29 +235,47 @@ BENCHMARK(BM_WindowScores_Cpu)
 // The recall tier's scan: a block of stored keys scored by the question's
 // queries (num_q tokens x the model's heads), as at the last step of `run
 // --recall_dir`; at 1M tokens it scores about 1M keys per layer.
-void BM_RecallScores_Cpu(benchmark::State& state) {
-  const ModelShape m = kSmolLM2_135M;
-  const int64_t num_q = state.range(0);
-  const int64_t num_keys = state.range(1);
-  const int64_t q_stride = m.num_heads * m.head_dim;
-  const std::vector<float> q = Random(num_q * q_stride, 4);
-  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 5);
-  std::vector<float> lse(m.num_heads * num_q, 8.0f);
-  std::vector<float> scores(m.num_kv_heads * num_keys);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-  auto run = [&] {
+// The queries (num_q tokens x SmolLM2's heads), their log-denominators and
+// num_keys stored keys that the recall tier's and reconstruction's scorings
+// read, and the scores they write.
+struct ScoringOperands {
+  ScoringOperands(int64_t num_q, int64_t num_keys, uint32_t seed)
+      : num_q(num_q),
+        num_keys(num_keys),
+        q(Random(num_q * q_stride, seed)),
+        k(Random(m.num_kv_heads * num_keys * m.head_dim, seed + 1)),
+        lse(m.num_heads * num_q, 8.0f),
+        scores(m.num_kv_heads * num_keys) {}
+  // cpu::RecallScores over them.
+  void RecallScores(bool max_weight) {
     cpu::RecallScores(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim, m.head_dim, num_keys,
-                      scores.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale);
-  };
-  for (int i = 0; i < 3; ++i) run();
-  for (auto _ : state) {
-    run();
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
+                      scores.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale, max_weight);
   }
-  const double flops = 2.0 * num_q * num_keys * m.head_dim * m.num_heads;
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["keys/s"] = benchmark::Counter(static_cast<double>(num_keys), benchmark::Counter::kIsIterationInvariantRate);
+  // Times run() after a warm-up, with the scoring's GFLOP/s.
+  template <typename Run>
+  void Time(benchmark::State& state, Run run) {
+    for (int i = 0; i < 3; ++i) run();
+    for (auto _ : state) {
+      run();
+      benchmark::DoNotOptimize(scores.data());
+      benchmark::ClobberMemory();
+    }
+    const double flops = 2.0 * num_q * num_keys * m.head_dim * m.num_heads;
+    state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  }
+  const ModelShape m = kSmolLM2_135M;
+  const int64_t q_stride = m.num_heads * m.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  const int64_t num_q, num_keys;
+  const std::vector<float> q, k;
+  std::vector<float> lse, scores;
+};
+
+void BM_RecallScores_Cpu(benchmark::State& state) {
+  ScoringOperands o(state.range(0), state.range(1), 4);
+  o.Time(state, [&] { o.RecallScores(/*max_weight=*/false); });
+  state.counters["keys/s"] =
+      benchmark::Counter(static_cast<double>(o.num_keys), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_RecallScores_Cpu)
     ->ArgNames({"q", "keys"})
@@ -272,38 +290,21 @@ BENCHMARK(BM_RecallScores_Cpu)
 // cpu::RecallMaxWeightsBf16, where this CPU's attention takes them; skipped
 // elsewhere).
 void BM_ReconstructWeights_Cpu(benchmark::State& state) {
-  const ModelShape m = kSmolLM2_135M;
-  const int64_t num_q = state.range(0);
-  const bool bf16 = state.range(1) != 0;
-  const int64_t num_keys = 1024;
-  const int64_t q_stride = m.num_heads * m.head_dim;
-  const std::vector<float> q = Random(num_q * q_stride, 6);
-  const std::vector<float> k = Random(m.num_kv_heads * num_keys * m.head_dim, 7);
-  std::vector<float> lse(m.num_heads * num_q, 8.0f);
-  std::vector<float> scores(m.num_kv_heads * num_keys);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-  auto run = [&] {
-    if (bf16) {
-      return cpu::RecallMaxWeightsBf16(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim,
-                                       m.head_dim, num_keys, scores.data(), num_keys, m.num_heads, m.num_kv_heads,
-                                       m.head_dim, scale);
-    }
-    cpu::RecallScores(q.data(), q_stride, num_q, lse.data(), k.data(), num_keys * m.head_dim, m.head_dim, num_keys,
-                      scores.data(), num_keys, m.num_heads, m.num_kv_heads, m.head_dim, scale, /*max_weight=*/true);
-    return true;
+  ScoringOperands o(state.range(0), 1024, 6);
+  if (state.range(1) == 0) {
+    o.Time(state, [&] { o.RecallScores(/*max_weight=*/true); });
+    return;
+  }
+  auto bf16 = [&] {
+    return cpu::RecallMaxWeightsBf16(o.q.data(), o.q_stride, o.num_q, o.lse.data(), o.k.data(),
+                                     o.num_keys * o.m.head_dim, o.m.head_dim, o.num_keys, o.scores.data(), o.num_keys,
+                                     o.m.num_heads, o.m.num_kv_heads, o.m.head_dim, o.scale);
   };
-  if (!run()) {
+  if (!bf16()) {
     state.SkipWithError("this CPU's chunk attention takes f32 operands");
     return;
   }
-  for (int i = 0; i < 2; ++i) run();
-  for (auto _ : state) {
-    run();
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
-  const double flops = 2.0 * num_q * num_keys * m.head_dim * m.num_heads;
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  o.Time(state, bf16);
 }
 BENCHMARK(BM_ReconstructWeights_Cpu)
     ->ArgNames({"rows", "bf16"})
