@@ -493,6 +493,11 @@ class Backend {
     if (!s.ok() || lse == nullptr) return s;
     return QueryLogSumExp(q, kv, lse);
   }
+  // Whether AttentionWithLse keeps the denominators from the attention's own
+  // pass (the CPU's kernels), rather than the default's second pass over the
+  // keys: only then does context reconstruction attend its repetition in the
+  // last layer, whose rows are read for nothing else.
+  virtual bool AttentionKeepsLse() const { return false; }
   // SnapKV votes: for each KV head and key j < kv.num_keys, the queries'
   // softmax weight on j summed over the q.count queries and averaged over
   // the KV group's query heads (Attention's visibility rule).

@@ -691,6 +691,7 @@ class CpuBackend final : public Backend, public BackendProfile {
     return AttentionWithLse(q, kv, out, out_stride, nullptr);
   }
 
+  bool AttentionKeepsLse() const override { return true; }
   absl::Status AttentionWithLse(const Queries& q, const KvView& kv, float* out, int64_t out_stride,
                                 float* lse) override {
     OpTimer timer(*team_, guard_.get(), profile_, &seconds_[kAttention], &calls_[kAttention]);

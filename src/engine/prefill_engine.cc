@@ -474,9 +474,11 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   // keys (QueryLogSumExp, which took two thirds of the scoring), and of the
   // same scores as RecallScores' (bf16 where the attention's are). In the
   // last layer, whose repetition rows are not read, they are attended for
-  // that alone (on bf16 tiles a third of QueryLogSumExp's f32 pass).
+  // that alone (on bf16 tiles a third of QueryLogSumExp's f32 pass), where
+  // the backend's attention keeps them (else QueryLogSumExp, below).
   const int64_t prompt_rows = reconstruct ? static_cast<int64_t>(config_.repeat_prompt.size()) : 0;
-  const bool lse_with_attention = reconstruct && qn > prompt_rows && backend_->HostReachesBuffers();
+  const bool lse_with_attention =
+      reconstruct && qn > prompt_rows && backend_->HostReachesBuffers() && backend_->AttentionKeepsLse();
   if (question_out > 0 || lse_with_attention) {
     const int64_t skip = lse_with_attention ? 0 : qn - question_out;
     const Queries rows_out = attending(qn).From(skip);
@@ -525,8 +527,9 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
   // The chunk entries' stored scores (reconstruct, gate) after the
   // memory's in each head's row of `scores` ([num_kv_heads][cand_capacity_]),
   // through the backend wherever the rows are; lse: the repetition's
-  // log-denominators ([num_heads][qn]).
-  auto chunk_scores = [&](float* scores, float* lse) -> absl::Status {
+  // log-denominators ([num_heads][qn]). host_rows: scores is the host's
+  // votes_, not the backend's op rows (which a device holds).
+  auto chunk_scores = [&](float* scores, float* lse, bool host_rows) -> absl::Status {
     Stopwatch watch;
     if (reconstruct) {
       // Context reconstruction (DESIGN.md §9): each chunk entry's largest
@@ -536,8 +539,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
       if (qn == 0) {  // (no repetition: a last step that keeps its chunk whole)
         for (int64_t h = 0; h < c.num_kv_heads; ++h) {
           float* row = scores + h * cand_capacity_ + m;
-          // (votes_ is the host's; the backend's op row is the backend's.)
-          if (scores == votes_.data()) {
+          if (host_rows) {
             std::fill(row, row + n, 0.0f);
           } else {
             SNAPFILL_RETURN_IF_ERROR(backend_->Fill(row, n, 0.0f));
@@ -596,7 +598,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
                            sizeof(float)});
       }
       SNAPFILL_RETURN_IF_ERROR(backend_->Gather(gathers));
-      SNAPFILL_RETURN_IF_ERROR(chunk_scores(votes_.data(), query_lse_.data()));
+      SNAPFILL_RETURN_IF_ERROR(chunk_scores(votes_.data(), query_lse_.data(), /*host_rows=*/true));
       in.votes = votes_.data();
       in.votes_stride = cand_capacity_;
     } else if (pruner_->needs_votes() && !(question && config_.pruner.query_share >= 1.0)) {
@@ -637,7 +639,7 @@ absl::Status PrefillEngineImpl::AttendAndCompress(int64_t layer, float* q, int64
     // for gate and reconstruct, else the window's.
     SNAPFILL_RETURN_IF_ERROR(question        ? QuestionVotes(c, voter_q, q_stride, voters, voter_seen, view, final_step,
                                                              sel_votes_->f32(), sel_lse_)
-                             : stored_scores ? chunk_scores(sel_votes_->f32(), sel_lse_)
+                             : stored_scores ? chunk_scores(sel_votes_->f32(), sel_lse_, /*host_rows=*/false)
                                              : window_votes(sel_votes_->f32()));
     if (op.then_pick > 0) {  // (the buffer's second row: SelectionVoteRows)
       float* const then_votes = sel_votes_->f32() + c.num_kv_heads * cand_capacity_;

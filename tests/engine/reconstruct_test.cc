@@ -153,6 +153,17 @@ TEST_P(ReconstructScoreTest, EveryEntryKeepsItsOwnChunksScore) {
   ExpectScoresOfTheNaiveLoop(model.get(), backend.get(), GetParam(), 1e-4, 1e-7);
 }
 
+// A backend whose attention does not keep the denominators
+// (Backend::AttentionKeepsLse false: the default AttentionWithLse's second
+// pass, as on a GPU): the engine takes them from QueryLogSumExp instead, and
+// the scores are the same.
+TEST_P(ReconstructScoreTest, ABackendWhoseAttentionKeepsNoDenominatorsScoresTheSame) {
+  auto model = TinyModel();
+  auto backend = testing::CreateRefBackend(/*quantized_activations=*/false, /*bf16_products=*/false,
+                                           /*attention_keeps_lse=*/false);
+  ExpectScoresOfTheNaiveLoop(model.get(), backend.get(), GetParam(), 1e-4, 1e-7);
+}
+
 // The CPU backend at head_dim 64, where a chunk's attention runs on bf16
 // operands (AMX or AVX512-BF16, where the CPU has them; else f32): its
 // log-denominators are those of the bf16 scores and the layers' inputs

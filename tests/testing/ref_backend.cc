@@ -13,7 +13,7 @@ namespace {
 
 class RefBackend final : public Backend {
  public:
-  RefBackend(bool quantized, bool bf16) : quantized_(quantized), bf16_(bf16) {}
+  RefBackend(bool quantized, bool bf16, bool keeps_lse) : quantized_(quantized), bf16_(bf16), keeps_lse_(keeps_lse) {}
   Device device() const override { return Device::kCpu; }
   int num_threads() const override { return 1; }
 
@@ -70,6 +70,7 @@ class RefBackend final : public Backend {
                    q.num_heads, q.num_kv_heads, q.head_dim, q.scale, q.window, lse);
     return absl::OkStatus();
   }
+  bool AttentionKeepsLse() const override { return keeps_lse_; }
   absl::Status QueryLogSumExp(const Queries& q, const KvView& kv, float* lse) override {
     ref::QueryLogSumExp(q.q, q.stride, kv.k, kv.head_stride, kv.key_stride, q.count, kv.num_keys, q.num_heads,
                         q.num_kv_heads, q.head_dim, q.scale, lse);
@@ -132,12 +133,13 @@ class RefBackend final : public Backend {
  private:
   bool quantized_;
   bool bf16_;
+  bool keeps_lse_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products) {
-  return std::make_unique<RefBackend>(quantized_activations, bf16_products);
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products, bool attention_keeps_lse) {
+  return std::make_unique<RefBackend>(quantized_activations, bf16_products, attention_keeps_lse);
 }
 
 Backend& SharedCpuBackend() {

@@ -16,8 +16,11 @@ namespace snapfill::testing {
 // kernels take the AMX-BF16 path for a product (cpu::MatMulFuses: token
 // blocks of its weight types on a CPU with AMX-BF16), ref::MatMulBf16 instead
 // (both operands rounded to bf16, exact sums), so that the reference rounds
-// where the optimized backend does.
-std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products = false);
+// where the optimized backend does. attention_keeps_lse: whether it says
+// its AttentionWithLse keeps the denominators (Backend::AttentionKeepsLse;
+// false takes the engine's path for a backend whose attention does not).
+std::unique_ptr<Backend> CreateRefBackend(bool quantized_activations, bool bf16_products = false,
+                                          bool attention_keeps_lse = true);
 
 // One CPU backend with the default options for the whole test binary (the
 // pruners' pooling and top-k, where a test has no backend of its own).
