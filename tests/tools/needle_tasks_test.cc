@@ -267,6 +267,26 @@ TEST_F(NeedlePromptTest, EveryNeedleOnceInDepthOrderAtTheAskedLength) {
           EXPECT_EQ(p.placed[i].depth,
                     static_cast<double>(p.placed[i].offset) / p.haystack_tokens);
         }
+        // Each needle's token span holds its text, and neither end token
+        // can go: the span is the tokens the text is made of.
+        ASSERT_EQ(p.spans.size(), t.needles.size());
+        auto pieces = [&](int64_t b, int64_t e) {
+          std::string out;
+          for (int64_t k = b; k < e; ++k) out += tokenizer_->TokenToPiece(p.prompt.tokens[k]);
+          return out;
+        };
+        for (size_t i = 0; i < t.needles.size(); ++i) {
+          const TokenSpan s = p.spans[i];
+          ASSERT_TRUE(s.found()) << t.needles[i].text;
+          EXPECT_GE(s.begin, p.prompt.document_end - p.prompt.document_tokens);
+          EXPECT_LE(s.end, p.prompt.document_end);
+          EXPECT_NE(pieces(s.begin, s.end).find(t.needles[i].text), std::string::npos);
+          EXPECT_EQ(pieces(s.begin + 1, s.end).find(t.needles[i].text), std::string::npos);
+          EXPECT_EQ(pieces(s.begin, s.end - 1).find(t.needles[i].text), std::string::npos);
+        }
+        NeedleTrial elsewhere = t;
+        elsewhere.needles[0].text = "A sentence this prompt does not hold.";
+        EXPECT_FALSE(NeedleTokenSpans(*tokenizer_, p.prompt, elsewhere)[0].found());
         std::vector<size_t> order(t.needles.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {

@@ -198,6 +198,42 @@ TEST_F(QualityCliTest, NeedleGridJson) {
   EXPECT_EQ(j["cells"][2]["runs"][0]["needle_depth"], 1.0);
 }
 
+// Each needle's tokens and the share of them the final cache holds, per
+// trial, and the asked needle's over the task: all of it with every entry
+// kept (--pruner full); with the sinks and the last 96 entries (streaming),
+// none of a needle at the start and all of one at the end (its 30 tokens
+// and the question's 45 after it). --resume takes them from the records.
+TEST_F(QualityCliTest, NeedleReportsTheShareOfTheNeedleTheCacheHolds) {
+  const std::string base = "needle --model " + tiny_ + " --input " + text_ +
+                           " --lengths 240 --depths 0,1 --seeds 2 --memory 100 --chunk 64 --window 8 "
+                           "--baseline=false --progress=false ";
+  for (const std::string pruner : {"full", "streaming"}) {
+    SCOPED_TRACE(pruner);
+    const std::string json = dir_ + "/" + pruner + ".json";
+    const Result r = Run(base + "--pruner " + pruner + " --json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("the asked needle's tokens in the final cache: "), std::string::npos) << r.out;
+    const Json j = ReadJson(json);
+    ASSERT_EQ(j["cells"].size(), 2u);
+    for (size_t c = 0; c < 2; ++c) {
+      for (const Json& t : j["cells"][c]["runs"]) {
+        ASSERT_EQ(t["needles"].size(), 1u);
+        const Json& n = t["needles"][0];
+        ASSERT_TRUE(n.contains("kept")) << n.dump();
+        ASSERT_EQ(n["tokens"].size(), 2u);
+        EXPECT_GT(n["tokens"][1].get<int64_t>(), n["tokens"][0].get<int64_t>() + 3);
+        const double want = pruner == "full" || c == 1 ? 1.0 : 0.0;
+        EXPECT_DOUBLE_EQ(n["kept"].get<double>(), want) << "depth " << c << ": " << t.dump();
+      }
+    }
+    EXPECT_DOUBLE_EQ(j["tasks"][0]["asked_kept"].get<double>(), pruner == "full" ? 1.0 : 0.5);
+    // A resumed grid keeps the recorded shares.
+    const Result resumed = Run(base + "--pruner " + pruner + " --json " + json + " --resume");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_EQ(ReadJson(json)["cells"], j["cells"]);
+  }
+}
+
 // --first_seed runs the later trials of a grid as the whole grid runs them:
 // the same keys and answers, so a long grid can be split over runs.
 TEST_F(QualityCliTest, NeedleFirstSeedRunsTheGridsLaterTrials) {

@@ -96,7 +96,12 @@ struct Trial {
   // ends with.
   NeedleTrial plan;
   std::vector<PlacedNeedle> placed;  // [plan.needles.size()]
-  int64_t tokens = 0;                // the prompt's length
+  std::vector<TokenSpan> spans;      // [plan.needles.size()]: their tokens in the prompt
+  // [plan.needles.size()]: the share of each needle's tokens the final
+  // cache holds (NeedleKept); -1 where not known (a record without it, a
+  // needle whose tokens were not found).
+  std::vector<double> kept;
+  int64_t tokens = 0;  // the prompt's length
   std::string answer;
   NeedleScore score;
   bool baseline_run = false;
@@ -113,11 +118,28 @@ struct Cell {
   std::vector<Trial> trials;
 };
 
+// The mean of the asked needles' kept shares; -1 where none is known.
+double AskedKept(const Trial& t) {
+  double sum = 0;
+  int n = 0;
+  for (size_t i = 0; i < t.kept.size() && i < t.plan.needles.size(); ++i) {
+    if (t.plan.needles[i].asked && t.kept[i] >= 0) {
+      sum += t.kept[i];
+      ++n;
+    }
+  }
+  return n > 0 ? sum / n : -1;
+}
+
 // Counts over trials (a cell's or a task's).
 struct Tally {
   int trials = 0, found = 0, matched = 0, expected = 0, distractor = 0;
   int base_runs = 0, base_found = 0, base_matched = 0, base_expected = 0, base_distractor = 0;
   double seconds = 0;
+  // The asked needles' kept shares (AskedKept) summed over the trials that
+  // know them, [0] the missed trials', [1] the found ones'.
+  double kept[2] = {0, 0};
+  int kept_trials[2] = {0, 0};
   bool distractors = false;  // the trials plant distractors (multikey, vartrack)
 
   // Partial credit is worth showing where a trial asks for several values.
@@ -132,6 +154,10 @@ struct Tally {
     expected += n;
     distractor += t.score.distractor;
     seconds += t.seconds + t.baseline_seconds;
+    if (const double k = AskedKept(t); k >= 0) {
+      kept[t.score.found] += k;
+      ++kept_trials[t.score.found];
+    }
     if (t.baseline_run) {
       ++base_runs;
       base_found += t.baseline_score.found;
@@ -144,6 +170,26 @@ struct Tally {
     for (const Trial& t : c.trials) Add(t);
   }
 };
+
+// The share of span's tokens (input positions) the cache holds, averaged
+// over the global layers' KV heads (a sliding-window layer keeps its last
+// entries whatever they are); -1 for a span not found.
+double NeedleKept(const KvCache& kv, const LlamaConfig& c, TokenSpan span) {
+  if (!span.found()) return -1;
+  double sum = 0;
+  int64_t heads = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (c.IsLocal(l)) continue;
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      const int32_t* pos = kv.pos(l, h);
+      const int64_t in =
+          std::count_if(pos, pos + kv.size(l), [&](int32_t p) { return p >= span.begin && p < span.end; });
+      sum += static_cast<double>(in) / (span.end - span.begin);
+      ++heads;
+    }
+  }
+  return heads > 0 ? sum / heads : -1;
+}
 
 class NeedleHarness {
  public:
@@ -161,9 +207,12 @@ class NeedleHarness {
   // opening and the document: what `prefill` saves), and the rest (the
   // question as it closes the prompt) brings back what it attends to most
   // from the store and is then read as the answer's prompt, as `prefill
-  // --recall_dir` and `generate --cache --recall_dir` do.
+  // --recall_dir` and `generate --cache --recall_dir` do. kept: for each
+  // of spans (the needles' tokens), the share the cache holds once the
+  // input is read (and the store's entries brought back), NeedleKept's.
   absl::StatusOr<std::string> AnswerCompressed(const std::vector<int32_t>& prompt, int64_t document_end,
-                                               const std::string& question, int64_t answer_tokens) {
+                                               const std::string& question, int64_t answer_tokens,
+                                               const std::vector<TokenSpan>& spans, std::vector<double>* kept) {
     PrefillConfig config = config_;
     if (absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv) {
       SNAPFILL_ASSIGN_OR_RETURN(config.query_tokens,
@@ -209,6 +258,8 @@ class NeedleHarness {
     }
     if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
     SNAPFILL_RETURN_IF_ERROR(ran);
+    kept->clear();
+    for (const TokenSpan& span : spans) kept->push_back(NeedleKept(*kv, model_.model->config(), span));
     if (!ask_after.empty()) {
       if (prompt_forward_ == nullptr || prompt_forward_->max_tokens() < static_cast<int64_t>(ask_after.size())) {
         SNAPFILL_ASSIGN_OR_RETURN(prompt_forward_, LlamaForward::Create(*model_.model, backend_, ask_after.size()));
@@ -291,6 +342,13 @@ Json TallyJson(const Tally& t) {
   // variables) the answers hold.
   j["recall"] = double(t.matched) / t.expected;
   if (t.distractors) j["distractors_answered"] = t.distractor;
+  // The asked needle's tokens in the final cache (AskedKept), over the
+  // trials, the found ones and the missed ones.
+  if (t.kept_trials[0] + t.kept_trials[1] > 0) {
+    j["asked_kept"] = (t.kept[0] + t.kept[1]) / (t.kept_trials[0] + t.kept_trials[1]);
+    if (t.kept_trials[1] > 0) j["asked_kept_found"] = t.kept[1] / t.kept_trials[1];
+    if (t.kept_trials[0] > 0) j["asked_kept_missed"] = t.kept[0] / t.kept_trials[0];
+  }
   if (t.base_runs > 0) {
     j["baseline_runs"] = t.base_runs;
     j["baseline_accuracy"] = double(t.base_found) / t.base_runs;
@@ -316,6 +374,11 @@ Json RunJson(const Trial& t) {
                        {"asked", t.plan.needles[i].asked},
                        {"depth", t.placed[i].depth},
                        {"offset", t.placed[i].offset}});
+    // Its tokens in the prompt, and their share in the final cache.
+    if (i < t.spans.size() && t.spans[i].found()) {
+      needles.back()["tokens"] = {t.spans[i].begin, t.spans[i].end};
+    }
+    if (i < t.kept.size() && t.kept[i] >= 0) needles.back()["kept"] = t.kept[i];
   }
   jt["needles"] = std::move(needles);
   jt["expected"] = t.plan.expected;
@@ -422,6 +485,13 @@ bool FromRecord(const Json& run, bool wants_baseline, Trial& t) {
   if (wants_baseline && !run.contains("baseline_answer")) return false;
   t.answer = run["answer"].get<std::string>();
   t.seconds = run.value("seconds", 0.0);
+  t.kept.assign(t.plan.needles.size(), -1);
+  if (run.contains("needles") && run["needles"].is_array()) {
+    for (size_t i = 0; i < t.kept.size() && i < run["needles"].size(); ++i) {
+      const Json& n = run["needles"][i];
+      if (n.is_object() && n.contains("kept") && n["kept"].is_number()) t.kept[i] = n["kept"].get<double>();
+    }
+  }
   t.score = ScoreNeedleAnswer(t.plan, t.answer);
   if (wants_baseline) {
     t.baseline_run = true;
@@ -455,14 +525,16 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
           t.plan = MakeNeedleTrial(task, length, di, cell.depth, seed);
           SNAPFILL_ASSIGN_OR_RETURN(NeedlePrompt p, builder.Build(length, builder.Offset(seed, g.seeds), t.plan));
           t.placed = std::move(p.placed);
+          t.spans = std::move(p.spans);
           t.tokens = p.prompt.tokens.size();
           const bool wants_baseline = g.baseline && t.tokens + answer_tokens <= context;
           auto record = recorded.find(RecordKey(InfoOf(task).name, length, cell.depth, seed));
           const bool reused = record != recorded.end() && FromRecord(record->second, wants_baseline, t);
           if (!reused) {
             Stopwatch watch;
-            SNAPFILL_ASSIGN_OR_RETURN(t.answer, harness.AnswerCompressed(p.prompt.tokens, p.prompt.document_end,
-                                                                         t.plan.question, answer_tokens));
+            SNAPFILL_ASSIGN_OR_RETURN(t.answer,
+                                      harness.AnswerCompressed(p.prompt.tokens, p.prompt.document_end, t.plan.question,
+                                                               answer_tokens, t.spans, &t.kept));
             t.seconds = watch.Seconds();
             t.score = ScoreNeedleAnswer(t.plan, t.answer);
           }
@@ -540,6 +612,16 @@ void PrintGrid(const Grid& g, const std::vector<Cell>& cells, const std::string&
     }
     if (g.baseline && all.base_runs < all.trials) {
       absl::StrAppend(&line, " | [-]: beyond the model's context of ", context);
+    }
+    if (const int n = all.kept_trials[0] + all.kept_trials[1]; n > 0) {
+      absl::StrAppendFormat(&line, " | the asked needle's tokens in the final cache: %.0f%%",
+                            100 * (all.kept[0] + all.kept[1]) / n);
+      std::vector<std::string> parts;
+      if (all.kept_trials[1] > 0)
+        parts.push_back(absl::StrFormat("found %.0f%%", 100 * all.kept[1] / all.kept_trials[1]));
+      if (all.kept_trials[0] > 0)
+        parts.push_back(absl::StrFormat("missed %.0f%%", 100 * all.kept[0] / all.kept_trials[0]));
+      absl::StrAppend(&line, " (", absl::StrJoin(parts, ", "), ")");
     }
     absl::StrAppendFormat(&line, " | %.1f s", all.seconds);
     std::printf("%s\n", line.c_str());

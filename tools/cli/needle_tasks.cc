@@ -403,7 +403,34 @@ absl::StatusOr<NeedlePrompt> NeedlePromptBuilder::Build(int64_t length, int64_t 
     if (exact) break;
     hay += length - got;
   }
+  best.spans = NeedleTokenSpans(tokenizer_, best.prompt, trial);
   return best;
+}
+
+std::vector<TokenSpan> NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt,
+                                        const NeedleTrial& trial) {
+  const int64_t doc_begin = std::max<int64_t>(0, prompt.document_end - prompt.document_tokens);
+  const int64_t doc_end = std::min<int64_t>(prompt.document_end, prompt.tokens.size());
+  // The document's bytes as its tokens render them, and where each token's
+  // bytes end.
+  std::string text;
+  std::vector<size_t> ends;
+  for (int64_t t = doc_begin; t < doc_end; ++t) {
+    text += tokenizer.TokenToPiece(prompt.tokens[t]);
+    ends.push_back(text.size());
+  }
+  std::vector<TokenSpan> spans(trial.needles.size());
+  for (size_t i = 0; i < trial.needles.size(); ++i) {
+    const std::string& needle = trial.needles[i].text;
+    const size_t at = needle.empty() ? std::string::npos : text.find(needle);
+    if (at == std::string::npos) continue;
+    // The first token whose bytes end after `at`, through the one that
+    // holds the needle's last byte.
+    const auto first = std::upper_bound(ends.begin(), ends.end(), at);
+    const auto last = std::lower_bound(ends.begin(), ends.end(), at + needle.size());
+    spans[i] = {doc_begin + (first - ends.begin()), doc_begin + (last - ends.begin()) + 1};
+  }
+  return spans;
 }
 
 }  // namespace snapfill::cli

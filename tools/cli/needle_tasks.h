@@ -89,6 +89,14 @@ struct NeedleScore {
 // words (vartrack, fact) by ContainsWord.
 NeedleScore ScoreNeedleAnswer(const NeedleTrial& trial, std::string_view answer);
 
+// The prompt tokens [begin, end) whose bytes hold a needle's text (the
+// first and last may hold a space or a join beside it); {-1, -1} where the
+// text is not found in the document's tokens.
+struct TokenSpan {
+  int64_t begin = -1, end = -1;
+  bool found() const { return end > begin; }
+};
+
 // A needle where it went.
 struct PlacedNeedle {
   int64_t offset = 0;  // haystack tokens before it
@@ -99,7 +107,15 @@ struct NeedlePrompt {
   DocumentPrompt prompt;
   std::vector<PlacedNeedle> placed;  // [trial.needles.size()], in planting order
   int64_t haystack_tokens = 0;       // haystack tokens in the prompt
+  // Each needle's tokens in prompt.tokens (planting order), NeedleTokenSpans'.
+  std::vector<TokenSpan> spans;
 };
+
+// Each of trial.needles' spans in prompt (in planting order), by the
+// pieces of the document's tokens (Tokenizer::TokenToPiece) and where each
+// needle's text begins in them.
+std::vector<TokenSpan> NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt,
+                                        const NeedleTrial& trial);
 
 // Builds trial prompts from one tokenized haystack.
 class NeedlePromptBuilder {
