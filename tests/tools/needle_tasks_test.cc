@@ -269,14 +269,14 @@ TEST_F(NeedlePromptTest, EveryNeedleOnceInDepthOrderAtTheAskedLength) {
         }
         // Each needle's token span holds its text, and neither end token
         // can go: the span is the tokens the text is made of.
-        ASSERT_EQ(p.spans.size(), t.needles.size());
+        ASSERT_EQ(p.spans.needles.size(), t.needles.size());
         auto pieces = [&](int64_t b, int64_t e) {
           std::string out;
           for (int64_t k = b; k < e; ++k) out += tokenizer_->TokenToPiece(p.prompt.tokens[k]);
           return out;
         };
         for (size_t i = 0; i < t.needles.size(); ++i) {
-          const TokenSpan s = p.spans[i];
+          const TokenSpan s = p.spans.needles[i];
           ASSERT_TRUE(s.found()) << t.needles[i].text;
           EXPECT_GE(s.begin, p.prompt.document_end - p.prompt.document_tokens);
           EXPECT_LE(s.end, p.prompt.document_end);
@@ -284,9 +284,27 @@ TEST_F(NeedlePromptTest, EveryNeedleOnceInDepthOrderAtTheAskedLength) {
           EXPECT_EQ(pieces(s.begin + 1, s.end).find(t.needles[i].text), std::string::npos);
           EXPECT_EQ(pieces(s.begin, s.end - 1).find(t.needles[i].text), std::string::npos);
         }
+        // Each value to answer, inside the first asked needle that holds
+        // it as written: its own tokens, within that needle's.
+        ASSERT_EQ(p.spans.values.size(), t.expected.size());
+        for (size_t v = 0; v < t.expected.size(); ++v) {
+          SCOPED_TRACE(t.expected[v]);
+          size_t holder = t.needles.size();
+          for (size_t i = 0; i < t.needles.size() && holder == t.needles.size(); ++i) {
+            if (t.needles[i].asked && t.needles[i].text.find(t.expected[v]) != std::string::npos) holder = i;
+          }
+          const TokenSpan s = p.spans.values[v];
+          ASSERT_EQ(s.found(), holder < t.needles.size());
+          if (!s.found()) continue;
+          EXPECT_GE(s.begin, p.spans.needles[holder].begin);
+          EXPECT_LE(s.end, p.spans.needles[holder].end);
+          EXPECT_NE(pieces(s.begin, s.end).find(t.expected[v]), std::string::npos);
+          EXPECT_EQ(pieces(s.begin + 1, s.end).find(t.expected[v]), std::string::npos);
+          EXPECT_EQ(pieces(s.begin, s.end - 1).find(t.expected[v]), std::string::npos);
+        }
         NeedleTrial elsewhere = t;
         elsewhere.needles[0].text = "A sentence this prompt does not hold.";
-        EXPECT_FALSE(NeedleTokenSpans(*tokenizer_, p.prompt, elsewhere)[0].found());
+        EXPECT_FALSE(NeedleTokenSpans(*tokenizer_, p.prompt, elsewhere).needles[0].found());
         std::vector<size_t> order(t.needles.size());
         for (size_t i = 0; i < order.size(); ++i) order[i] = i;
         std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {

@@ -224,9 +224,14 @@ TEST_F(QualityCliTest, NeedleReportsTheShareOfTheNeedleTheCacheHolds) {
         EXPECT_GT(n["tokens"][1].get<int64_t>(), n["tokens"][0].get<int64_t>() + 3);
         const double want = pruner == "full" || c == 1 ? 1.0 : 0.0;
         EXPECT_DOUBLE_EQ(n["kept"].get<double>(), want) << "depth " << c << ": " << t.dump();
+        // The key's own tokens, inside the needle's.
+        ASSERT_EQ(t["expected_kept"].size(), 1u);
+        EXPECT_DOUBLE_EQ(t["expected_kept"][0].get<double>(), want);
       }
     }
     EXPECT_DOUBLE_EQ(j["tasks"][0]["asked_kept"].get<double>(), pruner == "full" ? 1.0 : 0.5);
+    EXPECT_DOUBLE_EQ(j["tasks"][0]["expected_kept"].get<double>(), pruner == "full" ? 1.0 : 0.5);
+    EXPECT_NE(r.out.find(", the answer's "), std::string::npos) << r.out;
     // A resumed grid keeps the recorded shares.
     const Result resumed = Run(base + "--pruner " + pruner + " --json " + json + " --resume");
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err;

@@ -96,11 +96,12 @@ struct Trial {
   // ends with.
   NeedleTrial plan;
   std::vector<PlacedNeedle> placed;  // [plan.needles.size()]
-  std::vector<TokenSpan> spans;      // [plan.needles.size()]: their tokens in the prompt
-  // [plan.needles.size()]: the share of each needle's tokens the final
-  // cache holds (NeedleKept); -1 where not known (a record without it, a
-  // needle whose tokens were not found).
-  std::vector<double> kept;
+  NeedleSpans spans;                 // the needles' and the expected values' tokens in the prompt
+  // [plan.needles.size()], [plan.expected.size()]: the share of each
+  // needle's and each expected value's tokens the final cache holds
+  // (NeedleKept); -1 where not known (a record without it, tokens not
+  // found).
+  std::vector<double> kept, value_kept;
   int64_t tokens = 0;  // the prompt's length
   std::string answer;
   NeedleScore score;
@@ -118,13 +119,15 @@ struct Cell {
   std::vector<Trial> trials;
 };
 
-// The mean of the asked needles' kept shares; -1 where none is known.
-double AskedKept(const Trial& t) {
+// The mean of the asked needles' kept shares (values: of the expected
+// values'); -1 where none is known.
+double AskedKept(const Trial& t, bool values) {
+  const std::vector<double>& kept = values ? t.value_kept : t.kept;
   double sum = 0;
   int n = 0;
-  for (size_t i = 0; i < t.kept.size() && i < t.plan.needles.size(); ++i) {
-    if (t.plan.needles[i].asked && t.kept[i] >= 0) {
-      sum += t.kept[i];
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if ((values || (i < t.plan.needles.size() && t.plan.needles[i].asked)) && kept[i] >= 0) {
+      sum += kept[i];
       ++n;
     }
   }
@@ -137,9 +140,10 @@ struct Tally {
   int base_runs = 0, base_found = 0, base_matched = 0, base_expected = 0, base_distractor = 0;
   double seconds = 0;
   // The asked needles' kept shares (AskedKept) summed over the trials that
-  // know them, [0] the missed trials', [1] the found ones'.
-  double kept[2] = {0, 0};
-  int kept_trials[2] = {0, 0};
+  // know them, [.][0] the missed trials', [.][1] the found ones'; [0][.]
+  // the needles', [1][.] the expected values'.
+  double kept[2][2] = {};
+  int kept_trials[2][2] = {};
   bool distractors = false;  // the trials plant distractors (multikey, vartrack)
 
   // Partial credit is worth showing where a trial asks for several values.
@@ -154,9 +158,11 @@ struct Tally {
     expected += n;
     distractor += t.score.distractor;
     seconds += t.seconds + t.baseline_seconds;
-    if (const double k = AskedKept(t); k >= 0) {
-      kept[t.score.found] += k;
-      ++kept_trials[t.score.found];
+    for (int values = 0; values < 2; ++values) {
+      if (const double k = AskedKept(t, values); k >= 0) {
+        kept[values][t.score.found] += k;
+        ++kept_trials[values][t.score.found];
+      }
     }
     if (t.baseline_run) {
       ++base_runs;
@@ -342,12 +348,16 @@ Json TallyJson(const Tally& t) {
   // variables) the answers hold.
   j["recall"] = double(t.matched) / t.expected;
   if (t.distractors) j["distractors_answered"] = t.distractor;
-  // The asked needle's tokens in the final cache (AskedKept), over the
-  // trials, the found ones and the missed ones.
-  if (t.kept_trials[0] + t.kept_trials[1] > 0) {
-    j["asked_kept"] = (t.kept[0] + t.kept[1]) / (t.kept_trials[0] + t.kept_trials[1]);
-    if (t.kept_trials[1] > 0) j["asked_kept_found"] = t.kept[1] / t.kept_trials[1];
-    if (t.kept_trials[0] > 0) j["asked_kept_missed"] = t.kept[0] / t.kept_trials[0];
+  // The asked needle's tokens in the final cache (AskedKept), and the
+  // expected values', over the trials, the found ones and the missed ones.
+  for (int values = 0; values < 2; ++values) {
+    const std::string name = values ? "expected_kept" : "asked_kept";
+    const double* k = t.kept[values];
+    const int* n = t.kept_trials[values];
+    if (n[0] + n[1] == 0) continue;
+    j[name] = (k[0] + k[1]) / (n[0] + n[1]);
+    if (n[1] > 0) j[name + "_found"] = k[1] / n[1];
+    if (n[0] > 0) j[name + "_missed"] = k[0] / n[0];
   }
   if (t.base_runs > 0) {
     j["baseline_runs"] = t.base_runs;
@@ -375,13 +385,20 @@ Json RunJson(const Trial& t) {
                        {"depth", t.placed[i].depth},
                        {"offset", t.placed[i].offset}});
     // Its tokens in the prompt, and their share in the final cache.
-    if (i < t.spans.size() && t.spans[i].found()) {
-      needles.back()["tokens"] = {t.spans[i].begin, t.spans[i].end};
+    if (i < t.spans.needles.size() && t.spans.needles[i].found()) {
+      needles.back()["tokens"] = {t.spans.needles[i].begin, t.spans.needles[i].end};
     }
     if (i < t.kept.size() && t.kept[i] >= 0) needles.back()["kept"] = t.kept[i];
   }
   jt["needles"] = std::move(needles);
   jt["expected"] = t.plan.expected;
+  // The same for each expected value, where the asked needles hold it as
+  // written (null where not).
+  Json value_kept = Json::array();
+  for (size_t v = 0; v < t.plan.expected.size(); ++v) {
+    value_kept.push_back(v < t.value_kept.size() && t.value_kept[v] >= 0 ? Json(t.value_kept[v]) : Json());
+  }
+  jt["expected_kept"] = std::move(value_kept);
   if (!t.plan.distractors.empty()) jt["distractors"] = t.plan.distractors;
   jt["answer"] = t.answer;
   jt["matched"] = t.score.matched;
@@ -492,6 +509,12 @@ bool FromRecord(const Json& run, bool wants_baseline, Trial& t) {
       if (n.is_object() && n.contains("kept") && n["kept"].is_number()) t.kept[i] = n["kept"].get<double>();
     }
   }
+  t.value_kept.assign(t.plan.expected.size(), -1);
+  if (run.contains("expected_kept") && run["expected_kept"].is_array()) {
+    for (size_t v = 0; v < t.value_kept.size() && v < run["expected_kept"].size(); ++v) {
+      if (run["expected_kept"][v].is_number()) t.value_kept[v] = run["expected_kept"][v].get<double>();
+    }
+  }
   t.score = ScoreNeedleAnswer(t.plan, t.answer);
   if (wants_baseline) {
     t.baseline_run = true;
@@ -531,10 +554,15 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
           auto record = recorded.find(RecordKey(InfoOf(task).name, length, cell.depth, seed));
           const bool reused = record != recorded.end() && FromRecord(record->second, wants_baseline, t);
           if (!reused) {
+            std::vector<TokenSpan> spans = t.spans.needles;
+            spans.insert(spans.end(), t.spans.values.begin(), t.spans.values.end());
             Stopwatch watch;
             SNAPFILL_ASSIGN_OR_RETURN(t.answer,
                                       harness.AnswerCompressed(p.prompt.tokens, p.prompt.document_end, t.plan.question,
-                                                               answer_tokens, t.spans, &t.kept));
+                                                               answer_tokens, spans, &t.kept));
+            // (The needles' shares, then the values'.)
+            t.value_kept.assign(t.kept.begin() + t.spans.needles.size(), t.kept.end());
+            t.kept.resize(t.spans.needles.size());
             t.seconds = watch.Seconds();
             t.score = ScoreNeedleAnswer(t.plan, t.answer);
           }
@@ -613,14 +641,15 @@ void PrintGrid(const Grid& g, const std::vector<Cell>& cells, const std::string&
     if (g.baseline && all.base_runs < all.trials) {
       absl::StrAppend(&line, " | [-]: beyond the model's context of ", context);
     }
-    if (const int n = all.kept_trials[0] + all.kept_trials[1]; n > 0) {
-      absl::StrAppendFormat(&line, " | the asked needle's tokens in the final cache: %.0f%%",
-                            100 * (all.kept[0] + all.kept[1]) / n);
+    for (int values = 0; values < 2; ++values) {
+      const double* k = all.kept[values];
+      const int* n = all.kept_trials[values];
+      if (n[0] + n[1] == 0) continue;
+      absl::StrAppend(&line, values ? ", the answer's " : " | the asked needle's tokens in the final cache: ",
+                      absl::StrFormat("%.0f%%", 100 * (k[0] + k[1]) / (n[0] + n[1])));
       std::vector<std::string> parts;
-      if (all.kept_trials[1] > 0)
-        parts.push_back(absl::StrFormat("found %.0f%%", 100 * all.kept[1] / all.kept_trials[1]));
-      if (all.kept_trials[0] > 0)
-        parts.push_back(absl::StrFormat("missed %.0f%%", 100 * all.kept[0] / all.kept_trials[0]));
+      if (n[1] > 0) parts.push_back(absl::StrFormat("found %.0f%%", 100 * k[1] / n[1]));
+      if (n[0] > 0) parts.push_back(absl::StrFormat("missed %.0f%%", 100 * k[0] / n[0]));
       absl::StrAppend(&line, " (", absl::StrJoin(parts, ", "), ")");
     }
     absl::StrAppendFormat(&line, " | %.1f s", all.seconds);

@@ -407,8 +407,7 @@ absl::StatusOr<NeedlePrompt> NeedlePromptBuilder::Build(int64_t length, int64_t 
   return best;
 }
 
-std::vector<TokenSpan> NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt,
-                                        const NeedleTrial& trial) {
+NeedleSpans NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt, const NeedleTrial& trial) {
   const int64_t doc_begin = std::max<int64_t>(0, prompt.document_end - prompt.document_tokens);
   const int64_t doc_end = std::min<int64_t>(prompt.document_end, prompt.tokens.size());
   // The document's bytes as its tokens render them, and where each token's
@@ -419,18 +418,32 @@ std::vector<TokenSpan> NeedleTokenSpans(const Tokenizer& tokenizer, const Docume
     text += tokenizer.TokenToPiece(prompt.tokens[t]);
     ends.push_back(text.size());
   }
-  std::vector<TokenSpan> spans(trial.needles.size());
+  // The tokens of bytes [at, at + size): the first whose bytes end after
+  // `at`, through the one that holds the last byte.
+  auto span_of = [&](size_t at, size_t size) -> TokenSpan {
+    const auto first = std::upper_bound(ends.begin(), ends.end(), at);
+    const auto last = std::lower_bound(ends.begin(), ends.end(), at + size);
+    return {doc_begin + (first - ends.begin()), doc_begin + (last - ends.begin()) + 1};
+  };
+  NeedleSpans out;
+  out.needles.resize(trial.needles.size());
+  out.values.resize(trial.expected.size());
+  std::vector<size_t> found_at(trial.needles.size(), std::string::npos);
   for (size_t i = 0; i < trial.needles.size(); ++i) {
     const std::string& needle = trial.needles[i].text;
-    const size_t at = needle.empty() ? std::string::npos : text.find(needle);
-    if (at == std::string::npos) continue;
-    // The first token whose bytes end after `at`, through the one that
-    // holds the needle's last byte.
-    const auto first = std::upper_bound(ends.begin(), ends.end(), at);
-    const auto last = std::lower_bound(ends.begin(), ends.end(), at + needle.size());
-    spans[i] = {doc_begin + (first - ends.begin()), doc_begin + (last - ends.begin()) + 1};
+    found_at[i] = needle.empty() ? std::string::npos : text.find(needle);
+    if (found_at[i] != std::string::npos) out.needles[i] = span_of(found_at[i], needle.size());
   }
-  return spans;
+  for (size_t v = 0; v < trial.expected.size(); ++v) {
+    const std::string& value = trial.expected[v];
+    for (size_t i = 0; i < trial.needles.size() && !value.empty(); ++i) {
+      const size_t in = trial.needles[i].text.find(value);
+      if (!trial.needles[i].asked || found_at[i] == std::string::npos || in == std::string::npos) continue;
+      out.values[v] = span_of(found_at[i] + in, value.size());
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace snapfill::cli

@@ -96,6 +96,10 @@ struct TokenSpan {
   int64_t begin = -1, end = -1;
   bool found() const { return end > begin; }
 };
+struct NeedleSpans {
+  std::vector<TokenSpan> needles;  // [trial.needles.size()]
+  std::vector<TokenSpan> values;   // [trial.expected.size()]
+};
 
 // A needle where it went.
 struct PlacedNeedle {
@@ -107,15 +111,17 @@ struct NeedlePrompt {
   DocumentPrompt prompt;
   std::vector<PlacedNeedle> placed;  // [trial.needles.size()], in planting order
   int64_t haystack_tokens = 0;       // haystack tokens in the prompt
-  // Each needle's tokens in prompt.tokens (planting order), NeedleTokenSpans'.
-  std::vector<TokenSpan> spans;
+  // Where the needles and the values to answer are in prompt.tokens
+  // (NeedleTokenSpans).
+  NeedleSpans spans;
 };
 
 // Each of trial.needles' spans in prompt (in planting order), by the
 // pieces of the document's tokens (Tokenizer::TokenToPiece) and where each
-// needle's text begins in them.
-std::vector<TokenSpan> NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt,
-                                        const NeedleTrial& trial);
+// needle's text begins in them; and each of trial.expected's, inside the
+// first asked needle whose text holds it as written (the fact's key word,
+// the asked number), else not found.
+NeedleSpans NeedleTokenSpans(const Tokenizer& tokenizer, const DocumentPrompt& prompt, const NeedleTrial& trial);
 
 // Builds trial prompts from one tokenized haystack.
 class NeedlePromptBuilder {
