@@ -213,12 +213,14 @@ class NeedleHarness {
   // opening and the document: what `prefill` saves), and the rest (the
   // question as it closes the prompt) brings back what it attends to most
   // from the store and is then read as the answer's prompt, as `prefill
-  // --recall_dir` and `generate --cache --recall_dir` do. kept: for each
-  // of spans (the needles' tokens), the share the cache holds once the
-  // input is read (and the store's entries brought back), NeedleKept's.
+  // --recall_dir` and `generate --cache --recall_dir` do. kept,
+  // value_kept: for each of spans' needles and values, the share of its
+  // tokens the cache holds once the input is read (and the store's entries
+  // brought back), NeedleKept's.
   absl::StatusOr<std::string> AnswerCompressed(const std::vector<int32_t>& prompt, int64_t document_end,
                                                const std::string& question, int64_t answer_tokens,
-                                               const std::vector<TokenSpan>& spans, std::vector<double>* kept) {
+                                               const NeedleSpans& spans, std::vector<double>* kept,
+                                               std::vector<double>* value_kept) {
     PrefillConfig config = config_;
     if (absl::GetFlag(FLAGS_query_aware) && config.pruner.kind == PrunerKind::kSnapKv) {
       SNAPFILL_ASSIGN_OR_RETURN(config.query_tokens,
@@ -265,7 +267,9 @@ class NeedleHarness {
     if (store != nullptr) SNAPFILL_RETURN_IF_ERROR(store->Remove());
     SNAPFILL_RETURN_IF_ERROR(ran);
     kept->clear();
-    for (const TokenSpan& span : spans) kept->push_back(NeedleKept(*kv, model_.model->config(), span));
+    for (const TokenSpan& span : spans.needles) kept->push_back(NeedleKept(*kv, model_.model->config(), span));
+    value_kept->clear();
+    for (const TokenSpan& span : spans.values) value_kept->push_back(NeedleKept(*kv, model_.model->config(), span));
     if (!ask_after.empty()) {
       if (prompt_forward_ == nullptr || prompt_forward_->max_tokens() < static_cast<int64_t>(ask_after.size())) {
         SNAPFILL_ASSIGN_OR_RETURN(prompt_forward_, LlamaForward::Create(*model_.model, backend_, ask_after.size()));
@@ -554,15 +558,10 @@ absl::StatusOr<std::vector<Cell>> RunCells(const Grid& g, const NeedlePromptBuil
           auto record = recorded.find(RecordKey(InfoOf(task).name, length, cell.depth, seed));
           const bool reused = record != recorded.end() && FromRecord(record->second, wants_baseline, t);
           if (!reused) {
-            std::vector<TokenSpan> spans = t.spans.needles;
-            spans.insert(spans.end(), t.spans.values.begin(), t.spans.values.end());
             Stopwatch watch;
             SNAPFILL_ASSIGN_OR_RETURN(t.answer,
                                       harness.AnswerCompressed(p.prompt.tokens, p.prompt.document_end, t.plan.question,
-                                                               answer_tokens, spans, &t.kept));
-            // (The needles' shares, then the values'.)
-            t.value_kept.assign(t.kept.begin() + t.spans.needles.size(), t.kept.end());
-            t.kept.resize(t.spans.needles.size());
+                                                               answer_tokens, t.spans, &t.kept, &t.value_kept));
             t.seconds = watch.Seconds();
             t.score = ScoreNeedleAnswer(t.plan, t.answer);
           }
