@@ -173,6 +173,10 @@ struct PrefillFootprint {
   uint64_t candidate_bytes = 0;    // one layer's memory ∪ chunk, rotated and not, and votes
   uint64_t activation_bytes = 0;   // the forward pass's activations for the largest chunk
   uint64_t recall_bytes = 0;       // the recall tier's blocks of stored keys and its picks
+  // The host selection's own scratch, kept from chunk to chunk: per KV head
+  // (SnapKV's, or a thread of Backend::SelectHeads', at most one per head)
+  // the rest's indices, votes and pooled votes and the kept list.
+  uint64_t selection_bytes = 0;
   // What the engine allocates through Backend::NewBuffer: the forward
   // pass's activations (every buffer, written or not) and the candidates'
   // keys and values, and with buffers_on_device the memory's keys and
@@ -188,7 +192,9 @@ struct PrefillFootprint {
   // 1 GB input) and the batch of token ids a step reads.
   uint64_t plan_bytes = 0;
   // What is allocated (address space).
-  uint64_t total() const { return memory_bytes + candidate_bytes + activation_bytes + recall_bytes + plan_bytes; }
+  uint64_t total() const {
+    return memory_bytes + candidate_bytes + activation_bytes + recall_bytes + selection_bytes + plan_bytes;
+  }
   // What is resident at the worst step: buffers are paged and written only
   // as far as each step uses them, and the activations past the current
   // chunk are given back, so step i holds the memory entries written so far,

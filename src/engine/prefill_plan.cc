@@ -229,6 +229,13 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
                                               mc.num_kv_heads * cand * sizeof(int32_t)
                                         : 0;
   f.candidate_bytes = cand * cand_entry_bytes + keep_bytes + evict_bytes + evict_host_bytes;
+  if (c.pruner.kind != PrunerKind::kFull) {
+    // (SnapKV's per head: the rest's candidate indices, gathered and pooled
+    // votes and a taken flag each; SelectHeads' per thread: the pooled votes
+    // and the two picks. Both: the kept list.)
+    const uint64_t per_candidate = in_backend ? sizeof(float) : 3 * sizeof(float) + 1;
+    f.selection_bytes = mc.num_kv_heads * (cand * per_candidate + 2 * f.memory_capacity * sizeof(int32_t));
+  }
   // The repetition's log-denominators, or the question's for its largest weights.
   if (reconstruct || (query_rows > 0 && c.pruner.query_votes == QueryVotes::kMax)) {
     f.candidate_bytes += mc.num_heads * query_rows * sizeof(float);
@@ -305,8 +312,8 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
     const uint64_t activations =
         buffers_on_device ? 0
                           : LlamaForward::ScratchBytes(mc, s.chunk_tokens + query_rows, fused_layers, c.score_tokens);
-    const uint64_t step =
-        memory + std::min<uint64_t>(f.attention_keys, cand) * cand_host_bytes + keep_bytes + activations + score_bytes;
+    const uint64_t step = memory + std::min<uint64_t>(f.attention_keys, cand) * cand_host_bytes + keep_bytes +
+                          f.selection_bytes + activations + score_bytes;
     f.resident_peak = std::max(f.resident_peak, step);
     last_memory = memory;
   }

@@ -387,6 +387,13 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   auto host_guided = PrefillEngine::Footprint(model->config(), on_host, 2000);
   SNAPFILL_ASSERT_OK(host_guided);
   EXPECT_GT(guided->candidate_bytes, host_guided->candidate_bytes);
+  // The host selection's scratch: the pruner's per KV head (indices, two
+  // rows of votes and a flag per candidate) outweighs the op's per thread
+  // (its pooled votes), and both are in the peak.
+  EXPECT_GT(guided->selection_bytes, 0u);
+  EXPECT_GT(host_guided->selection_bytes, guided->selection_bytes);
+  EXPECT_EQ(guided->total(), guided->memory_bytes + guided->candidate_bytes + guided->activation_bytes +
+                                 guided->recall_bytes + guided->selection_bytes + guided->plan_bytes);
   // The largest weights need each question query's log-denominator: on
   // the host, and in the op's buffer beside its votes.
   const uint64_t lse_bytes = model->config().num_heads * 40 * sizeof(float);
@@ -447,6 +454,10 @@ TEST(PrefillEngineTest, FullPrunerReadsFixedChunksUnderAnySchedule) {
     config.schedule.memory = 1024;
     config.schedule.window = 8;
     config.pruner.kind = PrunerKind::kFull;
+    // (Nothing is selected, so no selection scratch.)
+    auto footprint = PrefillEngine::Footprint(model->config(), config, 1000);
+    SNAPFILL_ASSERT_OK(footprint);
+    EXPECT_EQ(footprint->selection_bytes, 0u);
     auto engine = PrefillEngine::Create(*model, backend->get(), config, 1000);
     SNAPFILL_ASSERT_OK(engine);
     const SchedulePlan& plan = (*engine)->plan();
