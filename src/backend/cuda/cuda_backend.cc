@@ -200,6 +200,10 @@ class Scratch {
   Scratch& operator=(const Scratch&) = delete;
   absl::StatusOr<void*> Get(size_t bytes) {
     if (bytes > bytes_) {
+      // Kernels queued earlier may still read the old buffer. cudaFree
+      // waits for them in practice, but its documentation does not say so:
+      // waiting here costs nothing where the buffer rarely grows.
+      if (data_ != nullptr) cudaDeviceSynchronize();
       memory_->Free(data_);
       data_ = nullptr;
       bytes_ = 0;
