@@ -232,8 +232,11 @@ absl::StatusOr<PrefillFootprint> PrefillEngine::Footprint(const LlamaConfig& mc,
   if (c.pruner.kind != PrunerKind::kFull) {
     // (SnapKV's per head: the rest's candidate indices, gathered and pooled
     // votes and a taken flag each; SelectHeads' per thread: the pooled votes
-    // and the two picks. Both: the kept list.)
-    const uint64_t per_candidate = in_backend ? sizeof(float) : 3 * sizeof(float) + 1;
+    // and the two picks. Both: the kept list. A step that recalls selects
+    // on the host with SnapKV's even where the others select in the
+    // backend, so then both.)
+    const uint64_t snapkv = 3 * sizeof(float) + 1;
+    const uint64_t per_candidate = in_backend ? sizeof(float) + (c.recall_budget > 0 ? snapkv : 0) : snapkv;
     f.selection_bytes = mc.num_kv_heads * (cand * per_candidate + 2 * f.memory_capacity * sizeof(int32_t));
   }
   // The repetition's log-denominators, or the question's for its largest weights.

@@ -392,6 +392,22 @@ TEST(PrefillEngineTest, AQuestionIsCountedAndChecked) {
   // (its pooled votes), and both are in the peak.
   EXPECT_GT(guided->selection_bytes, 0u);
   EXPECT_GT(host_guided->selection_bytes, guided->selection_bytes);
+  // A run that stores its evictions selects on the host where its buffers
+  // are the host's; on a device it selects there but for the step that
+  // recalls, which selects on the host: both scratches then.
+  PrefillConfig recalling = config;
+  recalling.recall_budget = 16;
+  auto recalled = PrefillEngine::Footprint(model->config(), recalling, 2000);
+  SNAPFILL_ASSERT_OK(recalled);
+  EXPECT_EQ(recalled->selection_bytes, host_guided->selection_bytes);
+  auto device = PrefillEngine::Footprint(model->config(), config, 2000, false, /*buffers_on_device=*/true);
+  auto device_recalled = PrefillEngine::Footprint(model->config(), recalling, 2000, false, /*buffers_on_device=*/true);
+  SNAPFILL_ASSERT_OK(device);
+  SNAPFILL_ASSERT_OK(device_recalled);
+  EXPECT_EQ(device->selection_bytes, guided->selection_bytes);
+  EXPECT_EQ(device_recalled->selection_bytes,
+            guided->selection_bytes + host_guided->selection_bytes -
+                2 * model->config().num_kv_heads * guided->memory_capacity * sizeof(int32_t));
   EXPECT_EQ(guided->total(), guided->memory_bytes + guided->candidate_bytes + guided->activation_bytes +
                                  guided->recall_bytes + guided->selection_bytes + guided->plan_bytes);
   // The largest weights need each question query's log-denominator: on
