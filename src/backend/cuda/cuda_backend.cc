@@ -202,8 +202,9 @@ class Scratch {
     if (bytes > bytes_) {
       // Kernels queued earlier may still read the old buffer. cudaFree
       // waits for them in practice, but its documentation does not say so:
-      // waiting here costs nothing where the buffer rarely grows.
-      if (data_ != nullptr) cudaDeviceSynchronize();
+      // waiting here costs nothing where the buffer rarely grows. (A
+      // kernel's fault surfaces here, named, rather than in the free.)
+      if (data_ != nullptr) SNAPFILL_CUDA(cudaDeviceSynchronize(), "waiting before a scratch buffer grows");
       memory_->Free(data_);
       data_ = nullptr;
       bytes_ = 0;
